@@ -1,0 +1,49 @@
+# onnxtrain: the commands a person and CI use. Everything goes through the project's own scripts.
+PYTHON     ?= /usr/bin/python3
+BUILD_DIR  ?= build
+JOBS       ?= $(shell nproc)
+export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
+
+.PHONY: setup deps build test test-cpp test-python conformance demo bench sanitize clean
+
+setup: deps build
+
+deps:
+	./scripts/install_deps.sh
+
+$(BUILD_DIR)/build.ninja:
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DPython3_EXECUTABLE=$(PYTHON)
+
+build: $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# The whole suite: C++ unit tests, Python tests, then the ONNX node conformance run.
+test: setup
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	$(PYTHON) -m pytest -q tests/python
+	$(PYTHON) tests/conformance/run_node_tests.py
+
+test-cpp: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+
+test-python: build
+	$(PYTHON) -m pytest -q tests/python
+
+conformance: build
+	$(PYTHON) tests/conformance/run_node_tests.py
+
+demo: setup
+	$(PYTHON) examples/demo.py
+
+bench: setup
+	./bench/setup_peers.sh
+	$(PYTHON) bench/bench_inference.py
+
+# AddressSanitizer/UBSan build of the library and C++ tests.
+sanitize: deps
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DONNXTRAIN_SANITIZE=ON -DONNXTRAIN_BUILD_PYTHON=OFF
+	cmake --build build-asan -j $(JOBS)
+	cd build-asan && ctest --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD_DIR) build-asan

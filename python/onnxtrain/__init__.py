@@ -1,0 +1,94 @@
+"""onnxtrain: train ONNX models, fast, from C++ first.
+
+The inference API mirrors ONNX Runtime's, so migrating is a change of imports::
+
+    import onnxtrain
+    sess = onnxtrain.InferenceSession("model.onnx")
+    outputs = sess.run(None, {"input": x})
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _C
+from ._C import Error, InvalidArgument, InvalidModel, NotImplemented, SessionOptions  # noqa: A004
+
+__all__ = [
+    "InferenceSession", "SessionOptions", "NodeArg", "Error", "InvalidArgument", "InvalidModel",
+    "NotImplemented", "set_num_threads", "registered_ops",
+]
+
+_ONNX_TYPE_NAMES = {
+    "float32": "tensor(float)", "float64": "tensor(double)", "float16": "tensor(float16)",
+    "bfloat16": "tensor(bfloat16)", "int8": "tensor(int8)", "uint8": "tensor(uint8)",
+    "int16": "tensor(int16)", "uint16": "tensor(uint16)", "int32": "tensor(int32)",
+    "uint32": "tensor(uint32)", "int64": "tensor(int64)", "uint64": "tensor(uint64)",
+    "bool": "tensor(bool)",
+}
+
+
+class NodeArg:
+    """An input or output of a session: ``name``, ``shape`` (ints, dim names or None), ``type``."""
+
+    def __init__(self, info: "_C.IoInfo"):
+        self.name: str = info.name
+        self.shape: Optional[List[Union[int, str, None]]] = info.shape if info.rank_known else None
+        self.type: str = _ONNX_TYPE_NAMES.get(info.dtype, f"tensor({info.dtype})")
+
+    def __repr__(self) -> str:
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
+
+
+def _model_arg(model: Any) -> Union[str, bytes]:
+    if isinstance(model, (bytes, bytearray)):
+        return bytes(model)
+    if isinstance(model, (str, os.PathLike)):
+        return os.fspath(model)
+    if hasattr(model, "SerializeToString"):  # onnx.ModelProto
+        return model.SerializeToString()
+    raise TypeError(f"model must be a path, bytes or onnx.ModelProto, got {type(model).__name__}")
+
+
+class InferenceSession:
+    """Runs an ONNX model on CPU.
+
+    ``model`` is a path, serialized bytes or an ``onnx.ModelProto``. ``providers`` is accepted for
+    ONNX Runtime compatibility; only the CPU is used.
+    """
+
+    def __init__(self, model: Any, sess_options: Optional[SessionOptions] = None,
+                 providers: Optional[Sequence[Any]] = None, num_threads: int = 0):
+        options = sess_options or SessionOptions()
+        if num_threads:
+            options.num_threads = num_threads
+        self._sess = _C.InferenceSession(_model_arg(model), options)
+        self._inputs = [NodeArg(i) for i in self._sess.inputs()]
+        self._outputs = [NodeArg(o) for o in self._sess.outputs()]
+
+    def get_inputs(self) -> List[NodeArg]:
+        return list(self._inputs)
+
+    def get_outputs(self) -> List[NodeArg]:
+        return list(self._outputs)
+
+    def run(self, output_names: Optional[Sequence[str]], input_feed: Dict[str, Any],
+            run_options: Any = None) -> List[np.ndarray]:
+        """Returns the requested outputs (all when ``output_names`` is None) as numpy arrays."""
+        feeds = {name: np.ascontiguousarray(value) for name, value in input_feed.items()}
+        return self._sess.run(list(output_names or []), feeds)
+
+    def memory_report(self) -> str:
+        """Planned arena bytes against naive allocation, for the last run's plan."""
+        return self._sess.memory_report()
+
+
+def set_num_threads(n: int) -> None:
+    _C.set_num_threads(n)
+
+
+def registered_ops() -> List[Dict[str, Any]]:
+    """Every registered op: domain, type, since-version, kernel, shape rule and gradient status."""
+    return _C.registered_ops()

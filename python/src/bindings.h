@@ -1,0 +1,24 @@
+// Shared pieces of the Python extension: numpy <-> Tensor, and each binding file's entry point.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+
+#include <map>
+#include <string>
+
+#include "onnxtrain/tensor.h"
+
+namespace onnxtrain::python {
+
+namespace py = pybind11;
+
+DType dtype_from_numpy(const py::dtype& dt);
+py::dtype numpy_dtype(DType dt);
+Tensor tensor_from_numpy(py::handle obj, const std::string& what);  // zero-copy when C-contiguous
+py::array tensor_to_numpy(const Tensor& t);                          // zero-copy
+std::map<std::string, Tensor> feeds_from_dict(const py::dict& feeds);
+
+}  // namespace onnxtrain::python
+
+void bind_tools(pybind11::module_& m);  // python/src/tools.cc: model inspection helpers

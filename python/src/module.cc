@@ -1,0 +1,183 @@
+// The Python extension onnxtrain._C: tensors cross as numpy arrays (zero-copy both ways where
+// the layout allows), errors as onnxtrain.Error subclasses.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "onnxtrain/session.h"
+#include "ops/registry.h"
+#include "core/parallel.h"
+#include "runtime/executor.h"
+
+namespace py = pybind11;
+using namespace onnxtrain;
+
+namespace onnxtrain::python {
+
+DType dtype_from_numpy(const py::dtype& dt) {
+  switch (dt.kind()) {
+    case 'f':
+      if (dt.itemsize() == 4) return DType::kFloat32;
+      if (dt.itemsize() == 8) return DType::kFloat64;
+      if (dt.itemsize() == 2) return DType::kFloat16;
+      break;
+    case 'i':
+      if (dt.itemsize() == 1) return DType::kInt8;
+      if (dt.itemsize() == 2) return DType::kInt16;
+      if (dt.itemsize() == 4) return DType::kInt32;
+      if (dt.itemsize() == 8) return DType::kInt64;
+      break;
+    case 'u':
+      if (dt.itemsize() == 1) return DType::kUint8;
+      if (dt.itemsize() == 2) return DType::kUint16;
+      if (dt.itemsize() == 4) return DType::kUint32;
+      if (dt.itemsize() == 8) return DType::kUint64;
+      break;
+    case 'b': return DType::kBool;
+  }
+  OT_THROW(kInvalidArgument, "numpy dtype ", std::string(py::str(static_cast<const py::handle&>(dt))), " is not supported");
+}
+
+py::dtype numpy_dtype(DType dt) {
+  switch (dt) {
+    case DType::kFloat32: return py::dtype::of<float>();
+    case DType::kFloat64: return py::dtype::of<double>();
+    case DType::kFloat16: return py::dtype("float16");
+    case DType::kInt8: return py::dtype::of<int8_t>();
+    case DType::kInt16: return py::dtype::of<int16_t>();
+    case DType::kInt32: return py::dtype::of<int32_t>();
+    case DType::kInt64: return py::dtype::of<int64_t>();
+    case DType::kUint8: return py::dtype::of<uint8_t>();
+    case DType::kUint16: return py::dtype::of<uint16_t>();
+    case DType::kUint32: return py::dtype::of<uint32_t>();
+    case DType::kUint64: return py::dtype::of<uint64_t>();
+    case DType::kBool: return py::dtype::of<bool>();
+    default: OT_THROW(kNotImplemented, "dtype ", dtype_name(dt), " has no numpy equivalent");
+  }
+}
+
+Tensor tensor_from_numpy(py::handle obj, const std::string& what) {
+  py::array arr = py::array::ensure(obj, py::array::c_style);
+  if (!arr) OT_THROW(kInvalidArgument, what, ": expected a numpy array, got ", std::string(py::str(obj.get_type())));
+  DType dt = dtype_from_numpy(arr.dtype());
+  Shape shape(arr.shape(), arr.shape() + arr.ndim());
+  // Keep the array alive while the tensor lives; the release may happen without the GIL.
+  auto* keep = new py::object(arr);
+  std::shared_ptr<void> holder(keep, [](void* p) {
+    py::gil_scoped_acquire gil;
+    delete static_cast<py::object*>(p);
+  });
+  return Tensor::borrow(dt, shape, const_cast<void*>(arr.data()), holder);
+}
+
+py::array tensor_to_numpy(const Tensor& t) {
+  auto* keep = new Tensor(t);
+  py::capsule owner(keep, [](void* p) { delete static_cast<Tensor*>(p); });
+  std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end());
+  return py::array(numpy_dtype(t.dtype()), shape, t.data(), owner);
+}
+
+std::map<std::string, Tensor> feeds_from_dict(const py::dict& feeds) {
+  std::map<std::string, Tensor> out;
+  for (auto [k, v] : feeds) {
+    std::string name = py::str(k);
+    out[name] = tensor_from_numpy(v, "feed '" + name + "'");
+  }
+  return out;
+}
+
+}  // namespace onnxtrain::python
+
+using namespace onnxtrain::python;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "onnxtrain native core";
+  static py::exception<Error> base(m, "Error", PyExc_RuntimeError);
+  static py::exception<Error> invalid_argument(m, "InvalidArgument", base.ptr());
+  static py::exception<Error> invalid_model(m, "InvalidModel", base.ptr());
+  static py::exception<Error> not_implemented(m, "NotImplemented", base.ptr());
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      switch (e.code()) {
+        case ErrorCode::kInvalidArgument: invalid_argument(e.what()); break;
+        case ErrorCode::kInvalidModel: invalid_model(e.what()); break;
+        case ErrorCode::kNotImplemented: not_implemented(e.what()); break;
+        default: base(e.what());
+      }
+    }
+  });
+
+  py::class_<SessionOptions>(m, "SessionOptions")
+      .def(py::init<>())
+      .def_readwrite("num_threads", &SessionOptions::num_threads)
+      .def_readwrite("optimize", &SessionOptions::optimize)
+      .def_readwrite("check_shape_rules", &SessionOptions::check_shape_rules);
+
+  py::class_<IoInfo>(m, "IoInfo")
+      .def_readonly("name", &IoInfo::name)
+      .def_property_readonly("dtype", [](const IoInfo& i) { return dtype_name(i.dtype); })
+      .def_readonly("rank_known", &IoInfo::rank_known)
+      .def_property_readonly("shape", [](const IoInfo& i) {
+        py::list dims;
+        for (size_t d = 0; d < i.shape.size(); ++d) {
+          if (i.shape[d] >= 0) dims.append(i.shape[d]);
+          else if (d < i.dim_params.size() && !i.dim_params[d].empty()) dims.append(i.dim_params[d]);
+          else dims.append(py::none());
+        }
+        return dims;
+      });
+
+  py::class_<InferenceSession>(m, "InferenceSession")
+      .def(py::init([](py::object model, SessionOptions options) {
+             if (py::isinstance<py::bytes>(model)) {
+               std::string bytes = model.cast<std::string>();
+               py::gil_scoped_release release;
+               return std::make_unique<InferenceSession>(InferenceSession::from_bytes(bytes, options));
+             }
+             std::string path = py::str(model);
+             py::gil_scoped_release release;
+             return std::make_unique<InferenceSession>(path, options);
+           }),
+           py::arg("model"), py::arg("options") = SessionOptions())
+      .def("run",
+           [](InferenceSession& s, const std::vector<std::string>& names, const py::dict& feeds) {
+             auto tensors = feeds_from_dict(feeds);
+             std::vector<Tensor> outs;
+             {
+               py::gil_scoped_release release;
+               outs = s.run(tensors, names);
+               tensors.clear();
+             }
+             py::list result;
+             for (const auto& t : outs) result.append(tensor_to_numpy(t));
+             return result;
+           })
+      .def("inputs", &InferenceSession::inputs)
+      .def("outputs", &InferenceSession::outputs)
+      .def("memory_report", &InferenceSession::memory_report);
+
+  m.def("set_num_threads", &set_num_threads);
+  m.def("num_threads", &num_threads);
+
+  // The registry, for the coverage table and the registry-driven tests.
+  m.def("registered_ops", []() {
+    py::list out;
+    for (const OpSchema* s : OpRegistry::global().all()) {
+      py::dict d;
+      d["domain"] = s->domain;
+      d["op_type"] = s->op_type;
+      d["since_version"] = s->since_version;
+      d["cpu"] = bool(s->cpu);
+      d["shape_rule"] = bool(s->shape);
+      d["gradient"] = gradient_status_name(s->gradient_status);
+      d["gradient_note"] = s->gradient_note;
+      out.append(d);
+    }
+    return out;
+  });
+
+  bind_tools(m);
+}

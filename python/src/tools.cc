@@ -1,0 +1,23 @@
+// Model-level helpers exposed to Python: running the passes and shape inference on bytes.
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "onnx/model_io.h"
+#include "passes/passes.h"
+#include "passes/shape_inference.h"
+
+namespace py = pybind11;
+using namespace onnxtrain;
+
+void bind_tools(py::module_& m) {
+  m.def("optimize_model", [](py::bytes model) {
+    Model mdl = load_model_from_bytes(std::string(model));
+    optimize_for_inference(mdl);
+    return py::bytes(save_model_to_bytes(mdl));
+  }, "Runs the inference pass pipeline over a serialized model and returns the result.");
+  m.def("infer_shapes", [](py::bytes model) {
+    Model mdl = load_model_from_bytes(std::string(model));
+    infer_shapes(mdl.graph, mdl.opsets);
+    return py::bytes(save_model_to_bytes(mdl));
+  }, "Annotates value_info with onnxtrain's own shape rules.");
+}

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages onnxtrain needs (DESIGN.md, "Dependencies").
+# Idempotent: packages already present are skipped, and apt is not touched when nothing is missing.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  libprotobuf-dev protobuf-compiler libonnx-dev   # ONNX protobuf messages
+  libdnnl-dev                                     # GEMM and convolution
+  libgtest-dev                                    # C++ tests
+  pybind11-dev python3-dev python3-numpy          # Python bindings
+  python3-pytest python3-hypothesis               # Python tests
+  python3-torch python3-onnx                      # oracles: autograd, ONNX node-test generators
+  python3-sklearn python3-tqdm python3-matplotlib # examples and demo
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if ((${#missing[@]})); then
+  echo "install_deps: installing ${missing[*]}"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "install_deps: all packages present"
+fi

@@ -1,0 +1,345 @@
+#include "onnx/model_io.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "core/dispatch.h"
+
+namespace onnxtrain {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int64_t kProtobufLimit = (int64_t(1) << 31) - 1;
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) OT_THROW(kInvalidArgument, "cannot open model file '", path, "'");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+ValueInfo value_info_from_proto(const onnx::ValueInfoProto& v, const std::string& where) {
+  ValueInfo info;
+  if (!v.has_type()) return info;
+  if (!v.type().has_tensor_type())
+    OT_THROW(kNotImplemented, where, "value '", v.name(),
+             "' is not a tensor (sequence, map and optional types are not supported)");
+  const auto& tt = v.type().tensor_type();
+  info.dtype = DType(tt.elem_type());
+  if (tt.has_shape()) {
+    Shape shape;
+    for (const auto& d : tt.shape().dim()) {
+      shape.push_back(d.has_dim_value() ? d.dim_value() : -1);
+      info.dim_params.push_back(d.has_dim_param() ? d.dim_param() : "");
+    }
+    info.shape = shape;
+  }
+  return info;
+}
+
+void value_info_to_proto(const std::string& name, const ValueInfo& info, onnx::ValueInfoProto* v) {
+  v->set_name(name);
+  auto* tt = v->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(int(info.dtype));
+  if (info.shape) {
+    auto* shape = tt->mutable_shape();
+    for (size_t i = 0; i < info.shape->size(); ++i) {
+      auto* d = shape->add_dim();
+      int64_t dim = (*info.shape)[i];
+      if (dim >= 0) d->set_dim_value(dim);
+      else if (i < info.dim_params.size() && !info.dim_params[i].empty()) d->set_dim_param(info.dim_params[i]);
+    }
+  }
+}
+
+Graph graph_from_proto(const onnx::GraphProto& g, const std::string& base_dir, const std::string& where);
+void graph_to_proto(const Graph& graph, onnx::GraphProto* g);
+
+Attribute attribute_from_proto(const onnx::AttributeProto& a, const std::string& base_dir,
+                               const std::string& where) {
+  Attribute out;
+  using K = Attribute::Kind;
+  switch (a.type()) {
+    case onnx::AttributeProto::FLOAT: out.kind = K::kFloat; out.f = a.f(); break;
+    case onnx::AttributeProto::INT: out.kind = K::kInt; out.i = a.i(); break;
+    case onnx::AttributeProto::STRING: out.kind = K::kString; out.s = a.s(); break;
+    case onnx::AttributeProto::TENSOR: out.kind = K::kTensor; out.t = tensor_from_proto(a.t(), base_dir); break;
+    case onnx::AttributeProto::GRAPH:
+      out.kind = K::kGraph;
+      out.g = std::make_shared<Graph>(graph_from_proto(a.g(), base_dir, where));
+      break;
+    case onnx::AttributeProto::FLOATS: out.kind = K::kFloats; out.floats.assign(a.floats().begin(), a.floats().end()); break;
+    case onnx::AttributeProto::INTS: out.kind = K::kInts; out.ints.assign(a.ints().begin(), a.ints().end()); break;
+    case onnx::AttributeProto::STRINGS: out.kind = K::kStrings; out.strings.assign(a.strings().begin(), a.strings().end()); break;
+    case onnx::AttributeProto::TENSORS:
+      out.kind = K::kTensors;
+      for (const auto& t : a.tensors()) out.tensors.push_back(tensor_from_proto(t, base_dir));
+      break;
+    default:
+      OT_THROW(kNotImplemented, where, "attribute '", a.name(), "' has unsupported type ", int(a.type()));
+  }
+  return out;
+}
+
+void attribute_to_proto(const std::string& name, const Attribute& a, onnx::AttributeProto* p) {
+  using K = Attribute::Kind;
+  p->set_name(name);
+  switch (a.kind) {
+    case K::kFloat: p->set_type(onnx::AttributeProto::FLOAT); p->set_f(a.f); break;
+    case K::kInt: p->set_type(onnx::AttributeProto::INT); p->set_i(a.i); break;
+    case K::kString: p->set_type(onnx::AttributeProto::STRING); p->set_s(a.s); break;
+    case K::kTensor: p->set_type(onnx::AttributeProto::TENSOR); tensor_to_proto(a.t, p->mutable_t()); break;
+    case K::kGraph: p->set_type(onnx::AttributeProto::GRAPH); graph_to_proto(*a.g, p->mutable_g()); break;
+    case K::kFloats: p->set_type(onnx::AttributeProto::FLOATS); for (float f : a.floats) p->add_floats(f); break;
+    case K::kInts: p->set_type(onnx::AttributeProto::INTS); for (int64_t i : a.ints) p->add_ints(i); break;
+    case K::kStrings: p->set_type(onnx::AttributeProto::STRINGS); for (const auto& s : a.strings) p->add_strings(s); break;
+    case K::kTensors:
+      p->set_type(onnx::AttributeProto::TENSORS);
+      for (const auto& t : a.tensors) tensor_to_proto(t, p->add_tensors());
+      break;
+  }
+}
+
+Graph graph_from_proto(const onnx::GraphProto& g, const std::string& base_dir, const std::string& where) {
+  Graph graph;
+  graph.name = g.name().empty() ? "graph" : g.name();
+  if (g.sparse_initializer_size() > 0)
+    OT_THROW(kNotImplemented, where, "sparse initializers are not supported");
+  for (const auto& init : g.initializer()) {
+    if (init.name().empty()) OT_THROW(kInvalidModel, where, "an initializer has no name");
+    try {
+      graph.initializers[init.name()] = tensor_from_proto(init, base_dir);
+    } catch (const Error& e) {
+      OT_THROW(kInvalidModel, where, "initializer '", init.name(), "': ", e.what());
+    }
+  }
+  for (const auto& in : g.input()) {
+    if (graph.is_initializer(in.name())) continue;  // IR < 4 lists initializers as inputs too
+    graph.inputs.push_back({in.name(), value_info_from_proto(in, where)});
+  }
+  for (const auto& out : g.output()) graph.outputs.push_back({out.name(), value_info_from_proto(out, where)});
+  for (const auto& v : g.value_info()) {
+    try {
+      graph.value_info[v.name()] = value_info_from_proto(v, where);
+    } catch (const Error&) {
+      // Non-tensor annotations on intermediates are hints only; drop them.
+    }
+  }
+  int unnamed = 0;
+  for (const auto& n : g.node()) {
+    Node node;
+    node.op_type = n.op_type();
+    node.domain = n.domain() == "ai.onnx" ? "" : n.domain();
+    node.name = n.name().empty() ? n.op_type() + "_" + std::to_string(unnamed++) : n.name();
+    node.inputs.assign(n.input().begin(), n.input().end());
+    node.outputs.assign(n.output().begin(), n.output().end());
+    for (const auto& a : n.attribute()) {
+      if (!a.ref_attr_name().empty())
+        OT_THROW(kNotImplemented, where, node.context(), "attribute references (functions) are not supported");
+      node.attributes[a.name()] = attribute_from_proto(a, base_dir, where + node.context());
+    }
+    graph.nodes.push_back(std::move(node));
+  }
+  return graph;
+}
+
+void graph_to_proto(const Graph& graph, onnx::GraphProto* g) {
+  g->set_name(graph.name);
+  for (const auto& [name, t] : graph.initializers) {
+    auto* p = g->add_initializer();
+    tensor_to_proto(t, p);
+    p->set_name(name);
+  }
+  for (const auto& in : graph.inputs) value_info_to_proto(in.name, in.info, g->add_input());
+  for (const auto& out : graph.outputs) value_info_to_proto(out.name, out.info, g->add_output());
+  for (const auto& [name, info] : graph.value_info)
+    if (info.dtype != DType::kUndefined) value_info_to_proto(name, info, g->add_value_info());
+  for (const auto& n : graph.nodes) {
+    auto* p = g->add_node();
+    p->set_name(n.name);
+    p->set_op_type(n.op_type);
+    if (!n.domain.empty()) p->set_domain(n.domain);
+    for (const auto& i : n.inputs) p->add_input(i);
+    for (const auto& o : n.outputs) p->add_output(o);
+    for (const auto& [k, a] : n.attributes) attribute_to_proto(k, a, p->add_attribute());
+  }
+}
+
+// Reads typed repeated fields (used when raw_data is absent) into a tensor of the proto's dtype.
+template <typename Src, typename Field>
+void copy_field(const Field& field, Tensor& t, const std::string& what) {
+  OT_CHECK(int64_t(field.size()) == t.numel(), what, ": holds ", field.size(), " values for shape ",
+           shape_str(t.shape()));
+  dispatch_all(t.dtype(), [&]<typename T>() {
+    T* out = t.data<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>)
+        out[i] = T::from_bits(uint16_t(field.Get(int(i))));  // int32_data holds the raw bits
+      else
+        out[i] = static_cast<T>(static_cast<Src>(field.Get(int(i))));
+    }
+  });
+}
+
+}  // namespace
+
+Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir) {
+  DType dt = DType(p.data_type());
+  std::string what = "tensor '" + p.name() + "'";
+  if (dt == DType::kString) OT_THROW(kNotImplemented, what, ": string tensors are not supported");
+  if (!dtype_supported(dt)) OT_THROW(kInvalidModel, what, ": unknown data type ", p.data_type());
+  Shape shape(p.dims().begin(), p.dims().end());
+  for (int64_t d : shape) OT_CHECK(d >= 0, what, ": negative dimension in ", shape_str(shape));
+  if (p.has_segment()) OT_THROW(kNotImplemented, what, ": segmented tensors are not supported");
+  Tensor t = Tensor::empty(dt, shape);
+  size_t nbytes = t.nbytes();
+  if (p.data_location() == onnx::TensorProto::EXTERNAL) {
+    std::string location;
+    int64_t offset = 0, length = -1;
+    for (const auto& kv : p.external_data()) {
+      if (kv.key() == "location") location = kv.value();
+      else if (kv.key() == "offset") offset = std::stoll(kv.value());
+      else if (kv.key() == "length") length = std::stoll(kv.value());
+    }
+    OT_CHECK(!location.empty(), what, ": external data without a location");
+    OT_CHECK(location.find("..") == std::string::npos && location[0] != '/', what,
+             ": external data location '", location, "' must be a relative path inside the model folder");
+    fs::path file = fs::path(base_dir.empty() ? "." : base_dir) / location;
+    std::ifstream f(file, std::ios::binary);
+    OT_CHECK(bool(f), what, ": cannot open external data file '", file.string(), "'");
+    f.seekg(0, std::ios::end);
+    int64_t file_size = f.tellg();
+    if (length < 0) length = int64_t(nbytes);
+    OT_CHECK(length == int64_t(nbytes), what, ": external data length ", length, " does not match ",
+             nbytes, " bytes of shape ", shape_str(shape));
+    OT_CHECK(offset >= 0 && offset + length <= file_size, what, ": external data range [", offset, ", ",
+             offset + length, ") is outside '", file.string(), "' (", file_size, " bytes)");
+    f.seekg(offset);
+    f.read(static_cast<char*>(t.data()), std::streamsize(nbytes));
+    OT_CHECK(bool(f), what, ": short read from '", file.string(), "'");
+    return t;
+  }
+  if (p.has_raw_data()) {
+    OT_CHECK(p.raw_data().size() == nbytes, what, ": raw data holds ", p.raw_data().size(),
+             " bytes, shape ", shape_str(shape), " of ", dtype_name(dt), " needs ", nbytes);
+    if (nbytes) std::memcpy(t.data(), p.raw_data().data(), nbytes);
+    return t;
+  }
+  switch (dt) {
+    case DType::kFloat32: copy_field<float>(p.float_data(), t, what); break;
+    case DType::kFloat64: copy_field<double>(p.double_data(), t, what); break;
+    case DType::kInt64: copy_field<int64_t>(p.int64_data(), t, what); break;
+    case DType::kUint32: case DType::kUint64: copy_field<uint64_t>(p.uint64_data(), t, what); break;
+    default: copy_field<int32_t>(p.int32_data(), t, what); break;  // small ints, bool, halves
+  }
+  return t;
+}
+
+void tensor_to_proto(const Tensor& t, onnx::TensorProto* p) {
+  p->set_data_type(int(t.dtype()));
+  for (int64_t d : t.shape()) p->add_dims(d);
+  p->set_raw_data(t.data(), t.nbytes());
+}
+
+Model from_proto(const onnx::ModelProto& proto, const std::string& base_dir, const std::string& description) {
+  std::string where = "model " + description + ": ";
+  if (!proto.has_graph()) OT_THROW(kInvalidModel, where, "it has no graph (is this an ONNX file?)");
+  Model model;
+  model.description = description;
+  model.ir_version = proto.ir_version();
+  model.producer_name = proto.producer_name();
+  model.producer_version = proto.producer_version();
+  for (const auto& op : proto.opset_import())
+    model.opsets[op.domain() == "ai.onnx" ? "" : op.domain()] = op.version();
+  if (!model.opsets.count("")) model.opsets[""] = proto.opset_import_size() ? 1 : 7;
+  if (proto.functions_size() > 0)
+    OT_THROW(kNotImplemented, where, "model-local functions are not supported");
+  for (const auto& kv : proto.metadata_props()) model.metadata[kv.key()] = kv.value();
+  model.graph = graph_from_proto(proto.graph(), base_dir, where);
+  return model;
+}
+
+Model load_model_from_bytes(const std::string& bytes, const std::string& base_dir,
+                            const std::string& description) {
+  onnx::ModelProto proto;
+  if (bytes.empty() || !proto.ParseFromString(bytes))
+    OT_THROW(kInvalidModel, "model ", description, ": cannot parse ", bytes.size(),
+             " bytes as an ONNX ModelProto (truncated or not an ONNX file)");
+  return from_proto(proto, base_dir, description);
+}
+
+Model load_model(const std::string& path) {
+  std::string dir = fs::path(path).parent_path().string();
+  return load_model_from_bytes(read_file(path), dir, "'" + path + "'");
+}
+
+onnx::ModelProto to_proto(const Model& model) {
+  onnx::ModelProto proto;
+  proto.set_ir_version(model.ir_version);
+  proto.set_producer_name(model.producer_name);
+  proto.set_producer_version(model.producer_version);
+  for (const auto& [domain, version] : model.opsets) {
+    auto* op = proto.add_opset_import();
+    op->set_domain(domain);
+    op->set_version(version);
+  }
+  for (const auto& [k, v] : model.metadata) {
+    auto* kv = proto.add_metadata_props();
+    kv->set_key(k);
+    kv->set_value(v);
+  }
+  graph_to_proto(model.graph, proto.mutable_graph());
+  return proto;
+}
+
+std::string save_model_to_bytes(const Model& model) {
+  onnx::ModelProto proto = to_proto(model);
+  OT_CHECK(int64_t(proto.ByteSizeLong()) < kProtobufLimit, "model is over protobuf's 2 GB limit: save it to a path (external data)");
+  return proto.SerializeAsString();
+}
+
+void save_model(const Model& model, const std::string& path, bool force_external_data) {
+  onnx::ModelProto proto = to_proto(model);
+  if (force_external_data || int64_t(proto.ByteSizeLong()) >= kProtobufLimit) {
+    std::string data_name = fs::path(path).filename().string() + ".data";
+    std::string data_path = (fs::path(path).parent_path() / data_name).string();
+    std::ofstream data(data_path, std::ios::binary | std::ios::trunc);
+    OT_CHECK(bool(data), "cannot write external data file '", data_path, "'");
+    int64_t offset = 0;
+    for (auto& init : *proto.mutable_graph()->mutable_initializer()) {
+      if (init.raw_data().size() < 1024) continue;
+      int64_t length = int64_t(init.raw_data().size());
+      int64_t pad = (4096 - offset % 4096) % 4096;  // page-aligned, as ONNX's own writer does
+      data.write(std::string(size_t(pad), '\0').data(), pad);
+      offset += pad;
+      data.write(init.raw_data().data(), length);
+      init.clear_raw_data();
+      init.set_data_location(onnx::TensorProto::EXTERNAL);
+      auto add = [&](const char* k, const std::string& v) {
+        auto* kv = init.add_external_data();
+        kv->set_key(k);
+        kv->set_value(v);
+      };
+      add("location", data_name);
+      add("offset", std::to_string(offset));
+      add("length", std::to_string(length));
+      offset += length;
+    }
+    OT_CHECK(bool(data.flush()), "failed writing external data file '", data_path, "'");
+  }
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    OT_CHECK(bool(f), "cannot write model file '", path, "'");
+    OT_CHECK(proto.SerializeToOstream(&f), "failed to serialize model to '", path, "'");
+  }
+  fs::rename(tmp, path);
+}
+
+}  // namespace onnxtrain

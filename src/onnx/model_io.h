@@ -1,0 +1,30 @@
+// ModelProto <-> IR. Loading validates what it reads (dtypes, tensor sizes, external data
+// bounds) so that a malformed file is an error naming the model, never a crash.
+#pragma once
+
+#include <string>
+
+#include "ir/graph.h"
+
+namespace onnx { class ModelProto; class TensorProto; }
+
+namespace onnxtrain {
+
+// Parses a model file; external data is resolved relative to the file's directory.
+Model load_model(const std::string& path);
+// Parses serialized bytes; external data, if any, is resolved relative to base_dir.
+Model load_model_from_bytes(const std::string& bytes, const std::string& base_dir = "",
+                            const std::string& description = "<bytes>");
+Model from_proto(const onnx::ModelProto& proto, const std::string& base_dir,
+                 const std::string& description);
+
+onnx::ModelProto to_proto(const Model& model);
+std::string save_model_to_bytes(const Model& model);
+// Writes the model; initializers of at least external_threshold bytes go to "<path>.data" as ONNX
+// external data when the whole model would pass protobuf's 2 GB limit (or when forced).
+void save_model(const Model& model, const std::string& path, bool force_external_data = false);
+
+Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base_dir = "");
+void tensor_to_proto(const Tensor& tensor, onnx::TensorProto* proto);
+
+}  // namespace onnxtrain

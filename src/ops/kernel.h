@@ -1,0 +1,63 @@
+// The kernel interface. A kernel reads its inputs from a KernelContext and asks it for outputs by
+// dtype and shape; the executor hands back the buffer the memory planner reserved for that output
+// when the shape is the planned one, so kernels never manage memory themselves.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace onnxtrain {
+
+class KernelContext {
+ public:
+  virtual ~KernelContext() = default;
+  const Node& node() const { return *node_; }
+  int64_t opset() const { return opset_; }
+
+  size_t num_inputs() const { return inputs_.size(); }
+  bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i] && inputs_[i]->defined(); }
+  const Tensor& input(size_t i) const;
+
+  size_t num_outputs() const { return num_outputs_; }
+  // False for an omitted optional output: the kernel may skip computing it.
+  bool output_requested(size_t i) const { return node_->has_output(i); }
+  // A buffer for output i of the given dtype and shape.
+  virtual Tensor& output(size_t i, DType dtype, const Shape& shape) = 0;
+  // Sets output i to an existing tensor: a view of an input (Reshape, Identity) or a constant.
+  virtual void set_output(size_t i, Tensor tensor) = 0;
+
+ protected:
+  const Node* node_ = nullptr;
+  int64_t opset_ = 0;
+  std::vector<const Tensor*> inputs_;
+  size_t num_outputs_ = 0;
+};
+
+// A kernel instance lives as long as the plan for one node and may cache per-shape state
+// (oneDNN primitives, parsed attributes) across runs.
+class Kernel {
+ public:
+  virtual ~Kernel() = default;
+  virtual void compute(KernelContext& ctx) = 0;
+};
+
+using KernelFn = void (*)(KernelContext&);
+using KernelFactory = std::function<std::unique_ptr<Kernel>(const Node&)>;
+
+class FunctionKernel final : public Kernel {
+ public:
+  explicit FunctionKernel(KernelFn fn) : fn_(fn) {}
+  void compute(KernelContext& ctx) override { fn_(ctx); }
+
+ private:
+  KernelFn fn_;
+};
+
+// Runs a node's kernel once over the given inputs, allocating every output (constant folding,
+// tests and the recording run of the planner use this).
+std::vector<Tensor> run_node_once(const Node& node, int64_t opset, const std::vector<Tensor>& inputs);
+
+}  // namespace onnxtrain

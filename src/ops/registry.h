@@ -1,0 +1,103 @@
+// The op registry: every op is declared once, keyed by (domain, op type, since-version), with its
+// arity, shape rule, gradient status and rule, and CPU kernel (DESIGN.md, "One op, one place").
+//
+//   ONNXTRAIN_OP(Relu, kOnnxDomain, 14)
+//       .inputs(1).outputs(1)
+//       .shape(same_shape_as_input)
+//       .inplace(0, 0)
+//       .cpu(relu_kernel);
+//
+// A lookup for a model of opset N finds the registration with the greatest since-version <= N.
+#pragma once
+
+#include <climits>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ops/kernel.h"
+#include "ops/shape_context.h"
+
+namespace onnxtrain {
+
+class GradientBuilder;  // src/autodiff: the graph-builder that gradient rules are written with
+
+enum class GradientStatus {
+  kUnstated,          // the op has not said yet; autodiff treats it as "no gradient rule"
+  kDifferentiable,    // has a rule
+  kNotDifferentiable, // outputs are integers/bools or pure shape data: no gradient flows
+  kNotImplemented,    // differentiable in principle; the note says why there is no rule yet
+};
+const char* gradient_status_name(GradientStatus s);
+
+using ShapeFn = std::function<void(ShapeContext&)>;
+using GradientFn = std::function<void(GradientBuilder&)>;
+
+struct OpSchema {
+  std::string domain;
+  std::string op_type;
+  int since_version = 1;
+  int min_inputs = 0, max_inputs = INT_MAX;
+  int min_outputs = 1, max_outputs = 1;
+  ShapeFn shape;
+  KernelFactory cpu;
+  GradientStatus gradient_status = GradientStatus::kUnstated;
+  GradientFn gradient;
+  std::string gradient_note;
+  std::vector<std::pair<int, int>> inplace;  // (output, input) pairs that may share one buffer
+  std::string source_file;
+};
+
+class OpRegistry {
+ public:
+  static OpRegistry& global();
+  void add(OpSchema schema);
+  // The schema for a node of this model's opset, or nullptr.
+  const OpSchema* find(const std::string& domain, const std::string& op_type, int64_t opset) const;
+  // Any version, for listing and for "unknown op" vs "op too old/new" messages.
+  std::vector<const OpSchema*> versions(const std::string& domain, const std::string& op_type) const;
+  std::vector<const OpSchema*> all() const;
+
+ private:
+  std::vector<std::unique_ptr<OpSchema>> schemas_;
+};
+
+// Fluent declaration; the OpRegistration it converts to adds the schema to the global registry.
+class OpBuilder {
+ public:
+  OpBuilder(const char* op_type, const std::string& domain, int since_version, const char* file);
+  OpBuilder& inputs(int n) { return inputs(n, n); }
+  OpBuilder& inputs(int min, int max);
+  OpBuilder& outputs(int n) { return outputs(n, n); }
+  OpBuilder& outputs(int min, int max);
+  OpBuilder& shape(ShapeFn fn);
+  OpBuilder& cpu(KernelFn fn);
+  OpBuilder& cpu(KernelFactory factory);
+  template <typename K>
+  OpBuilder& cpu_kernel() {  // a stateful kernel class constructed once per node: K(const Node&)
+    return cpu(KernelFactory([](const Node& n) -> std::unique_ptr<Kernel> { return std::make_unique<K>(n); }));
+  }
+  OpBuilder& gradient(GradientFn fn);
+  OpBuilder& not_differentiable();
+  OpBuilder& gradient_not_implemented(std::string reason);
+  OpBuilder& inplace(int output, int input);
+  const OpSchema& schema() const { return schema_; }
+
+ private:
+  OpSchema schema_;
+};
+
+struct OpRegistration {
+  OpRegistration(const OpBuilder& builder);  // NOLINT: implicit, so the macro reads as a chain
+};
+
+}  // namespace onnxtrain
+
+#define OT_CONCAT_INNER(a, b) a##b
+#define OT_CONCAT(a, b) OT_CONCAT_INNER(a, b)
+#define ONNXTRAIN_OP(OP, DOMAIN, SINCE)                                              \
+  [[maybe_unused]] static const ::onnxtrain::OpRegistration OT_CONCAT(ot_op_reg_, __COUNTER__) = \
+      ::onnxtrain::OpBuilder(#OP, DOMAIN, SINCE, __FILE__)

@@ -1,0 +1,199 @@
+#include "passes/passes.h"
+
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ops/kernel.h"
+#include "ops/registry.h"
+#include "passes/shape_inference.h"
+
+namespace onnxtrain {
+
+void replace_uses(Graph& graph, const std::string& from, const std::string& to) {
+  for (auto& node : graph.nodes)
+    for (auto& in : node.inputs)
+      if (in == from) in = to;
+}
+
+namespace {
+const ValueInfo* static_info(const Graph& g, const std::string& value) {
+  auto it = g.value_info.find(value);
+  if (it != g.value_info.end()) return &it->second;
+  for (const auto& in : g.inputs)
+    if (in.name == value) return &in.info;
+  return nullptr;
+}
+}  // namespace
+
+int fold_constants(Model& model) {
+  Graph& g = model.graph;
+  // Static shapes let Shape/Size of inputs with fixed dims fold too.
+  infer_shapes(g, model.opsets);
+  int folded = 0;
+  std::vector<Node> kept;
+  for (auto& node : g.nodes) {
+    int64_t opset = model.opset(node.domain);
+    const OpSchema* schema = OpRegistry::global().find(node.domain, node.op_type, opset);
+    bool foldable = schema && schema->cpu && !is_nondeterministic(node) && !node.outputs.empty();
+    for (const auto& [k, a] : node.attributes)
+      if (a.kind == Attribute::Kind::kGraph) foldable = false;
+    std::vector<Tensor> inputs;
+    for (size_t i = 0; foldable && i < node.inputs.size(); ++i) {
+      const std::string& in = node.inputs[i];
+      if (in.empty()) { inputs.emplace_back(); continue; }
+      if (g.is_initializer(in)) { inputs.push_back(g.initializers.at(in)); continue; }
+      const ValueInfo* info = static_info(g, in);
+      bool shape_only = (node.op_type == "Shape" || node.op_type == "Size") && i == 0 && info &&
+                        info->has_static_shape();
+      if (shape_only) {  // only the shape is read: a data-less tensor of that shape will do
+        DType dt = info->dtype == DType::kUndefined ? DType::kFloat32 : info->dtype;
+        inputs.push_back(Tensor::borrow(dt, *info->shape, nullptr));
+        continue;
+      }
+      foldable = false;
+    }
+    if (foldable) {
+      try {
+        auto results = run_node_once(node, opset, inputs);
+        bool ok = results.size() >= node.outputs.size();
+        for (size_t i = 0; ok && i < node.outputs.size(); ++i)
+          ok = node.outputs[i].empty() || results[i].defined();
+        if (ok) {
+          for (size_t i = 0; i < node.outputs.size(); ++i) {
+            if (node.outputs[i].empty()) continue;
+            // Views must not alias inputs that may later be dropped: own the bytes.
+            g.initializers[node.outputs[i]] = results[i].clone();
+            g.value_info.erase(node.outputs[i]);
+          }
+          ++folded;
+          continue;
+        }
+      } catch (const Error&) {
+        // Leave it to run time, where the error (if any) is reported with full context.
+      }
+    }
+    kept.push_back(std::move(node));
+  }
+  g.nodes = std::move(kept);
+  return folded;
+}
+
+int eliminate_dead_code(Graph& g) {
+  std::unordered_set<std::string> live;
+  for (const auto& out : g.outputs) live.insert(out.name);
+  std::vector<char> keep(g.nodes.size(), 0);
+  for (size_t i = g.nodes.size(); i-- > 0;) {
+    const Node& n = g.nodes[i];
+    bool used = false;
+    for (const auto& o : n.outputs) used = used || (!o.empty() && live.count(o));
+    if (!used) continue;
+    keep[i] = 1;
+    for (const auto& in : n.inputs) if (!in.empty()) live.insert(in);
+    for (const auto& [k, a] : n.attributes)  // subgraphs may read outer values by name
+      if (a.kind == Attribute::Kind::kGraph) {
+        for (const auto& sn : a.g->nodes) for (const auto& in : sn.inputs) live.insert(in);
+        for (const auto& so : a.g->outputs) live.insert(so.name);
+      }
+  }
+  int removed = 0;
+  std::vector<Node> kept;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (keep[i]) kept.push_back(std::move(g.nodes[i]));
+    else ++removed;
+  }
+  g.nodes = std::move(kept);
+  for (auto it = g.initializers.begin(); it != g.initializers.end();) {
+    if (!live.count(it->first)) it = g.initializers.erase(it);
+    else ++it;
+  }
+  return removed;
+}
+
+int eliminate_identities(Graph& g) {
+  int removed = 0;
+  std::vector<Node> kept;
+  for (auto& node : g.nodes) {
+    bool identity = node.op_type == "Identity" && node.domain.empty();
+    // Inference-mode Dropout with no mask output is the identity.
+    if (node.op_type == "Dropout" && node.domain.empty() && !node.has_output(1) && !node.has_input(2))
+      identity = true;
+    if (identity && node.has_input(0) && !g.is_output(node.outputs[0])) {
+      replace_uses(g, node.outputs[0], node.inputs[0]);
+      ++removed;
+      continue;
+    }
+    kept.push_back(std::move(node));
+  }
+  g.nodes = std::move(kept);
+  return removed;
+}
+
+namespace {
+std::string attribute_key(const Attribute& a) {
+  std::string k = std::to_string(int(a.kind)) + ":";
+  switch (a.kind) {
+    case Attribute::Kind::kFloat: return k + std::to_string(a.f);
+    case Attribute::Kind::kInt: return k + std::to_string(a.i);
+    case Attribute::Kind::kString: return k + a.s;
+    case Attribute::Kind::kInts: for (auto v : a.ints) k += std::to_string(v) + ","; return k;
+    case Attribute::Kind::kFloats: for (auto v : a.floats) k += std::to_string(v) + ","; return k;
+    case Attribute::Kind::kStrings: for (auto& v : a.strings) k += v + ","; return k;
+    case Attribute::Kind::kTensor:
+      k += std::to_string(int(a.t.dtype())) + shape_str(a.t.shape());
+      k.append(static_cast<const char*>(a.t.data()), a.t.nbytes());
+      return k;
+    default: return "";  // graphs and tensor lists: never merged
+  }
+}
+}  // namespace
+
+int eliminate_common_subexpressions(Graph& g) {
+  std::unordered_map<std::string, size_t> seen;  // key -> index in kept
+  std::vector<Node> kept;
+  int merged = 0;
+  for (auto& node : g.nodes) {
+    bool mergeable = !is_nondeterministic(node);
+    std::string key = node.domain + "|" + node.op_type + "|";
+    for (const auto& in : node.inputs) key += in + ",";
+    key += "|";
+    for (const auto& [name, a] : node.attributes) {
+      std::string ak = attribute_key(a);
+      if (ak.empty()) mergeable = false;
+      key += name + "=" + ak + ";";
+    }
+    key += "|" + std::to_string(node.outputs.size());
+    if (mergeable) {
+      auto it = seen.find(key);
+      if (it != seen.end()) {
+        const Node& first = kept[it->second];
+        bool outputs_free = true;
+        for (const auto& o : node.outputs) outputs_free = outputs_free && !g.is_output(o);
+        if (outputs_free) {
+          for (size_t i = 0; i < node.outputs.size(); ++i)
+            if (!node.outputs[i].empty()) replace_uses(g, node.outputs[i], first.outputs[i]);
+          ++merged;
+          continue;
+        }
+      }
+      seen.emplace(key, kept.size());
+    }
+    kept.push_back(std::move(node));
+  }
+  g.nodes = std::move(kept);
+  return merged;
+}
+
+void optimize_for_inference(Model& model) {
+  Graph& g = model.graph;
+  g.topological_sort();
+  for (int round = 0; round < 8; ++round) {
+    int changed = fold_constants(model);
+    changed += eliminate_identities(g);
+    changed += eliminate_common_subexpressions(g);
+    changed += eliminate_dead_code(g);
+    if (changed == 0) break;
+  }
+}
+
+}  // namespace onnxtrain

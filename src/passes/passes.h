@@ -1,0 +1,20 @@
+// Graph-to-graph rewrites (never called "optimizers": that word is for parameter updates).
+#pragma once
+
+#include "ir/graph.h"
+
+namespace onnxtrain {
+
+// Each returns how many nodes it removed or rewrote.
+int fold_constants(Model& model);          // nodes over constants become initializers
+int eliminate_dead_code(Graph& graph);     // nodes and initializers nothing reads
+int eliminate_identities(Graph& graph);    // Identity, inference-mode Dropout
+int eliminate_common_subexpressions(Graph& graph);
+
+// The standard pipeline for inference: shapes, folding, identities, CSE, DCE, to a fixed point.
+void optimize_for_inference(Model& model);
+
+// Replaces every read of `from` (node inputs, graph outputs excluded) with `to`.
+void replace_uses(Graph& graph, const std::string& from, const std::string& to);
+
+}  // namespace onnxtrain

@@ -1,0 +1,416 @@
+#include "runtime/executor.h"
+
+#include <numeric>
+
+#include "passes/shape_inference.h"
+#include "runtime/memory_planner.h"
+
+namespace onnxtrain {
+
+struct Executor::Plan {
+  std::vector<std::unique_ptr<Kernel>> kernels;  // one per step
+  std::vector<Tensor> values;                    // per value id: the live tensor
+  std::vector<Tensor> planned;                   // per value id: its arena view, if planned
+  bool recorded = false;
+  // What the recording run saw, per value id.
+  std::vector<DType> dtypes;
+  std::vector<Shape> shapes;
+  std::vector<int> alias_of;      // the input value a view aliases, or -1
+  std::vector<char> external;     // storage not from this run: feeds, initializers, constants
+  std::vector<char> from_set_output;
+  std::shared_ptr<void> arena;
+  MemoryReport report;
+  size_t dynamic_allocations = 0;
+  std::vector<char> is_graph_output_root;
+};
+
+namespace {
+
+// Hands kernels their inputs and outputs for one step.
+class StepContext final : public KernelContext {
+ public:
+  StepContext(const Node& node, int64_t opset, std::vector<Tensor>& values, std::vector<Tensor>& planned,
+              const std::vector<int>& in_ids, const std::vector<int>& out_ids, size_t& dynamic_allocations,
+              std::vector<char>* set_output_flags)
+      : values_(values), planned_(planned), out_ids_(out_ids), dynamic_(dynamic_allocations),
+        set_output_flags_(set_output_flags) {
+    node_ = &node;
+    opset_ = opset;
+    inputs_.reserve(in_ids.size());
+    for (int id : in_ids) inputs_.push_back(id >= 0 ? &values[size_t(id)] : nullptr);
+    num_outputs_ = out_ids.size();
+  }
+
+  Tensor& output(size_t i, DType dtype, const Shape& shape) override {
+    Tensor* slot = slot_for(i);
+    int id = i < out_ids_.size() ? out_ids_[i] : -1;
+    if (id >= 0) {
+      Tensor& view = planned_[size_t(id)];
+      if (view.defined() && view.dtype() == dtype && view.shape() == shape) {
+        if (slot->data() != view.data() || slot->shape() != shape) *slot = view;
+        return *slot;
+      }
+      if (view.defined()) ++dynamic_;  // data-dependent shape: fall back to a fresh buffer
+    }
+    *slot = Tensor::empty(dtype, shape);
+    return *slot;
+  }
+
+  void set_output(size_t i, Tensor tensor) override {
+    *slot_for(i) = std::move(tensor);
+    int id = i < out_ids_.size() ? out_ids_[i] : -1;
+    if (id >= 0 && set_output_flags_) (*set_output_flags_)[size_t(id)] = 1;
+  }
+
+ private:
+  Tensor* slot_for(size_t i) {
+    int id = i < out_ids_.size() ? out_ids_[i] : -1;
+    if (id >= 0) return &values_[size_t(id)];
+    if (scratch_.size() <= i) scratch_.resize(i + 1);  // an output the graph does not use
+    return &scratch_[i];
+  }
+  std::vector<Tensor>& values_;
+  std::vector<Tensor>& planned_;
+  const std::vector<int>& out_ids_;
+  size_t& dynamic_;
+  std::vector<char>* set_output_flags_;
+  std::vector<Tensor> scratch_;
+};
+
+struct UnionFind {
+  std::vector<int> parent;
+  explicit UnionFind(size_t n) : parent(n) { std::iota(parent.begin(), parent.end(), 0); }
+  int find(int x) { return parent[size_t(x)] == x ? x : parent[size_t(x)] = find(parent[size_t(x)]); }
+  void unite(int child, int root) { parent[size_t(find(child))] = find(root); }
+};
+
+}  // namespace
+
+Executor::Executor(const Model& model, ExecutorOptions options) : model_(model), options_(options) {
+  compile();
+}
+
+Executor::~Executor() = default;
+
+void Executor::compile() {
+  Graph& g = model_.graph;
+  g.topological_sort();
+  auto id_of = [&](const std::string& name) {
+    auto [it, inserted] = value_ids_.emplace(name, int(value_names_.size()));
+    if (inserted) value_names_.push_back(name);
+    return it->second;
+  };
+  for (const auto& in : g.inputs) input_ids_.push_back(id_of(in.name));
+  for (const auto& [name, t] : g.initializers) constants_.emplace_back(id_of(name), &t);
+
+  for (const auto& node : g.nodes) {
+    const std::string& domain = node.domain;
+    int64_t opset = model_.opset(domain);
+    Step step;
+    step.node = &node;
+    step.schema = OpRegistry::global().find(domain, node.op_type, opset);
+    if (!step.schema) {
+      auto versions = OpRegistry::global().versions(domain, node.op_type);
+      if (versions.empty())
+        OT_THROW(kNotImplemented, "model ", model_.description, ": ", node.context(), "unknown op '",
+                 (domain.empty() ? "" : domain + "."), node.op_type, "' (no kernel is registered)");
+      OT_THROW(kNotImplemented, "model ", model_.description, ": ", node.context(), "opset ", opset,
+               " of domain '", domain, "' is older than the first supported version ",
+               versions.front()->since_version);
+    }
+    if (!step.schema->cpu)
+      OT_THROW(kNotImplemented, "model ", model_.description, ": ", node.context(), "has no CPU kernel");
+    int n_in = int(node.inputs.size()), n_out = int(node.outputs.size());
+    if (n_in < step.schema->min_inputs || n_in > step.schema->max_inputs)
+      OT_THROW(kInvalidModel, "model ", model_.description, ": ", node.context(), "takes ",
+               step.schema->min_inputs, " to ", step.schema->max_inputs, " inputs, got ", n_in);
+    if (n_out < step.schema->min_outputs || n_out > step.schema->max_outputs)
+      OT_THROW(kInvalidModel, "model ", model_.description, ": ", node.context(), "produces ",
+               step.schema->min_outputs, " to ", step.schema->max_outputs, " outputs, got ", n_out);
+    for (const auto& in : node.inputs) step.inputs.push_back(in.empty() ? -1 : id_of(in));
+    for (const auto& out : node.outputs) step.outputs.push_back(out.empty() ? -1 : id_of(out));
+    steps_.push_back(std::move(step));
+  }
+  for (const auto& out : g.outputs) {
+    auto it = value_ids_.find(out.name);
+    if (it == value_ids_.end())
+      OT_THROW(kInvalidModel, "model ", model_.description, ": graph output '", out.name,
+               "' is not produced by any node, input or initializer");
+    output_ids_.push_back(it->second);
+  }
+  // Release dynamic values after their last reader (graph outputs are kept).
+  std::vector<int> last_use(value_names_.size(), -1);
+  for (size_t s = 0; s < steps_.size(); ++s)
+    for (int id : steps_[s].inputs)
+      if (id >= 0) last_use[size_t(id)] = int(s);
+  std::vector<char> keep(value_names_.size(), 0);
+  for (int id : output_ids_) keep[size_t(id)] = 1;
+  for (int id : input_ids_) keep[size_t(id)] = 1;
+  for (auto& [id, t] : constants_) keep[size_t(id)] = 1;
+  for (size_t id = 0; id < last_use.size(); ++id)
+    if (last_use[id] >= 0 && !keep[id]) steps_[size_t(last_use[id])].release.push_back(int(id));
+}
+
+void Executor::validate_feeds(const std::map<std::string, Tensor>& feeds) const {
+  const std::string where = "model " + model_.description + ": ";
+  for (const auto& [name, t] : feeds)
+    if (!model_.graph.is_input(name)) {
+      std::string expected;
+      for (const auto& in : model_.graph.inputs) expected += (expected.empty() ? "'" : ", '") + in.name + "'";
+      OT_THROW(kInvalidArgument, where, "feed '", name, "' is not an input of the model (inputs: ", expected, ")");
+    }
+  for (const auto& in : model_.graph.inputs) {
+    auto it = feeds.find(in.name);
+    OT_CHECK(it != feeds.end(), where, "input '", in.name, "' is missing from the feeds");
+    const Tensor& t = it->second;
+    if (in.info.dtype != DType::kUndefined)
+      OT_CHECK(t.dtype() == in.info.dtype, where, "input '", in.name, "' should be ", dtype_name(in.info.dtype),
+               ", got ", dtype_name(t.dtype()));
+    if (in.info.shape) {
+      const Shape& want = *in.info.shape;
+      OT_CHECK(size_t(t.rank()) == want.size(), where, "input '", in.name, "' should have rank ", want.size(),
+               " (shape ", shape_str(want), "), got shape ", shape_str(t.shape()));
+      for (size_t d = 0; d < want.size(); ++d)
+        OT_CHECK(want[d] < 0 || want[d] == t.shape()[d], where, "input '", in.name, "' should have shape ",
+                 shape_str(want), " (-1: any), got ", shape_str(t.shape()));
+    }
+  }
+}
+
+std::string Executor::signature(const std::map<std::string, Tensor>& feeds) const {
+  std::string sig;
+  for (const auto& in : model_.graph.inputs) {
+    const Tensor& t = feeds.at(in.name);
+    sig += std::to_string(int(t.dtype())) + shape_str(t.shape()) + ";";
+  }
+  return sig;
+}
+
+std::unique_ptr<Executor::Plan> Executor::new_plan() {
+  auto plan = std::make_unique<Plan>();
+  size_t n = value_names_.size();
+  plan->values.resize(n);
+  plan->planned.resize(n);
+  plan->dtypes.assign(n, DType::kUndefined);
+  plan->shapes.resize(n);
+  plan->alias_of.assign(n, -1);
+  plan->external.assign(n, 0);
+  plan->from_set_output.assign(n, 0);
+  for (const auto& step : steps_) plan->kernels.push_back(step.schema->cpu(*step.node));
+  for (auto& [id, t] : constants_) {
+    plan->values[size_t(id)] = *t;
+    plan->external[size_t(id)] = 1;
+  }
+  for (int id : input_ids_) plan->external[size_t(id)] = 1;
+  return plan;
+}
+
+void Executor::execute(Plan& plan, bool recording) {
+  plan.dynamic_allocations = 0;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const Step& step = steps_[s];
+    const Node& node = *step.node;
+    StepContext ctx(node, model_.opset(node.domain), plan.values, plan.planned, step.inputs, step.outputs,
+                    plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr);
+    try {
+      plan.kernels[s]->compute(ctx);
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      if (msg.rfind("[", 0) != 0) msg = node.context() + msg;
+      throw Error(e.code(), "model " + model_.description + ": " + msg);
+    } catch (const std::exception& e) {
+      throw Error(ErrorCode::kRuntime, "model " + model_.description + ": " + node.context() + e.what());
+    }
+    for (size_t i = 0; i < step.outputs.size(); ++i) {
+      int id = step.outputs[i];
+      if (id < 0) continue;
+      const Tensor& out = plan.values[size_t(id)];
+      if (!out.defined())
+        OT_THROW(kRuntime, "model ", model_.description, ": ", node.context(), "kernel did not produce output ", i);
+      if (!recording) continue;
+      plan.dtypes[size_t(id)] = out.dtype();
+      plan.shapes[size_t(id)] = out.shape();
+      for (int in : step.inputs)
+        if (in >= 0 && out.shares_storage_with(plan.values[size_t(in)])) { plan.alias_of[size_t(id)] = in; break; }
+      if (plan.alias_of[size_t(id)] < 0 && plan.from_set_output[size_t(id)]) plan.external[size_t(id)] = 1;
+    }
+    for (int id : step.release)
+      if (!plan.planned[size_t(id)].defined()) plan.values[size_t(id)] = Tensor();
+  }
+}
+
+void Executor::build_arena(Plan& plan) {
+  size_t n = value_names_.size();
+  UnionFind groups(n);
+  for (size_t id = 0; id < n; ++id)
+    if (plan.alias_of[id] >= 0) groups.unite(int(id), plan.alias_of[id]);
+
+  // A group is planned when its storage is made in this run and no graph output lives in it.
+  auto root_external = [&](int id) {
+    while (plan.alias_of[size_t(id)] >= 0) id = plan.alias_of[size_t(id)];
+    return plan.external[size_t(id)] != 0;
+  };
+  std::vector<int> produced_at(n, -1), last_read(n, -1);
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    for (int id : steps_[s].outputs) if (id >= 0) produced_at[size_t(id)] = int(s);
+    for (int id : steps_[s].inputs) if (id >= 0) last_read[size_t(id)] = int(s);
+  }
+  std::vector<char> blocked(n, 0);  // per group root
+  for (int id : output_ids_) blocked[size_t(groups.find(id))] = 1;
+  for (size_t id = 0; id < n; ++id)
+    if (produced_at[id] < 0 || root_external(int(id))) blocked[size_t(groups.find(int(id)))] = 1;
+
+  std::vector<int> first(n, INT32_MAX), last(n, -1);
+  auto refresh = [&](int id) {
+    int r = groups.find(id);
+    first[size_t(r)] = std::min(first[size_t(r)], produced_at[size_t(id)]);
+    last[size_t(r)] = std::max({last[size_t(r)], last_read[size_t(id)], produced_at[size_t(id)]});
+  };
+  for (size_t id = 0; id < n; ++id) if (produced_at[id] >= 0) refresh(int(id));
+
+  // In-place: an output takes over the buffer of an input that dies at this step.
+  MemoryReport report;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const Step& step = steps_[s];
+    for (auto [o, i] : step.schema->inplace) {
+      if (size_t(o) >= step.outputs.size() || size_t(i) >= step.inputs.size()) continue;
+      int out = step.outputs[size_t(o)], in = step.inputs[size_t(i)];
+      if (out < 0 || in < 0 || plan.alias_of[size_t(out)] >= 0) continue;
+      int gin = groups.find(in), gout = groups.find(out);
+      if (gin == gout || blocked[size_t(gin)] || blocked[size_t(gout)] || last[size_t(gin)] != int(s)) continue;
+      if (plan.dtypes[size_t(in)] != plan.dtypes[size_t(out)] || plan.shapes[size_t(in)] != plan.shapes[size_t(out)]) continue;
+      if (plan.alias_of[size_t(in)] >= 0) continue;  // only over the buffer's own value
+      bool shared = false;
+      for (size_t j = 0; j < step.inputs.size(); ++j)
+        if (j != size_t(i) && step.inputs[j] >= 0 && groups.find(step.inputs[j]) == gin) shared = true;
+      if (shared) continue;
+      groups.unite(out, in);
+      int r = groups.find(in);
+      first[size_t(r)] = std::min(first[size_t(gin)], first[size_t(gout)]);
+      last[size_t(r)] = std::max(last[size_t(gin)], last[size_t(gout)]);
+      ++report.inplace_reuses;
+    }
+  }
+
+  // One buffer per planned group, sized by its largest fresh member.
+  std::vector<int> buffer_of(n, -1);
+  std::vector<Buffer> buffers;
+  for (size_t id = 0; id < n; ++id) {
+    if (produced_at[id] < 0 || plan.alias_of[id] >= 0) continue;
+    int r = groups.find(int(id));
+    if (blocked[size_t(r)] || plan.dtypes[id] == DType::kUndefined) continue;
+    size_t bytes = size_t(numel(plan.shapes[id])) * dtype_size(plan.dtypes[id]);
+    if (buffer_of[size_t(r)] < 0) {
+      buffer_of[size_t(r)] = int(buffers.size());
+      buffers.push_back({bytes, first[size_t(r)], last[size_t(r)]});
+    } else {
+      auto& b = buffers[size_t(buffer_of[size_t(r)])];
+      b.bytes = std::max(b.bytes, bytes);
+    }
+  }
+  for (size_t id = 0; id < n; ++id) if (plan.alias_of[id] >= 0) ++report.views;
+  ArenaLayout layout = plan_arena(buffers);
+  if (layout.arena_bytes) {
+    void* p = std::aligned_alloc(64, layout.arena_bytes);
+    OT_CHECK(p, "out of memory allocating a ", layout.arena_bytes, "-byte arena");
+    plan.arena = std::shared_ptr<void>(p, std::free);
+  }
+  char* base = static_cast<char*>(plan.arena.get());
+  for (size_t id = 0; id < n; ++id) {
+    if (produced_at[id] < 0 || plan.alias_of[id] >= 0) continue;
+    int b = buffer_of[size_t(groups.find(int(id)))];
+    if (b < 0) continue;
+    plan.planned[id] = Tensor::borrow(plan.dtypes[id], plan.shapes[id], base + layout.offsets[size_t(b)], plan.arena);
+  }
+  report.planned_arena_bytes = layout.arena_bytes;
+  report.naive_bytes = layout.naive_bytes;
+  plan.report = report;
+}
+
+void Executor::check_shape_rules(const Plan& plan) const {
+  Graph g = model_.graph;
+  for (auto& in : g.inputs) {
+    int id = value_ids_.at(in.name);
+    in.info.dtype = plan.values[size_t(id)].dtype();
+    in.info.shape = plan.values[size_t(id)].shape();
+  }
+  g.value_info.clear();
+  infer_shapes(g, model_.opsets);
+  for (const auto& [name, info] : g.value_info) {
+    auto it = value_ids_.find(name);
+    if (it == value_ids_.end()) continue;
+    size_t id = size_t(it->second);
+    if (plan.dtypes[id] == DType::kUndefined) continue;
+    std::string producer;
+    for (const auto& node : g.nodes)
+      for (const auto& o : node.outputs) if (o == name) producer = node.context();
+    if (info.dtype != DType::kUndefined && info.dtype != plan.dtypes[id])
+      OT_THROW(kRuntime, producer, "shape rule gives dtype ", dtype_name(info.dtype), " for '", name,
+               "', the kernel produced ", dtype_name(plan.dtypes[id]));
+    if (!info.shape) continue;
+    const Shape& got = plan.shapes[id];
+    bool ok = info.shape->size() == got.size();
+    for (size_t d = 0; ok && d < got.size(); ++d) ok = (*info.shape)[d] < 0 || (*info.shape)[d] == got[d];
+    if (!ok)
+      OT_THROW(kRuntime, producer, "shape rule gives ", shape_str(*info.shape), " for '", name,
+               "', the kernel produced ", shape_str(got));
+  }
+}
+
+std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& feeds,
+                                  const std::vector<std::string>& output_names) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  validate_feeds(feeds);
+  std::vector<int> wanted;
+  if (output_names.empty()) {
+    wanted = output_ids_;
+  } else {
+    for (const auto& name : output_names) {
+      auto it = value_ids_.find(name);
+      OT_CHECK(it != value_ids_.end() && model_.graph.is_output(name), "model ", model_.description,
+               ": '", name, "' is not an output of the model");
+      wanted.push_back(it->second);
+    }
+  }
+  auto& slot = plans_[signature(feeds)];
+  if (!slot) slot = new_plan();
+  Plan& plan = *slot;
+  bool recording = !plan.recorded;
+  for (int id : input_ids_) plan.values[size_t(id)] = feeds.at(value_names_[size_t(id)]);
+  struct ClearFeeds {  // do not keep the caller's buffers alive past the run
+    Plan& p; const std::vector<int>& ids;
+    ~ClearFeeds() { for (int id : ids) p.values[size_t(id)] = Tensor(); }
+  } clear{plan, input_ids_};
+
+  execute(plan, recording);
+  if (recording) {
+    if (options_.check_shape_rules) check_shape_rules(plan);
+    build_arena(plan);
+    plan.recorded = true;
+  }
+  std::vector<Tensor> results;
+  for (int id : wanted) {
+    Tensor t = plan.values[size_t(id)];
+    int root = id;
+    while (plan.alias_of[size_t(root)] >= 0) root = plan.alias_of[size_t(root)];
+    // Feeds, initializers and constants are not the caller's to keep: hand over a copy.
+    bool external = plan.external[size_t(root)] || plan.planned[size_t(root)].defined();
+    results.push_back(external ? t.clone() : t);
+  }
+  // Outputs handed over must not be written by the next run.
+  for (int id : output_ids_)
+    if (!plan.external[size_t(id)] || plan.alias_of[size_t(id)] >= 0 || plan.from_set_output[size_t(id)])
+      plan.values[size_t(id)] = Tensor();
+  for (auto& [id, t] : constants_) plan.values[size_t(id)] = *t;  // an output may be a constant
+  last_report_ = plan.report;
+  last_report_.dynamic_allocations = recording ? 0 : plan.dynamic_allocations;
+  last_report_.plans = plans_.size();
+  return results;
+}
+
+MemoryReport Executor::memory_report() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return last_report_;
+}
+
+}  // namespace onnxtrain

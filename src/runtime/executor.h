@@ -1,0 +1,78 @@
+// The executor: compiles a Model once (op lookup, value numbering, liveness), then runs it with
+// a Plan per input-shape signature.
+//
+// The first run of a new signature is a recording run: outputs are allocated as kernels ask for
+// them, and the executor notes every value's dtype, shape and whether a kernel returned a view of
+// one of its inputs. From that record the memory planner lays all intermediates into one arena
+// (with in-place reuse where an op allows it), and later runs of the signature hand kernels
+// pre-made views into the arena: no tensor allocation inside a step. Graph outputs get fresh
+// buffers each run, since they are handed to the caller.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ops/registry.h"
+
+namespace onnxtrain {
+
+struct MemoryReport {
+  size_t planned_arena_bytes = 0;   // the arena of the last plan
+  size_t naive_bytes = 0;           // every intermediate in its own buffer
+  size_t inplace_reuses = 0;        // outputs computed over a dying input's buffer
+  size_t views = 0;                 // outputs that alias an input (Reshape, Identity, ...)
+  size_t dynamic_allocations = 0;   // allocations in the last run besides graph outputs
+  size_t plans = 0;                 // cached shape signatures
+};
+
+struct ExecutorOptions {
+  bool check_shape_rules = false;   // compare every static shape rule with what kernels produce
+};
+
+class Executor {
+ public:
+  Executor(const Model& model, ExecutorOptions options = {});
+  ~Executor();
+
+  const Model& model() const { return model_; }
+  // Runs the graph. `feeds` by graph input name; returns the named outputs (all when empty).
+  std::vector<Tensor> run(const std::map<std::string, Tensor>& feeds,
+                          const std::vector<std::string>& output_names = {});
+  MemoryReport memory_report() const;
+
+ private:
+  struct Step {
+    const Node* node = nullptr;
+    const OpSchema* schema = nullptr;
+    std::vector<int> inputs;   // value ids, -1 for omitted
+    std::vector<int> outputs;  // value ids, -1 for omitted
+    std::vector<int> release;  // dynamic values whose last reader is this step
+  };
+  struct Plan;
+
+  void compile();
+  void validate_feeds(const std::map<std::string, Tensor>& feeds) const;
+  std::string signature(const std::map<std::string, Tensor>& feeds) const;
+  std::unique_ptr<Plan> new_plan();
+  void execute(Plan& plan, bool recording);
+  void build_arena(Plan& plan);
+  void check_shape_rules(const Plan& plan) const;
+
+  Model model_;
+  ExecutorOptions options_;
+  std::unordered_map<std::string, int> value_ids_;
+  std::vector<std::string> value_names_;
+  std::vector<Step> steps_;
+  std::vector<int> input_ids_, output_ids_;
+  std::vector<std::pair<int, const Tensor*>> constants_;  // initializers by id
+  std::map<std::string, std::unique_ptr<Plan>> plans_;
+  mutable std::mutex mutex_;
+  MemoryReport last_report_;
+};
+
+}  // namespace onnxtrain
