@@ -31,7 +31,8 @@ for _alias, _type in [("float", float), ("int", int), ("bool", bool), ("object",
         setattr(np, _alias, _type)
 
 warnings.filterwarnings("ignore")
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "build", "python"))
+# PYTHONPATH (a helper's own build dir, say) wins over the default build/python.
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "build", "python"))
 
 import onnx  # noqa: E402
 import onnx.backend.test.case.node as node_cases  # noqa: E402
