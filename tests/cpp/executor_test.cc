@@ -1,0 +1,185 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "onnx/model_io.h"
+#include "passes/passes.h"
+#include "runtime/executor.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+using test::make_model;
+using test::make_node;
+using test::value;
+
+namespace {
+// y = relu(x + b) * x: a chain where in-place reuse and arena sharing apply.
+Model chain_model() {
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{4, 8}), value("b", DType::kFloat32, Shape{8})};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt)};
+  g.nodes = {make_node("Add", {"x", "b"}, {"t0"}), make_node("Relu", {"t0"}, {"t1"}),
+             make_node("Exp", {"t1"}, {"t2"}), make_node("Mul", {"t2", "x"}, {"y"})};
+  return make_model(std::move(g));
+}
+
+std::map<std::string, Tensor> chain_feeds(float shift) {
+  std::vector<float> x(32), b(8);
+  for (int i = 0; i < 32; ++i) x[size_t(i)] = float(i % 7) * 0.25f - 0.5f + shift;
+  for (int i = 0; i < 8; ++i) b[size_t(i)] = float(i) * 0.1f;
+  return {{"x", Tensor::from_vector(x, {4, 8})}, {"b", Tensor::from_vector(b, {8})}};
+}
+
+float chain_reference(float x, float b) { return std::exp(std::max(x + b, 0.0f)) * x; }
+}  // namespace
+
+TEST(Executor, PlannedRunsMatchTheRecordingRunAndAllocateNothing) {
+  Executor exec(chain_model());
+  for (int run = 0; run < 3; ++run) {
+    auto feeds = chain_feeds(float(run));
+    auto out = exec.run(feeds);
+    ASSERT_EQ(out.size(), 1u);
+    const float* y = out[0].data<float>();
+    const float* x = feeds["x"].data<float>();
+    const float* b = feeds["b"].data<float>();
+    for (int i = 0; i < 32; ++i) EXPECT_FLOAT_EQ(y[i], chain_reference(x[i], b[i % 8])) << "run " << run;
+    MemoryReport r = exec.memory_report();
+    EXPECT_EQ(r.dynamic_allocations, 0u);
+    EXPECT_EQ(r.plans, 1u);
+    // t0 -> t1 -> t2 run in place over one 128-byte buffer.
+    EXPECT_EQ(r.inplace_reuses, 2u);
+    EXPECT_EQ(r.planned_arena_bytes, 128u);
+  }
+}
+
+TEST(Executor, OutputsOfEarlierRunsAreNotOverwritten) {
+  Executor exec(chain_model());
+  auto first = exec.run(chain_feeds(0));
+  auto before = first[0].clone();
+  exec.run(chain_feeds(1));
+  exec.run(chain_feeds(2));
+  for (int i = 0; i < 32; ++i) EXPECT_EQ(first[0].data<float>()[i], before.data<float>()[i]);
+}
+
+TEST(Executor, NewShapeSignatureBuildsASecondPlan) {
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{-1, 3})};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt)};
+  g.nodes = {make_node("Relu", {"x"}, {"t"}), make_node("Add", {"t", "t"}, {"y"})};
+  Executor exec(make_model(std::move(g)));
+  for (int64_t rows : {2, 5, 2}) {
+    Tensor x = Tensor::zeros(DType::kFloat32, {rows, 3});
+    x.data<float>()[0] = 1.5f;
+    auto out = exec.run({{"x", x}});
+    EXPECT_EQ(out[0].shape(), (Shape{rows, 3}));
+    EXPECT_EQ(out[0].data<float>()[0], 3.0f);
+  }
+  EXPECT_EQ(exec.memory_report().plans, 2u);
+}
+
+TEST(Executor, FeedErrorsNameTheInput) {
+  Executor exec(chain_model());
+  auto feeds = chain_feeds(0);
+  feeds.erase("b");
+  try {
+    exec.run(feeds);
+    FAIL() << "missing feed accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("input 'b' is missing"), std::string::npos) << e.what();
+  }
+  feeds = chain_feeds(0);
+  feeds["x"] = Tensor::zeros(DType::kFloat64, {4, 8});
+  EXPECT_THROW(exec.run(feeds), Error);
+  feeds = chain_feeds(0);
+  feeds["x"] = Tensor::zeros(DType::kFloat32, {4, 9});
+  EXPECT_THROW(exec.run(feeds), Error);
+  feeds = chain_feeds(0);
+  feeds["z"] = Tensor::zeros(DType::kFloat32, {1});
+  EXPECT_THROW(exec.run(feeds), Error);
+}
+
+TEST(Executor, KernelErrorsCarryOpAndNodeName) {
+  Graph g;
+  g.inputs = {value("a", DType::kFloat32, std::nullopt), value("b", DType::kFloat32, std::nullopt)};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt)};
+  g.nodes = {make_node("Add", {"a", "b"}, {"y"}, "my_add")};
+  Executor exec(make_model(std::move(g)));
+  try {
+    exec.run({{"a", Tensor::zeros(DType::kFloat32, {2, 3})}, {"b", Tensor::zeros(DType::kFloat32, {4})}});
+    FAIL() << "bad broadcast accepted";
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    EXPECT_NE(msg.find("[Add] node 'my_add'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[2, 3]"), std::string::npos) << msg;
+  }
+}
+
+TEST(Executor, UnknownOpIsRejectedAtLoad) {
+  Graph g;
+  g.inputs = {value("a", DType::kFloat32, std::nullopt)};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt)};
+  g.nodes = {make_node("NoSuchOp", {"a"}, {"y"}, "n0")};
+  try {
+    Executor exec(make_model(std::move(g)));
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kNotImplemented);
+    EXPECT_NE(std::string(e.what()).find("[NoSuchOp] node 'n0'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Executor, OutputThatIsAnInputIsCopied) {
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{2})};
+  g.outputs = {value("x", DType::kFloat32, Shape{2})};
+  Executor exec(make_model(std::move(g)));
+  Tensor x = Tensor::from_vector<float>({1, 2}, {2});
+  auto out = exec.run({{"x", x}});
+  EXPECT_FALSE(out[0].shares_storage_with(x));
+  EXPECT_EQ(out[0].data<float>()[1], 2.0f);
+}
+
+TEST(ModelIO, RoundTripsThroughProtobuf) {
+  Model m = chain_model();
+  m.graph.initializers["w"] = Tensor::from_vector<float>({1, 2, 3}, {3});
+  m.graph.nodes[1].attributes["alpha"] = Attribute::of(0.5f);
+  m.graph.nodes[1].attributes["perm"] = Attribute::of(std::vector<int64_t>{1, 0});
+  Model back = load_model_from_bytes(save_model_to_bytes(m));
+  EXPECT_EQ(back.graph.nodes.size(), 4u);
+  EXPECT_EQ(back.graph.nodes[1].attr_float("alpha", 0), 0.5f);
+  EXPECT_EQ(back.graph.nodes[1].attr_ints("perm"), (std::vector<int64_t>{1, 0}));
+  EXPECT_EQ(back.graph.initializers.at("w").data<float>()[2], 3.0f);
+  EXPECT_EQ(*back.graph.inputs[0].info.shape, (Shape{4, 8}));
+  EXPECT_EQ(back.opset(""), 17);
+}
+
+TEST(ModelIO, MalformedOrTruncatedBytesAreAnError) {
+  EXPECT_THROW(load_model_from_bytes("not a model"), Error);
+  EXPECT_THROW(load_model_from_bytes(""), Error);
+  Model m = chain_model();
+  m.graph.initializers["w"] = Tensor::zeros(DType::kFloat32, {256});
+  std::string bytes = save_model_to_bytes(m);
+  // Cut inside the initializer's raw data: protobuf sees a length past the end.
+  EXPECT_THROW(load_model_from_bytes(bytes.substr(0, bytes.size() / 2)), Error);
+}
+
+TEST(Passes, FoldingCseAndDce) {
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{3})};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt)};
+  g.initializers["c"] = Tensor::from_vector<float>({1, 2, 3}, {3});
+  g.nodes = {make_node("Exp", {"c"}, {"ec"}),            // folds to a constant
+             make_node("Add", {"x", "ec"}, {"a1"}),
+             make_node("Add", {"x", "ec"}, {"a2"}),      // same as a1: merged
+             make_node("Relu", {"x"}, {"unused"}),       // dead
+             make_node("Mul", {"a1", "a2"}, {"y"})};
+  Model m = make_model(std::move(g));
+  optimize_for_inference(m);
+  ASSERT_EQ(m.graph.nodes.size(), 2u) << to_string(m.graph);
+  EXPECT_EQ(m.graph.nodes[0].op_type, "Add");
+  EXPECT_EQ(m.graph.nodes[1].inputs[0], m.graph.nodes[1].inputs[1]);
+  EXPECT_TRUE(m.graph.is_initializer("ec"));
+  EXPECT_FALSE(m.graph.is_initializer("c"));  // no longer read
+}
+
+}  // namespace onnxtrain

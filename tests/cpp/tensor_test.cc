@@ -1,0 +1,74 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "core/dispatch.h"
+#include "onnxtrain/tensor.h"
+
+namespace onnxtrain {
+
+TEST(Tensor, EmptyIsAlignedAndSized) {
+  Tensor t = Tensor::empty(DType::kFloat32, {3, 5});
+  EXPECT_EQ(t.numel(), 15);
+  EXPECT_EQ(t.nbytes(), 60u);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 64, 0u);
+  EXPECT_EQ(t.rank(), 2);
+  EXPECT_EQ(t.dim(-1), 5);
+}
+
+TEST(Tensor, ReshapedSharesStorageAndChecksCount) {
+  Tensor t = Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
+  Tensor v = t.reshaped({3, 2});
+  EXPECT_TRUE(v.shares_storage_with(t));
+  EXPECT_EQ(v.data<float>()[5], 6.0f);
+  EXPECT_THROW(t.reshaped({4, 2}), Error);
+  Tensor c = t.clone();
+  EXPECT_FALSE(c.shares_storage_with(t));
+}
+
+TEST(Tensor, TypedAccessChecksDtype) {
+  Tensor t = Tensor::zeros(DType::kInt64, {2});
+  EXPECT_NO_THROW(t.data<int64_t>());
+  EXPECT_THROW(t.data<float>(), Error);
+}
+
+TEST(Tensor, NegativeDimsAreRejected) { EXPECT_THROW(Tensor::empty(DType::kFloat32, {2, -1}), Error); }
+
+TEST(Float16, RoundTripsEveryHalfValue) {
+  for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+    float16 h = float16::from_bits(uint16_t(bits));
+    float f = float(h);
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(float(float16(f))));
+      continue;
+    }
+    EXPECT_EQ(float16(f).bits, h.bits) << "bits " << bits;
+  }
+}
+
+TEST(Float16, RoundsToNearestEvenAndSaturatesToInf) {
+  EXPECT_EQ(float16(1.0f).bits, 0x3c00);
+  EXPECT_EQ(float16(65504.0f).bits, 0x7bff);
+  EXPECT_EQ(float16(70000.0f).bits, 0x7c00);
+  EXPECT_EQ(float16(-std::numeric_limits<float>::infinity()).bits, 0xfc00);
+  // 1 + 2^-11 lies halfway between 1 and the next half: ties go to even (1.0).
+  EXPECT_EQ(float16(1.0f + std::ldexp(1.0f, -11)).bits, 0x3c00);
+  EXPECT_EQ(float(float16::from_bits(0x0001)), std::ldexp(1.0f, -24));  // smallest subnormal
+}
+
+TEST(BFloat16, RoundsToNearestEven) {
+  EXPECT_EQ(bfloat16(1.0f).bits, 0x3f80);
+  EXPECT_EQ(float(bfloat16(3.140625f)), 3.140625f);
+  EXPECT_TRUE(std::isnan(float(bfloat16(std::nanf("")))));
+}
+
+TEST(Dispatch, CallsWithTheMatchingType) {
+  EXPECT_EQ(dispatch_all(DType::kInt16, []<typename T>() { return sizeof(T); }), 2u);
+  EXPECT_TRUE((dispatch_float(DType::kBFloat16, []<typename T>() { return std::is_same_v<T, bfloat16>; })));
+  EXPECT_THROW(dispatch_float(DType::kInt32, []<typename T>() { return 0; }), Error);
+  EXPECT_EQ((cast_value<int64_t>(float16(3.0f))), 3);
+  EXPECT_EQ((cast_value<bool>(0.5f)), true);
+}
+
+}  // namespace onnxtrain

@@ -1,0 +1,148 @@
+"""InferenceSession: the ONNX Runtime-style API and its errors on bad input."""
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxtrain
+
+
+def add_relu_model(shape=(2, 3), opset=17):
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, [shape[-1]])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "b"], ["t"], name="add"),
+         helper.make_node("Relu", ["t"], ["y"], name="relu")], "g", [x, b], [y])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def feeds(shape=(2, 3), seed=0):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal(shape).astype(np.float32),
+            "b": rng.standard_normal(shape[-1]).astype(np.float32)}
+
+
+def test_run_matches_numpy_from_path_bytes_and_proto(tmp_path):
+    model = add_relu_model()
+    path = tmp_path / "m.onnx"
+    onnx.save(model, str(path))
+    f = feeds()
+    expected = np.maximum(f["x"] + f["b"], 0)
+    for source in (str(path), path, model.SerializeToString(), model):
+        sess = onnxtrain.InferenceSession(source)
+        (y,) = sess.run(None, f)
+        np.testing.assert_allclose(y, expected, rtol=0, atol=0)
+        assert sess.run(["y"], f)[0].shape == (2, 3)
+
+
+def test_io_metadata():
+    sess = onnxtrain.InferenceSession(add_relu_model())
+    ins = sess.get_inputs()
+    assert [i.name for i in ins] == ["x", "b"]
+    assert ins[0].shape == [2, 3] and ins[0].type == "tensor(float)"
+    assert [o.name for o in sess.get_outputs()] == ["y"]
+
+
+def test_symbolic_dims_are_reported_and_accept_any_size():
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g", [x], [y])
+    sess = onnxtrain.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert sess.get_inputs()[0].shape == ["batch", 4]
+    for n in (1, 7, 3):
+        out = sess.run(None, {"x": -np.ones((n, 4), np.float32)})[0]
+        assert out.shape == (n, 4) and out.max() == 0
+
+
+def test_outputs_survive_later_runs():
+    sess = onnxtrain.InferenceSession(add_relu_model())
+    first = sess.run(None, feeds(seed=1))[0]
+    kept = first.copy()
+    for seed in range(2, 5):
+        sess.run(None, feeds(seed=seed))
+    np.testing.assert_array_equal(first, kept)
+
+
+def test_non_contiguous_inputs_are_accepted():
+    sess = onnxtrain.InferenceSession(add_relu_model(shape=(3, 2)))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3).T  # a transposed view
+    b = np.zeros(2, np.float32)
+    np.testing.assert_array_equal(sess.run(None, {"x": x, "b": b})[0], np.maximum(x, 0))
+
+
+def test_memory_report_shows_planning():
+    sess = onnxtrain.InferenceSession(add_relu_model(shape=(64, 64)))
+    sess.run(None, feeds((64, 64)))
+    sess.run(None, feeds((64, 64)))
+    report = sess.memory_report()
+    assert "0 allocations in the last run" in report, report
+
+
+# ---- bad input: a clear error naming model, node and op; never a crash -----------------------
+
+def test_garbage_and_truncated_model_files(tmp_path):
+    with pytest.raises(onnxtrain.InvalidModel, match="cannot parse"):
+        onnxtrain.InferenceSession(b"\x08\x07garbage\xff\xff")
+    model = add_relu_model()
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(1024, np.float32), "w"))
+    data = model.SerializeToString()
+    path = tmp_path / "cut.onnx"
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(onnxtrain.InvalidModel, match="cut.onnx"):
+        onnxtrain.InferenceSession(str(path))
+    with pytest.raises(onnxtrain.InvalidArgument, match="cannot open"):
+        onnxtrain.InferenceSession(str(tmp_path / "missing.onnx"))
+
+
+def test_initializer_with_wrong_byte_count():
+    model = add_relu_model()
+    bad = numpy_helper.from_array(np.zeros(4, np.float32), "w")
+    bad.raw_data = bad.raw_data[:-2]
+    model.graph.initializer.append(bad)
+    with pytest.raises(onnxtrain.InvalidModel, match="initializer 'w'.*raw data holds 14 bytes"):
+        onnxtrain.InferenceSession(model)
+
+
+def test_unknown_op_names_op_and_node():
+    model = add_relu_model()
+    model.graph.node[1].op_type = "FancyRelu"
+    with pytest.raises(onnxtrain.NotImplemented, match=r"\[FancyRelu\] node 'relu'.*unknown op"):
+        onnxtrain.InferenceSession(model)
+
+
+def test_undefined_input_is_reported():
+    model = add_relu_model()
+    model.graph.node[1].input[0] = "nowhere"
+    with pytest.raises(onnxtrain.InvalidModel, match=r"\[Relu\] node 'relu'.*'nowhere'"):
+        onnxtrain.InferenceSession(model)
+
+
+def test_missing_extra_and_mistyped_feeds():
+    sess = onnxtrain.InferenceSession(add_relu_model())
+    f = feeds()
+    with pytest.raises(onnxtrain.InvalidArgument, match="input 'b' is missing"):
+        sess.run(None, {"x": f["x"]})
+    with pytest.raises(onnxtrain.InvalidArgument, match="feed 'z' is not an input"):
+        sess.run(None, {**f, "z": f["b"]})
+    with pytest.raises(onnxtrain.InvalidArgument, match="input 'x' should be float32, got float64"):
+        sess.run(None, {**f, "x": f["x"].astype(np.float64)})
+    with pytest.raises(onnxtrain.InvalidArgument, match="input 'x' should have rank 2"):
+        sess.run(None, {**f, "x": f["x"].reshape(-1)})
+    with pytest.raises(onnxtrain.InvalidArgument, match=r"input 'x' should have shape \[2, 3\]"):
+        sess.run(None, {**f, "x": np.zeros((2, 4), np.float32)})
+    with pytest.raises(onnxtrain.InvalidArgument, match="not an output"):
+        sess.run(["nope"], f)
+    # The session still works after every error.
+    np.testing.assert_allclose(sess.run(None, f)[0], np.maximum(f["x"] + f["b"], 0))
+
+
+def test_kernel_error_names_node():
+    x = helper.make_tensor_value_info("a", TensorProto.FLOAT, None)
+    y = helper.make_tensor_value_info("c", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Add", ["a", "a2"], ["c"], name="adder"),
+                               helper.make_node("Relu", ["a"], ["a2"], name="r")], "g", [x], [y])
+    sess = onnxtrain.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    assert sess.run(None, {"a": np.ones(3, np.float32)})[0].tolist() == [2, 2, 2]
+    with pytest.raises(onnxtrain.NotImplemented, match=r"\[Relu\] node 'r': dtype int64"):
+        sess.run(None, {"a": np.ones(3, np.int64)})
