@@ -138,11 +138,12 @@ def test_missing_extra_and_mistyped_feeds():
 
 
 def test_kernel_error_names_node():
-    x = helper.make_tensor_value_info("a", TensorProto.FLOAT, None)
-    y = helper.make_tensor_value_info("c", TensorProto.FLOAT, None)
-    graph = helper.make_graph([helper.make_node("Add", ["a", "a2"], ["c"], name="adder"),
-                               helper.make_node("Relu", ["a"], ["a2"], name="r")], "g", [x], [y])
+    a = helper.make_tensor_value_info("a", TensorProto.FLOAT, None)
+    b = helper.make_tensor_value_info("b", TensorProto.FLOAT, None)
+    c = helper.make_tensor_value_info("c", TensorProto.FLOAT, None)
+    graph = helper.make_graph([helper.make_node("Add", ["a", "b"], ["c"], name="adder")], "g", [a, b], [c])
     sess = onnxtrain.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
-    assert sess.run(None, {"a": np.ones(3, np.float32)})[0].tolist() == [2, 2, 2]
-    with pytest.raises(onnxtrain.NotImplemented, match=r"\[Relu\] node 'r': dtype int64"):
-        sess.run(None, {"a": np.ones(3, np.int64)})
+    assert sess.run(None, {"a": np.ones(3, np.float32), "b": np.ones(1, np.float32)})[0].tolist() == [2, 2, 2]
+    with pytest.raises(onnxtrain.InvalidArgument,
+                       match=r"\[Add\] node 'adder': shapes \[2, 3\] and \[4\] cannot be broadcast"):
+        sess.run(None, {"a": np.ones((2, 3), np.float32), "b": np.ones(4, np.float32)})
