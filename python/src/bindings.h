@@ -21,4 +21,5 @@ std::map<std::string, Tensor> feeds_from_dict(const py::dict& feeds);
 
 }  // namespace onnxtrain::python
 
-void bind_tools(pybind11::module_& m);  // python/src/tools.cc: model inspection helpers
+void bind_tools(pybind11::module_& m);     // python/src/tools.cc: model inspection helpers
+void bind_autodiff(pybind11::module_& m);  // python/src/autodiff.cc

@@ -180,4 +180,5 @@ PYBIND11_MODULE(_C, m) {
   });
 
   bind_tools(m);
+  bind_autodiff(m);
 }

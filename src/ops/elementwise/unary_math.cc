@@ -1,20 +1,17 @@
-// Elementwise unary math over floating types: out = f(x), computed in float for the half types.
+// Elementwise unary math: out = f(x), computed in float for the half types. Float-only ops go
+// through float_unary; Abs, Neg, Sign and Relu also take integers.
 #include <cmath>
 
-#include "ops/common.h"
-#include "ops/registry.h"
+#include "ops/elementwise/elementwise.h"
 
 namespace onnxtrain {
 namespace {
 
+using elementwise::float_unary;
+
 template <typename Fn>
 void float_unary_kernel(KernelContext& ctx) {
-  const Tensor& x = ctx.input(0);
-  Tensor& y = ctx.output(0, x.dtype(), x.shape());
-  dispatch_float(x.dtype(), [&]<typename T>() {
-    using C = compute_t<T>;
-    unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return T(Fn::apply(C(v))); });
-  });
+  float_unary(ctx, [](auto x) { return Fn::apply(x); });
 }
 
 #define OT_UNARY_FN(NAME, EXPR) \
@@ -25,28 +22,144 @@ OT_UNARY_FN(LogFn, std::log(x))
 OT_UNARY_FN(SqrtFn, std::sqrt(x))
 OT_UNARY_FN(TanhFn, std::tanh(x))
 OT_UNARY_FN(SigmoidFn, x >= C(0) ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x)))
-OT_UNARY_FN(ReluFn, x > C(0) ? x : C(0))
+OT_UNARY_FN(SinFn, std::sin(x))
+OT_UNARY_FN(CosFn, std::cos(x))
+OT_UNARY_FN(TanFn, std::tan(x))
+OT_UNARY_FN(AsinFn, std::asin(x))
+OT_UNARY_FN(AcosFn, std::acos(x))
+OT_UNARY_FN(AtanFn, std::atan(x))
+OT_UNARY_FN(SinhFn, std::sinh(x))
+OT_UNARY_FN(CoshFn, std::cosh(x))
+OT_UNARY_FN(AsinhFn, std::asinh(x))
+OT_UNARY_FN(AcoshFn, std::acosh(x))
+OT_UNARY_FN(AtanhFn, std::atanh(x))
+OT_UNARY_FN(ErfFn, std::erf(x))
+OT_UNARY_FN(CeilFn, std::ceil(x))
+OT_UNARY_FN(FloorFn, std::floor(x))
+// nearbyint rounds half to even under the default rounding mode, which nothing here changes.
+OT_UNARY_FN(RoundFn, std::nearbyint(x))
+OT_UNARY_FN(ReciprocalFn, C(1) / x)
+// log(1 + exp(x)) without overflow: max(x, 0) + log1p(exp(-|x|)).
+OT_UNARY_FN(SoftplusFn, (x > C(0) ? x : C(0)) + std::log1p(std::exp(-std::fabs(x))))
+OT_UNARY_FN(SoftsignFn, x / (C(1) + std::fabs(x)))
 #undef OT_UNARY_FN
+
+// Unary ops that also take integers: dispatched over `Dispatch`'s dtypes, computed in compute_t.
+template <typename T>
+T abs_value(T v) {
+  if constexpr (std::is_unsigned_v<T>) return v;
+  else if constexpr (std::is_integral_v<T>) return v < 0 ? elementwise::wrapping_neg(v) : v;  // |min| wraps to min
+  else return T(std::fabs(compute_t<T>(v)));
+}
+
+template <typename T>
+T neg_value(T v) {
+  if constexpr (std::is_integral_v<T>) return elementwise::wrapping_neg(v);
+  else return T(-compute_t<T>(v));
+}
+
+template <typename T>
+T sign_value(T v) {
+  using C = compute_t<T>;
+  C c = C(v);
+  if constexpr (std::is_unsigned_v<T>) return T(c > 0 ? 1 : 0);
+  else return T(c > C(0) ? C(1) : c < C(0) ? C(-1) : c);  // 0 and NaN pass through
+}
+
+template <typename T>
+T relu_value(T v) {
+  using C = compute_t<T>;
+  return C(v) > C(0) ? v : T(C(0));
+}
+
+void abs_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  Tensor& y = ctx.output(0, x.dtype(), x.shape());
+  dispatch_numeric(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), abs_value<T>); });
+}
+
+void neg_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  Tensor& y = ctx.output(0, x.dtype(), x.shape());
+  dispatch_signed(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), neg_value<T>); });
+}
+
+void sign_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  Tensor& y = ctx.output(0, x.dtype(), x.shape());
+  dispatch_numeric(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), sign_value<T>); });
+}
+
+void relu_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  Tensor& y = ctx.output(0, x.dtype(), x.shape());
+  dispatch_signed(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), relu_value<T>); });
+}
 
 }  // namespace
 
+#define OT_FLOAT_UNARY(OP, SINCE, FN) \
+  ONNXTRAIN_OP(OP, kOnnxDomain, SINCE).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0) \
+      .cpu(float_unary_kernel<FN>)
+
 // y = exp(x).  dx = dy * y
-ONNXTRAIN_OP(Exp, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(float_unary_kernel<ExpFn>);
+OT_FLOAT_UNARY(Exp, 6, ExpFn);
 // y = log(x).  dx = dy / x
-ONNXTRAIN_OP(Log, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(float_unary_kernel<LogFn>);
+OT_FLOAT_UNARY(Log, 6, LogFn);
 // y = sqrt(x).  dx = dy / (2 y)
-ONNXTRAIN_OP(Sqrt, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(float_unary_kernel<SqrtFn>);
+OT_FLOAT_UNARY(Sqrt, 6, SqrtFn);
 // y = tanh(x).  dx = dy * (1 - y^2)
-ONNXTRAIN_OP(Tanh, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(float_unary_kernel<TanhFn>);
+OT_FLOAT_UNARY(Tanh, 6, TanhFn);
 // y = 1 / (1 + exp(-x)).  dx = dy * y * (1 - y)
-ONNXTRAIN_OP(Sigmoid, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(float_unary_kernel<SigmoidFn>);
+OT_FLOAT_UNARY(Sigmoid, 6, SigmoidFn);
 // y = max(x, 0).  dx = dy * (y > 0)
 ONNXTRAIN_OP(Relu, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(float_unary_kernel<ReluFn>);
+    .cpu(relu_kernel);
+
+// y = sin(x).  dx = dy * cos(x)
+OT_FLOAT_UNARY(Sin, 7, SinFn);
+// y = cos(x).  dx = -dy * sin(x)
+OT_FLOAT_UNARY(Cos, 7, CosFn);
+// y = tan(x).  dx = dy * (1 + y^2)
+OT_FLOAT_UNARY(Tan, 7, TanFn);
+// y = asin(x).  dx = dy / sqrt(1 - x^2)
+OT_FLOAT_UNARY(Asin, 7, AsinFn);
+// y = acos(x).  dx = -dy / sqrt(1 - x^2)
+OT_FLOAT_UNARY(Acos, 7, AcosFn);
+// y = atan(x).  dx = dy / (1 + x^2)
+OT_FLOAT_UNARY(Atan, 7, AtanFn);
+// y = sinh(x).  dx = dy * cosh(x)
+OT_FLOAT_UNARY(Sinh, 9, SinhFn);
+// y = cosh(x).  dx = dy * sinh(x)
+OT_FLOAT_UNARY(Cosh, 9, CoshFn);
+// y = asinh(x).  dx = dy / sqrt(x^2 + 1)
+OT_FLOAT_UNARY(Asinh, 9, AsinhFn);
+// y = acosh(x).  dx = dy / sqrt(x^2 - 1)
+OT_FLOAT_UNARY(Acosh, 9, AcoshFn);
+// y = atanh(x).  dx = dy / (1 - x^2)
+OT_FLOAT_UNARY(Atanh, 9, AtanhFn);
+// y = erf(x).  dx = dy * 2 / sqrt(pi) * exp(-x^2)
+OT_FLOAT_UNARY(Erf, 9, ErfFn);
+// y = 1 / x.  dx = -dy * y^2
+OT_FLOAT_UNARY(Reciprocal, 1, ReciprocalFn);
+// y = log(1 + exp(x)).  dx = dy * sigmoid(x)
+OT_FLOAT_UNARY(Softplus, 1, SoftplusFn);
+// y = x / (1 + |x|).  dx = dy / (1 + |x|)^2
+OT_FLOAT_UNARY(Softsign, 1, SoftsignFn);
+
+// Piecewise constant: zero gradient almost everywhere.
+OT_FLOAT_UNARY(Ceil, 1, CeilFn).not_differentiable();
+OT_FLOAT_UNARY(Floor, 1, FloorFn).not_differentiable();
+OT_FLOAT_UNARY(Round, 11, RoundFn).not_differentiable();
+#undef OT_FLOAT_UNARY
+
+// y = |x|.  dx = dy * sign(x)
+ONNXTRAIN_OP(Abs, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+    .cpu(abs_kernel);
+// y = -x.  dx = -dy
+ONNXTRAIN_OP(Neg, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+    .cpu(neg_kernel);
+ONNXTRAIN_OP(Sign, kOnnxDomain, 9).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+    .not_differentiable().cpu(sign_kernel);
 
 }  // namespace onnxtrain

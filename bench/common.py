@@ -1,0 +1,48 @@
+"""Helpers shared by the benchmark programs and the examples: finding the onnxtrain package,
+timing a callable, and summarising timings."""
+from __future__ import annotations
+
+import importlib
+import os
+import statistics
+import sys
+import time
+from typing import Callable, List, Sequence
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH_DIR = os.path.join(REPO_ROOT, "bench")
+
+
+def import_onnxtrain():
+    """Imports onnxtrain from $PYTHONPATH (or wherever it is installed) and falls back to the
+    repository's default build, ``<repo>/build/python``. Raises ImportError with a hint otherwise."""
+    try:
+        return importlib.import_module("onnxtrain")
+    except ImportError as first:
+        fallback = os.path.join(REPO_ROOT, "build", "python")
+        if os.path.isdir(os.path.join(fallback, "onnxtrain")) and fallback not in sys.path:
+            sys.path.insert(0, fallback)
+            sys.modules.pop("onnxtrain", None)
+            try:
+                return importlib.import_module("onnxtrain")
+            except ImportError as second:
+                raise ImportError(f"onnxtrain in {fallback} does not import: {second}") from second
+        raise ImportError(f"onnxtrain is not importable ({first}); build it with `make build` "
+                          "or point PYTHONPATH at <build dir>/python") from first
+
+
+def time_ms(fn: Callable[[], object], warmup: int, runs: int) -> List[float]:
+    """Calls ``fn`` ``warmup`` times untimed, then ``runs`` times; returns each run's wall time in
+    milliseconds."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else float("nan")

@@ -1,0 +1,285 @@
+"""Reference PyTorch models and their ONNX export, shared by benchmarks, examples and golden tests.
+
+Three models cover the op families onnxtrain must run fast:
+
+* ``mlp``  -- MatMul/Gemm + Relu (784-1024-1024-10, batch 64).
+* ``cnn``  -- Conv + BatchNormalization + Relu x3, pooling and a Linear head (3x32x32, batch 32).
+* ``bert`` -- a BERT-style encoder (vocab 8192, hidden 256, 4 layers, 4 heads, FFN 1024, GELU,
+  LayerNorm, seq 128, batch 8). Attention is written out with MatMul/Softmax so the export contains
+  only plain ONNX ops; the token-embedding Gather takes int64 ids.
+
+Typical use::
+
+    from models import MODELS, export
+    spec = MODELS["bert"]
+    model, inputs = spec.build(seed=0)
+    export(model, inputs, "bert.onnx", spec.input_names, spec.output_names)
+
+Every builder returns the model in eval mode and a tuple of example inputs; weights and inputs are
+deterministic for a given seed.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+OPSET = 17
+
+# --------------------------------------------------------------------------------------------------
+# MLP
+
+
+class MLP(nn.Module):
+    """Fully connected classifier: Linear+ReLU for every hidden size, then a Linear head."""
+
+    def __init__(self, sizes: Sequence[int] = (784, 1024, 1024, 10)):
+        super().__init__()
+        layers = []
+        for i, (fan_in, fan_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers.append(nn.Linear(fan_in, fan_out))
+            if i < len(sizes) - 2:
+                layers.append(nn.ReLU())
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+# --------------------------------------------------------------------------------------------------
+# CNN
+
+
+class ConvBlock(nn.Module):
+    """3x3 convolution (no bias), BatchNorm, ReLU."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int = 1):
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(c_out)
+        self.relu = nn.ReLU()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.bn(self.conv(x)))
+
+
+class SmallCNN(nn.Module):
+    """conv-bn-relu x3 (the last two with stride 2), global average pool, Linear head."""
+
+    def __init__(self, in_channels: int = 3, widths: Sequence[int] = (32, 64, 128),
+                 num_classes: int = 10):
+        super().__init__()
+        blocks, c_in = [], in_channels
+        for i, width in enumerate(widths):
+            blocks.append(ConvBlock(c_in, width, stride=1 if i == 0 else 2))
+            c_in = width
+        self.features = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)  # exports as GlobalAveragePool
+        self.head = nn.Linear(c_in, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.pool(self.features(x))
+        return self.head(torch.flatten(x, 1))
+
+
+def _randomize_batchnorm(model: nn.Module, generator: torch.Generator) -> None:
+    """Gives BatchNorm layers non-trivial running statistics and affine parameters, so that an
+    engine that skips or mis-fuses BatchNorm in eval mode is caught by the output comparison."""
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.copy_(torch.randn(m.num_features, generator=generator) * 0.1)
+                m.running_var.copy_(torch.rand(m.num_features, generator=generator) + 0.5)
+                m.weight.copy_(torch.rand(m.num_features, generator=generator) + 0.5)
+                m.bias.copy_(torch.randn(m.num_features, generator=generator) * 0.1)
+
+
+# --------------------------------------------------------------------------------------------------
+# BERT-style encoder
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int = 8192
+    hidden: int = 256
+    layers: int = 4
+    heads: int = 4
+    ffn: int = 1024
+    max_len: int = 128
+    layer_norm_eps: float = 1e-12
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention written with MatMul/Softmax (no fused attention op)."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        if cfg.hidden % cfg.heads:
+            raise ValueError(f"hidden {cfg.hidden} is not divisible by heads {cfg.heads}")
+        self.heads = cfg.heads
+        self.head_dim = cfg.hidden // cfg.heads
+        self.query = nn.Linear(cfg.hidden, cfg.hidden)
+        self.key = nn.Linear(cfg.hidden, cfg.hidden)
+        self.value = nn.Linear(cfg.hidden, cfg.hidden)
+        self.out = nn.Linear(cfg.hidden, cfg.hidden)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        # (B, S, H*D) -> (B, H, S, D); -1 keeps batch and sequence free in the export.
+        return x.reshape(x.shape[0], -1, self.heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self._split_heads(self.query(x))
+        k = self._split_heads(self.key(x))
+        v = self._split_heads(self.value(x))
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
+        probs = torch.softmax(scores, dim=-1)
+        ctx = torch.matmul(probs, v).transpose(1, 2)                  # (B, S, H, D)
+        ctx = ctx.reshape(x.shape[0], -1, self.heads * self.head_dim)  # (B, S, H*D)
+        return self.out(ctx)
+
+
+class EncoderLayer(nn.Module):
+    """Post-LayerNorm transformer layer, as in BERT."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.attn = SelfAttention(cfg)
+        self.norm1 = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+        self.ffn = nn.Sequential(nn.Linear(cfg.hidden, cfg.ffn), nn.GELU(),
+                                 nn.Linear(cfg.ffn, cfg.hidden))
+        self.norm2 = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.attn(x))
+        return self.norm2(x + self.ffn(x))
+
+
+class BertEncoder(nn.Module):
+    """Token + learned position embeddings, LayerNorm, then ``cfg.layers`` encoder layers.
+
+    Input: int64 token ids (B, S) with S <= cfg.max_len. Output: hidden states (B, S, hidden).
+    """
+
+    def __init__(self, cfg: BertConfig = BertConfig()):
+        super().__init__()
+        self.cfg = cfg
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.positions = nn.Parameter(torch.randn(1, cfg.max_len, cfg.hidden) * 0.02)
+        self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.layers))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids) + self.positions[:, : ids.shape[1]]
+        x = self.norm(x)
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class BertClassifier(nn.Module):
+    """BertEncoder with a Linear head on the first token, for training benchmarks and tests."""
+
+    def __init__(self, cfg: BertConfig = BertConfig(), num_classes: int = 2):
+        super().__init__()
+        self.encoder = BertEncoder(cfg)
+        self.head = nn.Linear(cfg.hidden, num_classes)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(ids)[:, 0])
+
+
+# --------------------------------------------------------------------------------------------------
+# Registry and export
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """How to build one benchmark model and what to call its graph inputs and outputs."""
+
+    name: str
+    description: str
+    build: Callable[..., Tuple[nn.Module, Tuple[torch.Tensor, ...]]]
+    input_names: Tuple[str, ...]
+    output_names: Tuple[str, ...]
+
+
+def build_mlp(seed: int = 0, batch: int = 64, sizes: Sequence[int] = (784, 1024, 1024, 10)):
+    """The MLP and a float32 input batch (batch, sizes[0])."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = MLP(sizes).eval()
+    return model, (torch.randn(batch, sizes[0], generator=gen),)
+
+
+def build_cnn(seed: int = 0, batch: int = 32, image: int = 32, **kwargs):
+    """The CNN (eval mode, randomized BatchNorm statistics) and an image batch (batch, 3, H, W)."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = SmallCNN(**kwargs)
+    _randomize_batchnorm(model, gen)
+    model.eval()
+    return model, (torch.randn(batch, 3, image, image, generator=gen),)
+
+
+def build_bert(seed: int = 0, batch: int = 8, seq: int = 128, cfg: Optional[BertConfig] = None):
+    """The BERT-style encoder and int64 token ids (batch, seq)."""
+    cfg = cfg or BertConfig()
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = BertEncoder(cfg).eval()
+    return model, (torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen, dtype=torch.int64),)
+
+
+MODELS: Dict[str, ModelSpec] = {
+    "mlp": ModelSpec("mlp", "MLP 784-1024-1024-10, batch 64", build_mlp, ("input",), ("logits",)),
+    "cnn": ModelSpec("cnn", "CNN conv-bn-relu x3 + pool + linear, 3x32x32, batch 32", build_cnn,
+                     ("input",), ("logits",)),
+    "bert": ModelSpec("bert", "BERT encoder h256 L4 H4 ffn1024, seq 128, batch 8", build_bert,
+                      ("input_ids",), ("hidden_states",)),
+}
+
+
+def export(model: nn.Module, inputs: Tuple[torch.Tensor, ...], path: str,
+           input_names: Sequence[str], output_names: Sequence[str], opset: int = OPSET,
+           dynamic_batch: bool = False, training: bool = False,
+           fold_batchnorm: bool = False) -> str:
+    """Exports ``model`` to ``path`` with torch.onnx.export and returns the path.
+
+    ``dynamic_batch`` makes dimension 0 of every input and output symbolic ("batch").
+    ``training=True`` keeps training-mode ops (Dropout, BatchNorm statistics) and skips constant
+    folding so that parameters stay initializers; the default exports an inference graph.
+    In an inference graph, BatchNormalization stays a node unless ``fold_batchnorm`` lets the
+    exporter fold it into the preceding Conv (folding is then the engine's job, as in a model
+    exported by other tools).
+    """
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    dynamic_axes = None
+    if dynamic_batch:
+        dynamic_axes = {name: {0: "batch"} for name in (*input_names, *output_names)}
+    if training:
+        mode = torch.onnx.TrainingMode.TRAINING
+    else:  # PRESERVE exports the eval-mode model as is; EVAL also folds BatchNorm into Conv.
+        model.eval()
+        mode = torch.onnx.TrainingMode.EVAL if fold_batchnorm else torch.onnx.TrainingMode.PRESERVE
+    with torch.no_grad():
+        torch.onnx.export(model, inputs, path, input_names=list(input_names),
+                          output_names=list(output_names), opset_version=opset,
+                          do_constant_folding=not training, dynamic_axes=dynamic_axes,
+                          training=mode)
+    return path
+
+
+def export_spec(name: str, directory: str, seed: int = 0, **build_kwargs):
+    """Builds model ``name`` from MODELS, exports it to ``directory/<name>.onnx``.
+
+    Returns (path, model, inputs) so callers can run the PyTorch reference on the same weights.
+    """
+    spec = MODELS[name]
+    model, inputs = spec.build(seed=seed, **build_kwargs)
+    path = export(model, inputs, os.path.join(directory, f"{name}.onnx"), spec.input_names,
+                  spec.output_names)
+    return path, model, inputs

@@ -1,0 +1,188 @@
+#include "autodiff/autodiff.h"
+
+#include <map>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autodiff/gradient_builder.h"
+#include "ops/registry.h"
+#include "passes/shape_inference.h"
+
+namespace onnxtrain {
+
+namespace {
+
+// Gradient contributions per value, summed on first read.
+class GradientAccumulator {
+ public:
+  void add(const std::string& value, const std::string& grad) { parts_[value].push_back(grad); }
+  bool has(const std::string& value) const { return parts_.count(value) > 0; }
+  std::string get(const std::string& value, std::vector<Node>& backward, std::unordered_set<std::string>& names) {
+    auto it = parts_.find(value);
+    if (it == parts_.end()) return "";
+    auto& parts = it->second;
+    if (parts.size() > 1) {  // fan-out: d(value) = sum of every consumer's contribution
+      Node sum;
+      sum.op_type = "Sum";
+      sum.name = unique(value + "/grad/accumulate", names);
+      sum.inputs = parts;
+      sum.outputs = {unique(value + "/grad/sum", names)};
+      backward.push_back(sum);
+      parts = {sum.outputs[0]};
+    }
+    return parts[0];
+  }
+
+  static std::string unique(const std::string& base, std::unordered_set<std::string>& names) {
+    std::string n = base;
+    for (int i = 1; names.count(n); ++i) n = base + "_" + std::to_string(i);
+    names.insert(n);
+    return n;
+  }
+
+ private:
+  std::unordered_map<std::string, std::vector<std::string>> parts_;
+};
+
+}  // namespace
+
+Model build_gradient_graph(const Model& forward, const std::vector<std::string>& wrt,
+                           const std::vector<std::string>& outputs, GradientGraphInfo* info) {
+  Model model = forward;
+  Graph& g = model.graph;
+  const std::string where = "build_gradient_graph(" + forward.description + "): ";
+  g.topological_sort();
+  infer_shapes(g, model.opsets);
+  if (!model.opsets.count(kOnnxTrainDomain)) model.opsets[kOnnxTrainDomain] = 1;
+
+  std::unordered_set<std::string> names;
+  for (const auto& in : g.inputs) names.insert(in.name);
+  for (const auto& [n, t] : g.initializers) names.insert(n);
+  for (const auto& node : g.nodes) {
+    names.insert(node.name);
+    for (const auto& o : node.outputs) names.insert(o);
+  }
+  auto dtype_of = [&](const std::string& v) {
+    if (auto it = g.initializers.find(v); it != g.initializers.end()) return it->second.dtype();
+    if (auto it = g.value_info.find(v); it != g.value_info.end()) return it->second.dtype;
+    for (const auto& in : g.inputs) if (in.name == v) return in.info.dtype;
+    return DType::kUndefined;
+  };
+
+  // 1. Which values depend on wrt (forward pass over the graph).
+  std::unordered_set<std::string> requires_grad;
+  for (const auto& w : wrt) {
+    OT_CHECK(g.is_initializer(w) || g.is_input(w), where, "'", w, "' is not an initializer or graph input");
+    DType dt = dtype_of(w);
+    OT_CHECK(is_floating(dt), where, "'", w, "' is ", dtype_name(dt),
+             ": only floating-point values have gradients");
+    requires_grad.insert(w);
+  }
+  for (const auto& node : g.nodes) {
+    const OpSchema* schema = OpRegistry::global().find(node.domain, node.op_type, model.opset(node.domain));
+    if (schema && schema->gradient_status == GradientStatus::kNotDifferentiable) continue;
+    bool any = false;
+    for (const auto& in : node.inputs) any = any || (!in.empty() && requires_grad.count(in));
+    if (!any) continue;
+    for (const auto& o : node.outputs) {
+      DType dt = dtype_of(o);
+      if (!o.empty() && (dt == DType::kUndefined || is_floating(dt))) requires_grad.insert(o);
+    }
+  }
+
+  // 2. Seeds.
+  GradientAccumulator grads;
+  std::vector<Node> backward;
+  GradientGraphInfo result;
+  {
+    Node dummy;
+    dummy.name = "seed";
+    dummy.op_type = "Seed";
+    for (const auto& out : outputs) {
+      auto producers = g.producers();
+      OT_CHECK(producers.count(out) || g.is_input(out) || g.is_initializer(out), where, "output '", out,
+               "' is not a value of the graph");
+      OT_CHECK(requires_grad.count(out), where, "output '", out, "' does not depend on any of the values to differentiate");
+      auto it = g.value_info.find(out);
+      bool scalar = it != g.value_info.end() && it->second.has_static_shape() && numel(*it->second.shape) == 1;
+      if (scalar) {
+        GradientBuilder b(g, dummy, {}, {}, names, backward);
+        grads.add(out, b.emit("Expand", {b.scalar_like(1.0, out), b.shape(out)}));
+      } else {
+        std::string seed = GradientAccumulator::unique(out + "_grad", names);
+        ValueInfo vi = it != g.value_info.end() ? it->second : ValueInfo{dtype_of(out), std::nullopt, {}};
+        g.inputs.push_back({seed, vi});
+        grads.add(out, seed);
+        result.seed_inputs.push_back(seed);
+      }
+    }
+  }
+
+  // 3. Reverse sweep over the nodes that both depend on wrt and have a gradient flowing in.
+  for (size_t k = g.nodes.size(); k-- > 0;) {
+    const Node node = g.nodes[k];  // a copy: rules may add initializers and value_info to g
+    std::vector<std::string> dys;
+    bool any_dy = false;
+    for (const auto& o : node.outputs) {
+      std::string d = o.empty() ? "" : grads.get(o, backward, names);
+      any_dy = any_dy || !d.empty();
+      dys.push_back(d);
+    }
+    if (!any_dy) continue;
+    std::vector<bool> needs;
+    bool any_need = false;
+    for (const auto& in : node.inputs) {
+      bool n = !in.empty() && requires_grad.count(in) && is_floating(dtype_of(in) == DType::kUndefined ? DType::kFloat32 : dtype_of(in));
+      needs.push_back(n);
+      any_need = any_need || n;
+    }
+    if (!any_need) continue;
+    const OpSchema* schema = OpRegistry::global().find(node.domain, node.op_type, model.opset(node.domain));
+    if (!schema) OT_THROW(kNotImplemented, where, node.context(), "unknown op");
+    switch (schema->gradient_status) {
+      case GradientStatus::kDifferentiable: break;
+      case GradientStatus::kNotDifferentiable: continue;
+      case GradientStatus::kNotImplemented:
+        OT_THROW(kNotImplemented, where, node.context(), "no gradient rule: ", schema->gradient_note);
+      case GradientStatus::kUnstated:
+        OT_THROW(kNotImplemented, where, node.context(), "no gradient rule");
+    }
+    GradientBuilder builder(g, node, dys, needs, names, backward);
+    schema->gradient(builder);
+    for (size_t i = 0; i < needs.size(); ++i) {
+      if (!needs[i]) continue;
+      auto it = builder.results().find(i);
+      if (it == builder.results().end())
+        OT_THROW(kRuntime, where, node.context(), "the gradient rule produced no gradient for input ", i,
+                 " ('", node.inputs[i], "')");
+      grads.add(node.inputs[i], it->second);
+    }
+  }
+
+  // 4. Name the gradients "<wrt>_grad" and make them graph outputs.
+  for (const auto& w : wrt) {
+    std::string grad = grads.get(w, backward, names);
+    Node dummy;
+    dummy.name = w;
+    dummy.op_type = "Gradient";
+    GradientBuilder b(g, dummy, {}, {}, names, backward);
+    if (grad.empty()) grad = b.zeros_like(w);  // the outputs do not depend on w: its gradient is 0
+    std::string out = GradientAccumulator::unique(w + "_grad", names);
+    Node id;
+    id.op_type = "Identity";
+    id.name = out + "/identity";
+    id.inputs = {grad};
+    id.outputs = {out};
+    backward.push_back(id);
+    ValueInfo vi{dtype_of(w), std::nullopt, {}};
+    if (auto it = g.initializers.find(w); it != g.initializers.end()) vi.shape = it->second.shape();
+    for (const auto& in : g.inputs) if (in.name == w) vi = in.info;
+    g.outputs.push_back({out, vi});
+    result.gradient_outputs.push_back(out);
+  }
+  for (auto& n : backward) g.nodes.push_back(std::move(n));
+  if (info) *info = result;
+  return model;
+}
+
+}  // namespace onnxtrain

@@ -1,0 +1,169 @@
+#include "backends/cpu/gemm.h"
+
+#include <cstring>
+#include <unordered_map>
+
+#include "backends/cpu/dnnl_utils.h"
+
+namespace onnxtrain::cpu {
+
+using dt = dnnl::memory::data_type;
+
+Shape MatmulDims::out_batch() const {
+  Shape o(a_batch.size());
+  for (size_t i = 0; i < o.size(); ++i) o[i] = a_batch[i] == 1 ? b_batch[i] : a_batch[i];
+  return o;
+}
+
+int64_t MatmulDims::batch_count() const { return numel(out_batch()); }
+
+std::vector<int64_t> MatmulDims::key() const {
+  std::vector<int64_t> key{m, n, k, trans_a, trans_b, bias, int64_t(a_batch.size())};
+  key.insert(key.end(), a_batch.begin(), a_batch.end());
+  key.insert(key.end(), b_batch.begin(), b_batch.end());
+  uint32_t bits[2];
+  std::memcpy(&bits[0], &alpha, 4);
+  std::memcpy(&bits[1], &beta, 4);
+  key.push_back(bits[0]);
+  key.push_back(bits[1]);
+  return key;
+}
+
+struct Matmul::Impl {
+  MatmulDims dims;
+  // What the primitive computes: the batch may be folded into M, or looped over.
+  dnnl::memory::desc a_md, b_md, c_md, bias_md;
+  dnnl::matmul prim;
+  // Batch loop when oneDNN cannot broadcast these batch dims itself: offsets per call.
+  std::vector<int64_t> a_off, b_off, c_off;
+  std::string context;
+};
+
+namespace {
+
+// Strides of a [batch..., r, c] operand stored row-major as [batch..., r, c] or, transposed,
+// as [batch..., c, r]; broadcast (size-1) batch dims get stride 0.
+dnnl::memory::dims operand_strides(const Shape& batch, int64_t r, int64_t c, bool trans) {
+  size_t rank = batch.size();
+  dnnl::memory::dims s(rank + 2);
+  s[rank] = trans ? 1 : c;
+  s[rank + 1] = trans ? r : 1;
+  int64_t acc = r * c;
+  for (size_t i = rank; i-- > 0;) {
+    s[i] = acc;
+    acc *= batch[i];
+  }
+  return s;
+}
+
+dnnl::memory::dims cat(const Shape& batch, int64_t r, int64_t c) {
+  dnnl::memory::dims d(batch.begin(), batch.end());
+  d.push_back(r);
+  d.push_back(c);
+  return d;
+}
+
+}  // namespace
+
+Matmul::Matmul(const MatmulDims& dims, const std::string& context) : impl_(std::make_shared<Impl>()) {
+  Impl& p = *impl_;
+  p.dims = dims;
+  p.context = context;
+  Shape ab = dims.a_batch, bb = dims.b_batch;
+  int64_t m = dims.m;
+  bool b_broadcast = true;
+  for (auto v : bb) b_broadcast = b_broadcast && v == 1;
+  // [..., M, K] x [K, N]: one big GEMM with M' = batch * M (A and C are contiguous over it).
+  if (b_broadcast && !dims.trans_a && !ab.empty()) {
+    m *= numel(ab);
+    ab.clear();
+    bb.clear();
+  }
+  Shape ob(ab.size());
+  for (size_t i = 0; i < ob.size(); ++i) ob[i] = ab[i] == 1 ? bb[i] : ab[i];
+
+  dnnl::primitive_attr attr;
+  if (dims.alpha != 1.0f) attr.set_output_scales(0, {dims.alpha});
+  if (dims.beta != 0.0f) {
+    dnnl::post_ops po;
+    po.append_sum(dims.beta);
+    attr.set_post_ops(po);
+  }
+  auto build = [&](const Shape& a_b, const Shape& b_b, const Shape& o_b) {
+    p.a_md = strided_md(cat(a_b, m, dims.k), dt::f32, operand_strides(a_b, m, dims.k, dims.trans_a));
+    p.b_md = strided_md(cat(b_b, dims.k, dims.n), dt::f32, operand_strides(b_b, dims.k, dims.n, dims.trans_b));
+    p.c_md = plain_md(cat(o_b, m, dims.n), dt::f32);
+    if (dims.bias) p.bias_md = plain_md(cat(Shape(o_b.size(), 1), 1, dims.n), dt::f32);
+    auto desc = dims.bias ? dnnl::matmul::desc(p.a_md, p.b_md, p.bias_md, p.c_md)
+                          : dnnl::matmul::desc(p.a_md, p.b_md, p.c_md);
+    dnnl::matmul::primitive_desc pd(desc, attr, dnnl_engine());
+    p.prim = dnnl::matmul(pd);
+  };
+  try {
+    build(ab, bb, ob);
+    return;
+  } catch (const dnnl::error&) {
+    // fall through: some batch broadcasts are not implemented; loop over the batch instead
+  }
+  dnnl_guard(context, "create a matmul primitive", [&] { build({}, {}, {}); });
+  size_t rank = ob.size();
+  int64_t batches = numel(ob);
+  int64_t sa = m * dims.k, sb = dims.k * dims.n;
+  std::vector<int64_t> as(rank), bs(rank);
+  for (size_t i = rank; i-- > 0;) {
+    as[i] = ab[i] == 1 ? 0 : sa;
+    bs[i] = bb[i] == 1 ? 0 : sb;
+    sa *= ab[i];
+    sb *= bb[i];
+  }
+  for (int64_t bi = 0; bi < batches; ++bi) {
+    int64_t ao = 0, bo = 0, rem = bi;
+    for (size_t x = rank; x-- > 0;) {
+      int64_t idx = rem % ob[x];
+      rem /= ob[x];
+      ao += idx * as[x];
+      bo += idx * bs[x];
+    }
+    p.a_off.push_back(ao);
+    p.b_off.push_back(bo);
+    p.c_off.push_back(bi * m * dims.n);
+  }
+}
+
+const MatmulDims& Matmul::dims() const { return impl_->dims; }
+
+void Matmul::run(const float* a, const float* b, float* c, const float* bias) const {
+  const Impl& p = *impl_;
+  dnnl_guard(p.context, "run a matmul", [&] {
+    auto& eng = dnnl_engine();
+    auto& strm = dnnl_stream();
+    auto exec = [&](const float* ap, const float* bp, float* cp) {
+      std::unordered_map<int, dnnl::memory> args{
+          {DNNL_ARG_SRC, dnnl::memory(p.a_md, eng, const_cast<float*>(ap))},
+          {DNNL_ARG_WEIGHTS, dnnl::memory(p.b_md, eng, const_cast<float*>(bp))},
+          {DNNL_ARG_DST, dnnl::memory(p.c_md, eng, cp)}};
+      if (p.dims.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, eng, const_cast<float*>(bias)));
+      p.prim.execute(strm, args);
+    };
+    if (p.a_off.empty()) {
+      exec(a, b, c);
+    } else {
+      for (size_t i = 0; i < p.a_off.size(); ++i) exec(a + p.a_off[i], b + p.b_off[i], c + p.c_off[i]);
+    }
+    strm.wait();
+  });
+}
+
+const Matmul& MatmulCache::get(const MatmulDims& dims, const std::string& context) {
+  auto key = dims.key();
+  if (Matmul* m = cache_.find(key)) return *m;
+  return cache_.insert(std::move(key), Matmul(dims, context));
+}
+
+void matmul(const MatmulDims& dims, const float* a, const float* b, float* c, const float* bias,
+            const std::string& context) {
+  thread_local MatmulCache cache(64);
+  cache.get(dims, context).run(a, b, c, bias);
+}
+
+}  // namespace onnxtrain::cpu

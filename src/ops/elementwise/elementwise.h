@@ -1,0 +1,86 @@
+// Helpers shared by the elementwise op files: unary drivers over float / numeric dtypes, wrapping
+// integer arithmetic without undefined behaviour, and saturating float-to-integer conversion.
+#pragma once
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "ops/common.h"
+#include "ops/registry.h"
+
+namespace onnxtrain::elementwise {
+
+// y = op(x) over the float dtypes; op is a generic callable taking and returning compute_t<T>
+// (float for the half types). Output 0 has the input's dtype and shape.
+template <typename Op>
+void float_unary(KernelContext& ctx, Op op) {
+  const Tensor& x = ctx.input(0);
+  Tensor& y = ctx.output(0, x.dtype(), x.shape());
+  dispatch_float(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    unary_map(x.data<T>(), y.data<T>(), x.numel(), [&](T v) { return T(op(C(v))); });
+  });
+}
+
+// Integer arithmetic that wraps modulo 2^bits instead of overflowing (signed overflow is UB).
+template <typename T>
+using wrap_t = std::make_unsigned_t<std::conditional_t<std::is_same_v<T, bool>, uint8_t, T>>;
+
+template <typename T>
+inline T wrapping_neg(T v) {
+  if constexpr (std::is_integral_v<T>) return T(wrap_t<T>(0) - wrap_t<T>(v));
+  else return -v;
+}
+
+template <typename T>
+inline T wrapping_mul(T a, T b) {
+  if constexpr (std::is_integral_v<T>) return T(wrap_t<T>(wrap_t<T>(a) * wrap_t<T>(b)));
+  else return a * b;
+}
+
+// Float to integer without UB: NaN gives 0, out-of-range values saturate to the type's limits.
+template <typename To, typename From>
+inline To saturate_to_int(From v) {
+  static_assert(std::is_integral_v<To> && std::is_floating_point_v<From>);
+  if (std::isnan(v)) return To(0);
+  // lowest is 0 or -2^digits and max + 1 is 2^digits: both exact in From (max itself may round up).
+  constexpr From lo = From(std::numeric_limits<To>::lowest());
+  constexpr From hi = From(std::numeric_limits<To>::max()) + From(1);
+  if (v <= lo) return std::numeric_limits<To>::lowest();
+  if (v >= hi) return std::numeric_limits<To>::max();
+  return static_cast<To>(v);
+}
+
+// Any element type to any other: ints wrap, floats saturate into ints (NaN -> 0), nonzero -> true,
+// half types go through float.
+template <typename To, typename From>
+inline To convert(From v) {
+  if constexpr (std::is_same_v<To, From>) {
+    return v;
+  } else if constexpr (std::is_same_v<From, float16> || std::is_same_v<From, bfloat16>) {
+    return convert<To>(float(v));
+  } else if constexpr (std::is_same_v<To, float16> || std::is_same_v<To, bfloat16>) {
+    if constexpr (std::is_same_v<From, bool>) return To(v ? 1.0f : 0.0f);
+    else return To(float(v));
+  } else if constexpr (std::is_same_v<To, bool>) {
+    return v != From(0);
+  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
+    return saturate_to_int<To>(v);
+  } else {
+    return static_cast<To>(v);  // int -> int wraps (C++20), int -> float rounds
+  }
+}
+
+// The first element of a one-element tensor of dtype T (Clip bounds, Pow fast paths).
+template <typename T>
+inline T scalar_of(const KernelContext& ctx, size_t i, const char* what) {
+  const Tensor& t = ctx.input(i);
+  OT_CHECK(t.dtype() == dtype_v<T>, ctx.node().context(), what, " must have the input's dtype ",
+           dtype_name(dtype_v<T>), ", got ", dtype_name(t.dtype()));
+  OT_CHECK(t.numel() == 1, ctx.node().context(), what, " must be a scalar, got shape ", shape_str(t.shape()));
+  return t.data<T>()[0];
+}
+
+}  // namespace onnxtrain::elementwise

@@ -1,0 +1,101 @@
+// onnxtrain.SumTo(X, shape): sums X down to `shape`, the inverse of numpy broadcasting. Every
+// gradient rule reduces broadcast dimensions through it (GradientBuilder::sum_to).
+#include "autodiff/gradient_builder.h"
+#include "ops/common.h"
+#include "ops/registry.h"
+
+namespace onnxtrain {
+namespace {
+
+void sum_to_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  Shape target = int_list_input(ctx, 1);
+  const Node& node = ctx.node();
+  OT_CHECK(target.size() <= size_t(x.rank()), node.context(), "cannot sum ", shape_str(x.shape()), " to ",
+           shape_str(target), ": target has higher rank");
+  size_t lead = size_t(x.rank()) - target.size();
+  for (size_t d = 0; d < target.size(); ++d)
+    OT_CHECK(target[d] == x.shape()[lead + d] || target[d] == 1, node.context(), "cannot sum ",
+             shape_str(x.shape()), " to ", shape_str(target));
+  if (x.shape() == target) {
+    ctx.set_output(0, x);
+    return;
+  }
+  Tensor& out = ctx.output(0, x.dtype(), target);
+  // View the target as broadcast to x: every x element adds into out[broadcast index].
+  Shape full(size_t(x.rank()), 1);
+  for (size_t d = 0; d < target.size(); ++d) full[lead + d] = target[d];
+  // Fast path: only leading dims are reduced, so X is [rows, n_out] and out sums its rows
+  // (bias gradients). Rows are added in order, vectorised along the row.
+  size_t first_kept = 0;
+  while (first_kept < full.size() && full[first_kept] == 1) ++first_kept;
+  bool leading_only = true;
+  for (size_t d = first_kept; d < full.size(); ++d) leading_only = leading_only && full[d] == x.shape()[d];
+  if (leading_only) {
+    int64_t n_out = out.numel(), rows = n_out ? x.numel() / n_out : 0;
+    dispatch_float(x.dtype(), [&]<typename T>() {
+      using C = compute_t<T>;
+      const T* px = x.data<T>();
+      T* po = out.data<T>();
+      parallel_for(n_out, 1024, [&](int64_t b, int64_t e) {
+        std::vector<C> acc(size_t(e - b), C(0));
+        for (int64_t r = 0; r < rows; ++r) {
+          const T* row = px + r * n_out;
+          for (int64_t j = b; j < e; ++j) acc[size_t(j - b)] += C(row[j]);
+        }
+        for (int64_t j = b; j < e; ++j) po[j] = T(acc[size_t(j - b)]);
+      });
+    });
+    return;
+  }
+  dispatch_float(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    int64_t n_out = out.numel();
+    // Accumulate per output element in the compute type; parallel over output elements.
+    std::vector<int64_t> in_strides = strides_of(x.shape());
+    // Dimensions that are reduced (target 1, x > 1).
+    std::vector<int> reduced, kept;
+    for (int d = 0; d < x.rank(); ++d) (full[size_t(d)] == 1 && x.shape()[size_t(d)] != 1 ? reduced : kept).push_back(d);
+    int64_t n_red = 1;
+    for (int d : reduced) n_red *= x.shape()[size_t(d)];
+    parallel_for(n_out, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(n_red, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) {
+        // offset of this output's first contributor in x
+        int64_t rem = o, base = 0;
+        for (int d = x.rank() - 1; d >= 0; --d) {
+          int64_t extent = full[size_t(d)];
+          int64_t i = rem % extent;
+          rem /= extent;
+          base += i * in_strides[size_t(d)];
+        }
+        C acc = C(0);
+        for (int64_t r = 0; r < n_red; ++r) {
+          int64_t rr = r, off = base;
+          for (size_t k = reduced.size(); k-- > 0;) {
+            int d = reduced[k];
+            off += (rr % x.shape()[size_t(d)]) * in_strides[size_t(d)];
+            rr /= x.shape()[size_t(d)];
+          }
+          acc += C(px[off]);
+        }
+        po[o] = T(acc);
+      }
+    });
+  });
+}
+
+void sum_to_shape(ShapeContext& ctx) {
+  std::optional<Shape> shape;
+  if (const Tensor* t = ctx.input_value(1)) shape = t->to_int_vector();
+  ctx.set_output(0, ctx.input_dtype(0), shape);
+}
+
+}  // namespace
+
+// Y = sum_to(X, shape).  dX = expand(dY, shape(X))
+ONNXTRAIN_OP(SumTo, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(sum_to_shape).cpu(sum_to_kernel)
+    .gradient([](GradientBuilder& g) { g.set(0, g.emit("Expand", {g.dy(0), g.shape(g.x(0))})); });
+
+}  // namespace onnxtrain

@@ -1,0 +1,369 @@
+// Shared pieces of the recurrent ops (RNN, GRU, LSTM): attribute parsing (direction, layout,
+// activations with their alpha/beta, clip), input validation, the small "A times B-transposed"
+// GEMM the gate projections use, and the helpers that read and write the layout-dependent tensors.
+//
+// Every kernel works the same way, per direction d:
+//   1. XW = X · W[d]^T (+ biases) for all time steps at once: one [seq*batch, input] x
+//      [input, G*hidden] GEMM, so the recurrence only multiplies the small hidden state.
+//   2. The recurrence: for each step, HR = H_{t-1} · R[d]^T ([batch, hidden] x [hidden, G*hidden]),
+//      then the cell's elementwise gate math per batch row.
+// sequence_lens: batch row b runs steps 0 .. len[b]-1 (a reverse pass starts at len[b]-1); Y is
+// zero at the padded steps and Y_h / Y_c hold the state after the row's last valid step (the
+// initial state when len[b] is 0).
+#pragma once
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "ops/common.h"
+#include "ops/registry.h"
+
+namespace onnxtrain::rnn {
+
+// ---- activations -------------------------------------------------------------------------------
+
+enum class ActKind {
+  kRelu, kTanh, kSigmoid, kAffine, kLeakyRelu, kThresholdedRelu, kScaledTanh, kHardSigmoid, kElu,
+  kSoftsign, kSoftplus
+};
+
+struct Activation {
+  ActKind kind = ActKind::kTanh;
+  float alpha = 0, beta = 0;
+
+  template <typename C>
+  C operator()(C x) const {
+    switch (kind) {
+      case ActKind::kRelu: return x > C(0) ? x : C(0);
+      case ActKind::kTanh: return std::tanh(x);
+      case ActKind::kSigmoid:
+        return x >= C(0) ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x));
+      case ActKind::kAffine: return C(alpha) * x + C(beta);
+      case ActKind::kLeakyRelu: return x >= C(0) ? x : C(alpha) * x;
+      case ActKind::kThresholdedRelu: return x > C(alpha) ? x : C(0);
+      case ActKind::kScaledTanh: return C(alpha) * std::tanh(C(beta) * x);
+      case ActKind::kHardSigmoid: return std::min(C(1), std::max(C(0), C(alpha) * x + C(beta)));
+      case ActKind::kElu: return x >= C(0) ? x : C(alpha) * (std::exp(x) - C(1));
+      case ActKind::kSoftsign: return x / (C(1) + std::abs(x));
+      case ActKind::kSoftplus:  // log(1 + e^x), without overflow for large x
+        return x > C(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+    }
+    return x;
+  }
+  // Applies in place over a contiguous run, clipping the input first when clip > 0.
+  template <typename C>
+  void apply(C* v, int64_t n, float clip) const {
+    if (clip > 0) {
+      C c = C(clip);
+      for (int64_t i = 0; i < n; ++i) v[i] = std::min(c, std::max(-c, v[i]));
+    }
+    for (int64_t i = 0; i < n; ++i) v[i] = (*this)(v[i]);
+  }
+};
+
+// Parses `activations` / `activation_alpha` / `activation_beta`. `defaults` is one direction's
+// list (e.g. {Sigmoid, Tanh, Tanh} for LSTM). Returns num_directions * defaults.size() entries,
+// direction-major. A list of one direction's length for a bidirectional node is used for both.
+// Alphas and betas are consumed in order, only by the functions that take them; the rest get the
+// defaults of the corresponding ONNX operators.
+inline std::vector<Activation> parse_activations(const Node& node, const std::vector<std::string>& defaults,
+                                                 int64_t num_directions) {
+  std::vector<std::string> names;
+  if (const Attribute* a = node.attr("activations")) {
+    OT_CHECK(a->kind == Attribute::Kind::kStrings, node.context(), "attribute 'activations' must be a list of strings");
+    names = a->strings;
+  }
+  size_t per_dir = defaults.size();
+  if (names.empty()) {
+    for (int64_t d = 0; d < num_directions; ++d) names.insert(names.end(), defaults.begin(), defaults.end());
+  } else if (names.size() == per_dir && num_directions == 2) {
+    std::vector<std::string> twice = names;
+    twice.insert(twice.end(), names.begin(), names.end());
+    names = std::move(twice);
+  }
+  OT_CHECK(names.size() == per_dir * size_t(num_directions), node.context(), "expected ",
+           per_dir * size_t(num_directions), " activations (", per_dir, " per direction), got ", names.size());
+  std::vector<float> alphas = node.attr_floats("activation_alpha");
+  std::vector<float> betas = node.attr_floats("activation_beta");
+  size_t ai = 0, bi = 0;
+  auto take = [](const std::vector<float>& list, size_t& i, float dflt) { return i < list.size() ? list[i++] : dflt; };
+  std::vector<Activation> out;
+  for (const auto& raw : names) {
+    std::string n = raw;
+    std::transform(n.begin(), n.end(), n.begin(), [](unsigned char c) { return char(std::tolower(c)); });
+    Activation act;
+    if (n == "relu") act.kind = ActKind::kRelu;
+    else if (n == "tanh") act.kind = ActKind::kTanh;
+    else if (n == "sigmoid") act.kind = ActKind::kSigmoid;
+    else if (n == "affine") { act.kind = ActKind::kAffine; act.alpha = take(alphas, ai, 1.0f); act.beta = take(betas, bi, 0.0f); }
+    else if (n == "leakyrelu") { act.kind = ActKind::kLeakyRelu; act.alpha = take(alphas, ai, 0.01f); }
+    else if (n == "thresholdedrelu") { act.kind = ActKind::kThresholdedRelu; act.alpha = take(alphas, ai, 1.0f); }
+    else if (n == "scaledtanh") { act.kind = ActKind::kScaledTanh; act.alpha = take(alphas, ai, 1.0f); act.beta = take(betas, bi, 1.0f); }
+    else if (n == "hardsigmoid") { act.kind = ActKind::kHardSigmoid; act.alpha = take(alphas, ai, 0.2f); act.beta = take(betas, bi, 0.5f); }
+    else if (n == "elu") { act.kind = ActKind::kElu; act.alpha = take(alphas, ai, 1.0f); }
+    else if (n == "softsign") act.kind = ActKind::kSoftsign;
+    else if (n == "softplus") act.kind = ActKind::kSoftplus;
+    else OT_THROW(kNotImplemented, node.context(), "unsupported activation '", raw, "'");
+    out.push_back(act);
+  }
+  return out;
+}
+
+// ---- attributes and shapes ---------------------------------------------------------------------
+
+enum class Direction { kForward, kReverse, kBidirectional };
+
+inline Direction parse_direction(const Node& node) {
+  std::string d = node.attr_string("direction", "forward");
+  if (d == "forward") return Direction::kForward;
+  if (d == "reverse") return Direction::kReverse;
+  if (d == "bidirectional") return Direction::kBidirectional;
+  OT_THROW(kInvalidArgument, node.context(), "direction must be forward, reverse or bidirectional, got '", d, "'");
+}
+
+inline int64_t num_directions_of(const Node& node) {
+  return parse_direction(node) == Direction::kBidirectional ? 2 : 1;
+}
+
+inline int64_t parse_layout(const Node& node) {
+  int64_t layout = node.attr_int("layout", 0);
+  OT_CHECK(layout == 0 || layout == 1, node.context(), "layout must be 0 or 1, got ", layout);
+  return layout;
+}
+
+// Static output shapes: Y, Y_h (and Y_c for LSTM, same as Y_h). gates = 1 (RNN), 3 (GRU), 4 (LSTM).
+inline void rnn_shape_rule(ShapeContext& ctx, int64_t gates, size_t state_outputs) {
+  const Node& node = ctx.node();
+  DType dt = ctx.input_dtype(0);
+  int64_t dirs = num_directions_of(node);
+  int64_t layout = parse_layout(node);
+  int64_t hidden = node.attr_int("hidden_size", -1);
+  if (hidden < 0) {
+    const auto& r = ctx.input_shape(2);
+    if (r && r->size() == 3) hidden = (*r)[2];
+    if (hidden < 0 && ctx.input_shape(1) && ctx.input_shape(1)->size() == 3 && (*ctx.input_shape(1))[1] >= 0)
+      hidden = (*ctx.input_shape(1))[1] / gates;
+  }
+  const auto& x = ctx.input_shape(0);
+  std::optional<Shape> y, yh;
+  if (x && x->size() == 3) {
+    int64_t seq = layout == 0 ? (*x)[0] : (*x)[1];
+    int64_t batch = layout == 0 ? (*x)[1] : (*x)[0];
+    y = layout == 0 ? Shape{seq, dirs, batch, hidden} : Shape{batch, seq, dirs, hidden};
+    yh = layout == 0 ? Shape{dirs, batch, hidden} : Shape{batch, dirs, hidden};
+  }
+  ctx.set_output(0, dt, y);
+  for (size_t i = 1; i <= state_outputs; ++i) ctx.set_output(i, dt, yh);
+}
+
+// Everything about one node's run that does not depend on the cell type.
+struct RnnSetup {
+  int64_t seq = 0, batch = 0, input = 0, hidden = 0, dirs = 1, layout = 0;
+  Direction direction = Direction::kForward;
+  float clip = 0;                      // 0: no clipping
+  std::vector<int64_t> lens;           // per batch row, in [0, seq]
+};
+
+inline RnnSetup parse_setup(KernelContext& ctx, int64_t gates) {
+  const Node& node = ctx.node();
+  RnnSetup s;
+  s.direction = parse_direction(node);
+  s.dirs = s.direction == Direction::kBidirectional ? 2 : 1;
+  s.layout = parse_layout(node);
+  const Tensor& x = ctx.input(0);
+  const Tensor& w = ctx.input(1);
+  const Tensor& r = ctx.input(2);
+  OT_CHECK(is_floating(x.dtype()), node.context(), "expected a floating-point X, got ", dtype_name(x.dtype()));
+  OT_CHECK(w.dtype() == x.dtype() && r.dtype() == x.dtype(), node.context(), "expected W and R of X's dtype ",
+           dtype_name(x.dtype()), ", got ", dtype_name(w.dtype()), " and ", dtype_name(r.dtype()));
+  OT_CHECK(x.rank() == 3, node.context(), "expected a rank-3 X, got shape ", shape_str(x.shape()));
+  s.seq = s.layout == 0 ? x.dim(0) : x.dim(1);
+  s.batch = s.layout == 0 ? x.dim(1) : x.dim(0);
+  s.input = x.dim(2);
+  OT_CHECK(r.rank() == 3, node.context(), "expected a rank-3 R, got shape ", shape_str(r.shape()));
+  s.hidden = node.attr_int("hidden_size", r.dim(2));
+  int64_t gh = gates * s.hidden;
+  OT_CHECK(w.shape() == (Shape{s.dirs, gh, s.input}), node.context(), "expected W of shape ",
+           shape_str({s.dirs, gh, s.input}), ", got ", shape_str(w.shape()));
+  OT_CHECK(r.shape() == (Shape{s.dirs, gh, s.hidden}), node.context(), "expected R of shape ",
+           shape_str({s.dirs, gh, s.hidden}), ", got ", shape_str(r.shape()));
+  if (ctx.has_input(3)) {
+    const Tensor& b = ctx.input(3);
+    OT_CHECK(b.dtype() == x.dtype() && b.shape() == (Shape{s.dirs, 2 * gh}), node.context(), "expected B of shape ",
+             shape_str({s.dirs, 2 * gh}), " and dtype ", dtype_name(x.dtype()), ", got ", shape_str(b.shape()), " ",
+             dtype_name(b.dtype()));
+  }
+  s.lens.assign(size_t(s.batch), s.seq);
+  if (ctx.has_input(4)) {
+    const Tensor& sl = ctx.input(4);
+    OT_CHECK((sl.dtype() == DType::kInt32 || sl.dtype() == DType::kInt64) && sl.shape() == (Shape{s.batch}),
+             node.context(), "expected sequence_lens of int32 shape ", shape_str({s.batch}), ", got ",
+             dtype_name(sl.dtype()), " ", shape_str(sl.shape()));
+    for (int64_t b = 0; b < s.batch; ++b) {
+      int64_t len = sl.item_as_int(b);
+      OT_CHECK(len >= 0 && len <= s.seq, node.context(), "sequence_lens[", b, "] = ", len,
+               " is outside [0, seq_length = ", s.seq, "]");
+      s.lens[size_t(b)] = len;
+    }
+  }
+  if (node.has_attr("clip")) {
+    s.clip = node.attr_float("clip", 0);
+    OT_CHECK(s.clip > 0, node.context(), "clip must be positive, got ", s.clip);
+  }
+  return s;
+}
+
+// The expected shape of initial_h / initial_c (and Y_h / Y_c).
+inline Shape state_shape(const RnnSetup& s) {
+  return s.layout == 0 ? Shape{s.dirs, s.batch, s.hidden} : Shape{s.batch, s.dirs, s.hidden};
+}
+inline Shape y_shape(const RnnSetup& s) {
+  return s.layout == 0 ? Shape{s.seq, s.dirs, s.batch, s.hidden} : Shape{s.batch, s.seq, s.dirs, s.hidden};
+}
+// Offsets (in elements) of row (d, b) of a state tensor and of Y at step t.
+inline int64_t state_offset(const RnnSetup& s, int64_t d, int64_t b) {
+  return (s.layout == 0 ? d * s.batch + b : b * s.dirs + d) * s.hidden;
+}
+inline int64_t y_offset(const RnnSetup& s, int64_t t, int64_t d, int64_t b) {
+  return (s.layout == 0 ? (t * s.dirs + d) * s.batch + b : (b * s.seq + t) * s.dirs + d) * s.hidden;
+}
+
+// Copies an input tensor of dtype T into a compute-type buffer.
+template <typename T, typename C = compute_t<T>>
+std::vector<C> to_compute(const Tensor& t) {
+  std::vector<C> v(size_t(t.numel()));
+  const T* p = t.data<T>();
+  for (size_t i = 0; i < v.size(); ++i) v[i] = C(p[i]);
+  return v;
+}
+
+// X in time-major [seq, batch, input] order, in the compute type.
+template <typename T, typename C = compute_t<T>>
+std::vector<C> time_major_input(const Tensor& x, const RnnSetup& s) {
+  if (s.layout == 0) return to_compute<T>(x);
+  std::vector<C> v(size_t(x.numel()));
+  const T* p = x.data<T>();
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t t = 0; t < s.seq; ++t)
+      for (int64_t i = 0; i < s.input; ++i)
+        v[size_t((t * s.batch + b) * s.input + i)] = C(p[(b * s.seq + t) * s.input + i]);
+  return v;
+}
+
+// Initial state rows for direction d as a [batch, hidden] buffer (zeros when absent).
+template <typename T, typename C = compute_t<T>>
+std::vector<C> initial_state(KernelContext& ctx, size_t input, const RnnSetup& s, int64_t d, const char* what) {
+  std::vector<C> h(size_t(s.batch * s.hidden), C(0));
+  if (!ctx.has_input(input)) return h;
+  const Tensor& t = ctx.input(input);
+  OT_CHECK(t.dtype() == ctx.input(0).dtype() && t.shape() == state_shape(s), ctx.node().context(), "expected ", what,
+           " of shape ", shape_str(state_shape(s)), " and dtype ", dtype_name(ctx.input(0).dtype()), ", got ",
+           shape_str(t.shape()), " ", dtype_name(t.dtype()));
+  const T* p = t.data<T>();
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t j = 0; j < s.hidden; ++j) h[size_t(b * s.hidden + j)] = C(p[state_offset(s, d, b) + j]);
+  return h;
+}
+
+// ---- GEMM --------------------------------------------------------------------------------------
+
+// out[m, n] (+)= sum_k a[m, k] * b[n, k] for m < M, n < N: A times B-transposed, both row-major
+// (W and R are stored [gates*hidden, in], so each output is a dot product of two contiguous rows).
+// Four rows of B per pass share each load of A's row; parallel over (m, block of n).
+template <typename C>
+void gemm_nt(const C* a, int64_t M, int64_t K, const C* b, int64_t N, C* out, int64_t ldo, bool accumulate) {
+  if (M <= 0 || N <= 0) return;
+  constexpr int64_t kNB = 4;
+  int64_t nblocks = (N + kNB - 1) / kNB;
+  int64_t tasks = M * nblocks;
+  int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, K * kNB));
+  parallel_for(tasks, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end; ++task) {
+      int64_t m = task / nblocks, n0 = (task % nblocks) * kNB;
+      const C* ar = a + m * K;
+      C* o = out + m * ldo;
+      if (n0 + kNB <= N) {
+        const C* b0 = b + n0 * K;
+        const C* b1 = b0 + K;
+        const C* b2 = b1 + K;
+        const C* b3 = b2 + K;
+        C s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int64_t k = 0; k < K; ++k) {
+          C av = ar[k];
+          s0 += av * b0[k];
+          s1 += av * b1[k];
+          s2 += av * b2[k];
+          s3 += av * b3[k];
+        }
+        if (accumulate) { o[n0] += s0; o[n0 + 1] += s1; o[n0 + 2] += s2; o[n0 + 3] += s3; }
+        else { o[n0] = s0; o[n0 + 1] = s1; o[n0 + 2] = s2; o[n0 + 3] = s3; }
+      } else {
+        for (int64_t n = n0; n < N; ++n) {
+          const C* br = b + n * K;
+          C acc = 0;
+          for (int64_t k = 0; k < K; ++k) acc += ar[k] * br[k];
+          o[n] = accumulate ? o[n] + acc : acc;
+        }
+      }
+    }
+  });
+}
+
+// XW[t*batch + b, :] = X_t[b] · W_d^T + bias (bias may be null): every step's input projection.
+template <typename C>
+std::vector<C> project_inputs(const std::vector<C>& x, const RnnSetup& s, const C* w, int64_t gh, const C* bias) {
+  int64_t rows = s.seq * s.batch;
+  std::vector<C> xw(size_t(rows * gh));
+  gemm_nt(x.data(), rows, s.input, w, gh, xw.data(), gh, false);
+  if (bias) {
+    parallel_for(rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(gh, 1)), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        C* row = xw.data() + r * gh;
+        for (int64_t j = 0; j < gh; ++j) row[j] += bias[j];
+      }
+    });
+  }
+  return xw;
+}
+
+// The time index batch row b reads at step `step` of direction d (forward: step; reverse: counted
+// back from the row's last valid step), or -1 when the row has finished.
+inline int64_t time_index(const RnnSetup& s, int64_t d, int64_t step, int64_t b) {
+  int64_t len = s.lens[size_t(b)];
+  if (step >= len) return -1;
+  bool reverse = s.direction == Direction::kReverse || (s.direction == Direction::kBidirectional && d == 1);
+  return reverse ? len - 1 - step : step;
+}
+
+// Zeroes Y everywhere (padded steps stay zero; valid steps are overwritten).
+template <typename T>
+void zero_fill(Tensor& t) {
+  T* p = t.data<T>();
+  std::fill(p, p + t.numel(), T(0.0f));
+}
+
+// Writes a [batch, hidden] state buffer for direction d into a Y_h / Y_c tensor.
+template <typename T, typename C>
+void store_state(Tensor& out, const RnnSetup& s, int64_t d, const std::vector<C>& h) {
+  T* p = out.data<T>();
+  for (int64_t b = 0; b < s.batch; ++b)
+    for (int64_t j = 0; j < s.hidden; ++j) p[state_offset(s, d, b) + j] = T(h[size_t(b * s.hidden + j)]);
+}
+
+// Output i when the node asks for it, else an undefined tensor. Returned by value (tensors share
+// storage), so later ctx.output calls cannot invalidate it.
+inline Tensor optional_output(KernelContext& ctx, size_t i, DType dtype, const Shape& shape) {
+  if (i >= ctx.num_outputs() || !ctx.output_requested(i)) return Tensor();
+  return ctx.output(i, dtype, shape);
+}
+
+// Bias rows of direction d: Wb and Rb, each gates*hidden long, or null when B is absent.
+template <typename C>
+const C* bias_ptr(const std::vector<C>& b, int64_t d, int64_t gh) {
+  return b.empty() ? nullptr : b.data() + d * 2 * gh;
+}
+
+}  // namespace onnxtrain::rnn

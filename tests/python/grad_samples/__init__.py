@@ -1,0 +1,1 @@
+"""Gradient-check samples, one module per op family: SAMPLES = {"Op": [Sample, ...]}."""

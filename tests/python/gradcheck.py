@@ -1,0 +1,116 @@
+"""A generic finite-difference gradient checker for single ops (float64, central differences).
+
+For a node y = op(x...), the checker builds the gradient graph with onnxtrain's autodiff, feeds a
+random upstream gradient w for each non-scalar output (scalar outputs are seeded with 1), and
+compares d/dx sum(w * y) from the graph with central differences. Failures name the seed.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+import onnxtrain
+from onnxtrain import _C
+
+_NP_TO_ONNX = {np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.float32): TensorProto.FLOAT,
+               np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32,
+               np.dtype(np.bool_): TensorProto.BOOL}
+
+
+@dataclasses.dataclass
+class Sample:
+    """One gradient check: the op's inputs (None for an omitted optional input), attributes, which
+    inputs to differentiate (default: every float64 input that is not a constant), which outputs
+    to differentiate (default: the first), and inputs passed as initializers (``constants``)."""
+    inputs: Sequence[Optional[np.ndarray]]
+    attrs: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    wrt: Optional[Sequence[int]] = None
+    outputs: Sequence[int] = (0,)
+    n_outputs: int = 1
+    constants: Sequence[int] = ()
+    opset: int = 17
+    domain: str = ""
+    name: str = ""
+    rtol: float = 1e-5
+    atol: float = 1e-6
+
+
+def _model(op: str, s: Sample):
+    inputs, initializers, names = [], [], []
+    for i, value in enumerate(s.inputs):
+        if value is None:
+            names.append("")
+            continue
+        name = f"x{i}"
+        names.append(name)
+        arr = np.asarray(value)
+        if i in s.constants:
+            initializers.append(numpy_helper.from_array(arr, name))
+        else:
+            inputs.append(helper.make_tensor_value_info(name, _NP_TO_ONNX[arr.dtype], list(arr.shape)))
+    outs = [f"y{k}" for k in range(s.n_outputs)]
+    node = helper.make_node(op, names, outs, name=f"{op}_under_test", domain=s.domain, **s.attrs)
+    graph = helper.make_graph([node], "gradcheck", inputs,
+                              [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outs],
+                              initializer=initializers)
+    opsets = [helper.make_opsetid("", s.opset)]
+    if s.domain:
+        opsets.append(helper.make_opsetid(s.domain, 1))
+    return helper.make_model(graph, opset_imports=opsets)
+
+
+def check(op: str, s: Sample, seed: int = 0) -> None:
+    model = _model(op, s)
+    wrt = list(s.wrt) if s.wrt is not None else [
+        i for i, v in enumerate(s.inputs)
+        if v is not None and np.asarray(v).dtype == np.float64 and i not in s.constants]
+    feeds = {f"x{i}": np.asarray(v) for i, v in enumerate(s.inputs) if v is not None and i not in s.constants}
+    out_names = [f"y{k}" for k in s.outputs]
+    forward = onnxtrain.InferenceSession(model)
+    ys = forward.run(out_names, feeds)
+
+    data, grad_names, seed_names = _C.build_gradient_graph(model.SerializeToString(), [f"x{i}" for i in wrt], out_names)
+    rng = np.random.default_rng(seed)
+    weights = {}
+    for name, y in zip(out_names, ys):
+        weights[name] = rng.standard_normal(y.shape) if f"{name}_grad" in seed_names else np.ones(y.shape)
+    grad_sess = onnxtrain.InferenceSession(data)
+    grad_feeds = dict(feeds)
+    for name in out_names:
+        if f"{name}_grad" in seed_names:
+            grad_feeds[f"{name}_grad"] = weights[name].astype(ys[out_names.index(name)].dtype)
+    analytic = grad_sess.run(grad_names, grad_feeds)
+
+    def objective(current: Dict[str, np.ndarray]) -> float:
+        outs = forward.run(out_names, current)
+        return float(sum(np.sum(weights[n] * o) for n, o in zip(out_names, outs)))
+
+    eps = 1e-6
+    for i, grad in zip(wrt, analytic):
+        x = feeds[f"x{i}"]
+        assert grad.shape == x.shape, f"{op}: gradient of input {i} has shape {grad.shape}, input {x.shape}"
+        numeric = np.zeros_like(x)
+        for idx in np.ndindex(x.shape):
+            plus, minus = x.copy(), x.copy()
+            plus[idx] += eps
+            minus[idx] -= eps
+            numeric[idx] = (objective({**feeds, f"x{i}": plus}) - objective({**feeds, f"x{i}": minus})) / (2 * eps)
+        np.testing.assert_allclose(grad, numeric, rtol=s.rtol, atol=s.atol,
+                                   err_msg=f"{op} sample {s.name or s.attrs}: gradient of input {i} (seed {seed})")
+
+
+def collect_samples() -> Dict[str, List[Sample]]:
+    """Every op's samples, from the modules in grad_samples/ (keyed 'Op' or 'domain.Op')."""
+    import importlib
+    import pkgutil
+
+    from . import grad_samples
+    samples: Dict[str, List[Sample]] = {}
+    for mod in pkgutil.iter_modules(grad_samples.__path__):
+        module = importlib.import_module(f"{grad_samples.__name__}.{mod.name}")
+        for key, value in module.SAMPLES.items():
+            samples.setdefault(key, []).extend(value)
+    return samples
