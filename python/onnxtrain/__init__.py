@@ -77,7 +77,7 @@ class InferenceSession:
     def run(self, output_names: Optional[Sequence[str]], input_feed: Dict[str, Any],
             run_options: Any = None) -> List[np.ndarray]:
         """Returns the requested outputs (all when ``output_names`` is None) as numpy arrays."""
-        feeds = {name: np.ascontiguousarray(value) for name, value in input_feed.items()}
+        feeds = {name: np.asarray(value, order="C") for name, value in input_feed.items()}
         return self._sess.run(list(output_names or []), feeds)
 
     def memory_report(self) -> str:

@@ -62,6 +62,8 @@ NAME_ALIASES = {"sce": "SoftmaxCrossEntropyLoss", "nllloss": "NegativeLogLikelih
 SKIP_REASONS = [
     (re.compile(r"test_cast_.*(STRING|string)"), "string tensors are not supported"),
     (re.compile(r"test_castlike_.*(STRING|string)"), "string tensors are not supported"),
+    (re.compile(r"^test_adam_multiple$"), "bug in onnx 1.12's generator: expected values use epsilon=1e-2, "
+                                          "but the node leaves epsilon at its default 1e-6"),
 ]
 
 

@@ -48,14 +48,13 @@ void run_gru(KernelContext& ctx) {
       }
     }
     std::vector<C> xw = project_inputs(x, s, w.data() + d * G * s.input, G, bias.empty() ? nullptr : bias.data());
-    const C* rd = r.data() + d * G * H;
-    const C* rh = rd + 2 * H * H;  // Rh rows
+    std::vector<C> rt = transposed(r.data() + d * G * H, G, H);  // R^T: [H, 3H]; Rh^T is columns 2H..3H
     std::vector<C> h = initial_state<T>(ctx, 5, s, d, "initial_h");
     std::vector<C> acc(size_t(s.batch * G), C(0));   // Ht-1·R^T per gate
     std::vector<C> reset_h(size_t(s.batch * H), C(0));  // rt (.) Ht-1 (linear_before_reset = 0)
     for (int64_t step = 0; step < max_len; ++step) {
       // z and r (and h's linear part when linear_before_reset) from Ht-1.
-      gemm_nt(h.data(), s.batch, H, rd, lbr ? G : 2 * H, acc.data(), G, false);
+      gemm_nn(h.data(), s.batch, H, H, rt.data(), lbr ? G : 2 * H, G, acc.data(), G);
       for (int64_t bi = 0; bi < s.batch; ++bi) {
         int64_t t = time_index(s, d, step, bi);
         if (t < 0) continue;
@@ -73,7 +72,7 @@ void run_gru(KernelContext& ctx) {
           for (int64_t j = 0; j < H; ++j) rhp[j] = rt[j] * hp[j];
         }
       }
-      if (!lbr) gemm_nt(reset_h.data(), s.batch, H, rh, H, acc.data() + 2 * H, G, false);  // (rt (.) Ht-1)·Rh^T
+      if (!lbr) gemm_nn(reset_h.data(), s.batch, H, H, rt.data() + 2 * H, H, G, acc.data() + 2 * H, G);  // (rt (.) Ht-1)·Rh^T
       for (int64_t bi = 0; bi < s.batch; ++bi) {
         int64_t t = time_index(s, d, step, bi);
         if (t < 0) continue;

@@ -38,11 +38,11 @@ void run_rnn(KernelContext& ctx) {
       for (int64_t j = 0; j < H; ++j) bias[size_t(j)] = bp[j] + bp[H + j];  // Wbi + Rbi
     }
     std::vector<C> xw = project_inputs(x, s, w.data() + d * H * s.input, H, bias.empty() ? nullptr : bias.data());
-    const C* rd = r.data() + d * H * H;
+    std::vector<C> rt = transposed(r.data() + d * H * H, H, H);  // Ri^T: [H, H]
     std::vector<C> h = initial_state<T>(ctx, 5, s, d, "initial_h");
     std::vector<C> acc(size_t(s.batch * H));
     for (int64_t step = 0; step < max_len; ++step) {
-      gemm_nt(h.data(), s.batch, H, rd, H, acc.data(), H, false);  // Ht-1 · Ri^T
+      gemm_nn(h.data(), s.batch, H, H, rt.data(), H, H, acc.data(), H);  // Ht-1 · Ri^T
       for (int64_t bi = 0; bi < s.batch; ++bi) {
         int64_t t = time_index(s, d, step, bi);
         if (t < 0) continue;

@@ -1,5 +1,5 @@
 // Shared pieces of the recurrent ops (RNN, GRU, LSTM): attribute parsing (direction, layout,
-// activations with their alpha/beta, clip), input validation, the small "A times B-transposed"
+// activations with their alpha/beta, clip), input validation, the blocked
 // GEMM the gate projections use, and the helpers that read and write the layout-dependent tensors.
 //
 // Every kernel works the same way, per direction d:
@@ -270,54 +270,67 @@ std::vector<C> initial_state(KernelContext& ctx, size_t input, const RnnSetup& s
 
 // ---- GEMM --------------------------------------------------------------------------------------
 
-// out[m, n] (+)= sum_k a[m, k] * b[n, k] for m < M, n < N: A times B-transposed, both row-major
-// (W and R are stored [gates*hidden, in], so each output is a dot product of two contiguous rows).
-// Four rows of B per pass share each load of A's row; parallel over (m, block of n).
+// out[m, n] = sum_k a[m, k] * b[k, n] for m < M, n < N; rows of a, b and out are lda, ldb and ldo
+// apart. Blocked over 4 rows of out and 128 columns so the accumulators stay in registers/L1 and
+// the inner loop runs along contiguous n, which the compiler vectorises (a dot-product form would
+// need reassociation). Parallel over (row block, column block).
 template <typename C>
-void gemm_nt(const C* a, int64_t M, int64_t K, const C* b, int64_t N, C* out, int64_t ldo, bool accumulate) {
+void gemm_nn(const C* a, int64_t M, int64_t K, int64_t lda, const C* b, int64_t N, int64_t ldb, C* out, int64_t ldo) {
   if (M <= 0 || N <= 0) return;
-  constexpr int64_t kNB = 4;
-  int64_t nblocks = (N + kNB - 1) / kNB;
-  int64_t tasks = M * nblocks;
-  int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(1, K * kNB));
-  parallel_for(tasks, grain, [&](int64_t begin, int64_t end) {
+  constexpr int64_t kMB = 4, kNB = 128;
+  int64_t mblocks = (M + kMB - 1) / kMB, nblocks = (N + kNB - 1) / kNB;
+  int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, K * kMB * kNB / 8));
+  parallel_for(mblocks * nblocks, grain, [&](int64_t begin, int64_t end) {
+    C acc[kMB][kNB];
     for (int64_t task = begin; task < end; ++task) {
-      int64_t m = task / nblocks, n0 = (task % nblocks) * kNB;
-      const C* ar = a + m * K;
-      C* o = out + m * ldo;
-      if (n0 + kNB <= N) {
-        const C* b0 = b + n0 * K;
-        const C* b1 = b0 + K;
-        const C* b2 = b1 + K;
-        const C* b3 = b2 + K;
-        C s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      int64_t m0 = (task / nblocks) * kMB, n0 = (task % nblocks) * kNB;
+      int64_t mr = std::min(kMB, M - m0), nc = std::min(kNB, N - n0);
+      for (int64_t r = 0; r < kMB; ++r)
+        for (int64_t j = 0; j < kNB; ++j) acc[r][j] = C(0);
+      if (mr == kMB) {
         for (int64_t k = 0; k < K; ++k) {
-          C av = ar[k];
-          s0 += av * b0[k];
-          s1 += av * b1[k];
-          s2 += av * b2[k];
-          s3 += av * b3[k];
+          const C* br = b + k * ldb + n0;
+          C a0 = a[m0 * lda + k], a1 = a[(m0 + 1) * lda + k], a2 = a[(m0 + 2) * lda + k], a3 = a[(m0 + 3) * lda + k];
+          for (int64_t j = 0; j < nc; ++j) {
+            C bv = br[j];
+            acc[0][j] += a0 * bv;
+            acc[1][j] += a1 * bv;
+            acc[2][j] += a2 * bv;
+            acc[3][j] += a3 * bv;
+          }
         }
-        if (accumulate) { o[n0] += s0; o[n0 + 1] += s1; o[n0 + 2] += s2; o[n0 + 3] += s3; }
-        else { o[n0] = s0; o[n0 + 1] = s1; o[n0 + 2] = s2; o[n0 + 3] = s3; }
       } else {
-        for (int64_t n = n0; n < N; ++n) {
-          const C* br = b + n * K;
-          C acc = 0;
-          for (int64_t k = 0; k < K; ++k) acc += ar[k] * br[k];
-          o[n] = accumulate ? o[n] + acc : acc;
+        for (int64_t k = 0; k < K; ++k) {
+          const C* br = b + k * ldb + n0;
+          for (int64_t r = 0; r < mr; ++r) {
+            C av = a[(m0 + r) * lda + k];
+            for (int64_t j = 0; j < nc; ++j) acc[r][j] += av * br[j];
+          }
         }
       }
+      for (int64_t r = 0; r < mr; ++r) std::copy(acc[r], acc[r] + nc, out + (m0 + r) * ldo + n0);
     }
   });
 }
 
+// The [cols, rows] transpose of a row-major [rows, cols] matrix (W and R are stored
+// [gates*hidden, in]; the GEMMs want them [in, gates*hidden]).
+template <typename C>
+std::vector<C> transposed(const C* m, int64_t rows, int64_t cols) {
+  std::vector<C> t(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = m[r * cols + c];
+  return t;
+}
+
 // XW[t*batch + b, :] = X_t[b] · W_d^T + bias (bias may be null): every step's input projection.
+// w is W_d as stored, [gh, input].
 template <typename C>
 std::vector<C> project_inputs(const std::vector<C>& x, const RnnSetup& s, const C* w, int64_t gh, const C* bias) {
   int64_t rows = s.seq * s.batch;
+  std::vector<C> wt = transposed(w, gh, s.input);
   std::vector<C> xw(size_t(rows * gh));
-  gemm_nt(x.data(), rows, s.input, w, gh, xw.data(), gh, false);
+  gemm_nn(x.data(), rows, s.input, s.input, wt.data(), gh, gh, xw.data(), gh);
   if (bias) {
     parallel_for(rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(gh, 1)), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
