@@ -5,13 +5,14 @@ For each model in bench/models.py (MLP, CNN with BatchNorm, BERT-style encoder) 
 to bench/out/, times one forward pass in each engine with the same thread count, checks onnxtrain's
 and ONNX Runtime's outputs against PyTorch, and prints a table with the ratios and the achieved
 GFLOP/s (MatMul/Gemm/Conv FLOPs only). It also times a 1024^3 fp32 MatMul model against numpy's
-2048^3 GEMM, measured in the same run, as the fp32 peak.
+2048^3 GEMM (and torch's and oneDNN's sgemm: see gemm_peak.py), measured in the same run,
+as the fp32 peak.
 
 The machine is shared and noisy, so every number is a median over several rounds that interleave
 the engines, and only ratios measured in the same run are meaningful. An engine that cannot run a
 model (a missing op, a missing peer) gets an error in its cell; the rest of the table still prints.
 
-    ./bench/setup_peers.sh                    # once: installs onnxruntime-node into bench/node_modules
+    ./bench/setup_peers.sh      # once: installs onnxruntime-node into bench/node_modules
     PYTHONPATH=build/python python3 bench/bench_inference.py [--threads 2] [--models mlp,bert]
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -85,21 +87,44 @@ class OnnxtrainEngine:
 
     name = "onnxtrain"
 
-    def __init__(self, onnxtrain_module, threads: int):
+    def __init__(self, onnxtrain_module, threads: int, budget_s: Optional[float] = None):
         self.ot = onnxtrain_module
         self.threads = threads
+        self.budget_s = budget_s
         self.sessions: Dict[str, object] = {}
 
-    def prepare(self, key: str, path: str) -> None:
+    def prepare(self, key: str, path: str, feed_files: Sequence[Tuple[str, str]]) -> None:
+        """Probes the model in a child process first (a kernel that crashes the process must not
+        take the whole benchmark with it), then creates the session here."""
+        self._probe(path, feed_files)
         self.ot.set_num_threads(self.threads)
         self.sessions[key] = self.ot.InferenceSession(path, num_threads=self.threads)
+
+    def _probe(self, path: str, feed_files: Sequence[Tuple[str, str]]) -> None:
+        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(self.ot.__file__)))
+        code = (
+            "import sys, numpy as np\n"
+            f"sys.path.insert(0, {package_parent!r})\n"
+            "import onnxtrain\n"
+            f"sess = onnxtrain.InferenceSession({path!r}, num_threads={self.threads})\n"
+            f"sess.run(None, {{n: np.load(f) for n, f in {list(feed_files)!r}}})\n")
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=900)
+        if proc.returncode < 0:
+            try:
+                sig = signal.Signals(-proc.returncode).name
+            except ValueError:
+                sig = str(-proc.returncode)
+            tail = proc.stderr.strip().splitlines()[-1:] or [""]
+            raise RuntimeError(f"onnxtrain crashed running the model ({sig}) {tail[0]}".strip())
+        # A Python-level error is raised again, with its own message, in the caller's process.
 
     def run(self, key: str, feeds: Dict[str, np.ndarray], warmup: int, runs: int,
             result: EngineResult) -> None:
         sess = self.sessions[key]
         self.ot.set_num_threads(self.threads)
         result.outputs = sess.run(None, feeds)
-        result.times_ms += time_ms(lambda: sess.run(None, feeds), warmup, runs)
+        result.times_ms += time_ms(lambda: sess.run(None, feeds), warmup, runs, self.budget_s)
 
     def memory_report(self, key: str) -> str:
         sess = self.sessions.get(key)
@@ -123,9 +148,10 @@ class OrtEngine:
 
     name = "ORT"
 
-    def __init__(self, threads: int, workdir: str):
+    def __init__(self, threads: int, workdir: str, budget_s: Optional[float] = None):
         self.threads = threads
         self.workdir = workdir
+        self.budget_s = budget_s
         self.inputs: Dict[str, List[Tuple[str, str]]] = {}
         self.models: Dict[str, str] = {}
         self.unavailable = self._check_available()
@@ -138,15 +164,10 @@ class OrtEngine:
             return "onnxruntime-node missing: run bench/setup_peers.sh"
         return None
 
-    def prepare(self, key: str, path: str, feeds: Dict[str, np.ndarray]) -> None:
+    def prepare(self, key: str, path: str, feed_files: Sequence[Tuple[str, str]]) -> None:
         if self.unavailable:
             raise RuntimeError(self.unavailable)
-        files = []
-        for i, (name, value) in enumerate(feeds.items()):
-            file = os.path.join(self.workdir, f"{key}_input{i}.npy")
-            np.save(file, np.ascontiguousarray(value))
-            files.append((name, file))
-        self.inputs[key] = files
+        self.inputs[key] = list(feed_files)
         self.models[key] = path
 
     def run(self, key: str, warmup: int, runs: int, result: EngineResult) -> None:
@@ -154,6 +175,8 @@ class OrtEngine:
         cmd = ["node", os.path.join(BENCH_DIR, "ort_runner.js"), "--model", self.models[key],
                "--threads", str(self.threads), "--warmup", str(warmup), "--runs", str(runs),
                "--save-outputs", out_dir]
+        if self.budget_s is not None:
+            cmd += ["--budget-ms", str(1e3 * self.budget_s)]
         for name, file in self.inputs[key]:
             cmd += ["--input", f"{name}={file}"]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=BENCH_DIR, timeout=900)
@@ -171,10 +194,11 @@ class TorchEngine:
 
     name = "torch"
 
-    def __init__(self, threads: int, timed: bool = True):
+    def __init__(self, threads: int, timed: bool = True, budget_s: Optional[float] = None):
         import torch
         self.torch = torch
         self.threads = threads
+        self.budget_s = budget_s
         self.timed = timed  # False: only compute the reference outputs
 
     def run(self, model, inputs, warmup: int, runs: int, result: EngineResult) -> None:
@@ -185,7 +209,7 @@ class TorchEngine:
             out = model(*inputs)
             result.outputs = [o.numpy() for o in (out if isinstance(out, (tuple, list)) else [out])]
             if self.timed:
-                result.times_ms += time_ms(lambda: model(*inputs), warmup, runs)
+                result.times_ms += time_ms(lambda: model(*inputs), warmup, runs, self.budget_s)
             else:
                 result.error = "skipped"
 
@@ -216,7 +240,17 @@ def _max_abs_err(outputs: Optional[List[np.ndarray]], reference: Optional[List[n
     return max(errs)
 
 
-def bench_model(name: str, args, out_dir: str, ot_engine, ort_engine, torch_engine
+def save_feeds(workdir: str, key: str, feeds: Dict[str, np.ndarray]) -> List[Tuple[str, str]]:
+    """Writes every input as .npy under ``workdir``; returns (input name, file) pairs."""
+    files = []
+    for i, (name, value) in enumerate(feeds.items()):
+        file = os.path.join(workdir, f"{key}_input{i}.npy")
+        np.save(file, np.ascontiguousarray(value))
+        files.append((name, file))
+    return files
+
+
+def bench_model(name: str, args, out_dir: str, workdir: str, ot_engine, ort_engine, torch_engine
                 ) -> ModelResult:
     """Exports model ``name``, then times every engine over ``args.rounds`` interleaved rounds."""
     import onnx
@@ -229,6 +263,7 @@ def bench_model(name: str, args, out_dir: str, ot_engine, ort_engine, torch_engi
         path, model, inputs = models.export_spec(name, out_dir, seed=0)
     feeds = {n: t.numpy() for n, t in zip(spec.input_names, inputs)}
     flops = count_flops(onnx.load(path))["total"]
+    feed_files = save_feeds(workdir, name, feeds)
 
     results = {e: EngineResult() for e in ("onnxtrain", "ORT", "torch")}
     missing: List[str] = []
@@ -236,11 +271,11 @@ def bench_model(name: str, args, out_dir: str, ot_engine, ort_engine, torch_engi
         results["onnxtrain"].error = "onnxtrain is not importable"
     else:
         missing = ot_engine.missing_ops(path)
-        _attempt(results["onnxtrain"], ot_engine.prepare, name, path)
+        _attempt(results["onnxtrain"], ot_engine.prepare, name, path, feed_files)
     if ort_engine is None:
         results["ORT"].error = "skipped"
     else:
-        _attempt(results["ORT"], ort_engine.prepare, name, path, feeds)
+        _attempt(results["ORT"], ort_engine.prepare, name, path, feed_files)
 
     for _ in range(args.rounds):
         if ot_engine is not None:
@@ -264,26 +299,16 @@ def bench_model(name: str, args, out_dir: str, ot_engine, ort_engine, torch_engi
     return result
 
 
-def numpy_gemm_gflops(threads: int, n: int = PEAK_N, runs: int = 5) -> float:
-    """numpy's fp32 n^3 GEMM, median GFLOP/s, in a subprocess so its BLAS gets ``threads``."""
-    code = f"""
-import time, numpy as np
-a = np.random.default_rng(0).standard_normal(({n}, {n}), dtype=np.float32)
-b = np.random.default_rng(1).standard_normal(({n}, {n}), dtype=np.float32)
-c = a @ b; c = a @ b
-ts = []
-for _ in range({runs}):
-    t = time.perf_counter(); np.matmul(a, b, out=c); ts.append(time.perf_counter() - t)
-print(2 * {n}**3 / sorted(ts)[len(ts) // 2] / 1e9)
-"""
-    env = dict(os.environ)
-    for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
-        env[var] = str(threads)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                          timeout=600)
+def gemm_peak(threads: int, sources: Sequence[str], budget_s: float) -> Dict[str, object]:
+    """Runs bench/gemm_peak.py (its own process, so BLAS thread settings apply); returns its JSON:
+    GFLOP/s per source plus "errors"."""
+    cmd = [sys.executable, os.path.join(BENCH_DIR, "gemm_peak.py"), "--threads", str(threads),
+           "--n", str(PEAK_N), "--sources", ",".join(sources), "--budget", str(budget_s)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
-        raise RuntimeError(proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed")
-    return float(proc.stdout.strip())
+        lines = proc.stderr.strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"gemm_peak.py exited {proc.returncode}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def matmul_model(path: str, n: int = MATMUL_N) -> Tuple[Dict[str, np.ndarray], np.ndarray]:
@@ -306,37 +331,49 @@ def matmul_model(path: str, n: int = MATMUL_N) -> Tuple[Dict[str, np.ndarray], n
     return {"A": rng.standard_normal((n, n), dtype=np.float32)}, weight
 
 
-def bench_matmul(args, out_dir: str, ot_engine, ort_engine) -> Dict[str, object]:
-    """The 1024^3 MatMul in onnxtrain (and ORT) against numpy's 2048^3 GEMM peak, interleaved."""
+def bench_matmul(args, out_dir: str, workdir: str, ot_engine, ort_engine) -> Dict[str, object]:
+    """The 1024^3 MatMul in onnxtrain (and ORT) against the fp32 GEMM peak (numpy, torch and
+    oneDNN's sgemm at 2048^3), interleaved over the rounds."""
     path = os.path.join(out_dir, "matmul.onnx")
     feeds, weight = matmul_model(path)
+    feed_files = save_feeds(workdir, "matmul", feeds)
     reference = [feeds["A"].astype(np.float64) @ weight.astype(np.float64)]
     flops = 2 * MATMUL_N ** 3
     results = {"onnxtrain": EngineResult(), "ORT": EngineResult()}
-    peaks: List[float] = []
-    peak_error = None
+    peaks: Dict[str, List[float]] = {}
+    peak_errors: Dict[str, str] = {}
+    sources: Sequence[str] = ("numpy", "torch", "onednn")
     if ot_engine is None:
         results["onnxtrain"].error = "onnxtrain is not importable"
     else:
-        _attempt(results["onnxtrain"], ot_engine.prepare, "matmul", path)
+        _attempt(results["onnxtrain"], ot_engine.prepare, "matmul", path, feed_files)
     if ort_engine is None:
         results["ORT"].error = "skipped"
     else:
-        _attempt(results["ORT"], ort_engine.prepare, "matmul", path, feeds)
+        _attempt(results["ORT"], ort_engine.prepare, "matmul", path, feed_files)
     for _ in range(args.rounds):
         try:
-            peaks.append(numpy_gemm_gflops(args.threads))
+            measured = gemm_peak(args.threads, sources, args.budget)
+            peak_errors.update(measured.pop("errors", {}))
+            for source, gflops in measured.items():
+                peaks.setdefault(source, []).append(gflops)
         except Exception as exc:
-            peak_error = _short_error(exc)
+            peak_errors["gemm_peak"] = _short_error(exc)
+        # Later rounds skip sources far below the best (a reference BLAS takes seconds per call).
+        best = max((median(v) for v in peaks.values()), default=0.0)
+        sources = [s for s, v in peaks.items() if median(v) >= 0.25 * best] or sources
         if ot_engine is not None:
             _attempt(results["onnxtrain"], ot_engine.run, "matmul", feeds, args.warmup, args.runs,
                      results["onnxtrain"])
         if ort_engine is not None:
             _attempt(results["ORT"], ort_engine.run, "matmul", args.warmup, args.runs,
                      results["ORT"])
+    by_source = {s: median(v) for s, v in peaks.items()}
+    peak_source = max(by_source, key=by_source.get) if by_source else None
     errors = {e: _max_abs_err(r.outputs, reference) for e, r in results.items() if r.ok}
-    return {"flops": flops, "peak_gflops": median(peaks) if peaks else float("nan"),
-            "peak_error": peak_error, "engines": results, "max_abs_err": errors}
+    return {"flops": flops, "peak_gflops": by_source.get(peak_source, float("nan")),
+            "peak_source": peak_source, "peak_by_source": by_source, "peak_errors": peak_errors,
+            "engines": results, "max_abs_err": errors}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -402,9 +439,16 @@ def print_details(results: Sequence[ModelResult], tolerance: float) -> None:
 
 def print_matmul(mm: Dict[str, object], threads: int) -> None:
     peak = mm["peak_gflops"]
-    print(f"\nfp32 GEMM peak (numpy {PEAK_N}^3, {threads} threads, same run): "
-          f"{_fmt(peak, '.1f')} GFLOP/s" + (f"  [error: {mm['peak_error']}]"
-                                            if mm["peak_error"] else ""))
+    sources = ", ".join(f"{s} {g:.1f}" for s, g in mm["peak_by_source"].items())
+    print(f"\nfp32 GEMM peak ({PEAK_N}^3, {threads} threads, same run): "
+          f"{_fmt(peak, '.1f')} GFLOP/s from {mm['peak_source']}  "
+          f"[by source, GFLOP/s: {sources or 'none'}]")
+    for source, error in mm["peak_errors"].items():
+        print(f"  peak source {source} failed: {error}")
+    numpy_gflops = mm["peak_by_source"].get("numpy", float("nan"))
+    if np.isfinite(numpy_gflops) and np.isfinite(peak) and numpy_gflops < 0.25 * peak:
+        print("  note: numpy's BLAS is far below the peak (the netlib reference libblas.so.3?); "
+              "the peak is the best library measured")
     for engine, res in mm["engines"].items():
         label = f"{engine} MatMul {MATMUL_N}^3"
         if not res.ok:
@@ -442,7 +486,8 @@ def write_json(path: str, results: Sequence[ModelResult], mm, args) -> None:
                    for r in results],
     }
     if mm is not None:
-        data["matmul"] = {"peak_gflops": mm["peak_gflops"], "flops": mm["flops"],
+        data["matmul"] = {"peak_gflops": mm["peak_gflops"], "peak_source": mm["peak_source"],
+                          "peak_by_source": mm["peak_by_source"], "flops": mm["flops"],
                           "engines": {e: engine_json(res) for e, res in mm["engines"].items()}}
     with open(path, "w") as f:
         json.dump(data, f, indent=2, default=float)
@@ -460,6 +505,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per model")
     p.add_argument("--runs", type=int, default=10, help="timed runs per engine per round")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs per engine per round")
+    p.add_argument("--budget", type=float, default=3.0,
+                   help="seconds per engine per round after which warmup or timing stops early "
+                   "(at least one run each; keeps a very slow engine from stalling the run)")
     p.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
     p.add_argument("--no-torch", action="store_true", help="skip PyTorch timing")
     p.add_argument("--tolerance", type=float, default=1e-3,
@@ -481,18 +529,23 @@ def main(argv=None) -> int:
 
     try:
         ot = import_onnxtrain()
-        ot_engine = OnnxtrainEngine(ot, args.threads)
+        ot_engine = OnnxtrainEngine(ot, args.threads, args.budget)
         where = os.path.dirname(os.path.dirname(os.path.abspath(ot.__file__)))
     except ImportError as exc:
         print(f"warning: {exc}", file=sys.stderr)
         ot_engine, where = None, "not importable"
-    workdir = tempfile.mkdtemp(prefix="ort_", dir=args.out_dir)
-    ort_engine = None if args.no_ort else OrtEngine(args.threads, workdir)
+    workdir = tempfile.mkdtemp(prefix="run_", dir=args.out_dir)
+    ort_engine = None if args.no_ort else OrtEngine(args.threads, workdir, args.budget)
     # torch is always needed for the export and the reference outputs; --no-torch only skips timing.
-    torch_engine = TorchEngine(args.threads, timed=not args.no_torch)
+    torch_engine = TorchEngine(args.threads, timed=not args.no_torch, budget_s=args.budget)
 
     print(f"onnxtrain inference benchmark: {args.threads} threads, {args.rounds} rounds x "
           f"{args.runs} runs (+{args.warmup} warmup), medians; onnxtrain from {where}")
+    load = os.getloadavg()[0]
+    if load > (os.cpu_count() or 1):
+        print(f"warning: load average {load:.1f} on {os.cpu_count()} cores: other work competes "
+              "for the CPU, so times are noisy and thread pools that spin (OpenMP) suffer most",
+              file=sys.stderr)
     if ort_engine is not None and ort_engine.unavailable:
         print(f"warning: ORT unavailable: {ort_engine.unavailable}", file=sys.stderr)
 
@@ -500,12 +553,12 @@ def main(argv=None) -> int:
     try:
         for name in (m for m in wanted if m != "matmul"):
             print(f"  running {name} ...", flush=True)
-            results.append(bench_model(name, args, args.out_dir, ot_engine, ort_engine,
-                                       torch_engine))
+            results.append(bench_model(name, args, args.out_dir, workdir, ot_engine,
+                                       ort_engine, torch_engine))
         mm = None
         if "matmul" in wanted:
             print("  running matmul ...", flush=True)
-            mm = bench_matmul(args, args.out_dir, ot_engine, ort_engine)
+            mm = bench_matmul(args, args.out_dir, workdir, ot_engine, ort_engine)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
@@ -515,7 +568,8 @@ def main(argv=None) -> int:
         print_model_table(results, peak)
         print("\nms: median forward time; ot/ORT: onnxtrain time over ORT time (target <= "
               f"{TARGET_ORT_RATIO}); torch/ot: speed-up over PyTorch; GFLOP/s counts "
-              "MatMul/Gemm/Conv only; %peak against numpy's GEMM; err: max abs error vs torch")
+              "MatMul/Gemm/Conv only; %peak: against the fp32 GEMM peak measured below; "
+              "err: max abs error vs torch")
         print_details(results, args.tolerance)
     if mm is not None:
         print_matmul(mm, args.threads)

@@ -7,7 +7,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, List, Sequence
+from typing import Callable, List, Optional, Sequence
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH_DIR = os.path.join(REPO_ROOT, "bench")
@@ -15,7 +15,8 @@ BENCH_DIR = os.path.join(REPO_ROOT, "bench")
 
 def import_onnxtrain():
     """Imports onnxtrain from $PYTHONPATH (or wherever it is installed) and falls back to the
-    repository's default build, ``<repo>/build/python``. Raises ImportError with a hint otherwise."""
+    repository's default build, ``<repo>/build/python``. Raises ImportError with a hint
+    otherwise."""
     try:
         return importlib.import_module("onnxtrain")
     except ImportError as first:
@@ -31,16 +32,27 @@ def import_onnxtrain():
                           "or point PYTHONPATH at <build dir>/python") from first
 
 
-def time_ms(fn: Callable[[], object], warmup: int, runs: int) -> List[float]:
+def time_ms(fn: Callable[[], object], warmup: int, runs: int,
+            budget_s: Optional[float] = None) -> List[float]:
     """Calls ``fn`` ``warmup`` times untimed, then ``runs`` times; returns each run's wall time in
-    milliseconds."""
-    for _ in range(warmup):
+    milliseconds.
+
+    With ``budget_s``, warmup and timed runs each stop early once they have used that many seconds
+    (after at least one call each), so a very slow engine does not stall a whole benchmark.
+    """
+    start = time.perf_counter()
+    for i in range(warmup):
         fn()
-    times = []
+        if budget_s is not None and time.perf_counter() - start > budget_s:
+            break
+    times: List[float] = []
+    start = time.perf_counter()
     for _ in range(runs):
-        start = time.perf_counter()
+        t = time.perf_counter()
         fn()
-        times.append((time.perf_counter() - start) * 1e3)
+        times.append((time.perf_counter() - t) * 1e3)
+        if budget_s is not None and time.perf_counter() - start > budget_s:
+            break
     return times
 
 

@@ -231,7 +231,8 @@ def build_bert(seed: int = 0, batch: int = 8, seq: int = 128, cfg: Optional[Bert
     gen = torch.Generator().manual_seed(seed)
     torch.manual_seed(seed)
     model = BertEncoder(cfg).eval()
-    return model, (torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen, dtype=torch.int64),)
+    ids = torch.randint(0, cfg.vocab_size, (batch, seq), generator=gen, dtype=torch.int64)
+    return model, (ids,)
 
 
 MODELS: Dict[str, ModelSpec] = {

@@ -2,12 +2,14 @@
 // Times one ONNX model in ONNX Runtime (npm onnxruntime-node, native CPU engine).
 //
 //   node ort_runner.js --model m.onnx --input NAME=file.npy [--input ...] [--threads N]
-//                      [--warmup W] [--runs R] [--save-outputs DIR]
+//                      [--warmup W] [--runs R] [--budget-ms B] [--save-outputs DIR]
 //
 // Inputs are .npy files (little-endian float32/float64/int32/int64/bool, C order). Prints one JSON
 // object on stdout: {median_ms, min_ms, mean_ms, runs, times_ms, threads, ort_version, load_ms,
 // outputs: [{name, dims, type, sum, file}]}; with --save-outputs every output is written as
-// DIR/<index>.npy so the caller can compare it. Errors go to stderr with a nonzero exit status.
+// DIR/<index>.npy so the caller can compare it. With --budget-ms, warmup and timed runs each stop
+// once they have used that long (after at least one run each). Errors go to stderr with a nonzero
+// exit status.
 'use strict';
 
 const fs = require('fs');
@@ -24,7 +26,8 @@ const NPY_TYPES = {
 };
 
 function parseArgs(argv) {
-  const args = { inputs: [], threads: 1, warmup: 5, runs: 20, saveOutputs: null, model: null };
+  const args = { inputs: [], threads: 1, warmup: 5, runs: 20, saveOutputs: null, model: null,
+    budgetMs: Infinity };
   for (let i = 0; i < argv.length; i++) {
     const flag = argv[i];
     const value = () => {
@@ -44,6 +47,7 @@ function parseArgs(argv) {
       case '--warmup': args.warmup = parseInt(value(), 10); break;
       case '--runs': args.runs = parseInt(value(), 10); break;
       case '--save-outputs': args.saveOutputs = value(); break;
+      case '--budget-ms': args.budgetMs = parseFloat(value()); break;
       default: throw new Error(`unknown argument '${flag}'`);
     }
   }
@@ -127,13 +131,19 @@ async function main() {
   const missing = session.inputNames.filter((n) => !(n in feeds));
   if (missing.length) throw new Error(`no --input for model inputs: ${missing.join(', ')}`);
 
-  let outputs = null;
-  for (let i = 0; i < args.warmup; i++) outputs = await session.run(feeds);
+  const elapsedMs = (since) => Number(process.hrtime.bigint() - since) / 1e6;
+  let outputs = await session.run(feeds);  // also the first warmup run
+  const warmStart = process.hrtime.bigint();
+  for (let i = 1; i < args.warmup && elapsedMs(warmStart) < args.budgetMs; i++) {
+    outputs = await session.run(feeds);
+  }
   const times = [];
+  const timedStart = process.hrtime.bigint();
   for (let i = 0; i < args.runs; i++) {
     const start = process.hrtime.bigint();
     outputs = await session.run(feeds);
-    times.push(Number(process.hrtime.bigint() - start) / 1e6);
+    times.push(elapsedMs(start));
+    if (elapsedMs(timedStart) > args.budgetMs) break;
   }
 
   const report = [];

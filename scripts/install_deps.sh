@@ -12,6 +12,7 @@ packages=(
   python3-pytest python3-hypothesis               # Python tests
   python3-torch python3-onnx                      # oracles: autograd, ONNX node-test generators
   python3-sklearn python3-tqdm python3-matplotlib # examples and demo
+  libopenblas0-pthread                            # an optimised BLAS for numpy/torch, the benchmark peers
 )
 
 missing=()
