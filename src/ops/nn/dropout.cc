@@ -1,0 +1,98 @@
+// Dropout. Inference (every opset before 12, and training_mode false from 12): y = x and an
+// all-true mask. Training (opset 12+, training_mode true, ratio > 0): mask = u >= ratio with u
+// uniform in [0, 1), y = x * mask / (1 - ratio). u comes from an MT19937 stream seeded with the
+// `seed` attribute (drawn from std::random_device when absent) and advanced across runs, so
+// successive training steps get fresh masks; each u is built from two 32-bit draws as a 53-bit
+// double (the construction numpy's legacy uniform uses, so seeded results match numpy).
+#include <cstring>
+#include <random>
+
+#include "ops/common.h"
+#include "ops/registry.h"
+
+namespace onnxtrain {
+namespace {
+
+void shape_dropout(ShapeContext& ctx) {
+  ctx.set_output(0, ctx.input_dtype(0), ctx.input_shape(0));
+  if (ctx.num_outputs() > 1)
+    ctx.set_output(1, ctx.opset() >= 10 ? DType::kBool : ctx.input_dtype(0), ctx.input_shape(0));
+}
+
+class DropoutKernel final : public Kernel {
+ public:
+  explicit DropoutKernel(const Node& node) {
+    if (node.has_attr("seed")) gen_.seed(uint32_t(node.attr_int("seed", 0)));
+    else gen_.seed(std::random_device{}());
+  }
+
+  void compute(KernelContext& ctx) override {
+    const Node& node = ctx.node();
+    const Tensor& x = ctx.input(0);
+    float ratio = node.attr_float("ratio", 0.5f);
+    bool training = false;
+    if (ctx.opset() >= 12) {
+      ratio = 0.5f;
+      if (ctx.has_input(1)) {
+        const Tensor& r = ctx.input(1);
+        OT_CHECK(r.numel() == 1 && is_floating(r.dtype()), node.context(),
+                 "ratio must be a floating-point scalar, got ", dtype_name(r.dtype()), " of shape ", shape_str(r.shape()));
+        ratio = float(r.item_as_double(0));
+      }
+      if (ctx.has_input(2)) {
+        const Tensor& t = ctx.input(2);
+        OT_CHECK(t.numel() == 1 && t.dtype() == DType::kBool, node.context(),
+                 "training_mode must be a bool scalar, got ", dtype_name(t.dtype()), " of shape ", shape_str(t.shape()));
+        training = t.data<bool>()[0];
+      }
+    }
+    OT_CHECK(ratio >= 0.0f && ratio <= 1.0f, node.context(), "ratio must be in [0, 1], got ", ratio);
+    Tensor& y = ctx.output(0, x.dtype(), x.shape());
+    const bool want_mask = ctx.output_requested(1);
+    const DType mask_dt = ctx.opset() >= 10 ? DType::kBool : x.dtype();
+    Tensor* mask = want_mask ? &ctx.output(1, mask_dt, x.shape()) : nullptr;
+    const int64_t n = x.numel();
+
+    if (!training || ratio == 0.0f) {
+      if (y.data() != x.data() && n) std::memcpy(y.data(), x.data(), x.nbytes());
+      if (mask) {
+        if (mask_dt == DType::kBool) {
+          bool* m = mask->data<bool>();
+          std::fill(m, m + n, true);
+        } else {
+          dispatch_float(mask_dt, [&]<typename T>() {
+            T* m = mask->data<T>();
+            std::fill(m, m + n, T(1.0f));
+          });
+        }
+      }
+      return;
+    }
+    dispatch_float(x.dtype(), [&]<typename T>() {
+      using C = compute_t<T>;
+      const C scale = ratio < 1.0f ? C(1) / (C(1) - C(ratio)) : C(0);
+      const double r = double(ratio);
+      const T* px = x.data<T>();
+      T* py = y.data<T>();
+      bool* pm = mask ? mask->data<bool>() : nullptr;
+      for (int64_t i = 0; i < n; ++i) {  // sequential: the stream order defines the mask
+        uint32_t a = gen_() >> 5, b = gen_() >> 6;
+        double u = (double(a) * 67108864.0 + double(b)) / 9007199254740992.0;
+        bool keep = u >= r;
+        py[i] = keep ? T(C(px[i]) * scale) : T(C(0));
+        if (pm) pm[i] = keep;
+      }
+    });
+  }
+
+ private:
+  std::mt19937 gen_;
+};
+
+}  // namespace
+
+// y = x * mask * s, s = 1 / (1 - ratio) in training (1 otherwise).  dx = dy * mask * s
+ONNXTRAIN_OP(Dropout, kOnnxDomain, 1).inputs(1, 3).outputs(1, 2).shape(shape_dropout).inplace(0, 0)
+    .cpu_kernel<DropoutKernel>();
+
+}  // namespace onnxtrain

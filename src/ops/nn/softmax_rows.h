@@ -1,0 +1,140 @@
+// Softmax and log-softmax over one axis of an (outer, n, inner) view, shared by Softmax,
+// LogSoftmax and SoftmaxCrossEntropyLoss.
+//
+// inner == 1 (the last axis, attention and classifier heads): each row is three vectorised sweeps
+// over data in cache (max, exp-and-sum, scale), with a branch-free exp the compiler vectorises.
+// inner > 1: the same sweeps run over whole inner rows, vectorised along inner.
+// Rows (or row-chunks) are spread over threads with parallel_for. y may alias x: every sweep
+// reads x[i] before it writes y[i], and no sweep reads x after writing y at the same index.
+#pragma once
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+
+#include "ops/common.h"
+
+namespace onnxtrain {
+
+// e^x for x <= 0 (or NaN), to about 1 ulp; 0 below -87 (where e^x is denormal). Branch-free, so
+// loops over it vectorise: e^x = 2^k e^r with k = round(x / ln2), |r| <= ln2 / 2.
+inline float exp_nonpositive(float x) {
+  const float cx = x < -87.0f ? -87.0f : x;
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float t = cx * 1.44269504088896341f + kMagic;
+  const float k = t - kMagic;
+  float r = cx - k * 0.693145751953125f;   // ln2, high part (exact product)
+  r = r - k * 1.428606765330187e-06f;      // ln2, low part
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t ki = int32_t(std::bit_cast<uint32_t>(t) - std::bit_cast<uint32_t>(kMagic));
+  const float scale = std::bit_cast<float>(uint32_t(ki + 127) << 23);
+  return x < -87.0f ? 0.0f : p * scale;
+}
+
+template <typename C>
+inline C exp_shifted(C v) {  // exp of (value - row max)
+  if constexpr (std::is_same_v<C, float>) return exp_nonpositive(v);
+  else return std::exp(v);
+}
+
+// One contiguous row of n elements. kLog selects log-softmax.
+template <bool kLog, typename T>
+inline void softmax_contiguous_row(const T* x, T* y, int64_t n) {
+  using C = compute_t<T>;
+  C m = -std::numeric_limits<C>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t i = 0; i < n; ++i) {
+    C v = C(x[i]);
+    m = v > m ? v : m;
+  }
+  C s = 0;
+  if constexpr (!kLog && std::is_same_v<T, C>) {  // store exp once, then scale
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) {
+      C e = exp_shifted<C>(x[i] - m);
+      y[i] = e;
+      s += e;
+    }
+    const C inv = C(1) / s;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = y[i] * inv;
+    return;
+  }
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += exp_shifted<C>(C(x[i]) - m);
+  if constexpr (kLog) {
+    const C lse = m + std::log(s);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = T(C(x[i]) - lse);
+  } else {  // half types: recompute exp rather than round it twice
+    const C inv = C(1) / s;
+    for (int64_t i = 0; i < n; ++i) y[i] = T(exp_shifted<C>(C(x[i]) - m) * inv);
+  }
+}
+
+// One block of n rows of `len` elements with row stride `stride` (elements): softmax down the
+// rows for each of the len columns.
+template <bool kLog, typename T>
+inline void softmax_strided_block(const T* x, T* y, int64_t n, int64_t stride, int64_t len) {
+  using C = compute_t<T>;
+  constexpr int64_t kMaxLen = 256;
+  C m[kMaxLen], s[kMaxLen];
+  for (int64_t j = 0; j < len; ++j) { m[j] = -std::numeric_limits<C>::infinity(); s[j] = 0; }
+  for (int64_t i = 0; i < n; ++i) {
+    const T* row = x + i * stride;
+    for (int64_t j = 0; j < len; ++j) { C v = C(row[j]); m[j] = v > m[j] ? v : m[j]; }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const T* row = x + i * stride;
+    for (int64_t j = 0; j < len; ++j) s[j] += exp_shifted<C>(C(row[j]) - m[j]);
+  }
+  if constexpr (kLog) {
+    for (int64_t j = 0; j < len; ++j) s[j] = m[j] + std::log(s[j]);
+    for (int64_t i = 0; i < n; ++i) {
+      const T* row = x + i * stride;
+      T* out = y + i * stride;
+      for (int64_t j = 0; j < len; ++j) out[j] = T(C(row[j]) - s[j]);
+    }
+  } else {
+    for (int64_t j = 0; j < len; ++j) s[j] = C(1) / s[j];
+    for (int64_t i = 0; i < n; ++i) {
+      const T* row = x + i * stride;
+      T* out = y + i * stride;
+      for (int64_t j = 0; j < len; ++j) out[j] = T(exp_shifted<C>(C(row[j]) - m[j]) * s[j]);
+    }
+  }
+}
+
+// Softmax (or log-softmax) along the middle axis of an (outer, n, inner) tensor.
+template <bool kLog, typename T>
+void softmax_along(const T* x, T* y, int64_t outer, int64_t n, int64_t inner) {
+  if (outer * n * inner == 0) return;
+  if (inner == 1) {
+    int64_t grain = std::max<int64_t>(1, kElementwiseGrain / (4 * n));
+    parallel_for(outer, grain, [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) softmax_contiguous_row<kLog>(x + o * n, y + o * n, n);
+    });
+    return;
+  }
+  constexpr int64_t kChunk = 256;
+  int64_t chunks = (inner + kChunk - 1) / kChunk;
+  int64_t grain = std::max<int64_t>(1, kElementwiseGrain / (4 * n * std::min(inner, kChunk)));
+  parallel_for(outer * chunks, grain, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      int64_t o = t / chunks, c0 = (t % chunks) * kChunk;
+      int64_t off = o * n * inner + c0;
+      softmax_strided_block<kLog>(x + off, y + off, n, inner, std::min(kChunk, inner - c0));
+    }
+  });
+}
+
+}  // namespace onnxtrain
