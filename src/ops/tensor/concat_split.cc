@@ -1,0 +1,156 @@
+// Concat and Split: rows of [outer, axis * inner] are copied with one memcpy per input/output.
+#include <algorithm>
+
+#include "ops/tensor/tensor_ops.h"
+
+namespace onnxtrain {
+namespace {
+using namespace tensor_ops;
+
+// ---- Concat ----
+
+void concat_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& first = ctx.input(0);
+  int64_t rank = first.rank();
+  int64_t axis = normalize_axis(node, node.attr_int("axis", 1), rank);
+  Shape out_shape = first.shape();
+  out_shape[size_t(axis)] = 0;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    const Tensor& t = ctx.input(i);
+    OT_CHECK(t.dtype() == first.dtype(), node.context(), "input ", i, " has dtype ", dtype_name(t.dtype()),
+             ", expected ", dtype_name(first.dtype()));
+    OT_CHECK(t.rank() == rank, node.context(), "input ", i, " has shape ", shape_str(t.shape()),
+             ", expected rank ", rank);
+    for (int64_t d = 0; d < rank; ++d)
+      OT_CHECK(d == axis || t.dim(int(d)) == first.dim(int(d)), node.context(), "input ", i, " has shape ",
+               shape_str(t.shape()), ", which differs from ", shape_str(first.shape()), " off axis ", axis);
+    out_shape[size_t(axis)] += t.dim(int(axis));
+  }
+  Tensor& out = ctx.output(0, first.dtype(), out_shape);
+  if (out.numel() == 0) return;
+  const size_t es = dtype_size(first.dtype());
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < rank; ++d) {
+    if (d < axis) outer *= out_shape[size_t(d)];
+    else if (d > axis) inner *= out_shape[size_t(d)];
+  }
+  const int64_t row = out_shape[size_t(axis)] * inner;  // elements per output row
+  char* dst = static_cast<char*>(out.data());
+  std::vector<std::pair<const char*, int64_t>> parts;  // (data, elements per row)
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    const Tensor& t = ctx.input(i);
+    parts.push_back({static_cast<const char*>(t.data()), t.dim(int(axis)) * inner});
+  }
+  int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(row, 1));
+  parallel_for(outer, grain, [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o) {
+      char* d = dst + size_t(o * row) * es;
+      for (const auto& [src, n] : parts) {
+        copy_bytes(d, src + size_t(o * n) * es, size_t(n) * es);
+        d += size_t(n) * es;
+      }
+    }
+  });
+}
+
+void concat_rule(ShapeContext& ctx) {
+  DType dt = ctx.input_dtype(0);
+  const auto& s0 = ctx.input_shape(0);
+  if (!s0) return ctx.set_output(0, dt);
+  int64_t axis = normalize_axis(ctx.node(), ctx.node().attr_int("axis", 1), int64_t(s0->size()));
+  Shape out = *s0;
+  for (size_t i = 1; i < ctx.node().inputs.size(); ++i) {
+    const auto& s = ctx.input_shape(i);
+    if (!s || s->size() != out.size()) return ctx.set_output(0, dt, Shape(out.size(), -1));
+    for (size_t d = 0; d < out.size(); ++d) {
+      if (int64_t(d) == axis) out[d] = (out[d] < 0 || (*s)[d] < 0) ? -1 : out[d] + (*s)[d];
+      else if (out[d] < 0) out[d] = (*s)[d];
+    }
+  }
+  ctx.set_output(0, dt, out);
+}
+
+// ---- Split ----
+
+// The split sizes: given (attribute before opset 13, input 1 from 13, and in opset 1 either), or
+// equal parts.
+std::vector<int64_t> split_sizes(const Node& node, int64_t dim, size_t outputs,
+                                 const std::optional<std::vector<int64_t>>& given) {
+  if (given && !given->empty()) {
+    OT_CHECK(given->size() == outputs, node.context(), "split has ", given->size(), " entries for ", outputs,
+             " outputs");
+    int64_t sum = 0;
+    for (int64_t s : *given) {
+      OT_CHECK(s >= 0, node.context(), "split sizes must be >= 0, got ", shape_str(*given));
+      sum += s;
+    }
+    OT_CHECK(dim < 0 || sum == dim, node.context(), "split sizes ", shape_str(*given), " sum to ", sum,
+             ", expected the axis length ", dim);
+    return *given;
+  }
+  OT_CHECK(dim < 0 || dim % int64_t(outputs) == 0, node.context(), "axis length ", dim,
+           " cannot be split into ", outputs, " equal parts");
+  return std::vector<int64_t>(outputs, dim < 0 ? -1 : dim / int64_t(outputs));
+}
+
+void split_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& x = ctx.input(0);
+  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), x.rank());
+  size_t nout = ctx.num_outputs();
+  auto sizes = split_sizes(node, x.dim(int(axis)), nout, attr_or_input_ints(ctx, "split", 1));
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < x.rank(); ++d) {
+    if (d < axis) outer *= x.dim(int(d));
+    else if (d > axis) inner *= x.dim(int(d));
+  }
+  const size_t es = dtype_size(x.dtype());
+  const int64_t row = x.dim(int(axis)) * inner;
+  std::vector<std::pair<char*, int64_t>> parts;
+  for (size_t i = 0; i < nout; ++i) {
+    Shape s = x.shape();
+    s[size_t(axis)] = sizes[i];
+    Tensor& out = ctx.output(i, x.dtype(), s);
+    parts.push_back({static_cast<char*>(out.data()), sizes[i] * inner});
+  }
+  if (x.numel() == 0) return;
+  const char* src = static_cast<const char*>(x.data());
+  int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(row, 1));
+  parallel_for(outer, grain, [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o) {
+      const char* s = src + size_t(o * row) * es;
+      for (const auto& [dst, n] : parts) {
+        copy_bytes(dst + size_t(o * n) * es, s, size_t(n) * es);
+        s += size_t(n) * es;
+      }
+    }
+  });
+}
+
+void split_rule(ShapeContext& ctx) {
+  DType dt = ctx.input_dtype(0);
+  const auto& in = ctx.input_shape(0);
+  size_t nout = ctx.num_outputs();
+  auto given = static_ints(ctx, "split", 1);
+  if (!in || !given.known) {
+    for (size_t i = 0; i < nout; ++i) ctx.set_output(i, dt, in ? std::optional<Shape>(Shape(in->size(), -1)) : std::nullopt);
+    return;
+  }
+  int64_t axis = normalize_axis(ctx.node(), ctx.node().attr_int("axis", 0), int64_t(in->size()));
+  auto sizes = split_sizes(ctx.node(), (*in)[size_t(axis)], nout, given.value);
+  for (size_t i = 0; i < nout; ++i) {
+    Shape s = *in;
+    s[size_t(axis)] = sizes[i];
+    ctx.set_output(i, dt, s);
+  }
+}
+
+}  // namespace
+
+// y = concat(x_0..x_n, axis).  dx_i = slice of dy along axis at x_i's offset
+ONNXTRAIN_OP(Concat, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(concat_rule).cpu(concat_kernel);
+// y_i = slice i of x along axis.  dx = concat(dy_i, axis), zeros for missing dy_i
+ONNXTRAIN_OP(Split, kOnnxDomain, 1).inputs(1, 2).outputs(1, INT_MAX).shape(split_rule).cpu(split_kernel);
+
+}  // namespace onnxtrain

@@ -1,0 +1,313 @@
+// Indexing ops: Gather, GatherElements, GatherND, ScatterElements (and the older Scatter),
+// ScatterND. Negative indices are normalised; an out-of-range index is an error naming the index,
+// never an out-of-bounds access. Copies dispatch on element size; reductions on the dtype.
+#include <algorithm>
+
+#include "ops/tensor/tensor_ops.h"
+
+namespace onnxtrain {
+namespace {
+using namespace tensor_ops;
+
+// ---- Gather ----
+
+Shape gather_shape(const Shape& data, const Shape& idx, int64_t axis) {
+  Shape out(data.begin(), data.begin() + axis);
+  out.insert(out.end(), idx.begin(), idx.end());
+  out.insert(out.end(), data.begin() + axis + 1, data.end());
+  return out;
+}
+
+void gather_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& data = ctx.input(0);
+  const Tensor& idx = ctx.input(1);
+  check_index_dtype(ctx, idx, "indices");
+  OT_CHECK(data.rank() >= 1, node.context(), "data should have rank >= 1, got a scalar");
+  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), data.rank());
+  Tensor& out = ctx.output(0, data.dtype(), gather_shape(data.shape(), idx.shape(), axis));
+  int64_t outer = 1, inner = 1, dim = data.dim(int(axis)), n = idx.numel();
+  for (int64_t d = 0; d < data.rank(); ++d) {
+    if (d < axis) outer *= data.dim(int(d));
+    else if (d > axis) inner *= data.dim(int(d));
+  }
+  if (out.numel() == 0) return;
+  dispatch_index(idx.dtype(), [&]<typename I>() {
+    const I* ip = idx.data<I>();
+    for (int64_t j = 0; j < n; ++j) checked_index(node, int64_t(ip[j]), dim, "gather");
+    dispatch_by_size(data.dtype(), [&]<typename T>() {
+      const T* src = static_cast<const T*>(data.data());
+      T* dst = static_cast<T*>(out.data());
+      int64_t grain = std::max<int64_t>(1, kElementwiseGrain / inner);
+      parallel_for(outer * n, grain, [&](int64_t b, int64_t e) {
+        for (int64_t item = b; item < e; ++item) {
+          int64_t o = item / n, k = int64_t(ip[item % n]);
+          if (k < 0) k += dim;
+          const T* s = src + (o * dim + k) * inner;
+          if (inner == 1) dst[item] = *s;
+          else std::copy_n(s, inner, dst + item * inner);
+        }
+      });
+    });
+  });
+}
+
+void gather_rule(ShapeContext& ctx) {
+  DType dt = ctx.input_dtype(0);
+  const auto &d = ctx.input_shape(0), &i = ctx.input_shape(1);
+  if (!d || !i) return ctx.set_output(0, dt);
+  int64_t axis = normalize_axis(ctx.node(), ctx.node().attr_int("axis", 0), int64_t(d->size()));
+  ctx.set_output(0, dt, gather_shape(*d, *i, axis));
+}
+
+// ---- GatherElements ----
+
+void gather_elements_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& data = ctx.input(0);
+  const Tensor& idx = ctx.input(1);
+  check_index_dtype(ctx, idx, "indices");
+  int64_t r = data.rank();
+  OT_CHECK(idx.rank() == r && r >= 1, node.context(), "indices ", shape_str(idx.shape()),
+           " should have the rank of data ", shape_str(data.shape()));
+  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), r);
+  for (int64_t d = 0; d < r; ++d)
+    OT_CHECK(d == axis || idx.dim(int(d)) <= data.dim(int(d)), node.context(), "indices ", shape_str(idx.shape()),
+             " exceed data ", shape_str(data.shape()), " in dim ", d);
+  Tensor& out = ctx.output(0, data.dtype(), idx.shape());
+  if (out.numel() == 0) return;
+  std::vector<int64_t> ds = strides_of(data.shape());
+  int64_t dim = data.dim(int(axis)), last = idx.dim(-1), rows = idx.numel() / last;
+  dispatch_index(idx.dtype(), [&]<typename I>() {
+    const I* ip = idx.data<I>();
+    for (int64_t j = 0; j < idx.numel(); ++j) checked_index(node, int64_t(ip[j]), dim, "gather_elements");
+    dispatch_by_size(data.dtype(), [&]<typename T>() {
+      const T* src = static_cast<const T*>(data.data());
+      T* dst = static_cast<T*>(out.data());
+      int64_t grain = std::max<int64_t>(1, kElementwiseGrain / last);
+      parallel_for(rows, grain, [&](int64_t b, int64_t e) {
+        for (int64_t row = b; row < e; ++row) {
+          int64_t base = 0, rem = row;
+          for (int64_t d = r - 2; d >= 0; --d) {
+            int64_t i = rem % idx.dim(int(d));
+            rem /= idx.dim(int(d));
+            if (d != axis) base += i * ds[size_t(d)];
+          }
+          const I* irow = ip + row * last;
+          T* orow = dst + row * last;
+          int64_t sa = ds[size_t(axis)], sl = ds[size_t(r - 1)];
+          for (int64_t j = 0; j < last; ++j) {
+            int64_t k = int64_t(irow[j]);
+            if (k < 0) k += dim;
+            orow[j] = src[base + k * sa + (axis == r - 1 ? 0 : j * sl)];
+          }
+        }
+      });
+    });
+  });
+}
+
+// ---- GatherND ----
+
+struct NDPlan {
+  int64_t batch = 1, tuples = 1, m = 0, slice = 1, data_batch_stride = 1;
+  Shape out_shape;
+};
+
+NDPlan nd_plan(const Node& node, const Shape& data, const Shape& idx, int64_t b) {
+  int64_t r = int64_t(data.size()), q = int64_t(idx.size());
+  OT_CHECK(q >= 1 && r >= 1, node.context(), "data and indices should have rank >= 1");
+  OT_CHECK(b >= 0 && b < std::min(r, q), node.context(), "batch_dims ", b, " should be < min(rank(data), rank(indices))");
+  NDPlan p;
+  p.m = idx.back();
+  OT_CHECK(p.m >= 1 && p.m <= r - b, node.context(), "indices last dim ", p.m, " should be in [1, ", r - b, "]");
+  for (int64_t d = 0; d < b; ++d) {
+    OT_CHECK(data[size_t(d)] == idx[size_t(d)] || data[size_t(d)] < 0 || idx[size_t(d)] < 0, node.context(),
+             "batch dims of data ", shape_str(data), " and indices ", shape_str(idx), " differ");
+    p.batch *= data[size_t(d)];
+  }
+  for (int64_t d = b; d < q - 1; ++d) p.tuples *= idx[size_t(d)];
+  for (int64_t d = b + p.m; d < r; ++d) p.slice *= data[size_t(d)];
+  for (int64_t d = b; d < r; ++d) p.data_batch_stride *= data[size_t(d)];
+  p.out_shape.assign(idx.begin(), idx.end() - 1);
+  p.out_shape.insert(p.out_shape.end(), data.begin() + b + p.m, data.end());
+  return p;
+}
+
+// The element offset (within one batch) of index tuple t, validated.
+template <typename I>
+int64_t nd_offset(const Node& node, const I* tuple, int64_t m, const Shape& data, int64_t b,
+                  const std::vector<int64_t>& ds) {
+  int64_t off = 0;
+  for (int64_t j = 0; j < m; ++j)
+    off += checked_index(node, int64_t(tuple[j]), data[size_t(b + j)], "gather_nd") * ds[size_t(b + j)];
+  return off;
+}
+
+void gather_nd_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& data = ctx.input(0);
+  const Tensor& idx = ctx.input(1);
+  check_index_dtype(ctx, idx, "indices");
+  int64_t b = node.attr_int("batch_dims", 0);
+  NDPlan p = nd_plan(node, data.shape(), idx.shape(), b);
+  Tensor& out = ctx.output(0, data.dtype(), p.out_shape);
+  if (out.numel() == 0) return;
+  std::vector<int64_t> ds = strides_of(data.shape());
+  dispatch_index(idx.dtype(), [&]<typename I>() {
+    const I* ip = idx.data<I>();
+    for (int64_t t = 0; t < p.batch * p.tuples; ++t) nd_offset(node, ip + t * p.m, p.m, data.shape(), b, ds);
+    dispatch_by_size(data.dtype(), [&]<typename T>() {
+      const T* src = static_cast<const T*>(data.data());
+      T* dst = static_cast<T*>(out.data());
+      int64_t grain = std::max<int64_t>(1, kElementwiseGrain / p.slice);
+      parallel_for(p.batch * p.tuples, grain, [&](int64_t s, int64_t e) {
+        for (int64_t t = s; t < e; ++t) {
+          int64_t off = (t / p.tuples) * p.data_batch_stride + nd_offset(node, ip + t * p.m, p.m, data.shape(), b, ds);
+          std::copy_n(src + off, p.slice, dst + t * p.slice);
+        }
+      });
+    });
+  });
+}
+
+void gather_nd_rule(ShapeContext& ctx) {
+  DType dt = ctx.input_dtype(0);
+  const auto &d = ctx.input_shape(0), &i = ctx.input_shape(1);
+  if (!d || !i || i->empty() || i->back() < 0) return ctx.set_output(0, dt);
+  ctx.set_output(0, dt, nd_plan(ctx.node(), *d, *i, ctx.node().attr_int("batch_dims", 0)).out_shape);
+}
+
+// ---- ScatterElements / ScatterND ----
+
+enum class Reduction { kNone, kAdd, kMul, kMax, kMin };
+
+Reduction reduction_of(const Node& node) {
+  std::string r = node.attr_string("reduction", "none");
+  if (r == "none") return Reduction::kNone;
+  if (r == "add") return Reduction::kAdd;
+  if (r == "mul") return Reduction::kMul;
+  if (r == "max") return Reduction::kMax;
+  if (r == "min") return Reduction::kMin;
+  OT_THROW(kInvalidArgument, node.context(), "reduction should be none, add, mul, max or min, got '", r, "'");
+}
+
+// Calls f(apply) where apply(T* dst, const T* src, n) writes or reduces n elements, T being the
+// storage type (by size for plain writes, the real dtype for reductions).
+template <typename F>
+void with_reducer(const Node& node, DType dt, Reduction red, F&& f) {
+  if (red == Reduction::kNone) {
+    dispatch_by_size(dt, [&]<typename T>() {
+      f.template operator()<T>([](T* d, const T* s, int64_t n) { std::copy_n(s, n, d); });
+    });
+    return;
+  }
+  if (dt == DType::kBool) OT_THROW(kNotImplemented, node.context(), "reductions over bool are not supported");
+  dispatch_numeric(dt, [&]<typename T>() {
+    using C = compute_t<T>;
+    f.template operator()<T>([red](T* d, const T* s, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        C a = C(d[i]), b = C(s[i]);
+        C v = red == Reduction::kAdd ? C(a + b) : red == Reduction::kMul ? C(a * b)
+            : red == Reduction::kMax ? std::max(a, b) : std::min(a, b);
+        d[i] = T(v);
+      }
+    });
+  });
+}
+
+void scatter_elements_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& data = ctx.input(0);
+  const Tensor& idx = ctx.input(1);
+  const Tensor& upd = ctx.input(2);
+  check_index_dtype(ctx, idx, "indices");
+  OT_CHECK(upd.dtype() == data.dtype(), node.context(), "updates dtype ", dtype_name(upd.dtype()),
+           " differs from data ", dtype_name(data.dtype()));
+  OT_CHECK(upd.shape() == idx.shape(), node.context(), "updates ", shape_str(upd.shape()),
+           " should have the shape of indices ", shape_str(idx.shape()));
+  int64_t r = data.rank();
+  OT_CHECK(idx.rank() == r && r >= 1, node.context(), "indices ", shape_str(idx.shape()),
+           " should have the rank of data ", shape_str(data.shape()));
+  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), r);
+  for (int64_t d = 0; d < r; ++d)
+    OT_CHECK(d == axis || idx.dim(int(d)) <= data.dim(int(d)), node.context(), "indices ", shape_str(idx.shape()),
+             " exceed data ", shape_str(data.shape()), " in dim ", d);
+  Tensor& out = ctx.output(0, data.dtype(), data.shape());
+  if (out.data() != data.data()) copy_bytes(out.data(), data.data(), data.nbytes());
+  if (idx.numel() == 0) return;
+  std::vector<int64_t> ds = strides_of(data.shape());
+  int64_t dim = data.dim(int(axis));
+  Reduction red = reduction_of(node);
+  dispatch_index(idx.dtype(), [&]<typename I>() {
+    const I* ip = idx.data<I>();
+    for (int64_t j = 0; j < idx.numel(); ++j) checked_index(node, int64_t(ip[j]), dim, "scatter");
+    with_reducer(node, data.dtype(), red, [&]<typename T>(auto apply) {
+      const T* up = static_cast<const T*>(upd.data());
+      T* dst = static_cast<T*>(out.data());
+      int64_t n = idx.numel();
+      std::vector<int64_t> pos(static_cast<size_t>(r), 0);
+      for (int64_t j = 0; j < n; ++j) {
+        int64_t off = 0;
+        for (int64_t d = 0; d < r; ++d) {
+          int64_t i = d == axis ? checked_index(node, int64_t(ip[j]), dim, "scatter") : pos[size_t(d)];
+          off += i * ds[size_t(d)];
+        }
+        apply(dst + off, up + j, 1);
+        for (int64_t d = r - 1; d >= 0; --d) {
+          if (++pos[size_t(d)] < idx.dim(int(d))) break;
+          pos[size_t(d)] = 0;
+        }
+      }
+    });
+  });
+}
+
+void scatter_nd_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& data = ctx.input(0);
+  const Tensor& idx = ctx.input(1);
+  const Tensor& upd = ctx.input(2);
+  check_index_dtype(ctx, idx, "indices");
+  OT_CHECK(upd.dtype() == data.dtype(), node.context(), "updates dtype ", dtype_name(upd.dtype()),
+           " differs from data ", dtype_name(data.dtype()));
+  NDPlan p = nd_plan(node, data.shape(), idx.shape(), 0);
+  OT_CHECK(upd.shape() == p.out_shape, node.context(), "updates ", shape_str(upd.shape()), " should have shape ",
+           shape_str(p.out_shape), " for data ", shape_str(data.shape()), " and indices ", shape_str(idx.shape()));
+  Tensor& out = ctx.output(0, data.dtype(), data.shape());
+  if (out.data() != data.data()) copy_bytes(out.data(), data.data(), data.nbytes());
+  if (upd.numel() == 0) return;
+  std::vector<int64_t> ds = strides_of(data.shape());
+  Reduction red = reduction_of(node);
+  dispatch_index(idx.dtype(), [&]<typename I>() {
+    const I* ip = idx.data<I>();
+    for (int64_t t = 0; t < p.tuples; ++t) nd_offset(node, ip + t * p.m, p.m, data.shape(), 0, ds);
+    with_reducer(node, data.dtype(), red, [&]<typename T>(auto apply) {
+      const T* up = static_cast<const T*>(upd.data());
+      T* dst = static_cast<T*>(out.data());
+      for (int64_t t = 0; t < p.tuples; ++t)
+        apply(dst + nd_offset(node, ip + t * p.m, p.m, data.shape(), 0, ds), up + t * p.slice, p.slice);
+    });
+  });
+}
+
+}  // namespace
+
+// y = gather(x, idx, axis).  dx = scatter-add of dy into zeros_like(x) at idx along axis
+ONNXTRAIN_OP(Gather, kOnnxDomain, 1).inputs(2).outputs(1).shape(gather_rule).cpu(gather_kernel);
+// y = gather_elements(x, idx, axis).  dx = scatter_elements(zeros_like(x), idx, dy, reduction=add)
+ONNXTRAIN_OP(GatherElements, kOnnxDomain, 11).inputs(2).outputs(1)
+    .shape([](ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(0), ctx.input_shape(1)); })
+    .cpu(gather_elements_kernel);
+// y = gather_nd(x, idx, b).  dx = scatter_nd(zeros_like(x), idx, dy, reduction=add)
+ONNXTRAIN_OP(GatherND, kOnnxDomain, 11).inputs(2).outputs(1).shape(gather_nd_rule).cpu(gather_nd_kernel);
+// y = scatter(x, idx, u) (ScatterElements without reduction).  dx = scatter(dy, idx, 0), du = gather_elements(dy, idx)
+ONNXTRAIN_OP(Scatter, kOnnxDomain, 9).inputs(3).outputs(1).shape(shape_same_as_input).cpu(scatter_elements_kernel);
+// y = scatter_elements(x, idx, u).  none: dx = scatter(dy, idx, 0), du = gather_elements(dy, idx); add: dx = dy
+ONNXTRAIN_OP(ScatterElements, kOnnxDomain, 11).inputs(3).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+    .cpu(scatter_elements_kernel);
+// y = scatter_nd(x, idx, u).  none: dx = scatter_nd(dy, idx, 0), du = gather_nd(dy, idx); add: dx = dy
+ONNXTRAIN_OP(ScatterND, kOnnxDomain, 11).inputs(3).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+    .cpu(scatter_nd_kernel);
+
+}  // namespace onnxtrain

@@ -1,0 +1,105 @@
+// Slice: starts/ends/axes as attributes (opset 1) or inputs (opset 10+), with steps, negative steps
+// and clamping as the spec defines. The copy is one strided_copy (memcpy runs when the innermost
+// step is 1).
+#include <algorithm>
+
+#include "ops/tensor/tensor_ops.h"
+
+namespace onnxtrain {
+namespace {
+using namespace tensor_ops;
+
+struct SliceAxis {
+  int64_t start = 0, step = 1, count = 0;
+};
+
+// Per input dim: the first index, step and element count. `in` dims may be -1 in shape rules; a
+// sliced unknown dim gives count -1.
+std::vector<SliceAxis> plan_slice(const Node& node, const Shape& in, const std::vector<int64_t>& starts,
+                                  const std::vector<int64_t>& ends, std::optional<std::vector<int64_t>> axes,
+                                  const std::optional<std::vector<int64_t>>& steps) {
+  int64_t rank = int64_t(in.size());
+  OT_CHECK(starts.size() == ends.size(), node.context(), "starts has ", starts.size(), " entries but ends has ",
+           ends.size());
+  if (!axes || axes->empty()) {
+    axes = std::vector<int64_t>(starts.size());
+    for (size_t i = 0; i < starts.size(); ++i) (*axes)[i] = int64_t(i);
+  }
+  OT_CHECK(axes->size() == starts.size(), node.context(), "axes has ", axes->size(), " entries for ", starts.size(),
+           " starts");
+  OT_CHECK(!steps || steps->empty() || steps->size() == starts.size(), node.context(), "steps has ", steps->size(),
+           " entries for ", starts.size(), " starts");
+  std::vector<SliceAxis> plan(static_cast<size_t>(rank));
+  std::vector<char> seen(static_cast<size_t>(rank), 0);
+  for (int64_t d = 0; d < rank; ++d) plan[size_t(d)] = {0, 1, in[size_t(d)]};
+  for (size_t i = 0; i < starts.size(); ++i) {
+    int64_t a = normalize_axis(node, (*axes)[i], rank);
+    OT_CHECK(!seen[size_t(a)], node.context(), "axis ", a, " appears twice in axes");
+    seen[size_t(a)] = 1;
+    int64_t step = steps && !steps->empty() ? (*steps)[i] : 1;
+    OT_CHECK(step != 0, node.context(), "steps must not be 0");
+    int64_t dim = in[size_t(a)];
+    if (dim < 0) {
+      plan[size_t(a)] = {0, step, -1};
+      continue;
+    }
+    int64_t s = starts[i], e = ends[i];
+    if (s < 0) s += dim;
+    if (e < 0) e += dim;
+    int64_t count;
+    if (step > 0) {
+      s = std::clamp<int64_t>(s, 0, dim);
+      e = std::clamp<int64_t>(e, 0, dim);
+      count = e > s ? (e - s + step - 1) / step : 0;
+    } else {
+      s = std::clamp<int64_t>(s, 0, dim - 1);
+      e = std::clamp<int64_t>(e, -1, dim - 1);
+      count = s > e ? (s - e + (-step) - 1) / (-step) : 0;
+    }
+    plan[size_t(a)] = {s, step, count};
+  }
+  return plan;
+}
+
+void slice_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& x = ctx.input(0);
+  auto starts = attr_or_input_ints(ctx, "starts", 1);
+  auto ends = attr_or_input_ints(ctx, "ends", 2);
+  OT_CHECK(starts && ends, node.context(), "starts and ends are required");
+  auto plan = plan_slice(node, x.shape(), *starts, *ends, attr_or_input_ints(ctx, "axes", 3),
+                         attr_or_input_ints(ctx, nullptr, 4));
+  std::vector<int64_t> is = strides_of(x.shape());
+  Shape out_shape(plan.size());
+  std::vector<int64_t> st(plan.size());
+  int64_t base = 0;
+  for (size_t d = 0; d < plan.size(); ++d) {
+    out_shape[d] = plan[d].count;
+    st[d] = is[d] * plan[d].step;
+    base += is[d] * plan[d].start;
+  }
+  Tensor& out = ctx.output(0, x.dtype(), out_shape);
+  if (out.numel() == 0) return;
+  strided_copy(x, out, out_shape, st, base);
+}
+
+void slice_rule(ShapeContext& ctx) {
+  DType dt = ctx.input_dtype(0);
+  const auto& in = ctx.input_shape(0);
+  auto starts = static_ints(ctx, "starts", 1), ends = static_ints(ctx, "ends", 2);
+  auto axes = static_ints(ctx, "axes", 3), steps = static_ints(ctx, nullptr, 4);
+  if (!in) return ctx.set_output(0, dt);
+  if (!starts.known || !ends.known || !axes.known || !steps.known || !starts.value || !ends.value)
+    return ctx.set_output(0, dt, Shape(in->size(), -1));
+  auto plan = plan_slice(ctx.node(), *in, *starts.value, *ends.value, axes.value, steps.value);
+  Shape out(plan.size());
+  for (size_t d = 0; d < plan.size(); ++d) out[d] = plan[d].count;
+  ctx.set_output(0, dt, out);
+}
+
+}  // namespace
+
+// y = x[starts:ends:steps].  dx = zeros_like(x) with dy scattered into the sliced positions
+ONNXTRAIN_OP(Slice, kOnnxDomain, 1).inputs(1, 5).outputs(1).shape(slice_rule).cpu(slice_kernel);
+
+}  // namespace onnxtrain
