@@ -1,0 +1,35 @@
+// fp32 convolution and transposed convolution (1-d/2-d/3-d, groups, dilations, asymmetric pads)
+// through oneDNN. One DnnlConv per input/weight shape: the primitive picks its own (blocked)
+// layouts and the reorders to and from the plain ONNX layouts are built with it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "onnxtrain/tensor.h"
+
+namespace onnxtrain::cpu {
+
+struct ConvSpec {
+  bool transposed = false;    // ConvTranspose (oneDNN deconvolution)
+  Shape x;                    // [N, C, in...]
+  int64_t out_channels = 0;   // M
+  int64_t group = 1;
+  bool bias = false;
+  std::vector<int64_t> kernel, stride, dilation, pad_l, pad_r, out;  // pads >= 0; dilation 1 = dense
+  std::vector<int64_t> key() const;
+};
+
+class DnnlConv {
+ public:
+  DnnlConv(const ConvSpec& spec, const std::string& context);
+  // w in ONNX layout: Conv [M, C/G, k...], ConvTranspose [C, M/G, k...].
+  void run(const float* x, const float* w, const float* bias, float* y) const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace onnxtrain::cpu

@@ -1,0 +1,261 @@
+// AveragePool, MaxPool (with Indices), GlobalAveragePool, GlobalMaxPool over N-d spatial dims.
+// Pools are memory-bound: a direct loop per (n, c) plane with per-axis tap tables, parallel over
+// planes.
+#include <limits>
+
+#include "ops/common.h"
+#include "ops/conv/conv_util.h"
+#include "ops/registry.h"
+
+namespace onnxtrain {
+namespace {
+
+// For every axis and output index: the valid input indices of the window, and how many taps the
+// window has inside input + explicit pads (count_include_pad's divisor).
+struct TapTable {
+  std::vector<std::vector<std::vector<int64_t>>> taps;  // [axis][out] -> input indices
+  std::vector<std::vector<int64_t>> padded_count;        // [axis][out]
+};
+
+TapTable make_taps(const std::vector<int64_t>& in, const WindowGeometry& g) {
+  TapTable t;
+  size_t nd = in.size();
+  t.taps.resize(nd);
+  t.padded_count.resize(nd);
+  for (size_t d = 0; d < nd; ++d) {
+    for (int64_t o = 0; o < g.out[d]; ++o) {
+      int64_t start = o * g.stride[d] - g.pad_l[d];
+      std::vector<int64_t> v;
+      int64_t cnt = 0;
+      for (int64_t j = 0; j < g.kernel[d]; ++j) {
+        int64_t i = start + j * g.dilation[d];
+        if (i < in[d] + g.pad_r[d]) ++cnt;
+        if (i >= 0 && i < in[d]) v.push_back(i);
+      }
+      t.taps[d].push_back(std::move(v));
+      t.padded_count[d].push_back(cnt);
+    }
+  }
+  return t;
+}
+
+struct PoolSetup {
+  std::vector<int64_t> in;
+  WindowGeometry g;
+  Shape out;
+};
+
+PoolSetup pool_setup(const Node& node, const Shape& x) {
+  OT_CHECK(x.size() >= 3, node.context(), "X must be [N, C, spatial...], got ", shape_str(x));
+  PoolSetup s;
+  s.in.assign(x.begin() + 2, x.end());
+  OT_CHECK(node.has_attr("kernel_shape"), node.context(), "attribute kernel_shape is required");
+  s.g = window_geometry(node, s.in, node.attr_ints("kernel_shape"), node.attr_int("ceil_mode", 0) != 0);
+  s.out = {x[0], x[1]};
+  s.out.insert(s.out.end(), s.g.out.begin(), s.g.out.end());
+  return s;
+}
+
+void pool_shape(ShapeContext& ctx) {
+  DType dt = ctx.input_dtype(0);
+  const auto& x = ctx.input_shape(0);
+  std::optional<Shape> out;
+  if (x && x->size() >= 3) {
+    std::vector<int64_t> in(x->begin() + 2, x->end());
+    WindowGeometry g = window_geometry(ctx.node(), in, ctx.node().attr_ints("kernel_shape"),
+                                       ctx.node().attr_int("ceil_mode", 0) != 0);
+    out = Shape{(*x)[0], (*x)[1]};
+    out->insert(out->end(), g.out.begin(), g.out.end());
+  }
+  ctx.set_output(0, dt, out);
+  if (ctx.num_outputs() > 1) ctx.set_output(1, DType::kInt64, out);
+}
+
+// Calls fn(plane, out_offset, taps-per-axis) for every output position of every plane.
+template <typename F>
+void for_each_window(int64_t planes, const PoolSetup& s, const TapTable& t, F&& fn) {
+  size_t nd = s.in.size();
+  int64_t out_sz = numel(s.g.out);
+  parallel_for(planes, std::max<int64_t>(1, 4096 / std::max<int64_t>(out_sz, 1)), [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> o(nd);
+    std::vector<const std::vector<int64_t>*> w(nd);
+    for (int64_t p = begin; p < end; ++p) {
+      std::fill(o.begin(), o.end(), 0);
+      for (int64_t op = 0; op < out_sz; ++op) {
+        for (size_t d = 0; d < nd; ++d) w[d] = &t.taps[d][size_t(o[d])];
+        fn(p, op, o, w);
+        for (size_t d = nd; d-- > 0;) {
+          if (++o[d] < s.g.out[d]) break;
+          o[d] = 0;
+        }
+      }
+    }
+  });
+}
+
+// Visits every input index of the window (the cartesian product of the per-axis taps):
+// fn(flat row-major offset, per-axis indices).
+template <typename F>
+void for_each_tap(const std::vector<const std::vector<int64_t>*>& w, const std::vector<int64_t>& in,
+                  std::vector<size_t>& pos, std::vector<int64_t>& idx, F&& fn) {
+  size_t nd = w.size();
+  for (size_t d = 0; d < nd; ++d)
+    if (w[d]->empty()) return;
+  std::fill(pos.begin(), pos.end(), 0);
+  while (true) {
+    int64_t off = 0;
+    for (size_t d = 0; d < nd; ++d) {
+      idx[d] = (*w[d])[pos[d]];
+      off = off * in[d] + idx[d];
+    }
+    fn(off);
+    size_t d = nd;
+    while (d-- > 0) {
+      if (++pos[d] < w[d]->size()) break;
+      pos[d] = 0;
+    }
+    if (d == size_t(-1)) return;
+  }
+}
+
+void max_pool_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& x = ctx.input(0);
+  PoolSetup s = pool_setup(node, x.shape());
+  int64_t storage_order = node.attr_int("storage_order", 0);
+  Tensor& y = ctx.output(0, x.dtype(), s.out);
+  Tensor* ind = ctx.num_outputs() > 1 && ctx.output_requested(1) ? &ctx.output(1, DType::kInt64, s.out) : nullptr;
+  if (y.numel() == 0) return;
+  TapTable t = make_taps(s.in, s.g);
+  int64_t in_sz = numel(s.in), out_sz = numel(s.g.out);
+  size_t nd = s.in.size();
+  // column-major strides for storage_order = 1
+  std::vector<int64_t> cm(nd, 1);
+  for (size_t d = 1; d < nd; ++d) cm[d] = cm[d - 1] * s.in[d - 1];
+  dispatch_numeric(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    int64_t* pi = ind ? ind->data<int64_t>() : nullptr;
+    for_each_window(x.dim(0) * x.dim(1), s, t, [&](int64_t p, int64_t op, const std::vector<int64_t>&,
+                                                   const std::vector<const std::vector<int64_t>*>& w) {
+      thread_local std::vector<size_t> pos;
+      thread_local std::vector<int64_t> idx, best_idx;
+      pos.resize(nd);
+      idx.resize(nd);
+      best_idx.assign(nd, 0);
+      const T* xp = px + p * in_sz;
+      C best = std::numeric_limits<C>::lowest();
+      if constexpr (std::numeric_limits<C>::has_infinity) best = -std::numeric_limits<C>::infinity();
+      int64_t best_off = -1;
+      for_each_tap(w, s.in, pos, idx, [&](int64_t off) {
+        C v = C(xp[off]);
+        if (best_off < 0 || v > best) {
+          best = v;
+          best_off = off;
+          if (storage_order) best_idx = idx;
+        }
+      });
+      py[p * out_sz + op] = T(best);
+      if (pi) {
+        int64_t flat = best_off < 0 ? 0 : best_off;
+        if (storage_order && best_off >= 0) {
+          flat = 0;
+          for (size_t d = 0; d < nd; ++d) flat += best_idx[d] * cm[d];
+        }
+        pi[p * out_sz + op] = p * in_sz + flat;
+      }
+    });
+  });
+}
+
+void average_pool_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& x = ctx.input(0);
+  PoolSetup s = pool_setup(node, x.shape());
+  bool include_pad = node.attr_int("count_include_pad", 0) != 0;
+  Tensor& y = ctx.output(0, x.dtype(), s.out);
+  if (y.numel() == 0) return;
+  TapTable t = make_taps(s.in, s.g);
+  int64_t in_sz = numel(s.in), out_sz = numel(s.g.out);
+  size_t nd = s.in.size();
+  dispatch_float(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    for_each_window(x.dim(0) * x.dim(1), s, t, [&](int64_t p, int64_t op, const std::vector<int64_t>& o,
+                                                   const std::vector<const std::vector<int64_t>*>& w) {
+      thread_local std::vector<size_t> pos;
+      thread_local std::vector<int64_t> idx;
+      pos.resize(nd);
+      idx.resize(nd);
+      const T* xp = px + p * in_sz;
+      C sum = C(0);
+      int64_t count = 0;
+      for_each_tap(w, s.in, pos, idx, [&](int64_t off) {
+        sum += C(xp[off]);
+        ++count;
+      });
+      if (include_pad) {
+        count = 1;
+        for (size_t d = 0; d < nd; ++d) count *= t.padded_count[d][size_t(o[d])];
+      }
+      py[p * out_sz + op] = count > 0 ? T(sum / C(count)) : T(0);
+    });
+  });
+}
+
+void global_shape(ShapeContext& ctx) {
+  const auto& x = ctx.input_shape(0);
+  std::optional<Shape> out;
+  if (x && x->size() >= 2) {
+    out = *x;
+    for (size_t i = 2; i < out->size(); ++i) (*out)[i] = 1;
+  }
+  ctx.set_output(0, ctx.input_dtype(0), out);
+}
+
+template <bool kMax>
+void global_pool_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  OT_CHECK(x.rank() >= 2, ctx.node().context(), "X must be [N, C, spatial...], got ", shape_str(x.shape()));
+  Shape out = x.shape();
+  for (size_t i = 2; i < out.size(); ++i) out[i] = 1;
+  Tensor& y = ctx.output(0, x.dtype(), out);
+  int64_t planes = x.dim(0) * x.dim(1);
+  if (planes == 0) return;
+  int64_t sz = x.numel() / planes;
+  dispatch_float(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* px = x.data<T>();
+    T* py = y.data<T>();
+    parallel_for(planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(sz, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        const T* xp = px + p * sz;
+        if constexpr (kMax) {
+          C m = -std::numeric_limits<C>::infinity();
+          for (int64_t i = 0; i < sz; ++i) m = std::max(m, C(xp[i]));
+          py[p] = T(m);
+        } else {
+          C acc = 0;
+          for (int64_t i = 0; i < sz; ++i) acc += C(xp[i]);
+          py[p] = T(sz ? acc / C(sz) : C(0));
+        }
+      }
+    });
+  });
+}
+
+}  // namespace
+
+// Y = window max.  dX = dY scattered to each window's argmax (the Indices output)
+ONNXTRAIN_OP(MaxPool, kOnnxDomain, 1).inputs(1).outputs(1, 2).shape(pool_shape).cpu(max_pool_kernel);
+// Y = window mean.  dX = dY / count spread evenly over each window (count per count_include_pad)
+ONNXTRAIN_OP(AveragePool, kOnnxDomain, 1).inputs(1).outputs(1).shape(pool_shape).cpu(average_pool_kernel);
+// Y = mean over spatial dims.  dX = broadcast(dY) / spatial size
+ONNXTRAIN_OP(GlobalAveragePool, kOnnxDomain, 1).inputs(1).outputs(1).shape(global_shape)
+    .cpu(global_pool_kernel<false>);
+// Y = max over spatial dims.  dX = dY at the argmax of each plane, 0 elsewhere
+ONNXTRAIN_OP(GlobalMaxPool, kOnnxDomain, 1).inputs(1).outputs(1).shape(global_shape).cpu(global_pool_kernel<true>);
+
+}  // namespace onnxtrain
