@@ -1,0 +1,11 @@
+"""Samples for the fused forward ops in src/ops/fused/."""
+import numpy as np
+
+from ..gradcheck import Sample
+
+rng = np.random.default_rng(11)
+
+SAMPLES = {
+    "onnxtrain.Gelu": [Sample([rng.standard_normal((3, 5)) * 2], domain="onnxtrain", name="matrix"),
+                       Sample([np.array(0.3)], domain="onnxtrain", name="scalar")],
+}
