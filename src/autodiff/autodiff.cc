@@ -5,6 +5,7 @@
 #include <unordered_set>
 
 #include "autodiff/gradient_builder.h"
+#include "ir/builder.h"
 #include "ops/registry.h"
 #include "passes/shape_inference.h"
 
@@ -55,13 +56,7 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
   infer_shapes(g, model.opsets);
   if (!model.opsets.count(kOnnxTrainDomain)) model.opsets[kOnnxTrainDomain] = 1;
 
-  std::unordered_set<std::string> names;
-  for (const auto& in : g.inputs) names.insert(in.name);
-  for (const auto& [n, t] : g.initializers) names.insert(n);
-  for (const auto& node : g.nodes) {
-    names.insert(node.name);
-    for (const auto& o : node.outputs) names.insert(o);
-  }
+  std::unordered_set<std::string> names = collect_names(g);
   auto dtype_of = [&](const std::string& v) {
     if (auto it = g.initializers.find(v); it != g.initializers.end()) return it->second.dtype();
     if (auto it = g.value_info.find(v); it != g.value_info.end()) return it->second.dtype;
@@ -95,9 +90,7 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
   std::vector<Node> backward;
   GradientGraphInfo result;
   {
-    Node dummy;
-    dummy.name = "seed";
-    dummy.op_type = "Seed";
+    GraphBuilder b(g, "gradient_seed", &names, &backward);
     for (const auto& out : outputs) {
       auto producers = g.producers();
       OT_CHECK(producers.count(out) || g.is_input(out) || g.is_initializer(out), where, "output '", out,
@@ -106,7 +99,6 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
       auto it = g.value_info.find(out);
       bool scalar = it != g.value_info.end() && it->second.has_static_shape() && numel(*it->second.shape) == 1;
       if (scalar) {
-        GradientBuilder b(g, dummy, {}, {}, names, backward);
         grads.add(out, b.emit("Expand", {b.scalar_like(1.0, out), b.shape(out)}));
       } else {
         std::string seed = GradientAccumulator::unique(out + "_grad", names);
@@ -147,7 +139,7 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
       case GradientStatus::kUnstated:
         OT_THROW(kNotImplemented, where, node.context(), "no gradient rule");
     }
-    GradientBuilder builder(g, node, dys, needs, names, backward);
+    GradientBuilder builder(g, node, model.opset(node.domain), dys, needs, names, backward);
     schema->gradient(builder);
     for (size_t i = 0; i < needs.size(); ++i) {
       if (!needs[i]) continue;
@@ -162,10 +154,7 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
   // 4. Name the gradients "<wrt>_grad" and make them graph outputs.
   for (const auto& w : wrt) {
     std::string grad = grads.get(w, backward, names);
-    Node dummy;
-    dummy.name = w;
-    dummy.op_type = "Gradient";
-    GradientBuilder b(g, dummy, {}, {}, names, backward);
+    GraphBuilder b(g, w + "/grad", &names, &backward);
     if (grad.empty()) grad = b.zeros_like(w);  // the outputs do not depend on w: its gradient is 0
     std::string out = GradientAccumulator::unique(w + "_grad", names);
     Node id;

@@ -194,6 +194,10 @@ void optimize_for_inference(Model& model) {
     changed += eliminate_dead_code(g);
     if (changed == 0) break;
   }
+  if (fuse_gelu(g)) {
+    model.opsets.emplace(kOnnxTrainDomain, 1);
+    eliminate_dead_code(g);
+  }
 }
 
 }  // namespace onnxtrain

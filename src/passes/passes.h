@@ -11,6 +11,9 @@ int eliminate_dead_code(Graph& graph);     // nodes and initializers nothing rea
 int eliminate_identities(Graph& graph);    // Identity, inference-mode Dropout
 int eliminate_common_subexpressions(Graph& graph);
 
+// Fusions (src/passes/fusions.cc).
+int fuse_gelu(Graph& graph);               // 0.5 x (1 + erf(x / sqrt 2)) -> onnxtrain.Gelu
+
 // The standard pipeline for inference: shapes, folding, identities, CSE, DCE, to a fixed point.
 void optimize_for_inference(Model& model);
 

@@ -1,6 +1,5 @@
 // Broadcasting binary arithmetic: Add, Sub, Mul, Div.
-#include "ops/common.h"
-#include "ops/registry.h"
+#include "ops/elementwise/elementwise.h"
 
 namespace onnxtrain {
 namespace {
@@ -18,13 +17,30 @@ void arithmetic_kernel(KernelContext& ctx) {
   });
 }
 
-struct AddFn { template <typename C> static C apply(C x, C y) { return x + y; } };
-struct SubFn { template <typename C> static C apply(C x, C y) { return x - y; } };
-struct MulFn { template <typename C> static C apply(C x, C y) { return x * y; } };
+// Integers wrap on overflow, as numpy does (signed overflow would be undefined behaviour).
+using elementwise::wrap_t;
+struct AddFn {
+  template <typename C> static C apply(C x, C y) {
+    if constexpr (std::is_integral_v<C>) return C(wrap_t<C>(wrap_t<C>(x) + wrap_t<C>(y)));
+    else return x + y;
+  }
+};
+struct SubFn {
+  template <typename C> static C apply(C x, C y) {
+    if constexpr (std::is_integral_v<C>) return C(wrap_t<C>(wrap_t<C>(x) - wrap_t<C>(y)));
+    else return x - y;
+  }
+};
+struct MulFn { template <typename C> static C apply(C x, C y) { return elementwise::wrapping_mul(x, y); } };
 struct DivFn {
   template <typename C> static C apply(C x, C y) {
-    if constexpr (std::is_integral_v<C>) return y == 0 ? C(0) : C(x / y);  // no trap on x/0
-    else return x / y;
+    if constexpr (std::is_integral_v<C>) {
+      if (y == 0) return C(0);  // no trap on x / 0
+      if constexpr (std::is_signed_v<C>) if (y == C(-1)) return elementwise::wrapping_neg(x);  // nor on min / -1
+      return C(x / y);
+    } else {
+      return x / y;
+    }
   }
 };
 

@@ -36,8 +36,13 @@ inline T wrapping_neg(T v) {
 
 template <typename T>
 inline T wrapping_mul(T a, T b) {
-  if constexpr (std::is_integral_v<T>) return T(wrap_t<T>(wrap_t<T>(a) * wrap_t<T>(b)));
-  else return a * b;
+  if constexpr (std::is_integral_v<T>) {
+    // At least unsigned int, so narrow types do not promote to (overflowing) signed int.
+    using W = std::conditional_t<(sizeof(T) < sizeof(unsigned)), unsigned, wrap_t<T>>;
+    return T(wrap_t<T>(W(wrap_t<T>(a)) * W(wrap_t<T>(b))));
+  } else {
+    return a * b;
+  }
 }
 
 // Float to integer without UB: NaN gives 0, out-of-range values saturate to the type's limits.

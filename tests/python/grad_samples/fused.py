@@ -8,4 +8,5 @@ rng = np.random.default_rng(11)
 SAMPLES = {
     "onnxtrain.Gelu": [Sample([rng.standard_normal((3, 5)) * 2], domain="onnxtrain", name="matrix"),
                        Sample([np.array(0.3)], domain="onnxtrain", name="scalar")],
+    "Gelu": [Sample([rng.standard_normal((2, 4))], opset=20, name="ai.onnx opset 20")],
 }
