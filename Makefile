@@ -38,6 +38,7 @@ demo: setup
 bench: setup
 	./bench/setup_peers.sh
 	$(PYTHON) bench/bench_inference.py
+	$(PYTHON) bench/bench_training.py
 
 # AddressSanitizer/UBSan build of the library and C++ tests.
 sanitize: deps

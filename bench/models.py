@@ -193,6 +193,78 @@ class BertClassifier(nn.Module):
 
 
 # --------------------------------------------------------------------------------------------------
+# GPT-style decoder and LSTM (golden tests and training benchmarks)
+
+
+class CausalSelfAttention(SelfAttention):
+    """SelfAttention with a causal mask: position i attends to positions <= i."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__(cfg)
+        mask = torch.triu(torch.full((cfg.max_len, cfg.max_len), float("-inf")), diagonal=1)
+        self.register_buffer("mask", mask, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q = self._split_heads(self.query(x))
+        k = self._split_heads(self.key(x))
+        v = self._split_heads(self.value(x))
+        seq = x.shape[1]
+        scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
+        probs = torch.softmax(scores + self.mask[:seq, :seq], dim=-1)
+        ctx = torch.matmul(probs, v).transpose(1, 2)
+        return self.out(ctx.reshape(x.shape[0], -1, self.heads * self.head_dim))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-LayerNorm transformer block, as in GPT-2."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(cfg.hidden, eps=1e-5)
+        self.attn = CausalSelfAttention(cfg)
+        self.norm2 = nn.LayerNorm(cfg.hidden, eps=1e-5)
+        self.mlp = nn.Sequential(nn.Linear(cfg.hidden, cfg.ffn), nn.GELU(), nn.Linear(cfg.ffn, cfg.hidden))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class GPTDecoder(nn.Module):
+    """Token + position embeddings, causal decoder blocks, final LayerNorm, LM head.
+
+    Input: int64 ids (B, S). Output: logits (B, S, vocab).
+    """
+
+    def __init__(self, cfg: BertConfig = BertConfig()):
+        super().__init__()
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.positions = nn.Parameter(torch.randn(1, cfg.max_len, cfg.hidden) * 0.02)
+        self.blocks = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
+        self.norm = nn.LayerNorm(cfg.hidden, eps=1e-5)
+        self.head = nn.Linear(cfg.hidden, cfg.vocab_size, bias=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(ids) + self.positions[:, : ids.shape[1]]
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+class LSTMClassifier(nn.Module):
+    """A one-layer LSTM over (S, B, F) sequences; a Linear head on the last hidden state."""
+
+    def __init__(self, features: int = 16, hidden: int = 32, num_classes: int = 4):
+        super().__init__()
+        self.lstm = nn.LSTM(features, hidden)
+        self.head = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out, _ = self.lstm(x)
+        return self.head(out[-1])
+
+
+# --------------------------------------------------------------------------------------------------
 # Registry and export
 
 

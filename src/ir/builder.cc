@@ -1,0 +1,132 @@
+#include "ir/builder.h"
+
+#include <algorithm>
+
+namespace onnxtrain {
+
+std::unordered_set<std::string> collect_names(const Graph& g) {
+  std::unordered_set<std::string> names;
+  for (const auto& in : g.inputs) names.insert(in.name);
+  for (const auto& out : g.outputs) names.insert(out.name);
+  for (const auto& [n, t] : g.initializers) names.insert(n);
+  for (const auto& node : g.nodes) {
+    names.insert(node.name);
+    for (const auto& o : node.outputs) names.insert(o);
+  }
+  return names;
+}
+
+GraphBuilder::GraphBuilder(Graph& graph, std::string prefix, std::unordered_set<std::string>* names,
+                           std::vector<Node>* sink)
+    : graph_(graph), prefix_(std::move(prefix)), own_names_(names ? std::unordered_set<std::string>{} : collect_names(graph)),
+      names_(names ? *names : own_names_), sink_(sink ? *sink : pending_) {}
+
+void GraphBuilder::commit() {
+  for (auto& n : pending_) graph_.nodes.push_back(std::move(n));
+  pending_.clear();
+}
+
+std::string GraphBuilder::fresh(const std::string& hint) {
+  std::string base = prefix_ + "/" + hint;
+  std::string name = base;
+  for (int i = 1; names_.count(name); ++i) name = base + "_" + std::to_string(i);
+  names_.insert(name);
+  return name;
+}
+
+std::vector<std::string> GraphBuilder::emit_n(const std::string& op_type, std::vector<std::string> inputs,
+                                              size_t n_outputs, Attrs attrs, const std::string& domain) {
+  Node n;
+  n.op_type = op_type;
+  n.domain = domain;
+  n.name = fresh(op_type);
+  n.inputs = std::move(inputs);
+  n.attributes = std::move(attrs);
+  for (size_t i = 0; i < n_outputs; ++i) n.outputs.push_back(fresh(op_type + "_" + std::to_string(i)));
+  sink_.push_back(n);
+  return n.outputs;
+}
+
+std::string GraphBuilder::emit(const std::string& op_type, std::vector<std::string> inputs, Attrs attrs,
+                               const std::string& domain) {
+  return emit_n(op_type, std::move(inputs), 1, std::move(attrs), domain)[0];
+}
+
+std::string GraphBuilder::emit_named(const std::string& output, const std::string& op_type,
+                                     std::vector<std::string> inputs, Attrs attrs, const std::string& domain) {
+  OT_CHECK(!names_.count(output) || graph_.is_output(output), "name '", output, "' is already used in the graph");
+  names_.insert(output);
+  Node n;
+  n.op_type = op_type;
+  n.domain = domain;
+  n.name = fresh(op_type);
+  n.inputs = std::move(inputs);
+  n.attributes = std::move(attrs);
+  n.outputs = {output};
+  sink_.push_back(std::move(n));
+  return output;
+}
+
+std::string GraphBuilder::constant(const Tensor& value) {
+  std::string name = fresh("const");
+  graph_.initializers[name] = value;
+  return name;
+}
+
+std::string GraphBuilder::ints(const std::vector<int64_t>& values) {
+  return constant(Tensor::from_vector(values, {int64_t(values.size())}));
+}
+
+std::string GraphBuilder::scalar_like(double value, const std::string& like) {
+  DType dt = dtype(like);
+  if (dt == DType::kUndefined) return emit("CastLike", {constant(Tensor::scalar<double>(value)), like});
+  Tensor t = Tensor::empty(dt, {});
+  switch (dt) {
+    case DType::kFloat32: *t.data<float>() = float(value); break;
+    case DType::kFloat64: *t.data<double>() = value; break;
+    case DType::kFloat16: *t.data<float16>() = float16(float(value)); break;
+    case DType::kBFloat16: *t.data<bfloat16>() = bfloat16(float(value)); break;
+    default: OT_THROW(kInvalidArgument, "a floating-point constant like '", like, "' (", dtype_name(dt), ")");
+  }
+  return constant(t);
+}
+
+DType GraphBuilder::dtype(const std::string& value) const {
+  if (auto it = graph_.initializers.find(value); it != graph_.initializers.end()) return it->second.dtype();
+  if (auto it = graph_.value_info.find(value); it != graph_.value_info.end()) return it->second.dtype;
+  for (const auto& in : graph_.inputs) if (in.name == value) return in.info.dtype;
+  return DType::kUndefined;
+}
+
+std::optional<Shape> GraphBuilder::static_shape(const std::string& value) const {
+  if (auto it = graph_.initializers.find(value); it != graph_.initializers.end()) return it->second.shape();
+  if (auto it = graph_.value_info.find(value); it != graph_.value_info.end()) return it->second.shape;
+  for (const auto& in : graph_.inputs) if (in.name == value) return in.info.shape;
+  return std::nullopt;
+}
+
+std::string GraphBuilder::transpose(const std::string& a, const std::vector<int64_t>& perm) {
+  return emit("Transpose", {a}, {{"perm", Attribute::of(perm)}});
+}
+
+std::string GraphBuilder::reduce_sum(const std::string& a, const std::vector<int64_t>& axes, bool keepdims) {
+  return emit("ReduceSum", {a, ints(axes)}, {{"keepdims", Attribute::of(int64_t(keepdims))}});
+}
+
+std::string GraphBuilder::reduce_mean(const std::string& a, const std::vector<int64_t>& axes, bool keepdims) {
+  Attrs attrs{{"keepdims", Attribute::of(int64_t(keepdims))}};
+  if (!axes.empty()) attrs["axes"] = Attribute::of(axes);  // attribute form: valid through opset 17
+  return emit("ReduceMean", {a}, attrs);
+}
+
+std::string GraphBuilder::zeros_like(const std::string& like) { return expand_like(scalar_like(0.0, like), like); }
+std::string GraphBuilder::ones_like(const std::string& like) { return expand_like(scalar_like(1.0, like), like); }
+
+std::string GraphBuilder::sum_to(const std::string& value, const std::string& like) {
+  auto vs = static_shape(value), ls = static_shape(like);
+  if (vs && ls && *vs == *ls && std::all_of(vs->begin(), vs->end(), [](int64_t d) { return d >= 0; }))
+    return value;  // statically equal: nothing to reduce
+  return emit("SumTo", {value, shape(like)}, {}, kOnnxTrainDomain);
+}
+
+}  // namespace onnxtrain

@@ -1,0 +1,92 @@
+// Gelu and its fused gradient. The fusion pass (src/passes/fusions.cc) rewrites the Erf pattern
+// exporters emit, 0.5 * x * (1 + erf(x / sqrt(2))), five passes over memory, into one Gelu node.
+#include <cmath>
+
+#include "autodiff/gradient_builder.h"
+#include "ops/common.h"
+#include "ops/registry.h"
+
+namespace onnxtrain {
+namespace {
+
+// erf for float with |error| < 2e-7, branch-free so the loop vectorises (Abramowitz-Stegun 7.1.26
+// is too coarse; this is a rational-in-exp form: erf(x) = sign(x) (1 - t poly(t) exp(-x^2)),
+// t = 1 / (1 + p |x|), with the coefficients of Numerical Recipes' erfc Chebyshev fit).
+inline float erf_fast(float x) {
+  float z = std::fabs(x);
+  float t = 1.0f / (1.0f + 0.5f * z);
+  float poly = -z * z - 1.26551223f +
+               t * (1.00002368f + t * (0.37409196f + t * (0.09678418f + t * (-0.18628806f + t * (0.27886807f +
+               t * (-1.13520398f + t * (1.48851587f + t * (-0.82215223f + t * 0.17087277f))))))));
+  float erfc = t * std::exp(poly);
+  float r = 1.0f - erfc;
+  return x >= 0.0f ? r : -r;
+}
+
+inline double erf_exact(double x) { return std::erf(x); }
+
+constexpr double kInvSqrt2 = 0.70710678118654752440;
+constexpr double kInvSqrt2Pi = 0.39894228040143267794;
+
+template <typename T>
+inline T gelu(T x) {
+  using C = compute_t<T>;
+  C v = C(x);
+  C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_fast(float(v) * float(kInvSqrt2)));
+  return T(C(0.5) * v * (C(1) + e));
+}
+
+// d gelu / dx = Phi(x) + x phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+template <typename T>
+inline T gelu_grad(T dy, T x) {
+  using C = compute_t<T>;
+  C v = C(x);
+  C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_fast(float(v) * float(kInvSqrt2)));
+  C cdf = C(0.5) * (C(1) + e);
+  C pdf = C(kInvSqrt2Pi) * std::exp(C(-0.5) * v * v);
+  return T(C(dy) * (cdf + v * pdf));
+}
+
+void gelu_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  std::string approximate = ctx.node().attr_string("approximate", "none");
+  OT_CHECK(approximate == "none", ctx.node().context(), "approximate='", approximate,
+           "' is not supported (only the exact erf form)");
+  Tensor& y = ctx.output(0, x.dtype(), x.shape());
+  dispatch_float(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), gelu<T>); });
+}
+
+void gelu_grad_kernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  OT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), ctx.node().context(),
+           "dY and X must match, got ", shape_str(dy.shape()), " and ", shape_str(x.shape()));
+  Tensor& dx = ctx.output(0, x.dtype(), x.shape());
+  dispatch_float(x.dtype(), [&]<typename T>() {
+    const T* pdy = dy.data<T>();
+    const T* px = x.data<T>();
+    T* pdx = dx.data<T>();
+    parallel_for(x.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) pdx[i] = gelu_grad<T>(pdy[i], px[i]);
+    });
+  });
+}
+
+void gelu_gradient(GradientBuilder& g) {
+  // y = gelu(x).  dx = dy * (Phi(x) + x phi(x))
+  g.set(0, g.emit("GeluGrad", {g.dy(0), g.x(0)}, {}, kOnnxTrainDomain));
+}
+
+}  // namespace
+
+ONNXTRAIN_OP(Gelu, kOnnxTrainDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+    .cpu(gelu_kernel).gradient(gelu_gradient);
+// ai.onnx added Gelu in opset 20; models of that opset run the same kernel.
+ONNXTRAIN_OP(Gelu, kOnnxDomain, 20).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+    .cpu(gelu_kernel).gradient(gelu_gradient);
+// dX = GeluGrad(dY, X) is itself differentiable in principle; second derivatives are not needed yet.
+ONNXTRAIN_OP(GeluGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape([](ShapeContext& ctx) {
+  ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
+}).inplace(0, 0).cpu(gelu_grad_kernel).gradient_not_implemented("second derivatives of Gelu are not needed for training");
+
+}  // namespace onnxtrain
