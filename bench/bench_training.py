@@ -167,7 +167,7 @@ def main(argv=None) -> int:
               f"{r['speedup_vs_torch']:8.2f} {r['step_over_ort_forward']:9.2f}")
     for r in rows:
         if "error" not in r:
-            print(f"{r['model']}: onnxtrain {r["memory"]}; torch peak RSS growth "
+            print(f"{r['model']}: onnxtrain {r['memory']}; torch peak RSS growth "
                   f"{r['torch_rss_growth_mib']:.1f} MiB; |loss difference| {r['loss_abs_err']:.1e}")
     if args.json:
         with open(args.json, "w") as f:
