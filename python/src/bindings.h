@@ -23,3 +23,5 @@ std::map<std::string, Tensor> feeds_from_dict(const py::dict& feeds);
 
 void bind_tools(pybind11::module_& m);     // python/src/tools.cc: model inspection helpers
 void bind_autodiff(pybind11::module_& m);  // python/src/autodiff.cc
+void bind_checkpoint(pybind11::module_& m);  // python/src/checkpoint.cc
+void bind_optim(pybind11::module_& m);       // python/src/optim.cc

@@ -181,4 +181,6 @@ PYBIND11_MODULE(_C, m) {
 
   bind_tools(m);
   bind_autodiff(m);
+  bind_checkpoint(m);
+  bind_optim(m);
 }
