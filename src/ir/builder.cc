@@ -36,13 +36,20 @@ std::string GraphBuilder::fresh(const std::string& hint) {
 
 std::vector<std::string> GraphBuilder::emit_n(const std::string& op_type, std::vector<std::string> inputs,
                                               size_t n_outputs, Attrs attrs, const std::string& domain) {
+  std::vector<std::string> outputs;
+  for (size_t i = 0; i < n_outputs; ++i) outputs.push_back(fresh(op_type + "_" + std::to_string(i)));
+  return append(op_type, std::move(inputs), std::move(outputs), std::move(attrs), domain);
+}
+
+std::vector<std::string> GraphBuilder::append(const std::string& op_type, std::vector<std::string> inputs,
+                                              std::vector<std::string> outputs, Attrs attrs, const std::string& domain) {
   Node n;
   n.op_type = op_type;
   n.domain = domain;
   n.name = fresh(op_type);
   n.inputs = std::move(inputs);
+  n.outputs = std::move(outputs);
   n.attributes = std::move(attrs);
-  for (size_t i = 0; i < n_outputs; ++i) n.outputs.push_back(fresh(op_type + "_" + std::to_string(i)));
   sink_.push_back(n);
   return n.outputs;
 }
@@ -56,15 +63,7 @@ std::string GraphBuilder::emit_named(const std::string& output, const std::strin
                                      std::vector<std::string> inputs, Attrs attrs, const std::string& domain) {
   OT_CHECK(!names_.count(output) || graph_.is_output(output), "name '", output, "' is already used in the graph");
   names_.insert(output);
-  Node n;
-  n.op_type = op_type;
-  n.domain = domain;
-  n.name = fresh(op_type);
-  n.inputs = std::move(inputs);
-  n.attributes = std::move(attrs);
-  n.outputs = {output};
-  sink_.push_back(std::move(n));
-  return output;
+  return append(op_type, std::move(inputs), {output}, std::move(attrs), domain)[0];
 }
 
 std::string GraphBuilder::constant(const Tensor& value) {

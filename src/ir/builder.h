@@ -66,6 +66,8 @@ class GraphBuilder {
 
  protected:
   std::string fresh(const std::string& hint);
+  std::vector<std::string> append(const std::string& op_type, std::vector<std::string> inputs,
+                                  std::vector<std::string> outputs, Attrs attrs, const std::string& domain);
 
   Graph& graph_;
   std::string prefix_;
