@@ -1,0 +1,207 @@
+#include "training/artifacts.h"
+
+#include <algorithm>
+#include <set>
+
+#include "autodiff/autodiff.h"
+#include "ir/builder.h"
+#include "passes/passes.h"
+#include "passes/shape_inference.h"
+
+namespace onnxtrain {
+
+namespace {
+
+const std::string kWhere = "generate_artifacts: ";
+
+// The model's outputs, or the named ones, feed the loss; targets become new graph inputs.
+void attach_loss(Model& m, const TrainingGraphOptions& o, std::vector<std::string>& targets) {
+  Graph& g = m.graph;
+  std::vector<std::string> preds = o.loss_input_names;
+  if (preds.empty()) {
+    OT_CHECK(!g.outputs.empty(), kWhere, "the model has no outputs to compute a loss from");
+    preds = {g.outputs[0].name};
+  }
+  for (const auto& p : preds) {
+    bool produced = g.is_output(p) || g.is_input(p);
+    for (const auto& n : g.nodes)
+      for (const auto& out : n.outputs) produced = produced || out == p;
+    OT_CHECK(produced, kWhere, "loss input '", p, "' is not a value of the model");
+  }
+  infer_shapes(g, m.opsets);
+  if (o.custom_loss) {
+    // Splice the loss model in: its first inputs take the predictions, the rest become targets.
+    const Graph& lg = o.custom_loss->graph;
+    OT_CHECK(lg.outputs.size() == 1, kWhere, "a custom loss model has exactly one output (the loss), it has ",
+             lg.outputs.size());
+    OT_CHECK(lg.inputs.size() >= preds.size(), kWhere, "the custom loss model takes ", lg.inputs.size(),
+             " inputs, fewer than the ", preds.size(), " predictions");
+    std::map<std::string, std::string> rename;
+    std::unordered_set<std::string> names = collect_names(g);
+    auto fresh = [&](const std::string& base) {
+      std::string n = base;
+      for (int i = 1; names.count(n); ++i) n = base + "_" + std::to_string(i);
+      names.insert(n);
+      return n;
+    };
+    for (size_t i = 0; i < lg.inputs.size(); ++i) {
+      if (i < preds.size()) {
+        rename[lg.inputs[i].name] = preds[i];
+      } else {
+        std::string t = fresh(lg.inputs[i].name);
+        rename[lg.inputs[i].name] = t;
+        g.inputs.push_back({t, lg.inputs[i].info});
+        targets.push_back(t);
+      }
+    }
+    auto mapped = [&](const std::string& v) {
+      if (v.empty()) return v;
+      auto it = rename.find(v);
+      if (it != rename.end()) return it->second;
+      return rename[v] = (v == lg.outputs[0].name ? fresh("loss") : fresh("loss/" + v));
+    };
+    for (const auto& [name, t] : lg.initializers) g.initializers[mapped(name)] = t;
+    for (const auto& n : lg.nodes) {
+      Node c = n;
+      c.name = fresh("loss/" + n.name);
+      for (auto& v : c.inputs) v = mapped(v);
+      for (auto& v : c.outputs) v = mapped(v);
+      g.nodes.push_back(std::move(c));
+    }
+    for (const auto& [domain, version] : o.custom_loss->opsets)
+      m.opsets[domain] = std::max(m.opsets[domain], version);
+    std::string loss = mapped(lg.outputs[0].name);
+    if (loss != "loss") g.nodes.push_back(Node{"loss/identity", "Identity", "", {loss}, {"loss"}, {}});
+    return;
+  }
+  OT_CHECK(o.loss.has_value(), kWhere, "no loss given: pass a LossType or a custom loss model");
+  OT_CHECK(preds.size() == 1, kWhere, loss_type_name(*o.loss), " takes one prediction, got ", preds.size());
+  LossType type = *o.loss;
+  DType pred_dtype = DType::kFloat32;
+  std::optional<Shape> pred_shape;
+  if (auto it = g.value_info.find(preds[0]); it != g.value_info.end()) {
+    pred_dtype = it->second.dtype;
+    pred_shape = it->second.shape;
+  }
+  for (const auto& out : g.outputs)
+    if (out.name == preds[0] && out.info.dtype != DType::kUndefined) {
+      pred_dtype = out.info.dtype;
+      if (out.info.shape) pred_shape = out.info.shape;
+    }
+  ValueInfo target;
+  if (type == LossType::kCrossEntropy || type == LossType::kNLL) {
+    target.dtype = DType::kInt64;
+    if (pred_shape && !pred_shape->empty()) {  // [N, C, d...] -> [N, d...]
+      Shape s = *pred_shape;
+      s.erase(s.begin() + (s.size() > 1 ? 1 : 0));
+      target.shape = s;
+    }
+  } else {
+    target.dtype = pred_dtype;
+    target.shape = pred_shape;
+  }
+  std::string target_name = "target";
+  for (int i = 1; g.is_input(target_name) || g.is_initializer(target_name); ++i) target_name = "target_" + std::to_string(i);
+  g.inputs.push_back({target_name, target});
+  targets.push_back(target_name);
+  add_loss(m, type, preds[0], target_name, "loss", o.loss_options);
+}
+
+}  // namespace
+
+Model to_inference_mode(const Model& model) {
+  Model m = model;
+  Graph& g = m.graph;
+  for (auto& n : g.nodes) {
+    if (!n.domain.empty()) continue;
+    if (n.op_type == "Dropout") {
+      if (n.inputs.size() > 2) n.inputs.resize(2);  // training_mode omitted: inference
+      if (n.outputs.size() > 1) n.outputs.resize(1);
+    } else if (n.op_type == "BatchNormalization" && n.attr_int("training_mode", 0) == 1) {
+      n.attributes.erase("training_mode");
+      n.outputs.resize(1);
+    }
+  }
+  eliminate_dead_code(g);
+  return m;
+}
+
+TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraphOptions& o) {
+  TrainingGraphs out;
+  Model m = inference;
+  Graph& g = m.graph;
+  std::set<std::string> trainable(o.requires_grad.begin(), o.requires_grad.end());
+  std::set<std::string> frozen(o.frozen_params.begin(), o.frozen_params.end());
+  for (const auto& p : o.requires_grad) {
+    OT_CHECK(!frozen.count(p), kWhere, "parameter '", p, "' is in both requires_grad and frozen_params");
+    OT_CHECK(g.is_initializer(p), kWhere, "requires_grad names '", p, "', which is not an initializer of the model");
+    OT_CHECK(is_floating(g.initializers.at(p).dtype()), kWhere, "parameter '", p, "' is ",
+             dtype_name(g.initializers.at(p).dtype()), ": only floating-point parameters can be trained");
+  }
+  for (const auto& p : o.frozen_params)
+    OT_CHECK(g.is_initializer(p), kWhere, "frozen_params names '", p, "', which is not an initializer of the model");
+  OT_CHECK(!trainable.empty(), kWhere, "requires_grad is empty: nothing to train");
+
+  std::vector<std::string> model_inputs;
+  for (const auto& in : g.inputs) model_inputs.push_back(in.name);
+  std::vector<std::string> targets;
+  attach_loss(m, o, targets);
+  for (const auto& name : o.additional_output_names) {
+    bool exists = false;
+    for (const auto& n : g.nodes) for (const auto& v : n.outputs) exists = exists || v == name;
+    OT_CHECK(exists || g.is_input(name), kWhere, "additional output '", name, "' is not a value of the model");
+  }
+  // Outputs: the loss, then any additional outputs.
+  g.outputs.clear();
+  g.outputs.push_back({"loss", ValueInfo{}});
+  for (const auto& name : o.additional_output_names) g.outputs.push_back({name, ValueInfo{}});
+
+  // BatchNorm running statistics updated by a training step.
+  std::vector<std::pair<std::string, std::string>> buffer_updates;  // (buffer, new value)
+  for (const auto& n : g.nodes)
+    if (n.domain.empty() && n.op_type == "BatchNormalization" && n.attr_int("training_mode", 0) == 1)
+      for (size_t k : {size_t(1), size_t(2)})
+        if (n.has_output(k) && g.is_initializer(n.inputs[k + 2])) buffer_updates.emplace_back(n.inputs[k + 2], n.outputs[k]);
+
+  // Parameters become graph inputs: the checkpoint holds their values, Module binds them.
+  std::vector<std::string> param_order;
+  for (const auto& [name, t] : g.initializers)
+    if (trainable.count(name)) param_order.push_back(name);
+  for (const auto& [name, t] : g.initializers)
+    if (!trainable.count(name) && is_floating(t.dtype()) && (frozen.count(name) || t.numel() > 1)) param_order.push_back(name);
+  out.trainable.assign(param_order.begin(), param_order.begin() + long(trainable.size()));
+  out.frozen.assign(param_order.begin() + long(trainable.size()), param_order.end());
+  for (const auto& [buffer, value] : buffer_updates) out.buffers.push_back(buffer);
+
+  out.user_inputs = model_inputs;
+  out.user_inputs.insert(out.user_inputs.end(), targets.begin(), targets.end());
+
+  // Training graph: gradients of the loss w.r.t. the trainable parameters.
+  GradientGraphInfo info;
+  Model training = build_gradient_graph(m, out.trainable, {"loss"}, &info);
+  out.gradient_outputs = info.gradient_outputs;
+  for (const auto& [buffer, value] : buffer_updates) {
+    std::string name = buffer + "_updated";
+    training.graph.nodes.push_back(Node{name + "/identity", "Identity", "", {value}, {name}, {}});
+    training.graph.outputs.push_back({name, ValueInfo{}});
+    out.buffer_outputs.push_back(name);
+  }
+  Model eval = to_inference_mode(m);
+
+  for (Model* model : {&training, &eval}) {
+    Graph& mg = model->graph;
+    for (const auto& p : param_order) {
+      auto it = mg.initializers.find(p);
+      if (it == mg.initializers.end()) continue;  // unused in this graph (e.g. pruned in eval)
+      ValueInfo vi{it->second.dtype(), it->second.shape(), {}};
+      mg.initializers.erase(it);
+      mg.inputs.push_back({p, vi});
+    }
+    infer_shapes(mg, model->opsets);
+  }
+  out.training = std::move(training);
+  out.eval = std::move(eval);
+  return out;
+}
+
+}  // namespace onnxtrain
