@@ -2,6 +2,7 @@
 #include <cmath>
 #include <algorithm>
 #include <unordered_map>
+#include <optional>
 #include <unordered_set>
 
 #include "passes/passes.h"
@@ -104,6 +105,87 @@ int fuse_gelu(Graph& g) {
     // Put the fused node where the last node of the chain was, keeping topological order.
     size_t last = *std::max_element(chain.begin(), chain.end());
     g.nodes[last] = gelu;
+    removed[last] = 0;
+    ++fused;
+  }
+  if (!fused) return 0;
+  std::vector<Node> kept;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (!removed[i]) kept.push_back(std::move(g.nodes[i]));
+  g.nodes = std::move(kept);
+  return fused;
+}
+
+}  // namespace onnxtrain
+
+namespace onnxtrain {
+
+namespace {
+// perm swaps the last two axes and keeps the others in place.
+bool swaps_last_two(const std::vector<int64_t>& perm) {
+  size_t r = perm.size();
+  if (r < 2) return false;
+  for (size_t i = 0; i + 2 < r; ++i)
+    if (perm[i] != int64_t(i)) return false;
+  return perm[r - 2] == int64_t(r - 1) && perm[r - 1] == int64_t(r - 2);
+}
+
+std::optional<Shape> shape_of(const Graph& g, const std::string& v) {
+  if (auto it = g.initializers.find(v); it != g.initializers.end()) return it->second.shape();
+  if (auto it = g.value_info.find(v); it != g.value_info.end()) return it->second.shape;
+  for (const auto& in : g.inputs) if (in.name == v) return in.info.shape;
+  return std::nullopt;
+}
+}  // namespace
+
+int fuse_matmul(Graph& g) {
+  int fused = 0;
+  std::vector<char> removed(g.nodes.size(), 0);
+  Uses uses(g);
+  auto producers = g.producers();
+  for (size_t m = 0; m < g.nodes.size(); ++m) {
+    Node& mm = g.nodes[m];
+    if (!is_op(mm, "MatMul") || mm.inputs.size() != 2) continue;
+    Node fusedmm;
+    fusedmm.op_type = "FusedMatMul";
+    fusedmm.domain = kOnnxTrainDomain;
+    fusedmm.name = mm.name + "/fused";
+    fusedmm.inputs = mm.inputs;
+    std::vector<size_t> absorbed;
+    // Transposes of the last two axes become transA / transB (read through strides).
+    for (int k = 0; k < 2; ++k) {
+      auto p = producers.find(mm.inputs[size_t(k)]);
+      if (p == producers.end()) continue;
+      const Node& t = g.nodes[p->second];
+      if (!is_op(t, "Transpose") || removed[p->second] || !t.has_attr("perm") || !swaps_last_two(t.attr_ints("perm")) ||
+          uses.sole_reader(t.outputs[0]) != int(m))
+        continue;
+      // 1-D operands ignore trans flags; only fold when the source has rank >= 2.
+      fusedmm.inputs[size_t(k)] = t.inputs[0];
+      fusedmm.attributes[k == 0 ? "transA" : "transB"] = Attribute::of(int64_t(1));
+      absorbed.push_back(p->second);
+    }
+    // Add(bias) with a 1-D bias of the output's last dimension.
+    std::string out = mm.outputs[0];
+    int a = uses.sole_reader(out);
+    size_t last = m;
+    if (a >= 0 && is_op(g.nodes[size_t(a)], "Add")) {
+      std::string bias = other_operand(g.nodes[size_t(a)], out);
+      auto bs = shape_of(g, bias);
+      auto ws = shape_of(g, fusedmm.inputs[1]);
+      bool trans_b = fusedmm.has_attr("transB");
+      if (!bias.empty() && bs && bs->size() == 1 && ws && ws->size() >= 2 &&
+          (*ws)[ws->size() - (trans_b ? 2 : 1)] == (*bs)[0] && (*bs)[0] > 0) {
+        fusedmm.inputs.push_back(bias);
+        out = g.nodes[size_t(a)].outputs[0];
+        absorbed.push_back(m);
+        last = size_t(a);
+      }
+    }
+    if (absorbed.empty()) continue;
+    fusedmm.outputs = {out};
+    for (size_t k : absorbed) removed[k] = 1;
+    g.nodes[last] = fusedmm;  // where the last absorbed node stood: inputs are defined before it
     removed[last] = 0;
     ++fused;
   }

@@ -194,7 +194,8 @@ void optimize_for_inference(Model& model) {
     changed += eliminate_dead_code(g);
     if (changed == 0) break;
   }
-  if (fuse_gelu(g)) {
+  infer_shapes(g, model.opsets);  // fusions check operand shapes
+  if (fuse_gelu(g) + fuse_matmul(g)) {
     model.opsets.emplace(kOnnxTrainDomain, 1);
     eliminate_dead_code(g);
   }

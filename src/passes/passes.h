@@ -13,6 +13,7 @@ int eliminate_common_subexpressions(Graph& graph);
 
 // Fusions (src/passes/fusions.cc).
 int fuse_gelu(Graph& graph);               // 0.5 x (1 + erf(x / sqrt 2)) -> onnxtrain.Gelu
+int fuse_matmul(Graph& graph);             // Transpose -> MatMul -> Add(bias) -> onnxtrain.FusedMatMul
 
 // The standard pipeline for inference: shapes, folding, identities, CSE, DCE, to a fixed point.
 void optimize_for_inference(Model& model);

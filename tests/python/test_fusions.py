@@ -46,3 +46,24 @@ def test_gelu_fusion_leaves_shared_intermediates_alone():
     for got, want in zip(outs, ref):
         np.testing.assert_allclose(got, want.numpy(), rtol=1e-5, atol=1e-6)
     assert optimized.count("Div") >= 1
+
+
+def test_linear_on_3d_input_becomes_fused_matmul_with_bias():
+    torch.manual_seed(1)
+    module = torch.nn.Sequential(torch.nn.Linear(8, 12), torch.nn.ReLU(), torch.nn.Linear(12, 4)).eval()
+    x = torch.randn(2, 5, 8)
+    data = export(module, x)
+
+    class KT(torch.nn.Module):  # q @ k^T: the Transpose folds into transB
+        def forward(self, q, k):
+            return torch.matmul(q, k.transpose(-1, -2))
+
+    qk = export(KT(), torch.randn(2, 3, 4, 6), torch.randn(2, 3, 5, 6))
+    for model, args in ((data, (x,)), (qk, (torch.randn(2, 3, 4, 6), torch.randn(2, 3, 5, 6)))):
+        optimized = op_types(_C.optimize_model(model))
+        assert "FusedMatMul" in optimized and "MatMul" not in optimized and "Transpose" not in optimized, optimized
+    (y,) = onnxtrain.InferenceSession(data).run(None, {"in0": x.numpy()})
+    np.testing.assert_allclose(y, module(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+    q, k = torch.randn(2, 3, 4, 6), torch.randn(2, 3, 5, 6)
+    (s,) = onnxtrain.InferenceSession(qk).run(None, {"in0": q.numpy(), "in1": k.numpy()})
+    np.testing.assert_allclose(s, KT()(q, k).numpy(), rtol=1e-5, atol=1e-5)
