@@ -1,0 +1,144 @@
+// On-device training state: CheckpointState holds parameters (with gradients and requires_grad),
+// optimizer state and user properties, and saves/loads them as one checkpoint file.
+//
+//   auto state = onnxtrain::CheckpointState::load("out/checkpoint");
+//   Tensor w = state.get_parameter("fc.weight");
+//   state.add_property("epoch", int64_t{3});
+//   state.save("out/checkpoint");                      // atomic: old file kept on failure
+//
+// The file is in the safetensors layout (see src/training/checkpoint.cc for the exact keys):
+// parameters keep their ONNX initializer names; optimizer tensors are "__optimizer__/<param>/<name>";
+// everything else lives in "__metadata__" under "onnxtrain.*" keys, with CRC-32C checksums of the
+// header and the data.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <variant>
+#include <vector>
+
+#include "onnxtrain/tensor.h"
+
+namespace onnxtrain {
+
+class Graph;
+
+using PropertyValue = std::variant<int64_t, double, std::string>;
+const char* property_type_name(const PropertyValue& value);  // "int", "float", "string"
+
+// One model parameter. Its dtype and shape are fixed when it is created; data and grad must match
+// them. In a nominal checkpoint, data is undefined until filled.
+class Parameter {
+ public:
+  Parameter() = default;
+  Parameter(std::string name, DType dtype, Shape shape, bool requires_grad);
+
+  const std::string& name() const { return name_; }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int64_t numel() const { return onnxtrain::numel(shape_); }
+  bool requires_grad() const { return requires_grad_; }
+  void set_requires_grad(bool r) { requires_grad_ = r; }
+
+  bool has_data() const { return data_.defined(); }
+  // The parameter's storage. Tensor copies share storage, so `Tensor t = p.data();` then writing
+  // through t updates the parameter in place.
+  // Throws for a nominal parameter that has no data yet.
+  const Tensor& data() const;
+  // Copies value into the parameter's storage (allocating it for a nominal parameter), so every
+  // alias of data() sees the new values. Checks dtype and shape.
+  void set_data(const Tensor& value);
+  // Adopts value as the storage without copying. Checks dtype and shape.
+  void adopt_data(Tensor value);
+
+  // Gradient slot: undefined until allocated.
+  bool has_grad() const { return grad_.defined(); }
+  const Tensor& grad() const { return grad_; }
+  Tensor& ensure_grad();  // allocates zeros when missing
+  void set_grad(Tensor g);  // checks dtype and shape; an undefined tensor clears the slot
+  void zero_grad();       // fills an allocated gradient with zeros
+
+ private:
+  void check_matches(const Tensor& t, const char* what) const;
+  std::string name_;
+  DType dtype_ = DType::kUndefined;
+  Shape shape_;
+  bool requires_grad_ = false;
+  Tensor data_;
+  Tensor grad_;
+};
+
+// Optimizer state: a step count, an optional learning rate, and named tensors per parameter
+// (e.g. "exp_avg", "exp_avg_sq" for AdamW). State names may not contain '/'.
+struct OptimizerState {
+  int64_t step = 0;
+  std::optional<double> learning_rate;
+  std::map<std::string, std::map<std::string, Tensor>> param_states;  // param -> name -> tensor
+};
+
+class CheckpointState {
+ public:
+  CheckpointState() = default;
+  // Copies share tensor storage; clone() gives a deep copy.
+  CheckpointState clone() const;
+
+  // Reads and validates a checkpoint. Errors (onnxtrain::Error) name the path and the problem.
+  static CheckpointState load(const std::string& path);
+  // Writes atomically (temporary file in the same directory, fsync, rename, fsync of the
+  // directory). On failure the previous file at path is untouched.
+  void save(const std::string& path, bool include_optimizer_state = true) const;
+
+  // Every initializer of graph becomes a parameter (data copied); those named in trainable
+  // require grad (each must be a floating-point initializer). nominal: shapes and dtypes only.
+  static CheckpointState from_initializers(const Graph& graph, const std::vector<std::string>& trainable,
+                                           bool nominal = false);
+
+  // ---- parameters, in insertion order
+  Parameter& add_parameter(const std::string& name, Tensor data, bool requires_grad);
+  Parameter& add_nominal_parameter(const std::string& name, DType dtype, Shape shape, bool requires_grad);
+  bool has_parameter(const std::string& name) const { return index_.count(name) > 0; }
+  Parameter& parameter(const std::string& name);
+  const Parameter& parameter(const std::string& name) const;
+  std::vector<std::string> parameter_names() const;
+  const std::vector<Parameter>& parameters() const { return params_; }
+  size_t num_parameters() const { return params_.size(); }
+  Tensor get_parameter(const std::string& name) const { return parameter(name).data(); }
+  // Copies value into the parameter; the error names the parameter, expected vs got dtype/shape.
+  void set_parameter(const std::string& name, const Tensor& value) { parameter(name).set_data(value); }
+  // True when some parameter has no data (shapes and dtypes only).
+  bool is_nominal() const;
+
+  // ---- one contiguous buffer of (trainable, or all) parameters, in parameter order. Every
+  // selected parameter must have the same dtype.
+  std::vector<std::string> buffer_parameter_names(bool trainable_only) const;
+  int64_t buffer_numel(bool trainable_only) const;
+  Tensor to_contiguous_buffer(bool trainable_only) const;  // 1-D
+  // Checks the whole buffer first (dtype, numel), then copies; fills nominal parameters.
+  void fill_parameters_from_buffer(const Tensor& flat, bool trainable_only);
+
+  // ---- properties (int, float, string)
+  void add_property(const std::string& name, PropertyValue value);
+  const PropertyValue& get_property(const std::string& name) const;
+  bool has_property(const std::string& name) const { return properties_.count(name) > 0; }
+  bool remove_property(const std::string& name) { return properties_.erase(name) > 0; }
+  const std::map<std::string, PropertyValue>& properties() const { return properties_; }
+
+  // ---- optimizer state
+  bool has_optimizer_state() const { return optimizer_.has_value(); }
+  OptimizerState& optimizer_state();  // created empty when missing
+  const OptimizerState& optimizer_state() const;  // throws when missing
+  void clear_optimizer_state() { optimizer_.reset(); }
+  // Sets one optimizer tensor; the parameter must exist and the name must not contain '/'.
+  void set_optimizer_tensor(const std::string& param, const std::string& name, Tensor value);
+
+ private:
+  std::vector<Parameter> params_;
+  std::unordered_map<std::string, size_t> index_;
+  std::map<std::string, PropertyValue> properties_;
+  std::optional<OptimizerState> optimizer_;
+};
+
+}  // namespace onnxtrain

@@ -1,0 +1,290 @@
+"""On-device training API, mirroring ``onnxruntime.training.api``.
+
+::
+
+    from onnxtrain.api import CheckpointState
+    state = CheckpointState.load_checkpoint("out/checkpoint")
+    w = state.parameters["fc.weight"].data          # numpy copy
+    state.parameters["fc.weight"].data = new_w      # shape and dtype are checked
+    state.properties["epoch"] = 3                   # int, float or str
+    CheckpointState.save_checkpoint(state, "out/checkpoint", include_optimizer_state=True)
+
+The checkpoint file is in the safetensors layout, so any safetensors reader opens it.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _C
+
+__all__ = ["CheckpointState", "Parameter", "Parameters", "Properties"]
+
+_NUMPY_DTYPES = {
+    "float32": np.float32, "float64": np.float64, "float16": np.float16,
+    "bfloat16": np.float32,  # numpy has no bfloat16: bfloat16 parameters read and write as float32
+    "int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64,
+    "uint8": np.uint8, "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64,
+    "bool": np.bool_,
+}
+_INT64_MIN, _INT64_MAX = -(2 ** 63), 2 ** 63 - 1
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _path(p: PathLike) -> str:
+    if not isinstance(p, (str, os.PathLike)):
+        raise TypeError(f"expected a path (str or os.PathLike), got {type(p).__name__}")
+    return os.fspath(p)
+
+
+class Parameter:
+    """One model parameter of a :class:`CheckpointState`: ``name``, ``data``, ``grad``,
+    ``requires_grad``, ``shape``, ``dtype``. Obtained from ``state.parameters[name]``; it reads
+    the state on every access, so it always shows current values."""
+
+    def __init__(self, state: "_C.CheckpointState", name: str):
+        self._state = state
+        self._name = name
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def _info(self):
+        return self._state.parameter_info(self._name)
+
+    @property
+    def dtype(self) -> str:
+        return self._info()[0]
+
+    @property
+    def shape(self) -> Tuple[int, ...]:
+        return tuple(self._info()[1])
+
+    @property
+    def requires_grad(self) -> bool:
+        return self._info()[2]
+
+    @property
+    def data(self) -> np.ndarray:
+        """A copy of the parameter's values. Raises for a nominal checkpoint not yet filled."""
+        return self._state.get_parameter_data(self._name)
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        """Copies ``value`` into the parameter. A numpy array must match the parameter's dtype and
+        shape exactly; other values (lists, scalars) are converted to the parameter's dtype."""
+        if not isinstance(value, np.ndarray):
+            value = np.asarray(value, dtype=_NUMPY_DTYPES.get(self.dtype))
+        self._state.set_parameter_data(self._name, np.ascontiguousarray(value))
+
+    @property
+    def grad(self) -> Optional[np.ndarray]:
+        """A copy of the gradient, or None when no gradient has been computed."""
+        return self._state.get_parameter_grad(self._name)
+
+    def __repr__(self) -> str:
+        dtype, shape, requires_grad, has_data, _ = self._info()
+        extra = "" if has_data else ", nominal"
+        return (f"Parameter(name={self._name!r}, dtype={dtype}, shape={tuple(shape)}, "
+                f"requires_grad={requires_grad}{extra})")
+
+
+class Parameters:
+    """The parameters of a state, by name. ``state.parameters["w"]`` is a :class:`Parameter`;
+    ``state.parameters["w"] = array`` copies values in. Iterating yields ``(name, Parameter)``
+    pairs, as in ONNX Runtime; ``keys()``, ``values()`` and ``items()`` work as for a dict."""
+
+    def __init__(self, state: "_C.CheckpointState"):
+        self._state = state
+
+    def __getitem__(self, name: str) -> Parameter:
+        if not isinstance(name, str):
+            raise TypeError(f"parameter names are str, got {type(name).__name__}")
+        if not self._state.has_parameter(name):
+            raise KeyError(f"no parameter named {name!r} (parameters: {', '.join(self.keys()[:8]) or 'none'}"
+                           f"{', ...' if len(self) > 8 else ''})")
+        return Parameter(self._state, name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self[name].data = value
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._state.has_parameter(name)
+
+    def __len__(self) -> int:
+        return len(self._state.parameter_names())
+
+    def __iter__(self) -> Iterator[Tuple[str, Parameter]]:
+        for name in self._state.parameter_names():
+            yield name, Parameter(self._state, name)
+
+    def keys(self) -> List[str]:
+        return list(self._state.parameter_names())
+
+    def values(self) -> List[Parameter]:
+        return [Parameter(self._state, n) for n in self._state.parameter_names()]
+
+    def items(self) -> List[Tuple[str, Parameter]]:
+        return list(self)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
+
+    def __repr__(self) -> str:
+        return f"Parameters({self.keys()!r})"
+
+
+def _check_property_value(name: str, value: Any) -> Tuple[str, Union[int, float, str]]:
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"property {name!r}: bool values are not supported; use int, float or str")
+    if isinstance(value, (int, np.integer)):
+        value = int(value)
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            raise OverflowError(f"property {name!r}: int {value} does not fit in 64 bits")
+        return "int", value
+    if isinstance(value, (float, np.floating)):
+        return "float", float(value)
+    if isinstance(value, str):
+        return "str", value
+    raise TypeError(f"property {name!r}: values of type {type(value).__name__} are not supported; "
+                    f"use int, float or str")
+
+
+class Properties:
+    """User properties of a state (int, float or str values), by name. Iterating yields
+    ``(name, value)`` pairs, as in ONNX Runtime; ``keys()``, ``values()`` and ``items()`` work as
+    for a dict."""
+
+    def __init__(self, state: "_C.CheckpointState"):
+        self._state = state
+
+    def __getitem__(self, name: str) -> Union[int, float, str]:
+        if not isinstance(name, str) or not self._state.has_property(name):
+            raise KeyError(f"no property named {name!r} (properties: {', '.join(self.keys()) or 'none'})")
+        return self._state.get_property(name)
+
+    def __setitem__(self, name: str, value: Union[int, float, str]) -> None:
+        if not isinstance(name, str):
+            raise TypeError(f"property names are str, got {type(name).__name__}")
+        kind, v = _check_property_value(name, value)
+        if kind == "int":
+            self._state.set_int_property(name, v)
+        elif kind == "float":
+            self._state.set_float_property(name, v)
+        else:
+            self._state.set_string_property(name, v)
+
+    def __delitem__(self, name: str) -> None:
+        if not (isinstance(name, str) and self._state.remove_property(name)):
+            raise KeyError(f"no property named {name!r}")
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and self._state.has_property(name)
+
+    def __len__(self) -> int:
+        return len(self._state.property_names())
+
+    def __iter__(self) -> Iterator[Tuple[str, Union[int, float, str]]]:
+        for name in self._state.property_names():
+            yield name, self._state.get_property(name)
+
+    def keys(self) -> List[str]:
+        return list(self._state.property_names())
+
+    def values(self) -> List[Union[int, float, str]]:
+        return [v for _, v in self]
+
+    def items(self) -> List[Tuple[str, Union[int, float, str]]]:
+        return list(self)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self[name] if name in self else default
+
+    def __repr__(self) -> str:
+        return f"Properties({dict(self.items())!r})"
+
+
+class CheckpointState:
+    """The state of training: parameters (with gradients), optimizer state and user properties.
+
+    Create it with :meth:`load_checkpoint` (or :meth:`from_onnx_model`); save it with
+    :meth:`save_checkpoint`.
+    """
+
+    def __init__(self, state: "_C.CheckpointState"):
+        if not isinstance(state, _C.CheckpointState):
+            raise TypeError(f"CheckpointState wraps a native state; got {type(state).__name__}. "
+                            f"Use CheckpointState.load_checkpoint(path).")
+        self._state = state
+        self._parameters = Parameters(state)
+        self._properties = Properties(state)
+
+    @classmethod
+    def load_checkpoint(cls, checkpoint_uri: PathLike) -> "CheckpointState":
+        """Loads and validates a checkpoint file (onnxtrain.Error subclasses on failure)."""
+        return cls(_C.CheckpointState.load(_path(checkpoint_uri)))
+
+    @classmethod
+    def save_checkpoint(cls, state: "CheckpointState", checkpoint_uri: PathLike,
+                        include_optimizer_state: bool = False) -> None:
+        """Writes ``state`` atomically: on failure the previous file is left as it was."""
+        if not isinstance(state, CheckpointState):
+            raise TypeError(f"expected a CheckpointState, got {type(state).__name__}")
+        state._state.save(_path(checkpoint_uri), bool(include_optimizer_state))
+
+    @classmethod
+    def from_onnx_model(cls, model: Any, requires_grad: Sequence[str] = (),
+                        nominal: bool = False) -> "CheckpointState":
+        """A state holding every initializer of ``model`` (path, bytes or onnx.ModelProto) as a
+        parameter; those named in ``requires_grad`` are trainable. ``nominal``: shapes only."""
+        if isinstance(model, (bytes, bytearray)):
+            arg: Union[str, bytes] = bytes(model)
+        elif isinstance(model, (str, os.PathLike)):
+            arg = os.fspath(model)
+        elif hasattr(model, "SerializeToString"):
+            arg = model.SerializeToString()
+        else:
+            raise TypeError(f"model must be a path, bytes or onnx.ModelProto, got {type(model).__name__}")
+        if isinstance(requires_grad, str):
+            raise TypeError("requires_grad must be a sequence of names, not a str")
+        return cls(_C.CheckpointState.from_onnx_model(arg, list(requires_grad), bool(nominal)))
+
+    @property
+    def parameters(self) -> Parameters:
+        return self._parameters
+
+    @property
+    def properties(self) -> Properties:
+        return self._properties
+
+    def is_nominal(self) -> bool:
+        """True when some parameter has shapes and dtype only, no data."""
+        return self._state.is_nominal()
+
+    def to_contiguous_buffer(self, trainable_only: bool = True) -> np.ndarray:
+        """The (trainable) parameters concatenated into one 1-D array, in parameter order."""
+        return self._state.to_contiguous_buffer(trainable_only)
+
+    def fill_parameters_from_buffer(self, buffer: np.ndarray, trainable_only: bool = True) -> None:
+        """Copies a 1-D buffer (as from :meth:`to_contiguous_buffer`) into the parameters; fills
+        a nominal checkpoint. The buffer is checked whole before anything is written."""
+        self._state.fill_parameters_from_buffer(np.ascontiguousarray(buffer), trainable_only)
+
+    # ONNX Runtime's older API indexed properties on the state itself.
+    def __getitem__(self, name: str) -> Union[int, float, str]:
+        return self._properties[name]
+
+    def __setitem__(self, name: str, value: Union[int, float, str]) -> None:
+        self._properties[name] = value
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._properties
+
+    def __repr__(self) -> str:
+        return (f"CheckpointState({len(self._parameters)} parameters, {len(self._properties)} properties"
+                f"{', optimizer state' if self._state.has_optimizer_state() else ''}"
+                f"{', nominal' if self.is_nominal() else ''})")
