@@ -1,0 +1,55 @@
+// Cast (to the dtype in attribute `to`) and CastLike (to input 1's dtype) between every numeric
+// dtype and bool. Floats into integers saturate and NaN gives 0; integers into narrower integers
+// wrap; strings are not supported.
+#include <cstring>
+
+#include "ops/elementwise/elementwise.h"
+
+namespace onnxtrain {
+namespace {
+
+void check_castable(const Node& node, DType dt, const char* what) {
+  if (dt == DType::kString)
+    OT_THROW(kNotImplemented, node.context(), "string tensors are not supported (", what, ")");
+  if (!dtype_supported(dt))
+    OT_THROW(kNotImplemented, node.context(), "cast with ", what, " of ONNX dtype ", int(dt), " is not supported");
+}
+
+void cast_to(KernelContext& ctx, DType to) {
+  const Tensor& x = ctx.input(0);
+  check_castable(ctx.node(), x.dtype(), "the input");
+  check_castable(ctx.node(), to, "the target");
+  Tensor& y = ctx.output(0, to, x.shape());
+  if (x.dtype() == to) {
+    if (x.data() != y.data() && x.numel() > 0) std::memcpy(y.data(), x.data(), x.nbytes());
+    return;
+  }
+  dispatch_all(x.dtype(), [&]<typename From>() {
+    dispatch_all(to, [&]<typename To>() {
+      unary_map(x.data<From>(), y.data<To>(), x.numel(), [](From v) { return elementwise::convert<To>(v); });
+    });
+  });
+}
+
+DType attr_to(const Node& node) {
+  OT_CHECK(node.has_attr("to"), node.context(), "attribute 'to' is required");
+  DType to = DType(int32_t(node.attr_int("to", 0)));
+  check_castable(node, to, "the target");
+  return to;
+}
+
+void cast_kernel(KernelContext& ctx) { cast_to(ctx, attr_to(ctx.node())); }
+void cast_like_kernel(KernelContext& ctx) { cast_to(ctx, ctx.input(1).dtype()); }
+
+}  // namespace
+
+// y = cast(x, to).  dx = cast(dy, dtype(x)) for float-to-float casts; none through integers or bool
+ONNXTRAIN_OP(Cast, kOnnxDomain, 6).inputs(1).outputs(1).inplace(0, 0)
+    .shape([](ShapeContext& ctx) { ctx.set_output(0, attr_to(ctx.node()), ctx.input_shape(0)); })
+    .cpu(cast_kernel);
+// y = cast(x, dtype(t)).  dx = cast(dy, dtype(x)); t gets none
+ONNXTRAIN_OP(CastLike, kOnnxDomain, 15).inputs(2).outputs(1).inplace(0, 0)
+    .shape([](ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(0)); })
+    .cpu(cast_like_kernel);
+
+}  // namespace onnxtrain

@@ -1,0 +1,58 @@
+// Where: out = cond ? x : y with three-way numpy broadcasting. Only moves data, so it dispatches by
+// element size.
+#include "ops/elementwise/elementwise.h"
+
+namespace onnxtrain {
+namespace {
+
+void where_kernel(KernelContext& ctx) {
+  const Tensor& c = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  const Tensor& y = ctx.input(2);
+  OT_CHECK(c.dtype() == DType::kBool, ctx.node().context(), "condition must be bool, got ", dtype_name(c.dtype()));
+  OT_CHECK(x.dtype() == y.dtype(), ctx.node().context(), "X and Y must share a dtype, got ",
+           dtype_name(x.dtype()), " and ", dtype_name(y.dtype()));
+  Shape shape = broadcast_shapes(ctx.node(), broadcast_shapes(ctx.node(), c.shape(), x.shape()), y.shape());
+  Tensor& out = ctx.output(0, x.dtype(), shape);
+  if (out.numel() == 0) return;
+  dispatch_by_size(x.dtype(), [&]<typename T>() {
+    const bool* pc = c.data<bool>();
+    const T* px = static_cast<const T*>(x.data());
+    const T* py = static_cast<const T*>(y.data());
+    T* po = static_cast<T*>(out.data());
+    if (c.shape() == shape && x.shape() == shape && y.shape() == shape) {
+      parallel_for(out.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) po[i] = pc[i] ? px[i] : py[i];
+      });
+      return;
+    }
+    auto plan = make_broadcast_plan<3>(shape, {&c.shape(), &x.shape(), &y.shape()});
+    int64_t sc = plan.inner_stride[0], sx = plan.inner_stride[1], sy = plan.inner_stride[2];
+    for_each_broadcast_run(plan, [&](int64_t o, const std::array<int64_t, 3>& off, int64_t n) {
+      const bool* cc = pc + off[0];
+      const T* xx = px + off[1];
+      const T* yy = py + off[2];
+      T* z = po + o;
+      if (sc == 0) {  // one condition for the whole run: a copy or a fill
+        const T* src = cc[0] ? xx : yy;
+        if (cc[0] ? sx : sy) { if (src != z) std::copy(src, src + n, z); }  // z may alias x or y
+        else std::fill(z, z + n, src[0]);
+        return;
+      }
+      for (int64_t i = 0; i < n; ++i) z[i] = cc[i] ? xx[i * sx] : yy[i * sy];
+    });
+  });
+}
+
+void where_shape(ShapeContext& ctx) {
+  ctx.set_output(0, ctx.input_dtype(1),
+                 broadcast_static(broadcast_static(ctx.input_shape(0), ctx.input_shape(1)), ctx.input_shape(2)));
+}
+
+}  // namespace
+
+// z = c ? x : y.  dx = sum_to(where(c, dz, 0), x), dy = sum_to(where(c, 0, dz), y); c gets none
+ONNXTRAIN_OP(Where, kOnnxDomain, 9).inputs(3).outputs(1).shape(where_shape).inplace(0, 1).inplace(0, 2)
+    .cpu(where_kernel);
+
+}  // namespace onnxtrain
