@@ -118,6 +118,8 @@ class Tensor {
 
   // Same bytes viewed with another shape of equal element count.
   Tensor reshaped(Shape shape) const;
+  // Same bytes read as another dtype of the same element size (bfloat16 bits as uint16, ...).
+  Tensor view_as(DType dtype) const;
   // A deep copy into fresh owning storage.
   Tensor clone() const;
   // Reads element i as double / int64, whatever the dtype (for small shape tensors and tests).

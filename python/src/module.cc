@@ -53,6 +53,8 @@ py::dtype numpy_dtype(DType dt) {
     case DType::kUint32: return py::dtype::of<uint32_t>();
     case DType::kUint64: return py::dtype::of<uint64_t>();
     case DType::kBool: return py::dtype::of<bool>();
+    // numpy has no bfloat16: its bits travel as uint16, as ONNX's own tools do.
+    case DType::kBFloat16: return py::dtype::of<uint16_t>();
     default: OT_THROW(kNotImplemented, "dtype ", dtype_name(dt), " has no numpy equivalent");
   }
 }
@@ -145,6 +147,11 @@ PYBIND11_MODULE(_C, m) {
       .def("run",
            [](InferenceSession& s, const std::vector<std::string>& names, const py::dict& feeds) {
              auto tensors = feeds_from_dict(feeds);
+             // bfloat16 inputs arrive as uint16 bit patterns (numpy has no bfloat16).
+             for (const auto& in : s.inputs())
+               if (auto it = tensors.find(in.name); it != tensors.end() && in.dtype == DType::kBFloat16 &&
+                                                     it->second.dtype() == DType::kUint16)
+                 it->second = it->second.view_as(DType::kBFloat16);
              std::vector<Tensor> outs;
              {
                py::gil_scoped_release release;

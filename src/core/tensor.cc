@@ -165,6 +165,14 @@ Tensor Tensor::reshaped(Shape shape) const {
   return t;
 }
 
+Tensor Tensor::view_as(DType dtype) const {
+  OT_CHECK(dtype_size(dtype) == dtype_size(dtype_), "cannot view ", dtype_name(dtype_), " as ", dtype_name(dtype),
+           ": element sizes differ");
+  Tensor t = *this;
+  t.dtype_ = dtype;
+  return t;
+}
+
 Tensor Tensor::clone() const {
   Tensor t = empty(dtype_, shape_);
   if (nbytes()) std::memcpy(t.data_, data_, nbytes());
