@@ -73,7 +73,7 @@ class Parameter {
 
 // Optimizer state: a step count, an optional learning rate, and named tensors per parameter
 // (e.g. "exp_avg", "exp_avg_sq" for AdamW). State names may not contain '/'.
-struct OptimizerState {
+struct SavedOptimizerState {
   int64_t step = 0;
   std::optional<double> learning_rate;
   std::map<std::string, std::map<std::string, Tensor>> param_states;  // param -> name -> tensor
@@ -128,8 +128,8 @@ class CheckpointState {
 
   // ---- optimizer state
   bool has_optimizer_state() const { return optimizer_.has_value(); }
-  OptimizerState& optimizer_state();  // created empty when missing
-  const OptimizerState& optimizer_state() const;  // throws when missing
+  SavedOptimizerState& optimizer_state();  // created empty when missing
+  const SavedOptimizerState& optimizer_state() const;  // throws when missing
   void clear_optimizer_state() { optimizer_.reset(); }
   // Sets one optimizer tensor; the parameter must exist and the name must not contain '/'.
   void set_optimizer_tensor(const std::string& param, const std::string& name, Tensor value);
@@ -138,7 +138,7 @@ class CheckpointState {
   std::vector<Parameter> params_;
   std::unordered_map<std::string, size_t> index_;
   std::map<std::string, PropertyValue> properties_;
-  std::optional<OptimizerState> optimizer_;
+  std::optional<SavedOptimizerState> optimizer_;
 };
 
 }  // namespace onnxtrain

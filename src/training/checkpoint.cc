@@ -468,12 +468,12 @@ const PropertyValue& CheckpointState::get_property(const std::string& name) cons
   return it->second;
 }
 
-OptimizerState& CheckpointState::optimizer_state() {
+SavedOptimizerState& CheckpointState::optimizer_state() {
   if (!optimizer_) optimizer_.emplace();
   return *optimizer_;
 }
 
-const OptimizerState& CheckpointState::optimizer_state() const {
+const SavedOptimizerState& CheckpointState::optimizer_state() const {
   if (!optimizer_) OT_THROW(kInvalidArgument, "the checkpoint has no optimizer state");
   return *optimizer_;
 }
@@ -896,7 +896,7 @@ CheckpointState load_impl(const std::string& path) {
       if (k == kKeyOptimizer) {
         const json::Value* step = j.is_object() ? j.find("step") : nullptr;
         if (!step || !step->is_integer()) OT_THROW(kInvalidModel, "metadata \"", k, "\": needs an integer \"step\"");
-        OptimizerState& opt = state.optimizer_state();
+        SavedOptimizerState& opt = state.optimizer_state();
         opt.step = step->as_int();
         if (const json::Value* lr = j.find("learning_rate")) opt.learning_rate = decode_double(*lr, "metadata \"" + k + "\" learning_rate");
       } else if (k.rfind(kKeyPropertyPrefix, 0) == 0) {
