@@ -20,7 +20,8 @@ import numpy as np
 
 from . import _C
 
-__all__ = ["CheckpointState", "Parameter", "Parameters", "Properties"]
+__all__ = ["CheckpointState", "Parameter", "Parameters", "Properties", "Module", "Optimizer",
+           "LinearLRScheduler", "CosineLRScheduler", "StepLRScheduler", "ConstantLRScheduler"]
 
 _NUMPY_DTYPES = {
     "float32": np.float32, "float64": np.float64, "float16": np.float16,
@@ -288,3 +289,123 @@ class CheckpointState:
         return (f"CheckpointState({len(self._parameters)} parameters, {len(self._properties)} properties"
                 f"{', optimizer state' if self._state.has_optimizer_state() else ''}"
                 f"{', nominal' if self.is_nominal() else ''})")
+
+
+class Module:
+    """Runs the training graph (``module(*inputs)`` in train mode: forward, backward and gradient
+    accumulation; returns the loss) or, after :meth:`eval`, the eval graph (returns its outputs).
+
+    Mirrors ``onnxruntime.training.api.Module``. Parameters stay in ``state`` and are read in place.
+    """
+
+    def __init__(self, train_model_uri: PathLike, state: CheckpointState,
+                 eval_model_uri: Optional[PathLike] = None, device: str = "cpu"):
+        if device != "cpu":
+            raise ValueError(f"device {device!r} is not supported yet (only 'cpu')")
+        if not isinstance(state, CheckpointState):
+            raise TypeError(f"expected a CheckpointState, got {type(state).__name__}")
+        self._state = state
+        self._module = _C.Module(_path(train_model_uri), state._state,
+                                 _path(eval_model_uri) if eval_model_uri is not None else "")
+        self._training = True
+
+    def __call__(self, *user_inputs: Any) -> Union[np.ndarray, List[np.ndarray]]:
+        inputs = [np.asarray(x, order="C") for x in user_inputs]
+        outputs = self._module.train_step(inputs) if self._training else self._module.eval_step(inputs)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    def train(self, mode: bool = True) -> "Module":
+        self._training = bool(mode)
+        return self
+
+    def eval(self) -> "Module":
+        return self.train(False)
+
+    @property
+    def training(self) -> bool:
+        return self._training
+
+    def lazy_reset_grad(self) -> None:
+        """The next train step overwrites the gradients instead of adding to them."""
+        self._module.lazy_reset_grad()
+
+    def input_names(self) -> List[str]:
+        return self._module.input_names(self._training)
+
+    def output_names(self) -> List[str]:
+        return self._module.output_names(self._training)
+
+    def get_parameters_size(self, trainable_only: bool = True) -> int:
+        return self._module.get_parameters_size(trainable_only)
+
+    def get_contiguous_parameters(self, trainable_only: bool = False) -> np.ndarray:
+        return self._module.get_contiguous_parameters(trainable_only)
+
+    def copy_buffer_to_parameters(self, buffer: np.ndarray, trainable_only: bool = True) -> None:
+        self._module.copy_buffer_to_parameters(np.ascontiguousarray(buffer), trainable_only)
+
+    def export_model_for_inferencing(self, inference_model_uri: PathLike,
+                                     graph_output_names: Sequence[str]) -> None:
+        """Writes the eval graph with the current parameters as initializers and these outputs."""
+        self._module.export_model_for_inferencing(_path(inference_model_uri), list(graph_output_names))
+
+
+class Optimizer:
+    """Applies the optimizer model's update rule to the module's parameters: one fused
+    multi-tensor pass per :meth:`step`. Moments and the step count live in the checkpoint."""
+
+    def __init__(self, optimizer_uri: PathLike, module: Module):
+        if not isinstance(module, Module):
+            raise TypeError(f"expected a Module, got {type(module).__name__}")
+        self._module = module
+        self._optimizer = _C.Optimizer(_path(optimizer_uri), module._module)
+
+    def step(self) -> None:
+        self._optimizer.step()
+
+    def set_learning_rate(self, learning_rate: float) -> None:
+        self._optimizer.set_learning_rate(float(learning_rate))
+
+    def get_learning_rate(self) -> float:
+        return self._optimizer.get_learning_rate()
+
+
+class _Scheduler:
+    def __init__(self, optimizer: Optimizer, native: Any):
+        self._optimizer = optimizer
+        self._native = native
+        optimizer.set_learning_rate(native.lr)
+
+    def step(self) -> None:
+        """Advances one step and sets the optimizer's learning rate."""
+        self._optimizer.set_learning_rate(self._native.step())
+
+
+class LinearLRScheduler(_Scheduler):
+    """ONNX Runtime's LinearLRScheduler: linear warmup from 0 to ``initial_lr`` over
+    ``warmup_step_count`` steps, then linear decay to 0 at ``total_step_count``."""
+
+    def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float):
+        super().__init__(optimizer, _C.LinearLRScheduler(warmup_step_count, total_step_count, initial_lr))
+
+
+class CosineLRScheduler(_Scheduler):
+    """Linear warmup, then cosine decay to 0 (transformers' cosine schedule with warmup)."""
+
+    def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float,
+                 num_cycles: float = 0.5):
+        super().__init__(optimizer, _C.CosineLRScheduler(warmup_step_count, total_step_count, initial_lr, num_cycles))
+
+
+class StepLRScheduler(_Scheduler):
+    """torch.optim.lr_scheduler.StepLR: multiply by ``gamma`` every ``step_size`` steps."""
+
+    def __init__(self, optimizer: Optimizer, step_size: int, gamma: float, initial_lr: float):
+        super().__init__(optimizer, _C.StepLRScheduler(step_size, gamma, initial_lr))
+
+
+class ConstantLRScheduler(_Scheduler):
+    """Linear warmup, then constant ``initial_lr``."""
+
+    def __init__(self, optimizer: Optimizer, warmup_step_count: int, initial_lr: float):
+        super().__init__(optimizer, _C.ConstantLRScheduler(warmup_step_count, initial_lr))

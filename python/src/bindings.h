@@ -25,3 +25,4 @@ void bind_tools(pybind11::module_& m);     // python/src/tools.cc: model inspect
 void bind_autodiff(pybind11::module_& m);  // python/src/autodiff.cc
 void bind_checkpoint(pybind11::module_& m);  // python/src/checkpoint.cc
 void bind_optim(pybind11::module_& m);       // python/src/optim.cc
+void bind_training(pybind11::module_& m);    // python/src/training.cc

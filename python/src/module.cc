@@ -190,4 +190,5 @@ PYBIND11_MODULE(_C, m) {
   bind_autodiff(m);
   bind_checkpoint(m);
   bind_optim(m);
+  bind_training(m);
 }

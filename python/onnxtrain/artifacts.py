@@ -1,0 +1,122 @@
+"""Training artifacts from an inference model, as ``onnxruntime.training.artifacts`` makes them —
+but generated in C++, so the same step runs from the CLI (``onnxtrain artifacts``) with no Python.
+
+::
+
+    from onnxtrain import artifacts
+    artifacts.generate_artifacts("model.onnx", requires_grad=["fc.weight", "fc.bias"],
+                                 loss=artifacts.LossType.CrossEntropyLoss,
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory="out")
+
+writes ``training_model.onnx``, ``eval_model.onnx``, ``optimizer_model.onnx`` and ``checkpoint``.
+"""
+from __future__ import annotations
+
+import enum
+import os
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from . import _C
+from . import _model_arg
+
+
+class LossType(enum.Enum):
+    MSELoss = "MSELoss"
+    CrossEntropyLoss = "CrossEntropyLoss"
+    BCEWithLogitsLoss = "BCEWithLogitsLoss"
+    L1Loss = "L1Loss"
+    NLLLoss = "NLLLoss"
+    SmoothL1Loss = "SmoothL1Loss"
+    HuberLoss = "HuberLoss"
+    KLDivLoss = "KLDivLoss"
+    BCELoss = "BCELoss"
+
+
+class OptimType(enum.Enum):
+    AdamW = "adamw"
+    Adam = "adam"
+    SGD = "sgd"
+    Lamb = "lamb"
+    Adagrad = "adagrad"
+
+
+def _config(kind: str, **kwargs: Any) -> "_C.OptimizerConfig":
+    return _C.OptimizerConfig(kind, **{k: v for k, v in kwargs.items() if v is not None})
+
+
+def AdamW(lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
+          amsgrad: bool = False, max_grad_norm: Optional[float] = None):
+    """torch.optim.AdamW with its defaults; ``max_grad_norm`` clips the global gradient norm."""
+    return _config("adamw", lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                   max_grad_norm=max_grad_norm)
+
+
+def Adam(lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.0,
+         amsgrad: bool = False, max_grad_norm: Optional[float] = None):
+    """torch.optim.Adam (L2 weight decay added to the gradient)."""
+    return _config("adam", lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, amsgrad=amsgrad,
+                   max_grad_norm=max_grad_norm)
+
+
+def SGD(lr: float = 1e-3, momentum: float = 0.0, dampening: float = 0.0, weight_decay: float = 0.0,
+        nesterov: bool = False, max_grad_norm: Optional[float] = None):
+    """torch.optim.SGD with momentum, dampening and Nesterov."""
+    return _config("sgd", lr=lr, momentum=momentum, dampening=dampening, weight_decay=weight_decay,
+                   nesterov=nesterov, max_grad_norm=max_grad_norm)
+
+
+def Lamb(lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
+         max_grad_norm: Optional[float] = 1.0):
+    """LAMB with apex FusedLAMB's defaults."""
+    return _config("lamb", lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, max_grad_norm=max_grad_norm)
+
+
+def Adagrad(lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
+            initial_accumulator_value: float = 0.0, eps: float = 1e-10, max_grad_norm: Optional[float] = None):
+    """torch.optim.Adagrad."""
+    return _config("adagrad", lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                   initial_accumulator_value=initial_accumulator_value, eps=eps, max_grad_norm=max_grad_norm)
+
+
+def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None,
+                       frozen_params: Optional[Sequence[str]] = None,
+                       loss: Union[LossType, Any, None] = None,
+                       optimizer: Union[OptimType, "_C.OptimizerConfig", None] = None,
+                       artifact_directory: Union[str, os.PathLike, None] = None, prefix: str = "",
+                       additional_output_names: Optional[Sequence[str]] = None,
+                       nominal_checkpoint: bool = False, loss_input_names: Optional[Sequence[str]] = None,
+                       loss_options: Optional[Dict[str, Any]] = None) -> List[str]:
+    """Writes the training, eval and optimizer models and the checkpoint; returns their paths.
+
+    ``model``: a path, bytes or ``onnx.ModelProto``. ``loss``: a :class:`LossType` or a custom loss
+    as an ONNX model (path, bytes or ModelProto) whose first inputs take the model's outputs and
+    whose single output is the loss. ``optimizer``: an :class:`OptimType` (torch.optim defaults)
+    or a configured one (``artifacts.AdamW(lr=...)``). ``loss_options``: reduction, ignore_index,
+    label_smoothing, beta/delta, log_target.
+    """
+    source = _model_arg(model)
+    if isinstance(source, str):
+        with open(source, "rb") as f:
+            source = f.read()
+    if requires_grad is None or isinstance(requires_grad, str):
+        raise TypeError("requires_grad must be a sequence of parameter names")
+    if loss is None:
+        raise ValueError("loss is required: a LossType or a custom loss ONNX model")
+    loss_name, custom = None, None
+    if isinstance(loss, LossType):
+        loss_name = loss.value
+    else:
+        custom = _model_arg(loss)
+        if isinstance(custom, str):
+            with open(custom, "rb") as f:
+                custom = f.read()
+    if optimizer is None or isinstance(optimizer, OptimType):
+        config = _C.OptimizerConfig((optimizer or OptimType.AdamW).value)
+    elif isinstance(optimizer, _C.OptimizerConfig):
+        config = optimizer
+    else:
+        raise TypeError(f"optimizer must be an OptimType or a configured optimizer, got {type(optimizer).__name__}")
+    directory = os.fspath(artifact_directory) if artifact_directory is not None else os.getcwd()
+    return _C.generate_artifacts(source, list(requires_grad), list(frozen_params or []), loss_name, custom, config,
+                                 directory, prefix, list(additional_output_names or []), bool(nominal_checkpoint),
+                                 list(loss_input_names or []), dict(loss_options or {}))

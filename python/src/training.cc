@@ -1,0 +1,115 @@
+// Python bindings of artifact generation, Module and Optimizer (src/training/).
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "onnx/model_io.h"
+#include "training/generate_artifacts.h"
+#include "training/module.h"
+
+namespace py = pybind11;
+using namespace onnxtrain;
+using namespace onnxtrain::python;
+
+namespace {
+
+std::vector<Tensor> tensors_from(const py::sequence& inputs) {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < inputs.size(); ++i) out.push_back(tensor_from_numpy(inputs[i], "input " + std::to_string(i)));
+  return out;
+}
+
+py::list to_numpy_list(const std::vector<Tensor>& tensors) {
+  py::list out;
+  for (const auto& t : tensors) out.append(tensor_to_numpy(t));
+  return out;
+}
+
+}  // namespace
+
+void bind_training(py::module_& m) {
+  m.def(
+      "generate_artifacts",
+      [](py::bytes model, std::vector<std::string> requires_grad, std::vector<std::string> frozen_params,
+         std::optional<std::string> loss, std::optional<py::bytes> custom_loss, const optim::OptimizerConfig& optimizer,
+         std::string directory, std::string prefix, std::vector<std::string> additional_output_names,
+         bool nominal_checkpoint, std::vector<std::string> loss_input_names, py::dict loss_options) {
+        ArtifactOptions o;
+        o.graphs.requires_grad = std::move(requires_grad);
+        o.graphs.frozen_params = std::move(frozen_params);
+        if (loss) o.graphs.loss = loss_type_from_name(*loss);
+        if (custom_loss) o.graphs.custom_loss = load_model_from_bytes(std::string(*custom_loss), "", "<custom loss>");
+        for (auto [k, v] : loss_options) {
+          std::string key = py::str(k);
+          LossOptions& lo = o.graphs.loss_options;
+          if (key == "reduction") lo.reduction = v.cast<std::string>();
+          else if (key == "ignore_index") lo.ignore_index = v.cast<int64_t>();
+          else if (key == "label_smoothing") lo.label_smoothing = v.cast<double>();
+          else if (key == "beta" || key == "delta") lo.beta = v.cast<double>();
+          else if (key == "log_target") lo.log_target = v.cast<bool>();
+          else OT_THROW(kInvalidArgument, "generate_artifacts: unknown loss option '", key, "'");
+        }
+        o.graphs.additional_output_names = std::move(additional_output_names);
+        o.graphs.loss_input_names = std::move(loss_input_names);
+        o.optimizer = optimizer;
+        o.directory = std::move(directory);
+        o.prefix = std::move(prefix);
+        o.nominal_checkpoint = nominal_checkpoint;
+        Model mdl = load_model_from_bytes(std::string(model), "", "<model>");
+        py::gil_scoped_release release;
+        ArtifactPaths p = generate_artifacts(mdl, o);
+        return std::vector<std::string>{p.training_model, p.eval_model, p.optimizer_model, p.checkpoint};
+      },
+      py::arg("model"), py::arg("requires_grad"), py::arg("frozen_params"), py::arg("loss"), py::arg("custom_loss"),
+      py::arg("optimizer"), py::arg("directory"), py::arg("prefix"), py::arg("additional_output_names"),
+      py::arg("nominal_checkpoint"), py::arg("loss_input_names"), py::arg("loss_options"));
+
+  py::class_<Module>(m, "Module")
+      .def(py::init([](const std::string& training, std::shared_ptr<CheckpointState> state, const std::string& eval) {
+             py::gil_scoped_release release;
+             return std::make_unique<Module>(training, *state, eval);
+           }),
+           py::arg("training_model"), py::arg("state"), py::arg("eval_model") = "", py::keep_alive<1, 3>())
+      .def("train_step", [](Module& mod, const py::sequence& inputs) {
+        auto ts = tensors_from(inputs);
+        std::vector<Tensor> out;
+        {
+          py::gil_scoped_release release;
+          out = mod.train_step(ts);
+          ts.clear();
+        }
+        return to_numpy_list(out);
+      })
+      .def("eval_step", [](Module& mod, const py::sequence& inputs) {
+        auto ts = tensors_from(inputs);
+        std::vector<Tensor> out;
+        {
+          py::gil_scoped_release release;
+          out = mod.eval_step(ts);
+          ts.clear();
+        }
+        return to_numpy_list(out);
+      })
+      .def("lazy_reset_grad", &Module::lazy_reset_grad)
+      .def("input_names", &Module::input_names, py::arg("training") = true)
+      .def("output_names", &Module::output_names, py::arg("training") = true)
+      .def("get_parameters_size", &Module::get_parameters_size, py::arg("trainable_only") = true)
+      .def("get_contiguous_parameters", [](const Module& mod, bool trainable_only) {
+        return tensor_to_numpy(mod.get_contiguous_parameters(trainable_only));
+      }, py::arg("trainable_only") = true)
+      .def("copy_buffer_to_parameters", [](Module& mod, py::array buffer, bool trainable_only) {
+        mod.copy_buffer_to_parameters(tensor_from_numpy(buffer, "buffer"), trainable_only);
+      }, py::arg("buffer"), py::arg("trainable_only") = true)
+      .def("export_model_for_inferencing", &Module::export_model_for_inferencing, py::arg("path"),
+           py::arg("output_names"));
+
+  py::class_<Optimizer>(m, "Optimizer")
+      .def(py::init([](const std::string& path, Module& module) { return std::make_unique<Optimizer>(path, module); }),
+           py::arg("optimizer_model"), py::arg("module"), py::keep_alive<1, 3>())
+      .def("step", [](Optimizer& o) {
+        py::gil_scoped_release release;
+        return o.step().grad_norm;
+      })
+      .def("set_learning_rate", &Optimizer::set_learning_rate)
+      .def("get_learning_rate", &Optimizer::get_learning_rate)
+      .def("step_count", &Optimizer::step_count);
+}

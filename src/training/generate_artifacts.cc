@@ -1,0 +1,70 @@
+#include "training/generate_artifacts.h"
+
+#include <filesystem>
+
+#include "onnx/model_io.h"
+#include "onnxtrain/training.h"
+#include "optim/optimizer_ops.h"
+
+namespace onnxtrain {
+
+Model build_optimizer_model(const TrainingGraphs& graphs, const optim::OptimizerConfig& config) {
+  config.validate();
+  Model m;
+  m.opsets[""] = 17;
+  m.opsets[kOnnxTrainDomain] = 1;
+  m.description = "'optimizer_model'";
+  Graph& g = m.graph;
+  g.name = "optimizer";
+  g.initializers["learning_rate"] = Tensor::scalar<float>(float(config.lr));
+  g.inputs.push_back({"step", ValueInfo{DType::kInt64, Shape{}, {}}});
+  auto info_of = [&](const std::string& p) {
+    for (const auto& in : graphs.training.graph.inputs)
+      if (in.name == p) return in.info;
+    return ValueInfo{};
+  };
+  Node update;
+  update.op_type = optim::update_op_type(config.type);
+  update.domain = kOnnxTrainDomain;
+  update.name = "update";
+  update.attributes = optim::update_op_attributes(config);
+  update.inputs = {"learning_rate", "step"};
+  for (const auto& p : graphs.trainable) update.inputs.push_back(p);
+  for (const auto& p : graphs.trainable) update.inputs.push_back(p + "_grad");
+  for (const auto& s : config.state_names())
+    for (const auto& p : graphs.trainable) update.inputs.push_back(p + "." + s);
+  for (size_t i = 2; i < update.inputs.size(); ++i) g.inputs.push_back({update.inputs[i], info_of(graphs.trainable[(i - 2) % graphs.trainable.size()])});
+  for (const auto& p : graphs.trainable) {
+    update.outputs.push_back(p + "_new");
+    g.outputs.push_back({p + "_new", info_of(p)});
+  }
+  g.nodes.push_back(update);
+  return m;
+}
+
+ArtifactPaths generate_artifacts(const Model& model, const ArtifactOptions& options) {
+  namespace fs = std::filesystem;
+  TrainingGraphs graphs = build_training_graphs(model, options.graphs);
+  Model optimizer = build_optimizer_model(graphs, options.optimizer);
+
+  // The checkpoint holds every parameter the graphs take as inputs.
+  Graph params;
+  for (const auto& name : graphs.trainable) params.initializers[name] = model.graph.initializers.at(name);
+  for (const auto& name : graphs.frozen) params.initializers[name] = model.graph.initializers.at(name);
+  CheckpointState state = CheckpointState::from_initializers(params, graphs.trainable, options.nominal_checkpoint);
+
+  std::error_code ec;
+  fs::create_directories(options.directory, ec);
+  OT_CHECK(!ec, "generate_artifacts: cannot create directory '", options.directory, "': ", ec.message());
+  auto path = [&](const char* name) { return (fs::path(options.directory) / (options.prefix + name)).string(); };
+  ArtifactPaths out{path("training_model.onnx"), path("eval_model.onnx"), path("optimizer_model.onnx"),
+                    path("checkpoint")};
+  graphs.training.producer_name = graphs.eval.producer_name = optimizer.producer_name = "onnxtrain";
+  save_model(graphs.training, out.training_model);
+  save_model(graphs.eval, out.eval_model);
+  save_model(optimizer, out.optimizer_model);
+  state.save(out.checkpoint, false);
+  return out;
+}
+
+}  // namespace onnxtrain

@@ -1,0 +1,32 @@
+// generate_artifacts: the offline step of on-device training, in C++ (no Python needed). Writes
+// <prefix>training_model.onnx, <prefix>eval_model.onnx, <prefix>optimizer_model.onnx and
+// <prefix>checkpoint into a directory.
+#pragma once
+
+#include <string>
+
+#include "optim/optimizer.h"
+#include "training/artifacts.h"
+
+namespace onnxtrain {
+
+struct ArtifactOptions {
+  TrainingGraphOptions graphs;
+  optim::OptimizerConfig optimizer = optim::OptimizerConfig::defaults(optim::OptimizerType::kAdamW);
+  std::string directory = ".";
+  std::string prefix;
+  bool nominal_checkpoint = false;  // shapes and dtypes only; fill parameters later from a buffer
+};
+
+struct ArtifactPaths {
+  std::string training_model, eval_model, optimizer_model, checkpoint;
+};
+
+ArtifactPaths generate_artifacts(const Model& model, const ArtifactOptions& options);
+
+// The optimizer graph: one onnxtrain update node over every trainable parameter. Inputs:
+// "step" (int64 scalar), parameters, "<p>_grad", then "<p>.<state>" per state tensor; the
+// learning rate is the initializer "learning_rate".
+Model build_optimizer_model(const TrainingGraphs& graphs, const optim::OptimizerConfig& config);
+
+}  // namespace onnxtrain

@@ -1,0 +1,237 @@
+#include "training/module.h"
+
+#include <set>
+
+#include "onnx/model_io.h"
+#include "optim/optimizer_ops.h"
+#include "passes/passes.h"
+#include "runtime/executor.h"
+#include "core/dispatch.h"
+
+namespace onnxtrain {
+
+namespace {
+
+// A graph with its split of inputs into user inputs and checkpoint parameters.
+struct BoundGraph {
+  Model model;
+  std::unique_ptr<Executor> executor;
+  std::vector<std::string> user_inputs, param_inputs, outputs;
+};
+
+void bind(BoundGraph& b, const CheckpointState& state, const char* what) {
+  for (const auto& in : b.model.graph.inputs)
+    (state.has_parameter(in.name) ? b.param_inputs : b.user_inputs).push_back(in.name);
+  for (const auto& out : b.model.graph.outputs) b.outputs.push_back(out.name);
+  OT_CHECK(!b.outputs.empty(), what, " model has no outputs");
+  b.executor = std::make_unique<Executor>(b.model);
+}
+
+}  // namespace
+
+struct Module::Graphs {
+  BoundGraph training;
+  std::optional<BoundGraph> eval;
+  std::vector<std::pair<std::string, std::string>> grads;    // (parameter, output) for "<p>_grad"
+  std::vector<std::pair<std::string, std::string>> buffers;  // (parameter, output) for "<b>_updated"
+  std::vector<std::string> user_outputs;                     // loss and additional outputs
+};
+
+Module::Module(const std::string& training_model_path, CheckpointState& state, const std::string& eval_model_path)
+    : Module(load_model(training_model_path), state,
+             eval_model_path.empty() ? std::nullopt : std::optional<Model>(load_model(eval_model_path))) {}
+
+Module::Module(Model training_model, CheckpointState& state, std::optional<Model> eval_model)
+    : state_(state), graphs_(std::make_unique<Graphs>()) {
+  OT_CHECK(!state.is_nominal(), "Module: the checkpoint is nominal (shapes only); fill its parameters first");
+  graphs_->training.model = std::move(training_model);
+  bind(graphs_->training, state, "training");
+  for (const auto& out : graphs_->training.outputs) {
+    auto ends_with = [&](const std::string& suffix, std::string& stem) {
+      if (out.size() <= suffix.size() || out.compare(out.size() - suffix.size(), suffix.size(), suffix) != 0) return false;
+      stem = out.substr(0, out.size() - suffix.size());
+      return state.has_parameter(stem);
+    };
+    std::string stem;
+    if (ends_with("_grad", stem)) {
+      OT_CHECK(state.parameter(stem).requires_grad(), "Module: the training model outputs a gradient for '", stem,
+               "', which the checkpoint marks frozen");
+      graphs_->grads.emplace_back(stem, out);
+      trainable_.push_back(stem);
+    } else if (ends_with("_updated", stem)) {
+      graphs_->buffers.emplace_back(stem, out);
+    } else {
+      graphs_->user_outputs.push_back(out);
+    }
+  }
+  OT_CHECK(!trainable_.empty(), "Module: the training model outputs no '<parameter>_grad' of a checkpoint parameter");
+  if (eval_model) {
+    graphs_->eval.emplace();
+    graphs_->eval->model = std::move(*eval_model);
+    bind(*graphs_->eval, state, "eval");
+  }
+}
+
+Module::~Module() = default;
+
+std::vector<std::string> Module::input_names(bool training) const {
+  OT_CHECK(training || graphs_->eval, "Module: no eval model was given");
+  return training ? graphs_->training.user_inputs : graphs_->eval->user_inputs;
+}
+
+std::vector<std::string> Module::output_names(bool training) const {
+  OT_CHECK(training || graphs_->eval, "Module: no eval model was given");
+  return training ? graphs_->user_outputs : graphs_->eval->outputs;
+}
+
+std::vector<Tensor> Module::run(bool training, const std::vector<Tensor>& inputs) {
+  BoundGraph& g = training ? graphs_->training : *graphs_->eval;
+  const char* step = training ? "train_step" : "eval_step";
+  if (inputs.size() != g.user_inputs.size()) {
+    std::string names;
+    for (const auto& n : g.user_inputs) names += (names.empty() ? "" : ", ") + n;
+    OT_THROW(kInvalidArgument, "Module.", step, ": expected ", g.user_inputs.size(), " inputs (", names, "), got ",
+             inputs.size());
+  }
+  std::map<std::string, Tensor> feeds;
+  for (size_t i = 0; i < inputs.size(); ++i) feeds[g.user_inputs[i]] = inputs[i];
+  for (const auto& p : g.param_inputs) feeds[p] = state_.parameter(p).data();  // shares storage
+  std::vector<std::string> wanted = training ? graphs_->training.outputs : g.outputs;
+  return g.executor->run(feeds, wanted);
+}
+
+std::vector<Tensor> Module::train_step(const std::vector<Tensor>& inputs) {
+  std::vector<Tensor> outs = run(true, inputs);
+  // Outputs come in graph order: classify by name.
+  std::map<std::string, Tensor> by_name;
+  for (size_t i = 0; i < outs.size(); ++i) by_name[graphs_->training.outputs[i]] = outs[i];
+  for (const auto& [param, out] : graphs_->grads) {
+    Parameter& p = state_.parameter(param);
+    const Tensor& g = by_name.at(out);
+    if (reset_grad_ || !p.has_grad()) {
+      p.set_grad(g);  // the executor hands over fresh buffers: adopt, no copy
+    } else {
+      Tensor& acc = p.ensure_grad();
+      dispatch_float(acc.dtype(), [&]<typename T>() {
+        T* a = acc.data<T>();
+        const T* b = g.data<T>();
+        for (int64_t i = 0; i < acc.numel(); ++i) a[i] = T(compute_t<T>(a[i]) + compute_t<T>(b[i]));
+      });
+    }
+  }
+  reset_grad_ = false;
+  for (const auto& [param, out] : graphs_->buffers) state_.parameter(param).set_data(by_name.at(out));
+  std::vector<Tensor> result;
+  for (const auto& name : graphs_->user_outputs) result.push_back(by_name.at(name));
+  return result;
+}
+
+std::vector<Tensor> Module::eval_step(const std::vector<Tensor>& inputs) {
+  OT_CHECK(graphs_->eval.has_value(), "Module.eval_step: no eval model was given");
+  return run(false, inputs);
+}
+
+void Module::export_model_for_inferencing(const std::string& path, const std::vector<std::string>& output_names) const {
+  OT_CHECK(graphs_->eval.has_value(), "Module.export_model_for_inferencing: needs the eval model");
+  OT_CHECK(!output_names.empty(), "Module.export_model_for_inferencing: no output names given");
+  Model m = graphs_->eval->model;
+  Graph& g = m.graph;
+  std::set<std::string> produced;
+  for (const auto& n : g.nodes) for (const auto& o : n.outputs) produced.insert(o);
+  g.outputs.clear();
+  for (const auto& name : output_names) {
+    OT_CHECK(produced.count(name) || g.is_input(name), "Module.export_model_for_inferencing: '", name,
+             "' is not a value of the eval model");
+    g.outputs.push_back({name, g.value_info.count(name) ? g.value_info.at(name) : ValueInfo{}});
+  }
+  // Parameters become initializers again, with their trained values.
+  std::vector<NamedValue> kept;
+  for (auto& in : g.inputs) {
+    if (state_.has_parameter(in.name)) g.initializers[in.name] = state_.parameter(in.name).data().clone();
+    else kept.push_back(in);
+  }
+  g.inputs = kept;
+  eliminate_dead_code(g);  // drops the loss and anything only it used
+  std::set<std::string> read;
+  for (const auto& n : g.nodes) for (const auto& i : n.inputs) read.insert(i);
+  for (const auto& o : g.outputs) read.insert(o.name);
+  std::vector<NamedValue> used;
+  for (const auto& in : g.inputs) if (read.count(in.name)) used.push_back(in);  // targets go
+  g.inputs = used;
+  save_model(m, path);
+}
+
+// ---- Optimizer
+
+Optimizer::Optimizer(const std::string& optimizer_model_path, Module& module)
+    : Optimizer([&] {
+        Model m = load_model(optimizer_model_path);
+        for (const auto& n : m.graph.nodes)
+          if (n.domain == kOnnxTrainDomain) {
+            optim::OptimizerConfig c = optim::config_from_update_node(n);
+            if (auto it = m.graph.initializers.find("learning_rate"); it != m.graph.initializers.end())
+              c.lr = it->second.item_as_double();
+            return c;
+          }
+        OT_THROW(kInvalidModel, "optimizer model '", optimizer_model_path, "' has no onnxtrain update node");
+      }(), module) {}
+
+Optimizer::Optimizer(optim::OptimizerConfig config, Module& module) : module_(module), optimizer_(config) {
+  load_state();
+}
+
+void Optimizer::load_state() {
+  CheckpointState& ckpt = module_.state();
+  std::vector<Tensor> params;
+  for (const auto& name : module_.trainable_parameters()) params.push_back(ckpt.parameter(name).data());
+  std::vector<std::string> names = optimizer_.config().state_names();
+  if (ckpt.has_optimizer_state()) {
+    const SavedOptimizerState& saved = ckpt.optimizer_state();
+    state_.step = saved.step;
+    if (saved.learning_rate) optimizer_.set_lr(*saved.learning_rate);
+    for (const auto& n : names)
+      for (const auto& p : module_.trainable_parameters()) {
+        auto ps = saved.param_states.find(p);
+        if (ps == saved.param_states.end() || !ps->second.count(n)) continue;
+        state_.tensors[n].push_back(ps->second.at(n));
+      }
+    for (const auto& n : names)
+      if (state_.tensors[n].size() != params.size()) state_.tensors[n].clear();  // incomplete: start fresh
+  }
+  optimizer_.init_state(params, state_);
+  store_state();
+}
+
+void Optimizer::store_state() {
+  CheckpointState& ckpt = module_.state();
+  SavedOptimizerState& saved = ckpt.optimizer_state();
+  saved.step = state_.step;
+  saved.learning_rate = optimizer_.lr();
+  const auto& params = module_.trainable_parameters();
+  for (const auto& [name, tensors] : state_.tensors)
+    for (size_t i = 0; i < tensors.size() && i < params.size(); ++i)
+      saved.param_states[params[i]][name] = tensors[i];  // shares storage: updated in place
+}
+
+optim::StepStats Optimizer::step() {
+  CheckpointState& ckpt = module_.state();
+  std::vector<Tensor> params, grads;
+  for (const auto& name : module_.trainable_parameters()) {
+    Parameter& p = ckpt.parameter(name);
+    OT_CHECK(p.has_grad(), "Optimizer.step: parameter '", name, "' has no gradient (run Module.train_step first)");
+    params.push_back(p.data());
+    grads.push_back(p.grad());
+  }
+  optim::StepStats stats = optimizer_.step(params, grads, state_);
+  store_state();
+  return stats;
+}
+
+void Optimizer::set_learning_rate(double lr) {
+  optimizer_.set_lr(lr);
+  module_.state().optimizer_state().learning_rate = lr;
+}
+
+int64_t Optimizer::step_count() const { return state_.step; }
+
+}  // namespace onnxtrain
