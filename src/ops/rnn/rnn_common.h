@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
 
@@ -52,6 +53,33 @@ struct Activation {
         return x > C(0) ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
     }
     return x;
+  }
+  // clip-then-activate of one pre-activation (clip <= 0: no clipping), as apply() does.
+  template <typename C>
+  C eval(C x, float clip) const {
+    if (clip > 0) x = std::min(C(clip), std::max(-C(clip), x));
+    return (*this)(x);
+  }
+  // d eval(x) / dx at the pre-activation x: act'(clip(x)), and 0 where the clip bounds x (the
+  // clamped value does not move). At kinks (Relu at 0, ...) the right-hand/else branch is taken.
+  template <typename C>
+  C derivative(C x, float clip) const {
+    if (clip > 0 && (x > C(clip) || x < -C(clip))) return C(0);
+    switch (kind) {
+      case ActKind::kRelu: return x > C(0) ? C(1) : C(0);
+      case ActKind::kTanh: { C t = std::tanh(x); return C(1) - t * t; }
+      case ActKind::kSigmoid: { C y = (*this)(x); return y * (C(1) - y); }
+      case ActKind::kAffine: return C(alpha);
+      case ActKind::kLeakyRelu: return x >= C(0) ? C(1) : C(alpha);
+      case ActKind::kThresholdedRelu: return x > C(alpha) ? C(1) : C(0);
+      case ActKind::kScaledTanh: { C t = std::tanh(C(beta) * x); return C(alpha) * C(beta) * (C(1) - t * t); }
+      case ActKind::kHardSigmoid: { C v = C(alpha) * x + C(beta); return v > C(0) && v < C(1) ? C(alpha) : C(0); }
+      case ActKind::kElu: return x >= C(0) ? C(1) : C(alpha) * std::exp(x);
+      case ActKind::kSoftsign: { C q = C(1) + std::abs(x); return C(1) / (q * q); }
+      case ActKind::kSoftplus:  // sigmoid(x)
+        return x >= C(0) ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x));
+    }
+    return C(1);
   }
   // Applies in place over a contiguous run, clipping the input first when clip > 0.
   template <typename C>
@@ -377,6 +405,105 @@ inline Tensor optional_output(KernelContext& ctx, size_t i, DType dtype, const S
 template <typename C>
 const C* bias_ptr(const std::vector<C>& b, int64_t d, int64_t gh) {
   return b.empty() ? nullptr : b.data() + d * 2 * gh;
+}
+
+// ---- backpropagation through time (the fused onnxtrain.RNNGrad / GRUGrad / LSTMGrad ops) --------
+//
+// Each grad op takes the forward op's inputs at the same positions (X, W, R, B?, sequence_lens?,
+// initial_h?[, initial_c?, P?]) followed by the upstream gradients (dY?, dY_h?[, dY_c?]; "" for
+// none), and returns (dX, dW, dR, dB, dinitial_h[, dinitial_c, dP]). It takes none of the forward
+// outputs: the kernel re-runs the forward recurrence per direction, keeping every step's gate
+// pre-activations, gate values and previous states (O(seq * batch * gates * hidden), freed when
+// the op returns), then walks the steps backwards carrying dH (and dC) per batch row. The weight
+// gradients are summed over all (t, b) at the end with one GEMM each, dW = dA^T·X, dR = dA^T·Hprev,
+// dX = dA·W, where dA[t, b] holds the gate pre-activation gradients (zero at padded steps).
+// Recomputation costs one extra forward pass but keeps the forward op and its memory unchanged.
+
+// Emits `op` for the forward node the builder differentiates and sets the input gradients.
+// n_inputs: the forward op's input count (6 or 8); n_states: its state outputs (1 or 2).
+// The grad op's outputs follow the forward inputs minus sequence_lens: dX, dW, dR, dB, dinitial_h,
+// [dinitial_c, dP], i.e. output k is the gradient of forward input k (k < 4) or k + 1 (k >= 4).
+inline void emit_rnn_gradient(GradientBuilder& g, const std::string& op, size_t n_inputs, size_t n_states) {
+  std::vector<std::string> ins;
+  for (size_t i = 0; i < n_inputs; ++i) ins.push_back(g.has_input(i) ? g.x(i) : "");
+  for (size_t i = 0; i <= n_states; ++i) ins.push_back(g.dy(i));
+  while (!ins.empty() && ins.back().empty()) ins.pop_back();
+  std::vector<std::string> outs = g.emit_n(op, ins, n_inputs - 1, g.node().attributes, kOnnxTrainDomain);
+  for (size_t k = 0; k < outs.size(); ++k) g.set(k < 4 ? k : k + 1, outs[k]);
+}
+
+// Shape rule of the grad ops: every gradient has its forward input's shape; dB, dinitial_h/c and dP
+// are known from W, R and X even when the forward input was absent.
+inline void rnn_grad_shape_rule(ShapeContext& ctx, int64_t gates, size_t n_states) {
+  const Node& node = ctx.node();
+  DType dt = ctx.input_dtype(0);
+  int64_t dirs = num_directions_of(node);
+  int64_t layout = parse_layout(node);
+  int64_t hidden = node.attr_int("hidden_size", -1);
+  const auto& r = ctx.input_shape(2);
+  if (hidden < 0 && r && r->size() == 3) hidden = (*r)[2];
+  auto set = [&](size_t i, std::optional<Shape> shape) {
+    if (i < ctx.num_outputs()) ctx.set_output(i, dt, std::move(shape));
+  };
+  set(0, ctx.input_shape(0));
+  set(1, ctx.input_shape(1));
+  set(2, ctx.input_shape(2));
+  std::optional<Shape> state, b, p;
+  if (hidden >= 0) {
+    b = Shape{dirs, 2 * gates * hidden};
+    p = Shape{dirs, 3 * hidden};
+    const auto& x = ctx.input_shape(0);
+    if (x && x->size() == 3) {
+      int64_t batch = layout == 0 ? (*x)[1] : (*x)[0];
+      state = layout == 0 ? Shape{dirs, batch, hidden} : Shape{batch, dirs, hidden};
+    }
+  }
+  set(3, b);
+  for (size_t i = 0; i < n_states; ++i) set(4 + i, state);
+  if (n_states == 2) set(6, p);
+}
+
+// The upstream dY when present (checked against Y's shape), else null.
+inline const Tensor* upstream_y(KernelContext& ctx, size_t i, const RnnSetup& s) {
+  if (!ctx.has_input(i)) return nullptr;
+  const Tensor& t = ctx.input(i);
+  OT_CHECK(t.dtype() == ctx.input(0).dtype() && t.shape() == y_shape(s), ctx.node().context(), "expected dY of shape ",
+           shape_str(y_shape(s)), " and dtype ", dtype_name(ctx.input(0).dtype()), ", got ", shape_str(t.shape()),
+           " ", dtype_name(t.dtype()));
+  return &t;
+}
+
+// out[G, K] = A^T · M for row-major A [rows, G] and M [rows, K]: a sum over every (t, b) row.
+template <typename C>
+void gemm_tn(const C* a, int64_t rows, int64_t G, const C* m, int64_t K, C* out) {
+  std::vector<C> at = transposed(a, rows, G);
+  gemm_nn(at.data(), G, rows, rows, m, K, K, out, K);
+}
+
+// Column sums of a row-major [rows, cols] matrix, written to out[0 .. cols).
+template <typename C>
+void column_sums(const C* a, int64_t rows, int64_t cols, C* out) {
+  std::fill(out, out + cols, C(0));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < cols; ++j) out[j] += a[r * cols + j];
+}
+
+// Copies a compute-type buffer into tensor elements [offset, offset + v.size()).
+template <typename T, typename C>
+void store_range(Tensor& out, int64_t offset, const std::vector<C>& v) {
+  T* p = out.data<T>() + offset;
+  for (size_t i = 0; i < v.size(); ++i) p[i] = T(v[i]);
+}
+
+// Writes a time-major [seq, batch, input] buffer as X's layout.
+template <typename T, typename C>
+void store_time_major(Tensor& out, const RnnSetup& s, const std::vector<C>& v) {
+  T* p = out.data<T>();
+  for (int64_t t = 0; t < s.seq; ++t)
+    for (int64_t b = 0; b < s.batch; ++b) {
+      int64_t dst = s.layout == 0 ? (t * s.batch + b) * s.input : (b * s.seq + t) * s.input;
+      for (int64_t i = 0; i < s.input; ++i) p[dst + i] = T(v[size_t((t * s.batch + b) * s.input + i)]);
+    }
 }
 
 }  // namespace onnxtrain::rnn
