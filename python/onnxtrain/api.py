@@ -386,7 +386,7 @@ class LinearLRScheduler(_Scheduler):
     ``warmup_step_count`` steps, then linear decay to 0 at ``total_step_count``."""
 
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float):
-        super().__init__(optimizer, _C.LinearLRScheduler(warmup_step_count, total_step_count, initial_lr))
+        super().__init__(optimizer, _C.optim.LinearLRScheduler(warmup_step_count, total_step_count, initial_lr))
 
 
 class CosineLRScheduler(_Scheduler):
@@ -394,18 +394,18 @@ class CosineLRScheduler(_Scheduler):
 
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float,
                  num_cycles: float = 0.5):
-        super().__init__(optimizer, _C.CosineLRScheduler(warmup_step_count, total_step_count, initial_lr, num_cycles))
+        super().__init__(optimizer, _C.optim.CosineLRScheduler(warmup_step_count, total_step_count, initial_lr, num_cycles))
 
 
 class StepLRScheduler(_Scheduler):
     """torch.optim.lr_scheduler.StepLR: multiply by ``gamma`` every ``step_size`` steps."""
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float, initial_lr: float):
-        super().__init__(optimizer, _C.StepLRScheduler(step_size, gamma, initial_lr))
+        super().__init__(optimizer, _C.optim.StepLRScheduler(step_size, gamma, initial_lr))
 
 
 class ConstantLRScheduler(_Scheduler):
     """Linear warmup, then constant ``initial_lr``."""
 
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, initial_lr: float):
-        super().__init__(optimizer, _C.ConstantLRScheduler(warmup_step_count, initial_lr))
+        super().__init__(optimizer, _C.optim.ConstantLRScheduler(warmup_step_count, initial_lr))

@@ -40,8 +40,8 @@ class OptimType(enum.Enum):
     Adagrad = "adagrad"
 
 
-def _config(kind: str, **kwargs: Any) -> "_C.OptimizerConfig":
-    return _C.OptimizerConfig(kind, **{k: v for k, v in kwargs.items() if v is not None})
+def _config(kind: str, **kwargs: Any) -> "_C.optim.OptimizerConfig":
+    return _C.optim.OptimizerConfig(kind, **{k: v for k, v in kwargs.items() if v is not None})
 
 
 def AdamW(lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8, weight_decay: float = 0.01,
@@ -81,7 +81,7 @@ def Adagrad(lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
 def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None,
                        frozen_params: Optional[Sequence[str]] = None,
                        loss: Union[LossType, Any, None] = None,
-                       optimizer: Union[OptimType, "_C.OptimizerConfig", None] = None,
+                       optimizer: Union[OptimType, "_C.optim.OptimizerConfig", None] = None,
                        artifact_directory: Union[str, os.PathLike, None] = None, prefix: str = "",
                        additional_output_names: Optional[Sequence[str]] = None,
                        nominal_checkpoint: bool = False, loss_input_names: Optional[Sequence[str]] = None,
@@ -111,8 +111,8 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
             with open(custom, "rb") as f:
                 custom = f.read()
     if optimizer is None or isinstance(optimizer, OptimType):
-        config = _C.OptimizerConfig((optimizer or OptimType.AdamW).value)
-    elif isinstance(optimizer, _C.OptimizerConfig):
+        config = _C.optim.OptimizerConfig((optimizer or OptimType.AdamW).value)
+    elif isinstance(optimizer, _C.optim.OptimizerConfig):
         config = optimizer
     else:
         raise TypeError(f"optimizer must be an OptimType or a configured optimizer, got {type(optimizer).__name__}")

@@ -15,6 +15,11 @@ int64_t opset_of(const std::map<std::string, int64_t>& opsets, const std::string
 }  // namespace
 
 bool is_nondeterministic(const Node& node) {
+  // Parameter updates write their inputs in place: never fold or merge them.
+  if (node.domain == kTrainingDomain) return true;
+  if (node.domain == kOnnxTrainDomain)
+    for (const char* op : {"AdamW", "Adam", "SGD", "Lamb", "Adagrad"})
+      if (node.op_type == op) return true;
   static const char* kRandom[] = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike",
                                   "Multinomial", "Bernoulli", "Dropout"};
   for (const char* op : kRandom)

@@ -19,7 +19,8 @@ struct ShapeInferenceStats {
 
 ShapeInferenceStats infer_shapes(Graph& graph, const std::map<std::string, int64_t>& opsets);
 
-// True for ops whose outputs are not a function of their inputs alone (random, stateful):
+// True for ops whose outputs are not a function of their inputs alone (random), or that write
+// their inputs (parameter updates):
 // passes must not fold or merge them.
 bool is_nondeterministic(const Node& node);
 

@@ -1,0 +1,74 @@
+// Vector lanes for the optimizer kernels (src/optim only).
+//
+// Each update rule is written once as a generic lambda over "lanes": for the main loop it receives
+// std::experimental::native_simd<T> values (AVX-512 on the build machines), for the tail plain T.
+// The same expression therefore runs in both, in the same order. This is used instead of relying
+// on auto-vectorisation because GCC does not vectorise std::sqrt without -fno-math-errno, which
+// the build does not set.
+#pragma once
+
+// GCC 12's <experimental/simd> trips -Wmaybe-uninitialized inside its own AVX-512 intrinsics
+// (_mm512_undefined_ps); the warning is spurious and only concerns that header.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <experimental/simd>
+#pragma GCC diagnostic pop
+
+#include <cmath>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+namespace onnxtrain::optim::simd {
+
+namespace stdx = std::experimental;
+
+template <typename T>
+using Vec = stdx::native_simd<T>;
+
+// sqrt and max for both lane kinds.
+template <typename T>
+  requires std::is_floating_point_v<T>
+inline T vsqrt(T x) { return std::sqrt(x); }
+template <typename T, typename A>
+inline stdx::simd<T, A> vsqrt(const stdx::simd<T, A>& x) { return stdx::sqrt(x); }
+
+template <typename T>
+  requires std::is_floating_point_v<T>
+inline T vmax(T a, T b) { return a < b ? b : a; }
+template <typename T, typename A>
+inline stdx::simd<T, A> vmax(const stdx::simd<T, A>& a, const stdx::simd<T, A>& b) { return stdx::max(a, b); }
+
+namespace detail {
+template <typename V, typename T>
+inline void store(const V& v, T* p) { v.copy_to(p, stdx::element_aligned); }
+template <typename V, typename T>
+inline void store(const V&, const T*) {}  // read-only stream
+}  // namespace detail
+
+// Calls f(lanes...) over [begin, end) of every stream; T* streams are written back, const T*
+// streams are read only. f takes each lane by reference (auto&) or by const reference.
+template <typename T, typename F, typename... P>
+inline void for_lanes(int64_t begin, int64_t end, F&& f, P... ptrs) {
+  using V = Vec<T>;
+  constexpr int64_t W = int64_t(V::size());
+  int64_t i = begin;
+  for (; i + W <= end; i += W) {
+    std::tuple<decltype((void)ptrs, V())...> lanes{V(ptrs + i, stdx::element_aligned)...};
+    std::apply([&](auto&... v) { f(v...); }, lanes);
+    std::apply([&](const auto&... v) { (detail::store(v, ptrs + i), ...); }, lanes);
+  }
+  for (; i < end; ++i) f(ptrs[i]...);
+}
+
+// Sum of squares of x[begin, end) accumulated in double.
+template <typename T>
+inline double sum_squares(const T* x, int64_t begin, int64_t end) {
+  double acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = begin; i < end; ++i) acc += double(x[i]) * double(x[i]);
+  return acc;
+}
+
+}  // namespace onnxtrain::optim::simd
