@@ -7,6 +7,8 @@
 #include "ops/elementwise/elementwise.h"
 
 namespace onnxtrain {
+
+namespace grad = elementwise::grad;
 namespace {
 
 using elementwise::float_unary;
@@ -130,28 +132,80 @@ void prelu_kernel(KernelContext& ctx) {
   ONNXTRAIN_OP(OP, kOnnxDomain, SINCE).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0).cpu(KERNEL)
 
 // y = x >= 0 ? x : alpha (exp(x) - 1).  dx = dy * (x >= 0 ? 1 : y + alpha)
-OT_ACTIVATION(Elu, 1, elu_kernel);
+OT_ACTIVATION(Elu, 1, elu_kernel).gradient([](GradientBuilder& g) {
+  float alpha = g.node().attr_float("alpha", 1.0f);
+  std::string neg_part = g.mul(g.dy(0), g.add(g.y(0), grad::c(g, alpha, g.x(0))));
+  g.set(0, g.emit("Where", {grad::less(g, g.x(0), grad::c(g, 0.0, g.x(0))), neg_part, g.dy(0)}));
+});
 // y = x >= 0 ? x : alpha x.  dx = dy * (x >= 0 ? 1 : alpha)
-OT_ACTIVATION(LeakyRelu, 1, leaky_relu_kernel);
+OT_ACTIVATION(LeakyRelu, 1, leaky_relu_kernel).gradient([](GradientBuilder& g) {
+  float alpha = g.node().attr_float("alpha", 0.01f);
+  std::string neg_part = g.mul(g.dy(0), grad::c(g, alpha, g.x(0)));
+  g.set(0, g.emit("Where", {grad::less(g, g.x(0), grad::c(g, 0.0, g.x(0))), neg_part, g.dy(0)}));
+});
 // y = gamma (x > 0 ? x : alpha (exp(x) - 1)).  dx = dy * (x > 0 ? gamma : y + gamma alpha)
-OT_ACTIVATION(Selu, 1, selu_kernel);
+OT_ACTIVATION(Selu, 1, selu_kernel).gradient([](GradientBuilder& g) {
+  float alpha = g.node().attr_float("alpha", 1.67326319217681884765625f);
+  float gamma = g.node().attr_float("gamma", 1.05070102214813232421875f);
+  std::string pos = g.mul(g.dy(0), grad::c(g, gamma, g.x(0)));
+  std::string neg_part = g.mul(g.dy(0), g.add(g.y(0), grad::c(g, double(gamma) * double(alpha), g.x(0))));
+  g.set(0, g.emit("Where", {grad::greater(g, g.x(0), grad::c(g, 0.0, g.x(0))), pos, neg_part}));
+});
 // y = max(0, x) + min(0, alpha (exp(x / alpha) - 1)).  dx = dy * (x > 0 ? 1 : exp(x / alpha))
-OT_ACTIVATION(Celu, 12, celu_kernel);
+OT_ACTIVATION(Celu, 12, celu_kernel).gradient([](GradientBuilder& g) {
+  float alpha = g.node().attr_float("alpha", 1.0f);
+  std::string neg_part = g.mul(g.dy(0), g.emit("Exp", {g.div(g.x(0), grad::c(g, alpha, g.x(0)))}));
+  g.set(0, g.emit("Where", {grad::greater(g, g.x(0), grad::c(g, 0.0, g.x(0))), g.dy(0), neg_part}));
+});
 // y = clamp(alpha x + beta, 0, 1).  dx = dy * (0 < alpha x + beta < 1 ? alpha : 0)
-OT_ACTIVATION(HardSigmoid, 1, hard_sigmoid_kernel);
+OT_ACTIVATION(HardSigmoid, 1, hard_sigmoid_kernel).gradient([](GradientBuilder& g) {
+  // 0 < y < 1 exactly where alpha x + beta is inside the clamp.
+  float alpha = g.node().attr_float("alpha", 0.2f);
+  std::string inside = g.emit("And", {grad::greater(g, g.y(0), grad::c(g, 0.0, g.x(0))),
+                                      grad::less(g, g.y(0), grad::c(g, 1.0, g.x(0)))});
+  g.set(0, grad::where_or_zero(g, inside, g.mul(g.dy(0), grad::c(g, alpha, g.x(0))), g.x(0)));
+});
 // y = x clamp(x / 6 + 1/2, 0, 1).  dx = dy * (x < -3 ? 0 : x > 3 ? 1 : x / 3 + 1/2)
-OT_ACTIVATION(HardSwish, 14, hard_swish_kernel);
+OT_ACTIVATION(HardSwish, 14, hard_swish_kernel).gradient([](GradientBuilder& g) {
+  std::string mid = g.mul(g.dy(0), g.add(g.div(g.x(0), grad::c(g, 3.0, g.x(0))), grad::c(g, 0.5, g.x(0))));
+  std::string upper = g.emit("Where", {grad::greater(g, g.x(0), grad::c(g, 3.0, g.x(0))), g.dy(0), mid});
+  g.set(0, g.emit("Where", {grad::less(g, g.x(0), grad::c(g, -3.0, g.x(0))), grad::c(g, 0.0, g.x(0)), upper}));
+});
 // y = x > alpha ? x : 0.  dx = dy * (x > alpha)
-OT_ACTIVATION(ThresholdedRelu, 10, thresholded_relu_kernel);
+OT_ACTIVATION(ThresholdedRelu, 10, thresholded_relu_kernel).gradient([](GradientBuilder& g) {
+  float alpha = g.node().attr_float("alpha", 1.0f);
+  g.set(0, grad::where_or_zero(g, grad::greater(g, g.x(0), grad::c(g, alpha, g.x(0))), g.dy(0), g.x(0)));
+});
 // y = x < -l ? x + b : x > l ? x - b : 0.  dx = dy * (|x| > l)
-OT_ACTIVATION(Shrink, 9, shrink_kernel);
+OT_ACTIVATION(Shrink, 9, shrink_kernel).gradient([](GradientBuilder& g) {
+  float lambd = g.node().attr_float("lambd", 0.5f);
+  std::string outside = grad::greater(g, g.emit("Abs", {g.x(0)}), grad::c(g, lambd, g.x(0)));
+  g.set(0, grad::where_or_zero(g, outside, g.dy(0), g.x(0)));
+});
 #undef OT_ACTIVATION
 
-// y = clamp(x, lo, hi).  dx = dy * (lo <= x <= hi); dlo, dhi get the clipped dy, summed
+// y = clamp(x, lo, hi) = min(max(x, lo), hi).  dx = dy * (lo <= x <= hi), i.e. where y == x;
+// dhi = sum(dy where y != x and y == hi), dlo = sum(dy where y != x and y != hi) (bounds as inputs)
 ONNXTRAIN_OP(Clip, kOnnxDomain, 1).inputs(1, 3).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(clip_kernel);
+    .cpu(clip_kernel).gradient([](GradientBuilder& g) {
+      std::string passed = g.emit("Equal", {g.x(0), g.y(0)});
+      if (g.needs(0)) g.set(0, grad::where_or_zero(g, passed, g.dy(0), g.x(0)));
+      if (!g.needs(1) && !g.needs(2)) return;
+      std::string clipped = g.emit("Not", {passed});
+      std::string at_hi = g.has_input(2) ? g.emit("And", {clipped, g.emit("Equal", {g.y(0), g.x(2)})}) : "";
+      if (g.needs(2)) g.set(2, g.sum_to(grad::where_or_zero(g, at_hi, g.dy(0), g.x(0)), g.x(2)));
+      if (g.needs(1)) {
+        std::string at_lo = at_hi.empty() ? clipped : g.emit("And", {clipped, g.emit("Not", {at_hi})});
+        g.set(1, g.sum_to(grad::where_or_zero(g, at_lo, g.dy(0), g.x(0)), g.x(1)));
+      }
+    });
 // y = x < 0 ? slope x : x.  dx = dy * (x < 0 ? slope : 1), dslope = sum_to(dy * min(x, 0), slope)
 ONNXTRAIN_OP(PRelu, kOnnxDomain, 1).inputs(2).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(prelu_kernel);
+    .cpu(prelu_kernel).gradient([](GradientBuilder& g) {
+      std::string negative = grad::less(g, g.x(0), grad::c(g, 0.0, g.x(0)));
+      if (g.needs(0)) g.set(0, g.emit("Where", {negative, g.mul(g.dy(0), g.x(1)), g.dy(0)}));
+      if (g.needs(1))
+        g.set(1, g.sum_to(grad::where_or_zero(g, negative, g.mul(g.dy(0), g.x(0)), g.x(0)), g.x(1)));
+    });
 
 }  // namespace onnxtrain

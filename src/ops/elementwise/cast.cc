@@ -46,10 +46,27 @@ void cast_like_kernel(KernelContext& ctx) { cast_to(ctx, ctx.input(1).dtype()); 
 // y = cast(x, to).  dx = cast(dy, dtype(x)) for float-to-float casts; none through integers or bool
 ONNXTRAIN_OP(Cast, kOnnxDomain, 6).inputs(1).outputs(1).inplace(0, 0)
     .shape([](ShapeContext& ctx) { ctx.set_output(0, attr_to(ctx.node()), ctx.input_shape(0)); })
-    .cpu(cast_kernel);
+    .cpu(cast_kernel).gradient([](GradientBuilder& g) {
+      // Autodiff only asks for float inputs; a gradient reaches Y only when Y is float too.
+      DType in = g.dtype(g.x(0));
+      if (!is_floating(DType(int32_t(g.node().attr_int("to", 0))))) {
+        g.set(0, g.zeros_like(g.x(0)));  // no gradient through integers or bool
+      } else if (in == DType::kUndefined) {
+        g.set(0, g.emit("CastLike", {g.dy(0), g.x(0)}));
+      } else {
+        g.set(0, g.emit("Cast", {g.dy(0)}, {{"to", Attribute::of(int64_t(in))}}));
+      }
+    });
 // y = cast(x, dtype(t)).  dx = cast(dy, dtype(x)); t gets none
 ONNXTRAIN_OP(CastLike, kOnnxDomain, 15).inputs(2).outputs(1).inplace(0, 0)
     .shape([](ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(0)); })
-    .cpu(cast_like_kernel);
+    .cpu(cast_like_kernel).gradient([](GradientBuilder& g) {
+      DType target = g.dtype(g.x(1));
+      if (g.needs(0)) {
+        if (target != DType::kUndefined && !is_floating(target)) g.set(0, g.zeros_like(g.x(0)));
+        else g.set(0, g.emit("CastLike", {g.dy(0), g.x(0)}));
+      }
+      if (g.needs(1)) g.set(1, g.zeros_like(g.x(1)));  // only its dtype is used
+    });
 
 }  // namespace onnxtrain

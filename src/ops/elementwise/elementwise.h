@@ -7,6 +7,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
 
@@ -87,5 +88,25 @@ inline T scalar_of(const KernelContext& ctx, size_t i, const char* what) {
   OT_CHECK(t.numel() == 1, ctx.node().context(), what, " must be a scalar, got shape ", shape_str(t.shape()));
   return t.data<T>()[0];
 }
+
+// Gradient-rule helpers. Constants take their dtype from a forward value (`like`), whose dtype
+// shape inference knows, so no CastLike (opset 15) is needed for older models.
+namespace grad {
+
+inline std::string c(GradientBuilder& g, double v, const std::string& like) { return g.scalar_like(v, like); }
+// cond ? a : 0
+inline std::string where_or_zero(GradientBuilder& g, const std::string& cond, const std::string& a,
+                                 const std::string& like) {
+  return g.emit("Where", {cond, a, g.scalar_like(0.0, like)});
+}
+inline std::string less(GradientBuilder& g, const std::string& a, const std::string& b) { return g.emit("Less", {a, b}); }
+inline std::string greater(GradientBuilder& g, const std::string& a, const std::string& b) {
+  return g.emit("Greater", {a, b});
+}
+inline std::string square(GradientBuilder& g, const std::string& a) { return g.mul(a, a); }
+// dx = dy * f for a unary op whose input 0 is x.
+inline void set_unary(GradientBuilder& g, const std::string& factor) { g.set(0, g.mul(g.dy(0), factor)); }
+
+}  // namespace grad
 
 }  // namespace onnxtrain::elementwise

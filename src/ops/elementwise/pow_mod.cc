@@ -5,6 +5,8 @@
 #include "ops/elementwise/elementwise.h"
 
 namespace onnxtrain {
+
+namespace grad = elementwise::grad;
 namespace {
 
 using elementwise::wrapping_mul;
@@ -115,11 +117,36 @@ void mod_kernel(KernelContext& ctx) {
 
 }  // namespace
 
-// z = x^y.  dx = sum_to(dz * y * x^(y-1), x), dy = sum_to(dz * z * log(x), y)
+// z = x^y.  dx = sum_to(dz * y * x^(y-1), x), dy = sum_to(dz * z * log(x), y)  (0 where x == 0)
 ONNXTRAIN_OP(Pow, kOnnxDomain, 7).inputs(2).outputs(1).shape(shape_broadcast_inputs).inplace(0, 0).inplace(0, 1)
-    .cpu(pow_kernel);
+    .cpu(pow_kernel).gradient([](GradientBuilder& g) {
+      const std::string& x = g.x(0);
+      if (g.needs(0)) {
+        // The exponent may be an integer: bring it to the base's dtype first.
+        std::string e = g.x(1);
+        DType xt = g.dtype(x), et = g.dtype(e);
+        if (xt == DType::kUndefined || et == DType::kUndefined) e = g.emit("CastLike", {e, x});
+        else if (xt != et) e = g.emit("Cast", {e}, {{"to", Attribute::of(int64_t(xt))}});
+        std::string d = g.mul(g.mul(g.dy(0), e), g.emit("Pow", {x, g.sub(e, grad::c(g, 1.0, x))}));
+        g.set(0, g.sum_to(d, x));
+      }
+      if (g.needs(1)) {
+        std::string zero = grad::c(g, 0.0, x);
+        std::string d = g.mul(g.mul(g.dy(0), g.y(0)), g.emit("Log", {x}));
+        g.set(1, g.sum_to(g.emit("Where", {g.emit("Equal", {x, zero}), zero, d}), g.x(1)));
+      }
+    });
 // z = a mod b.  da = sum_to(dz, a), db = -sum_to(dz * (fmod ? trunc(a / b) : floor(a / b)), b)
 ONNXTRAIN_OP(Mod, kOnnxDomain, 10).inputs(2).outputs(1).shape(shape_broadcast_inputs).inplace(0, 0).inplace(0, 1)
-    .cpu(mod_kernel);
+    .cpu(mod_kernel).gradient([](GradientBuilder& g) {
+      if (g.needs(0)) g.set(0, g.sum_to(g.dy(0), g.x(0)));
+      if (g.needs(1)) {
+        // a = k b + z with k = trunc(a / b) (fmod) or floor(a / b): k = (a - z) / b, rounded to the
+        // integer it is up to rounding error.
+        const std::string& a = g.x(0);
+        std::string k = g.emit("Floor", {g.add(g.div(g.sub(a, g.y(0)), g.x(1)), grad::c(g, 0.5, a))});
+        g.set(1, g.neg(g.sum_to(g.mul(g.dy(0), k), g.x(1))));
+      }
+    });
 
 }  // namespace onnxtrain

@@ -5,6 +5,8 @@
 #include "ops/elementwise/elementwise.h"
 
 namespace onnxtrain {
+
+namespace grad = elementwise::grad;
 namespace {
 
 using elementwise::float_unary;
@@ -103,49 +105,91 @@ void relu_kernel(KernelContext& ctx) {
       .cpu(float_unary_kernel<FN>)
 
 // y = exp(x).  dx = dy * y
-OT_FLOAT_UNARY(Exp, 6, ExpFn);
+OT_FLOAT_UNARY(Exp, 6, ExpFn).gradient([](GradientBuilder& g) {
+  grad::set_unary(g, g.y(0));
+});
 // y = log(x).  dx = dy / x
-OT_FLOAT_UNARY(Log, 6, LogFn);
+OT_FLOAT_UNARY(Log, 6, LogFn).gradient([](GradientBuilder& g) {
+  g.set(0, g.div(g.dy(0), g.x(0)));
+});
 // y = sqrt(x).  dx = dy / (2 y)
-OT_FLOAT_UNARY(Sqrt, 6, SqrtFn);
+OT_FLOAT_UNARY(Sqrt, 6, SqrtFn).gradient([](GradientBuilder& g) {
+  g.set(0, g.div(g.mul(g.dy(0), grad::c(g, 0.5, g.x(0))), g.y(0)));
+});
 // y = tanh(x).  dx = dy * (1 - y^2)
-OT_FLOAT_UNARY(Tanh, 6, TanhFn);
+OT_FLOAT_UNARY(Tanh, 6, TanhFn).gradient([](GradientBuilder& g) {
+  grad::set_unary(g, g.sub(grad::c(g, 1.0, g.x(0)), grad::square(g, g.y(0))));
+});
 // y = 1 / (1 + exp(-x)).  dx = dy * y * (1 - y)
-OT_FLOAT_UNARY(Sigmoid, 6, SigmoidFn);
+OT_FLOAT_UNARY(Sigmoid, 6, SigmoidFn).gradient([](GradientBuilder& g) {
+  grad::set_unary(g, g.mul(g.y(0), g.sub(grad::c(g, 1.0, g.x(0)), g.y(0))));
+});
 // y = max(x, 0).  dx = dy * (y > 0)
 ONNXTRAIN_OP(Relu, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(relu_kernel);
+    .cpu(relu_kernel).gradient([](GradientBuilder& g) {
+      g.set(0, grad::where_or_zero(g, grad::greater(g, g.y(0), grad::c(g, 0.0, g.x(0))), g.dy(0), g.x(0)));
+    });
 
 // y = sin(x).  dx = dy * cos(x)
-OT_FLOAT_UNARY(Sin, 7, SinFn);
+OT_FLOAT_UNARY(Sin, 7, SinFn).gradient([](GradientBuilder& g) {
+  grad::set_unary(g, g.emit("Cos", {g.x(0)}));
+});
 // y = cos(x).  dx = -dy * sin(x)
-OT_FLOAT_UNARY(Cos, 7, CosFn);
+OT_FLOAT_UNARY(Cos, 7, CosFn).gradient([](GradientBuilder& g) {
+  g.set(0, g.neg(g.mul(g.dy(0), g.emit("Sin", {g.x(0)}))));
+});
 // y = tan(x).  dx = dy * (1 + y^2)
-OT_FLOAT_UNARY(Tan, 7, TanFn);
+OT_FLOAT_UNARY(Tan, 7, TanFn).gradient([](GradientBuilder& g) {
+  grad::set_unary(g, g.add(grad::c(g, 1.0, g.x(0)), grad::square(g, g.y(0))));
+});
 // y = asin(x).  dx = dy / sqrt(1 - x^2)
-OT_FLOAT_UNARY(Asin, 7, AsinFn);
+OT_FLOAT_UNARY(Asin, 7, AsinFn).gradient([](GradientBuilder& g) {
+  g.set(0, g.div(g.dy(0), g.emit("Sqrt", {g.sub(grad::c(g, 1.0, g.x(0)), grad::square(g, g.x(0)))})));
+});
 // y = acos(x).  dx = -dy / sqrt(1 - x^2)
-OT_FLOAT_UNARY(Acos, 7, AcosFn);
+OT_FLOAT_UNARY(Acos, 7, AcosFn).gradient([](GradientBuilder& g) {
+  g.set(0, g.neg(g.div(g.dy(0), g.emit("Sqrt", {g.sub(grad::c(g, 1.0, g.x(0)), grad::square(g, g.x(0)))}))));
+});
 // y = atan(x).  dx = dy / (1 + x^2)
-OT_FLOAT_UNARY(Atan, 7, AtanFn);
+OT_FLOAT_UNARY(Atan, 7, AtanFn).gradient([](GradientBuilder& g) {
+  g.set(0, g.div(g.dy(0), g.add(grad::c(g, 1.0, g.x(0)), grad::square(g, g.x(0)))));
+});
 // y = sinh(x).  dx = dy * cosh(x)
-OT_FLOAT_UNARY(Sinh, 9, SinhFn);
+OT_FLOAT_UNARY(Sinh, 9, SinhFn).gradient([](GradientBuilder& g) {
+  grad::set_unary(g, g.emit("Cosh", {g.x(0)}));
+});
 // y = cosh(x).  dx = dy * sinh(x)
-OT_FLOAT_UNARY(Cosh, 9, CoshFn);
+OT_FLOAT_UNARY(Cosh, 9, CoshFn).gradient([](GradientBuilder& g) {
+  grad::set_unary(g, g.emit("Sinh", {g.x(0)}));
+});
 // y = asinh(x).  dx = dy / sqrt(x^2 + 1)
-OT_FLOAT_UNARY(Asinh, 9, AsinhFn);
+OT_FLOAT_UNARY(Asinh, 9, AsinhFn).gradient([](GradientBuilder& g) {
+  g.set(0, g.div(g.dy(0), g.emit("Sqrt", {g.add(grad::square(g, g.x(0)), grad::c(g, 1.0, g.x(0)))})));
+});
 // y = acosh(x).  dx = dy / sqrt(x^2 - 1)
-OT_FLOAT_UNARY(Acosh, 9, AcoshFn);
+OT_FLOAT_UNARY(Acosh, 9, AcoshFn).gradient([](GradientBuilder& g) {
+  g.set(0, g.div(g.dy(0), g.emit("Sqrt", {g.sub(grad::square(g, g.x(0)), grad::c(g, 1.0, g.x(0)))})));
+});
 // y = atanh(x).  dx = dy / (1 - x^2)
-OT_FLOAT_UNARY(Atanh, 9, AtanhFn);
+OT_FLOAT_UNARY(Atanh, 9, AtanhFn).gradient([](GradientBuilder& g) {
+  g.set(0, g.div(g.dy(0), g.sub(grad::c(g, 1.0, g.x(0)), grad::square(g, g.x(0)))));
+});
 // y = erf(x).  dx = dy * 2 / sqrt(pi) * exp(-x^2)
-OT_FLOAT_UNARY(Erf, 9, ErfFn);
+OT_FLOAT_UNARY(Erf, 9, ErfFn).gradient([](GradientBuilder& g) {
+  grad::set_unary(g, g.mul(grad::c(g, 1.1283791670955125739, g.x(0)), g.emit("Exp", {g.neg(grad::square(g, g.x(0)))})));
+});
 // y = 1 / x.  dx = -dy * y^2
-OT_FLOAT_UNARY(Reciprocal, 1, ReciprocalFn);
+OT_FLOAT_UNARY(Reciprocal, 1, ReciprocalFn).gradient([](GradientBuilder& g) {
+  g.set(0, g.neg(g.mul(g.dy(0), grad::square(g, g.y(0)))));
+});
 // y = log(1 + exp(x)).  dx = dy * sigmoid(x)
-OT_FLOAT_UNARY(Softplus, 1, SoftplusFn);
+OT_FLOAT_UNARY(Softplus, 1, SoftplusFn).gradient([](GradientBuilder& g) {
+  grad::set_unary(g, g.emit("Sigmoid", {g.x(0)}));
+});
 // y = x / (1 + |x|).  dx = dy / (1 + |x|)^2
-OT_FLOAT_UNARY(Softsign, 1, SoftsignFn);
+OT_FLOAT_UNARY(Softsign, 1, SoftsignFn).gradient([](GradientBuilder& g) {
+  g.set(0, g.div(g.dy(0), grad::square(g, g.add(grad::c(g, 1.0, g.x(0)), g.emit("Abs", {g.x(0)})))));
+});
 
 // Piecewise constant: zero gradient almost everywhere.
 OT_FLOAT_UNARY(Ceil, 1, CeilFn).not_differentiable();
@@ -155,10 +199,10 @@ OT_FLOAT_UNARY(Round, 11, RoundFn).not_differentiable();
 
 // y = |x|.  dx = dy * sign(x)
 ONNXTRAIN_OP(Abs, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(abs_kernel);
+    .cpu(abs_kernel).gradient([](GradientBuilder& g) { grad::set_unary(g, g.emit("Sign", {g.x(0)})); });
 // y = -x.  dx = -dy
 ONNXTRAIN_OP(Neg, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(neg_kernel);
+    .cpu(neg_kernel).gradient([](GradientBuilder& g) { g.set(0, g.neg(g.dy(0))); });
 ONNXTRAIN_OP(Sign, kOnnxDomain, 9).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
     .not_differentiable().cpu(sign_kernel);
 

@@ -3,6 +3,8 @@
 #include "ops/elementwise/elementwise.h"
 
 namespace onnxtrain {
+
+namespace grad = elementwise::grad;
 namespace {
 
 void where_kernel(KernelContext& ctx) {
@@ -53,6 +55,11 @@ void where_shape(ShapeContext& ctx) {
 
 // z = c ? x : y.  dx = sum_to(where(c, dz, 0), x), dy = sum_to(where(c, 0, dz), y); c gets none
 ONNXTRAIN_OP(Where, kOnnxDomain, 9).inputs(3).outputs(1).shape(where_shape).inplace(0, 1).inplace(0, 2)
-    .cpu(where_kernel);
+    .cpu(where_kernel).gradient([](GradientBuilder& g) {
+      // The condition is bool, so it never needs a gradient.
+      if (g.needs(1)) g.set(1, g.sum_to(grad::where_or_zero(g, g.x(0), g.dy(0), g.x(1)), g.x(1)));
+      if (g.needs(2))
+        g.set(2, g.sum_to(g.emit("Where", {g.x(0), grad::c(g, 0.0, g.x(2)), g.dy(0)}), g.x(2)));
+    });
 
 }  // namespace onnxtrain
