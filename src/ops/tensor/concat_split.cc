@@ -1,6 +1,7 @@
 // Concat and Split: rows of [outer, axis * inner] are copied with one memcpy per input/output.
 #include <algorithm>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {
@@ -146,11 +147,31 @@ void split_rule(ShapeContext& ctx) {
   }
 }
 
+void concat_gradient(GradientBuilder& g) {
+  int64_t axis = g.node().attr_int("axis", 1);
+  size_t n = g.num_inputs();
+  std::vector<std::string> lens;
+  for (size_t i = 0; i < n; ++i) lens.push_back(dim_of(g, g.x(i), axis));
+  std::string sizes = n == 1 ? lens[0] : g.emit("Concat", lens, {{"axis", Attribute::of(int64_t(0))}});
+  auto parts = g.emit_n("Split", {g.dy(0), sizes}, n, {{"axis", Attribute::of(axis)}});
+  for (size_t i = 0; i < n; ++i) g.set(i, parts[i]);
+}
+
+void split_gradient(GradientBuilder& g) {
+  int64_t axis = g.node().attr_int("axis", 0);
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < g.node().outputs.size(); ++i)
+    parts.push_back(g.has_dy(i) ? g.dy(i) : g.zeros_like(g.y(i)));
+  g.set(0, parts.size() == 1 ? parts[0] : g.emit("Concat", parts, {{"axis", Attribute::of(axis)}}));
+}
+
 }  // namespace
 
-// y = concat(x_0..x_n, axis).  dx_i = slice of dy along axis at x_i's offset
-ONNXTRAIN_OP(Concat, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(concat_rule).cpu(concat_kernel);
-// y_i = slice i of x along axis.  dx = concat(dy_i, axis), zeros for missing dy_i
-ONNXTRAIN_OP(Split, kOnnxDomain, 1).inputs(1, 2).outputs(1, INT_MAX).shape(split_rule).cpu(split_kernel);
+// y = concat(x_0..x_n, axis).  dx_i = split(dy, [dim(x_0, axis), ..., dim(x_n, axis)], axis)_i
+ONNXTRAIN_OP(Concat, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(concat_rule).cpu(concat_kernel)
+    .gradient(concat_gradient);
+// y_i = split(x, axis)_i.  dx = concat(dy_0..dy_n, axis), zeros_like(y_i) for an output without dy_i
+ONNXTRAIN_OP(Split, kOnnxDomain, 1).inputs(1, 2).outputs(1, INT_MAX).shape(split_rule).cpu(split_kernel)
+    .gradient(split_gradient);
 
 }  // namespace onnxtrain

@@ -1,5 +1,6 @@
 // Expand and Tile: both are one strided_copy with stride-0 dims (Tile views its output as
 // [r0, d0, r1, d1, ...] over input strides [0, s0, 0, s1, ...]).
+#include "autodiff/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {
@@ -66,11 +67,30 @@ void tile_rule(ShapeContext& ctx) {
   ctx.set_output(0, dt, out);
 }
 
+void tile_gradient(GradientBuilder& g) {
+  std::optional<int64_t> rank;
+  if (auto s = g.static_shape(g.x(0))) rank = int64_t(s->size());
+  else if (auto r = g.static_shape(g.x(1)); r && r->size() == 1 && (*r)[0] >= 0) rank = (*r)[0];
+  if (!rank)
+    OT_THROW(kNotImplemented, g.context(), "the gradient of Tile needs the input's rank, which is not known statically");
+  if (*rank == 0) return g.set(0, g.dy(0));
+  // [r0, d0, r1, d1, ...]: repeats and dims interleaved, as the kernel views its output.
+  std::string one = g.ints({1});
+  std::string pairs = g.emit("Concat", {g.emit("Unsqueeze", {g.x(1), one}), g.emit("Unsqueeze", {g.shape(g.x(0)), one})},
+                             {{"axis", Attribute::of(int64_t(1))}});
+  std::string view = g.emit("Reshape", {g.dy(0), g.emit("Reshape", {pairs, g.ints({-1})})},
+                            {{"allowzero", Attribute::of(int64_t(1))}});
+  std::vector<int64_t> axes;
+  for (int64_t d = 0; d < *rank; ++d) axes.push_back(2 * d);
+  g.set(0, g.reduce_sum(view, axes, false));
+}
+
 }  // namespace
 
-// y = expand(x, shape).  dx = sum_to(dy, shape(x))
-ONNXTRAIN_OP(Expand, kOnnxDomain, 8).inputs(2).outputs(1).shape(expand_rule).cpu(expand_kernel);
-// y = tile(x, r).  dx = sum over the repeat axes of reshape(dy, [r0, d0, r1, d1, ...])
-ONNXTRAIN_OP(Tile, kOnnxDomain, 6).inputs(2).outputs(1).shape(tile_rule).cpu(tile_kernel);
+// y = expand(x, shape).  dx = sum_to(dy, x)
+ONNXTRAIN_OP(Expand, kOnnxDomain, 8).inputs(2).outputs(1).shape(expand_rule).cpu(expand_kernel)
+    .gradient([](GradientBuilder& g) { g.set(0, g.sum_to(g.dy(0), g.x(0))); });
+// y = tile(x, r).  dx = reduce_sum(reshape(dy, [r0, d0, r1, d1, ...]), axes = [0, 2, 4, ...])
+ONNXTRAIN_OP(Tile, kOnnxDomain, 6).inputs(2).outputs(1).shape(tile_rule).cpu(tile_kernel).gradient(tile_gradient);
 
 }  // namespace onnxtrain

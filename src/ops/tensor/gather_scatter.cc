@@ -1,8 +1,13 @@
 // Indexing ops: Gather, GatherElements, GatherND, ScatterElements (and the older Scatter),
 // ScatterND. Negative indices are normalised; an out-of-range index is an error naming the index,
 // never an out-of-bounds access. Copies dispatch on element size; reductions on the dtype.
+//
+// Their backward ops live here too (onnxtrain domain): GatherGrad, GatherElementsGrad and
+// GatherNDGrad add dY into zeros at the gathered positions (repeated indices accumulate), and
+// ScatterElementsGrad splits dY between data and updates for reduction "none".
 #include <algorithm>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {
@@ -291,23 +296,299 @@ void scatter_nd_kernel(KernelContext& ctx) {
   });
 }
 
+// ---- Backward ops ----
+
+// The zero-filled dX of the shape held by input `i` (the forward data's shape).
+Tensor& zero_output(KernelContext& ctx, size_t i, DType dt) {
+  Shape shape = int_list_input(ctx, i);
+  for (int64_t d : shape)
+    OT_CHECK(d >= 0, ctx.node().context(), "shape entries must be >= 0, got ", shape_str(shape));
+  Tensor& out = ctx.output(0, dt, shape);
+  if (out.nbytes()) std::memset(out.data(), 0, out.nbytes());
+  return out;
+}
+
+// onnxtrain.GatherGrad(dY, shape, indices; axis): dX = zeros(shape); dX[.., idx[j], ..] += dY[.., j, ..].
+// Work is split over (outer, inner) positions, which never collide; each walks every index in order.
+void gather_grad_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  const Tensor& idx = ctx.input(2);
+  check_index_dtype(ctx, idx, "indices");
+  Tensor& dx = zero_output(ctx, 1, dy.dtype());
+  OT_CHECK(dx.rank() >= 1, node.context(), "shape should have rank >= 1, got a scalar");
+  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), dx.rank());
+  OT_CHECK(dy.shape() == gather_shape(dx.shape(), idx.shape(), axis), node.context(), "dY has shape ",
+           shape_str(dy.shape()), ", expected ", shape_str(gather_shape(dx.shape(), idx.shape(), axis)));
+  int64_t outer = 1, inner = 1, dim = dx.dim(int(axis)), n = idx.numel();
+  for (int64_t d = 0; d < dx.rank(); ++d) {
+    if (d < axis) outer *= dx.dim(int(d));
+    else if (d > axis) inner *= dx.dim(int(d));
+  }
+  if (dy.numel() == 0) return;
+  dispatch_index(idx.dtype(), [&]<typename I>() {
+    const I* ip = idx.data<I>();
+    std::vector<int64_t> k(static_cast<size_t>(n));
+    for (int64_t j = 0; j < n; ++j) k[size_t(j)] = checked_index(node, int64_t(ip[j]), dim, "gather");
+    dispatch_float(dy.dtype(), [&]<typename T>() {
+      using C = compute_t<T>;
+      const T* src = dy.data<T>();
+      T* dst = dx.data<T>();
+      parallel_for(outer * inner, std::max<int64_t>(1, kElementwiseGrain / n), [&](int64_t b, int64_t e) {
+        for (int64_t pos = b; pos < e;) {
+          int64_t o = pos / inner, i0 = pos % inner, i1 = std::min(inner, i0 + (e - pos));
+          for (int64_t j = 0; j < n; ++j) {
+            T* to = dst + (o * dim + k[size_t(j)]) * inner;
+            const T* from = src + (o * n + j) * inner;
+            for (int64_t i = i0; i < i1; ++i) to[i] = T(C(to[i]) + C(from[i]));
+          }
+          pos += i1 - i0;
+        }
+      });
+    });
+  });
+}
+
+// onnxtrain.GatherElementsGrad(dY, shape, indices; axis): dX = zeros(shape); dX[p with p[axis] =
+// idx[q]] += dY[q]. Split over the non-axis positions of indices, which never collide.
+void gather_elements_grad_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  const Tensor& idx = ctx.input(2);
+  check_index_dtype(ctx, idx, "indices");
+  Tensor& dx = zero_output(ctx, 1, dy.dtype());
+  int64_t r = dx.rank();
+  OT_CHECK(idx.rank() == r && r >= 1 && dy.shape() == idx.shape(), node.context(), "dY ", shape_str(dy.shape()),
+           " and indices ", shape_str(idx.shape()), " should match and have the rank of ", shape_str(dx.shape()));
+  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), r);
+  for (int64_t d = 0; d < r; ++d)
+    OT_CHECK(d == axis || idx.dim(int(d)) <= dx.dim(int(d)), node.context(), "indices ", shape_str(idx.shape()),
+             " exceed ", shape_str(dx.shape()), " in dim ", d);
+  if (idx.numel() == 0) return;
+  std::vector<int64_t> ds = strides_of(dx.shape());
+  int64_t outer = 1, inner = 1, len = idx.dim(int(axis)), dim = dx.dim(int(axis));
+  for (int64_t d = 0; d < r; ++d) {
+    if (d < axis) outer *= idx.dim(int(d));
+    else if (d > axis) inner *= idx.dim(int(d));
+  }
+  // Offsets in dX of the inner positions of indices.
+  std::vector<int64_t> inner_off(static_cast<size_t>(inner), 0);
+  for (int64_t i = 0; i < inner; ++i) {
+    int64_t rem = i;
+    for (int64_t d = r - 1; d > axis; --d) {
+      inner_off[size_t(i)] += (rem % idx.dim(int(d))) * ds[size_t(d)];
+      rem /= idx.dim(int(d));
+    }
+  }
+  dispatch_index(idx.dtype(), [&]<typename I>() {
+    const I* ip = idx.data<I>();
+    for (int64_t j = 0; j < idx.numel(); ++j) checked_index(node, int64_t(ip[j]), dim, "gather_elements");
+    dispatch_float(dy.dtype(), [&]<typename T>() {
+      using C = compute_t<T>;
+      const T* src = dy.data<T>();
+      T* dst = dx.data<T>();
+      parallel_for(outer * inner, std::max<int64_t>(1, kElementwiseGrain / len), [&](int64_t b, int64_t e) {
+        for (int64_t pos = b; pos < e; ++pos) {
+          int64_t o = pos / inner, i = pos % inner, base = inner_off[size_t(i)], rem = o;
+          for (int64_t d = axis - 1; d >= 0; --d) {
+            base += (rem % idx.dim(int(d))) * ds[size_t(d)];
+            rem /= idx.dim(int(d));
+          }
+          for (int64_t j = 0; j < len; ++j) {
+            int64_t q = (o * len + j) * inner + i, k = int64_t(ip[q]);
+            if (k < 0) k += dim;
+            T& to = dst[base + k * ds[size_t(axis)]];
+            to = T(C(to) + C(src[q]));
+          }
+        }
+      });
+    });
+  });
+}
+
+// onnxtrain.GatherNDGrad(dY, shape, indices; batch_dims): dX = zeros(shape); each index tuple's
+// slice of dY is added at its position. Split over (batch, slice element) positions.
+void gather_nd_grad_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  const Tensor& idx = ctx.input(2);
+  check_index_dtype(ctx, idx, "indices");
+  Tensor& dx = zero_output(ctx, 1, dy.dtype());
+  int64_t b = node.attr_int("batch_dims", 0);
+  NDPlan p = nd_plan(node, dx.shape(), idx.shape(), b);
+  OT_CHECK(dy.shape() == p.out_shape, node.context(), "dY has shape ", shape_str(dy.shape()), ", expected ",
+           shape_str(p.out_shape));
+  if (dy.numel() == 0) return;
+  std::vector<int64_t> ds = strides_of(dx.shape());
+  dispatch_index(idx.dtype(), [&]<typename I>() {
+    const I* ip = idx.data<I>();
+    std::vector<int64_t> offs(static_cast<size_t>(p.batch * p.tuples));
+    for (int64_t t = 0; t < p.batch * p.tuples; ++t)
+      offs[size_t(t)] = (t / p.tuples) * p.data_batch_stride + nd_offset(node, ip + t * p.m, p.m, dx.shape(), b, ds);
+    dispatch_float(dy.dtype(), [&]<typename T>() {
+      using C = compute_t<T>;
+      const T* src = dy.data<T>();
+      T* dst = dx.data<T>();
+      const int64_t slice = p.slice;
+      parallel_for(p.batch * slice, std::max<int64_t>(1, kElementwiseGrain / p.tuples), [&](int64_t s, int64_t e) {
+        for (int64_t pos = s; pos < e;) {
+          int64_t bt = pos / slice, i0 = pos % slice, i1 = std::min(slice, i0 + (e - pos));
+          for (int64_t t = bt * p.tuples; t < (bt + 1) * p.tuples; ++t) {
+            T* to = dst + offs[size_t(t)];
+            const T* from = src + t * slice;
+            for (int64_t i = i0; i < i1; ++i) to[i] = T(C(to[i]) + C(from[i]));
+          }
+          pos += i1 - i0;
+        }
+      });
+    });
+  });
+}
+
+// onnxtrain.ScatterElementsGrad(dY, indices; axis) -> (dData, dUpdates) for reduction "none":
+// dData = dY with every written position zeroed; dUpdates[j] = dY at j's position when update j is
+// the one that stays (the last write there, as the kernel applies them in order), else 0.
+void scatter_elements_grad_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  const Tensor& idx = ctx.input(1);
+  check_index_dtype(ctx, idx, "indices");
+  int64_t r = dy.rank();
+  OT_CHECK(idx.rank() == r && r >= 1, node.context(), "indices ", shape_str(idx.shape()),
+           " should have the rank of dY ", shape_str(dy.shape()));
+  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), r);
+  for (int64_t d = 0; d < r; ++d)
+    OT_CHECK(d == axis || idx.dim(int(d)) <= dy.dim(int(d)), node.context(), "indices ", shape_str(idx.shape()),
+             " exceed dY ", shape_str(dy.shape()), " in dim ", d);
+  Tensor& dd = ctx.output(0, dy.dtype(), dy.shape());
+  Tensor& du = ctx.output(1, dy.dtype(), idx.shape());
+  copy_bytes(dd.data(), dy.data(), dy.nbytes());
+  if (idx.numel() == 0) return;
+  std::vector<int64_t> ds = strides_of(dy.shape());
+  int64_t dim = dy.dim(int(axis)), n = idx.numel();
+  std::vector<int64_t> off(static_cast<size_t>(n));
+  dispatch_index(idx.dtype(), [&]<typename I>() {
+    const I* ip = idx.data<I>();
+    std::vector<int64_t> pos(static_cast<size_t>(r), 0);
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t o = 0;
+      for (int64_t d = 0; d < r; ++d)
+        o += (d == axis ? checked_index(node, int64_t(ip[j]), dim, "scatter") : pos[size_t(d)]) * ds[size_t(d)];
+      off[size_t(j)] = o;
+      for (int64_t d = r - 1; d >= 0; --d) {
+        if (++pos[size_t(d)] < idx.dim(int(d))) break;
+        pos[size_t(d)] = 0;
+      }
+    }
+  });
+  dispatch_by_size(dy.dtype(), [&]<typename T>() {
+    const T* g = static_cast<const T*>(dy.data());
+    T* pd = static_cast<T*>(dd.data());
+    T* pu = static_cast<T*>(du.data());
+    std::vector<char> taken(static_cast<size_t>(dy.numel()), 0);
+    for (int64_t j = n; j-- > 0;) {  // the last write to a position wins
+      int64_t o = off[size_t(j)];
+      if (taken[size_t(o)]) {
+        std::memset(static_cast<void*>(pu + j), 0, sizeof(T));
+      } else {
+        pu[j] = g[o];
+        taken[size_t(o)] = 1;
+        std::memset(static_cast<void*>(pd + o), 0, sizeof(T));
+      }
+    }
+  });
+}
+
+// Gradient rules.
+
+Reduction checked_gradient_reduction(GradientBuilder& g) {
+  Reduction red = reduction_of(g.node());
+  if (red != Reduction::kNone && red != Reduction::kAdd)
+    OT_THROW(kNotImplemented, g.context(), "no gradient rule for reduction '", g.node().attr_string("reduction", ""),
+             "': mul needs zero-safe products of the other updates, max/min need tie handling (only none and add)");
+  return red;
+}
+
+void scatter_elements_gradient(GradientBuilder& g) {
+  GraphBuilder::Attrs axis{{"axis", Attribute::of(g.node().attr_int("axis", 0))}};
+  if (checked_gradient_reduction(g) == Reduction::kAdd) {
+    g.set(0, g.dy(0));
+    if (g.needs(2)) g.set(2, g.emit("GatherElements", {g.dy(0), g.x(1)}, axis));
+    return;
+  }
+  auto d = g.emit_n("ScatterElementsGrad", {g.dy(0), g.x(1)}, 2, axis, kOnnxTrainDomain);
+  g.set(0, d[0]);
+  g.set(2, d[1]);
+}
+
+void scatter_nd_gradient(GradientBuilder& g) {
+  Reduction red = checked_gradient_reduction(g);
+  if (g.needs(0))
+    g.set(0, red == Reduction::kAdd ? g.dy(0) : g.emit("ScatterND", {g.dy(0), g.x(1), g.zeros_like(g.x(2))}));
+  if (g.needs(2)) g.set(2, g.emit("GatherND", {g.dy(0), g.x(1)}));
+}
+
+GraphBuilder::Attrs copy_attr(const Node& node, const char* name) {
+  GraphBuilder::Attrs a;
+  if (const Attribute* v = node.attr(name)) a[name] = *v;
+  return a;
+}
+
 }  // namespace
 
-// y = gather(x, idx, axis).  dx = scatter-add of dy into zeros_like(x) at idx along axis
-ONNXTRAIN_OP(Gather, kOnnxDomain, 1).inputs(2).outputs(1).shape(gather_rule).cpu(gather_kernel);
-// y = gather_elements(x, idx, axis).  dx = scatter_elements(zeros_like(x), idx, dy, reduction=add)
+// y = gather(x, idx, axis).  dx = gather_grad(dy, shape(x), idx, axis): dy added into zeros at idx
+ONNXTRAIN_OP(Gather, kOnnxDomain, 1).inputs(2).outputs(1).shape(gather_rule).cpu(gather_kernel)
+    .gradient([](GradientBuilder& g) {
+      g.set(0, g.emit("GatherGrad", {g.dy(0), g.shape(g.x(0)), g.x(1)}, copy_attr(g.node(), "axis"), kOnnxTrainDomain));
+    });
+// y = gather_elements(x, idx, axis).  dx = gather_elements_grad(dy, shape(x), idx, axis): dy added into zeros at idx
 ONNXTRAIN_OP(GatherElements, kOnnxDomain, 11).inputs(2).outputs(1)
     .shape([](ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(0), ctx.input_shape(1)); })
-    .cpu(gather_elements_kernel);
-// y = gather_nd(x, idx, b).  dx = scatter_nd(zeros_like(x), idx, dy, reduction=add)
-ONNXTRAIN_OP(GatherND, kOnnxDomain, 11).inputs(2).outputs(1).shape(gather_nd_rule).cpu(gather_nd_kernel);
-// y = scatter(x, idx, u) (ScatterElements without reduction).  dx = scatter(dy, idx, 0), du = gather_elements(dy, idx)
-ONNXTRAIN_OP(Scatter, kOnnxDomain, 9).inputs(3).outputs(1).shape(shape_same_as_input).cpu(scatter_elements_kernel);
-// y = scatter_elements(x, idx, u).  none: dx = scatter(dy, idx, 0), du = gather_elements(dy, idx); add: dx = dy
+    .cpu(gather_elements_kernel).gradient([](GradientBuilder& g) {
+      g.set(0, g.emit("GatherElementsGrad", {g.dy(0), g.shape(g.x(0)), g.x(1)}, copy_attr(g.node(), "axis"),
+                      kOnnxTrainDomain));
+    });
+// y = gather_nd(x, idx, b).  dx = gather_nd_grad(dy, shape(x), idx, b): each tuple's dy slice added into zeros
+ONNXTRAIN_OP(GatherND, kOnnxDomain, 11).inputs(2).outputs(1).shape(gather_nd_rule).cpu(gather_nd_kernel)
+    .gradient([](GradientBuilder& g) {
+      g.set(0, g.emit("GatherNDGrad", {g.dy(0), g.shape(g.x(0)), g.x(1)}, copy_attr(g.node(), "batch_dims"),
+                      kOnnxTrainDomain));
+    });
+// y = scatter(x, idx, u).  dx = dy zeroed where written, du = dy at the written positions (last write wins)
+ONNXTRAIN_OP(Scatter, kOnnxDomain, 9).inputs(3).outputs(1).shape(shape_same_as_input).cpu(scatter_elements_kernel)
+    .gradient(scatter_elements_gradient);
+// y = scatter_elements(x, idx, u).  none: dx = dy zeroed where written, du = dy there (last write wins);
+// add: dx = dy, du = gather_elements(dy, idx)
 ONNXTRAIN_OP(ScatterElements, kOnnxDomain, 11).inputs(3).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(scatter_elements_kernel);
-// y = scatter_nd(x, idx, u).  none: dx = scatter_nd(dy, idx, 0), du = gather_nd(dy, idx); add: dx = dy
+    .cpu(scatter_elements_kernel).gradient(scatter_elements_gradient);
+// y = scatter_nd(x, idx, u).  none: dx = scatter_nd(dy, idx, 0), du = gather_nd(dy, idx); add: dx = dy, du = gather_nd(dy, idx)
 ONNXTRAIN_OP(ScatterND, kOnnxDomain, 11).inputs(3).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(scatter_nd_kernel);
+    .cpu(scatter_nd_kernel).gradient(scatter_nd_gradient);
+
+// Backward ops. Each is linear in dY, so its own gradient is the forward op it is the adjoint of.
+// dX = gather_grad(dY, shape, idx, axis).  d(dY) = gather(d(dX), idx, axis)
+ONNXTRAIN_OP(GatherGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape(shape_from_input1).cpu(gather_grad_kernel)
+    .gradient([](GradientBuilder& g) { g.set(0, g.emit("Gather", {g.dy(0), g.x(2)}, copy_attr(g.node(), "axis"))); });
+// dX = gather_elements_grad(dY, shape, idx, axis).  d(dY) = gather_elements(d(dX), idx, axis)
+ONNXTRAIN_OP(GatherElementsGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape(shape_from_input1)
+    .cpu(gather_elements_grad_kernel).gradient([](GradientBuilder& g) {
+      g.set(0, g.emit("GatherElements", {g.dy(0), g.x(2)}, copy_attr(g.node(), "axis")));
+    });
+// dX = gather_nd_grad(dY, shape, idx, b).  d(dY) = gather_nd(d(dX), idx, b)
+ONNXTRAIN_OP(GatherNDGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape(shape_from_input1)
+    .cpu(gather_nd_grad_kernel).gradient([](GradientBuilder& g) {
+      g.set(0, g.emit("GatherND", {g.dy(0), g.x(2)}, copy_attr(g.node(), "batch_dims")));
+    });
+// (dD, dU) = scatter_elements_grad(dY, idx, axis).  d(dY) = scatter_elements(d(dD), idx, d(dU)), zeros for a missing one
+ONNXTRAIN_OP(ScatterElementsGrad, kOnnxTrainDomain, 1).inputs(2).outputs(2)
+    .shape([](ShapeContext& ctx) {
+      ctx.set_output(0, ctx.input_dtype(0), ctx.input_shape(0));
+      ctx.set_output(1, ctx.input_dtype(0), ctx.input_shape(1));
+    })
+    .cpu(scatter_elements_grad_kernel).gradient([](GradientBuilder& g) {
+      std::string dd = g.has_dy(0) ? g.dy(0) : g.zeros_like(g.y(0));
+      std::string du = g.has_dy(1) ? g.dy(1) : g.zeros_like(g.y(1));
+      g.set(0, g.emit("ScatterElements", {dd, g.x(1), du}, copy_attr(g.node(), "axis")));
+    });
 
 }  // namespace onnxtrain

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {
@@ -205,7 +206,29 @@ ONNXTRAIN_OP(EyeLike, kOnnxDomain, 9).inputs(1).outputs(1)
       ctx.set_output(0, eyelike_dtype(ctx.node(), ctx.input_dtype(0)), ctx.input_shape(0));
     })
     .not_differentiable().cpu(eyelike_kernel);
-ONNXTRAIN_OP(Range, kOnnxDomain, 11).inputs(3).outputs(1).shape(range_rule).not_differentiable().cpu(range_kernel);
-ONNXTRAIN_OP(OneHot, kOnnxDomain, 9).inputs(3).outputs(1).shape(onehot_rule).not_differentiable().cpu(onehot_kernel);
+// y_i = start + i * delta (the count is piecewise constant).  dstart = sum(dy),
+// ddelta = sum(dy * (y - start) / delta), dlimit = 0
+ONNXTRAIN_OP(Range, kOnnxDomain, 11).inputs(3).outputs(1).shape(range_rule).cpu(range_kernel)
+    .gradient([](GradientBuilder& g) {
+      GraphBuilder::Attrs all{{"keepdims", Attribute::of(int64_t(0))}};
+      if (g.needs(0)) g.set(0, reshape_like(g, g.emit("ReduceSum", {g.dy(0)}, all), g.x(0)));
+      if (g.needs(1)) g.set(1, g.zeros_like(g.x(1)));
+      if (g.needs(2)) {
+        std::string steps = g.div(g.sub(g.y(0), g.x(0)), g.x(2));
+        g.set(2, reshape_like(g, g.emit("ReduceSum", {g.mul(g.dy(0), steps)}, all), g.x(2)));
+      }
+    });
+// y = off + (on - off) * onehot(idx).  d_on = sum(dy * onehot(idx)), d_off = sum(dy) - d_on
+ONNXTRAIN_OP(OneHot, kOnnxDomain, 9).inputs(3).outputs(1).shape(onehot_rule).cpu(onehot_kernel)
+    .gradient([](GradientBuilder& g) {
+      GraphBuilder::Attrs all{{"keepdims", Attribute::of(int64_t(0))}};
+      std::string v = g.x(2), one = g.ints({1});
+      std::string off_on = g.emit("Concat", {g.reshape(g.scalar_like(0.0, v), one), g.reshape(g.scalar_like(1.0, v), one)},
+                                  {{"axis", Attribute::of(int64_t(0))}});
+      std::string hot = g.emit("OneHot", {g.x(0), g.x(1), off_on}, g.node().attributes);
+      std::string d_on = g.emit("ReduceSum", {g.mul(g.dy(0), hot)}, all);
+      std::string d_off = g.sub(g.emit("ReduceSum", {g.dy(0)}, all), d_on);
+      g.set(2, g.emit("Concat", {g.reshape(d_off, one), g.reshape(d_on, one)}, {{"axis", Attribute::of(int64_t(0))}}));
+    });
 
 }  // namespace onnxtrain

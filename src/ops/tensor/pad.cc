@@ -1,8 +1,12 @@
 // Pad: constant, reflect and edge modes; pads (and the value) as attributes before opset 11 and
 // as inputs from 11 (the opset-18 axes input is read when present). Negative pads crop. Each
 // output row copies its interior with one memcpy and fills or mirrors the borders.
+//
+// Its backward op onnxtrain.PadGrad (ONNX Runtime has no reflect/edge gradient) is the adjoint:
+// every output position adds its gradient to the input position it was read from.
 #include <algorithm>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {
@@ -152,9 +156,111 @@ void pad_rule(ShapeContext& ctx) {
   ctx.set_output(0, dt, padded_shape(ctx.node(), *in, p));
 }
 
+// ---- onnxtrain.PadGrad(dY, pads, axes?; mode) ----
+// Padding is separable, so its adjoint is one 1-D pass per padded dim: along dim d, output
+// position j adds into input position source_index(j - begin) (nothing for the constant border).
+// Passes run in the compute type; lines of (outer, inner) positions are split across threads.
+
+void pad_grad_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  int64_t rank = dy.rank();
+  PadMode mode = pad_mode(node);
+  auto p = full_pads(node, rank, int_list_input(ctx, 1), attr_or_input_ints(ctx, nullptr, 2));
+  Shape in_shape(static_cast<size_t>(rank));
+  for (int64_t d = 0; d < rank; ++d) {
+    int64_t m = dy.dim(int(d)), n = m - p[size_t(d)] - p[size_t(d + rank)];
+    OT_CHECK(n >= 0, node.context(), "pads ", shape_str(p), " do not fit dY ", shape_str(dy.shape()));
+    OT_CHECK(mode == PadMode::kConstant || n > 0 || m == 0, node.context(), "cannot ", node.attr_string("mode", ""),
+             "-pad an empty dim (dY ", shape_str(dy.shape()), ", pads ", shape_str(p), ")");
+    in_shape[size_t(d)] = n;
+  }
+  Tensor& dx = ctx.output(0, dy.dtype(), in_shape);
+  if (dx.numel() == 0) return;
+  if (dy.numel() == 0) {  // only possible when a constant border covers everything: dX = 0
+    std::memset(dx.data(), 0, dx.nbytes());
+    return;
+  }
+  dispatch_float(dy.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    std::vector<C> cur(static_cast<size_t>(dy.numel()));
+    const T* src = dy.data<T>();
+    for (size_t i = 0; i < cur.size(); ++i) cur[i] = C(src[i]);
+    Shape shape = dy.shape();
+    for (int64_t d = 0; d < rank; ++d) {
+      const int64_t pb = p[size_t(d)], m = shape[size_t(d)], n = in_shape[size_t(d)];
+      if (pb == 0 && m == n) continue;
+      int64_t outer = 1, inner = 1;
+      for (int64_t e = 0; e < rank; ++e) {
+        if (e < d) outer *= shape[size_t(e)];
+        else if (e > d) inner *= shape[size_t(e)];
+      }
+      std::vector<int64_t> source(static_cast<size_t>(m));
+      for (int64_t j = 0; j < m; ++j) source[size_t(j)] = source_index(j - pb, n, mode);
+      std::vector<C> next(static_cast<size_t>(outer * n * inner), C(0));
+      parallel_for(outer * inner, std::max<int64_t>(1, kElementwiseGrain / m), [&](int64_t b, int64_t e) {
+        for (int64_t pos = b; pos < e;) {
+          int64_t o = pos / inner, i0 = pos % inner, i1 = std::min(inner, i0 + (e - pos));
+          for (int64_t j = 0; j < m; ++j) {
+            int64_t s = source[size_t(j)];
+            if (s < 0) continue;
+            C* to = next.data() + (o * n + s) * inner;
+            const C* from = cur.data() + (o * m + j) * inner;
+            for (int64_t i = i0; i < i1; ++i) to[i] += from[i];
+          }
+          pos += i1 - i0;
+        }
+      });
+      cur = std::move(next);
+      shape[size_t(d)] = n;
+    }
+    T* out = dx.data<T>();
+    for (size_t i = 0; i < cur.size(); ++i) out[i] = T(cur[i]);
+  });
+}
+
+void pad_grad_rule(ShapeContext& ctx) {
+  DType dt = ctx.input_dtype(0);
+  const auto& in = ctx.input_shape(0);
+  if (!in) return ctx.set_output(0, dt);
+  const Tensor* pads = ctx.input_value(1);
+  auto axes = static_ints(ctx, nullptr, 2);
+  if (!pads || !axes.known) return ctx.set_output(0, dt, Shape(in->size(), -1));
+  auto p = full_pads(ctx.node(), int64_t(in->size()), pads->to_int_vector(), axes.value);
+  for (auto& v : p) v = -v;  // dX is dY with the pads taken off
+  ctx.set_output(0, dt, padded_shape(ctx.node(), *in, p));
+}
+
+void pad_gradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  PadMode mode = pad_mode(node);
+  std::string pads = ints_attr_or_input(g, "pads", 1);
+  if (pads.empty() && node.has_attr("paddings")) pads = g.ints(node.attr_ints("paddings"));
+  std::vector<std::string> in{g.dy(0), pads};
+  if (g.has_input(3)) in.push_back(g.x(3));
+  std::string dx = g.emit("PadGrad", in, {{"mode", Attribute::of(node.attr_string("mode", "constant"))}},
+                          kOnnxTrainDomain);
+  g.set(0, dx);
+  if (g.needs(2)) {
+    // The constant fills every output position not read from x: d(value) = sum(dy) - sum(dx).
+    if (mode != PadMode::kConstant) return g.set(2, g.zeros_like(g.x(2)));
+    std::string border = g.sub(g.emit("ReduceSum", {g.dy(0)}, {{"keepdims", Attribute::of(int64_t(0))}}),
+                               g.emit("ReduceSum", {dx}, {{"keepdims", Attribute::of(int64_t(0))}}));
+    g.set(2, reshape_like(g, border, g.x(2)));
+  }
+}
+
 }  // namespace
 
-// y = pad(x, pads).  constant: dx = slice(dy, begin pads, end pads); reflect/edge: plus the mirrored/edge borders added back
-ONNXTRAIN_OP(Pad, kOnnxDomain, 1).inputs(1, 4).outputs(1).shape(pad_rule).cpu(pad_kernel);
+// y = pad(x, pads, mode).  dx = pad_grad(dy, pads, mode): each output position's dy added to the x
+// position it was read from; d(constant_value) = sum(dy) - sum(dx)
+ONNXTRAIN_OP(Pad, kOnnxDomain, 1).inputs(1, 4).outputs(1).shape(pad_rule).cpu(pad_kernel).gradient(pad_gradient);
+// dX = pad_grad(dY, pads, mode), the adjoint of Pad.  d(dY) = pad(d(dX), pads, mode, value 0)
+ONNXTRAIN_OP(PadGrad, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1).shape(pad_grad_rule).cpu(pad_grad_kernel)
+    .gradient([](GradientBuilder& g) {
+      std::vector<std::string> in{g.dy(0), g.x(1)};
+      if (g.has_input(2)) in.insert(in.end(), {"", g.x(2)});
+      g.set(0, g.emit("Pad", in, {{"mode", Attribute::of(g.node().attr_string("mode", "constant"))}}));
+    });
 
 }  // namespace onnxtrain

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <numeric>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {
@@ -288,15 +289,36 @@ void compress_rule(ShapeContext& ctx) {
   ctx.set_output(0, dt, out);
 }
 
+void topk_gradient(GradientBuilder& g) {
+  if (!g.has_dy(0)) return g.set(0, g.zeros_like(g.x(0)));  // only the (integer) indices are used
+  g.set(0, g.emit("GatherElementsGrad", {g.dy(0), g.shape(g.x(0)), g.y(1)},
+                  {{"axis", Attribute::of(g.node().attr_int("axis", -1))}}, kOnnxTrainDomain));
+}
+
+void compress_gradient(GradientBuilder& g) {
+  // The kept positions: nonzero(condition) as a 1-D index list.
+  std::string kept = g.reshape(g.emit("NonZero", {g.x(1)}), g.ints({-1}));
+  if (g.node().has_attr("axis")) {
+    return g.set(0, g.emit("GatherGrad", {g.dy(0), g.shape(g.x(0)), kept},
+                           {{"axis", Attribute::of(g.node().attr_int("axis", 0))}}, kOnnxTrainDomain));
+  }
+  // Without an axis, x is flattened first.
+  std::string flat_shape = g.shape(g.reshape(g.x(0), g.ints({-1})));
+  g.set(0, reshape_like(g, g.emit("GatherGrad", {g.dy(0), flat_shape, kept}, {}, kOnnxTrainDomain), g.x(0)));
+}
+
 }  // namespace
 
-// (values, indices) = topk(x, k).  dx = scatter_elements(zeros_like(x), indices, dvalues, axis)
-ONNXTRAIN_OP(TopK, kOnnxDomain, 1).inputs(1, 2).outputs(2).shape(topk_rule).cpu(topk_kernel);
+// (values, indices) = topk(x, k, axis).  dx = gather_elements_grad(dvalues, shape(x), indices, axis)
+ONNXTRAIN_OP(TopK, kOnnxDomain, 1).inputs(1, 2).outputs(2).shape(topk_rule).cpu(topk_kernel).gradient(topk_gradient);
 ONNXTRAIN_OP(NonZero, kOnnxDomain, 9).inputs(1).outputs(1).shape(nonzero_rule).not_differentiable()
     .cpu(nonzero_kernel);
-ONNXTRAIN_OP(Unique, kOnnxDomain, 11).inputs(1).outputs(1, 4).shape(unique_rule).not_differentiable()
+ONNXTRAIN_OP(Unique, kOnnxDomain, 11).inputs(1).outputs(1, 4).shape(unique_rule)
+    .gradient_not_implemented("the values output changes shape when tied inputs move apart, so it is "
+                              "differentiable only for tie-free inputs; no rule is written for that case")
     .cpu(unique_kernel);
-// y = compress(x, c, axis).  dx = zeros_like(x) with dy scattered back to the kept positions
-ONNXTRAIN_OP(Compress, kOnnxDomain, 9).inputs(2).outputs(1).shape(compress_rule).cpu(compress_kernel);
+// y = compress(x, c, axis).  dx = gather_grad(dy, shape(x), nonzero(c), axis) (flattened x without an axis)
+ONNXTRAIN_OP(Compress, kOnnxDomain, 9).inputs(2).outputs(1).shape(compress_rule).cpu(compress_kernel)
+    .gradient(compress_gradient);
 
 }  // namespace onnxtrain

@@ -2,6 +2,7 @@
 // The view ops hand back the input's storage with a new shape (ctx.set_output), never a copy.
 #include <algorithm>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {
@@ -203,6 +204,9 @@ void unsqueeze_rule(ShapeContext& ctx) {
 
 void identity_kernel(KernelContext& ctx) { ctx.set_output(0, ctx.input(0)); }
 
+// The views only rename the elements: the gradient is dy viewed with x's shape.
+void view_gradient(GradientBuilder& g) { g.set(0, reshape_like(g, g.dy(0), g.x(0))); }
+
 }  // namespace
 
 ONNXTRAIN_OP(Shape, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_rule).not_differentiable().cpu(shape_kernel);
@@ -210,14 +214,19 @@ ONNXTRAIN_OP(Size, kOnnxDomain, 1).inputs(1).outputs(1)
     .shape([](ShapeContext& ctx) { ctx.set_output(0, DType::kInt64, Shape{}); })
     .not_differentiable().cpu(size_kernel);
 // y = reshape(x, s).  dx = reshape(dy, shape(x))
-ONNXTRAIN_OP(Reshape, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(reshape_rule).cpu(reshape_kernel);
+ONNXTRAIN_OP(Reshape, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(reshape_rule).cpu(reshape_kernel)
+    .gradient(view_gradient);
 // y = flatten(x, axis).  dx = reshape(dy, shape(x))
-ONNXTRAIN_OP(Flatten, kOnnxDomain, 1).inputs(1).outputs(1).shape(flatten_rule).cpu(flatten_kernel);
+ONNXTRAIN_OP(Flatten, kOnnxDomain, 1).inputs(1).outputs(1).shape(flatten_rule).cpu(flatten_kernel)
+    .gradient(view_gradient);
 // y = squeeze(x, axes).  dx = reshape(dy, shape(x))
-ONNXTRAIN_OP(Squeeze, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(squeeze_rule).cpu(squeeze_kernel);
+ONNXTRAIN_OP(Squeeze, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(squeeze_rule).cpu(squeeze_kernel)
+    .gradient(view_gradient);
 // y = unsqueeze(x, axes).  dx = reshape(dy, shape(x))
-ONNXTRAIN_OP(Unsqueeze, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(unsqueeze_rule).cpu(unsqueeze_kernel);
+ONNXTRAIN_OP(Unsqueeze, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(unsqueeze_rule).cpu(unsqueeze_kernel)
+    .gradient(view_gradient);
 // y = x.  dx = dy
-ONNXTRAIN_OP(Identity, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).cpu(identity_kernel);
+ONNXTRAIN_OP(Identity, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).cpu(identity_kernel)
+    .gradient([](GradientBuilder& g) { g.set(0, g.dy(0)); });
 
 }  // namespace onnxtrain

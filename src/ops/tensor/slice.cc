@@ -1,8 +1,9 @@
-// Slice: starts/ends/axes as attributes (opset 1) or inputs (opset 10+), with steps, negative steps
+// Slice and its fused backward onnxtrain.SliceGrad. Slice: starts/ends/axes as attributes (opset 1) or inputs (opset 10+), with steps, negative steps
 // and clamping as the spec defines. The copy is one strided_copy (memcpy runs when the innermost
 // step is 1).
 #include <algorithm>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {
@@ -97,9 +98,80 @@ void slice_rule(ShapeContext& ctx) {
   ctx.set_output(0, dt, out);
 }
 
+// ---- onnxtrain.SliceGrad(dY, shape, starts, ends, axes?, steps?) ----
+// dX of shape `shape` is zero except at the positions Slice reads, where it holds dY. Slice
+// positions are distinct, so the scatter is a plain strided write, parallel over rows.
+
+template <typename T>
+void strided_scatter(const T* in, T* out, const Shape& shape, const std::vector<int64_t>& st, int64_t base) {
+  int64_t total = numel(shape);
+  if (total == 0) return;
+  if (shape.empty()) {
+    out[base] = in[0];
+    return;
+  }
+  const size_t r = shape.size() - 1;
+  const int64_t inner = shape[r], s = st[r], rows = total / inner;
+  parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / inner), [&](int64_t b, int64_t e) {
+    for (int64_t row = b; row < e; ++row) {
+      int64_t off = base, rem = row;
+      for (size_t d = r; d-- > 0;) {
+        off += (rem % shape[d]) * st[d];
+        rem /= shape[d];
+      }
+      const T* src = in + row * inner;
+      if (s == 1) std::memcpy(out + off, src, size_t(inner) * sizeof(T));
+      else for (int64_t i = 0; i < inner; ++i) out[off + i * s] = src[i];
+    }
+  });
+}
+
+void slice_grad_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  Shape shape = int_list_input(ctx, 1);
+  for (int64_t d : shape) OT_CHECK(d >= 0, node.context(), "shape entries must be >= 0, got ", shape_str(shape));
+  auto plan = plan_slice(node, shape, int_list_input(ctx, 2), int_list_input(ctx, 3), attr_or_input_ints(ctx, nullptr, 4),
+                         attr_or_input_ints(ctx, nullptr, 5));
+  std::vector<int64_t> is = strides_of(shape);
+  Shape counts(plan.size());
+  std::vector<int64_t> st(plan.size());
+  int64_t base = 0;
+  for (size_t d = 0; d < plan.size(); ++d) {
+    counts[d] = plan[d].count;
+    st[d] = is[d] * plan[d].step;
+    base += is[d] * plan[d].start;
+  }
+  OT_CHECK(dy.shape() == counts, node.context(), "dY has shape ", shape_str(dy.shape()), ", but slicing ",
+           shape_str(shape), " gives ", shape_str(counts));
+  Tensor& dx = ctx.output(0, dy.dtype(), shape);
+  if (dx.numel() == 0) return;
+  std::memset(dx.data(), 0, dx.nbytes());  // all-zero bytes are zero for every dtype
+  dispatch_by_size(dy.dtype(), [&]<typename T>() {
+    strided_scatter<T>(static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()), counts, st, base);
+  });
+}
+
+void slice_gradient(GradientBuilder& g) {
+  std::string starts = ints_attr_or_input(g, "starts", 1), ends = ints_attr_or_input(g, "ends", 2);
+  std::string axes = ints_attr_or_input(g, "axes", 3), steps = ints_attr_or_input(g, nullptr, 4);
+  std::vector<std::string> in{g.dy(0), g.shape(g.x(0)), starts, ends, axes, steps};
+  while (in.back().empty()) in.pop_back();
+  g.set(0, g.emit("SliceGrad", in, {}, kOnnxTrainDomain));
+}
+
 }  // namespace
 
-// y = x[starts:ends:steps].  dx = zeros_like(x) with dy scattered into the sliced positions
-ONNXTRAIN_OP(Slice, kOnnxDomain, 1).inputs(1, 5).outputs(1).shape(slice_rule).cpu(slice_kernel);
+// y = x[starts:ends:steps].  dx = zeros_like(x) with dy written at the sliced positions (SliceGrad)
+ONNXTRAIN_OP(Slice, kOnnxDomain, 1).inputs(1, 5).outputs(1).shape(slice_rule).cpu(slice_kernel)
+    .gradient(slice_gradient);
+// dX = slice_grad(dY, shape, starts, ends, axes, steps): the adjoint of Slice.  d(dY) = slice(d(dX), ...)
+ONNXTRAIN_OP(SliceGrad, kOnnxTrainDomain, 1).inputs(4, 6).outputs(1).shape(shape_from_input1).cpu(slice_grad_kernel)
+    .gradient([](GradientBuilder& g) {
+      std::vector<std::string> in{g.dy(0), g.x(2), g.x(3)};
+      if (g.has_input(4) || g.has_input(5)) in.push_back(g.has_input(4) ? g.x(4) : "");
+      if (g.has_input(5)) in.push_back(g.x(5));
+      g.set(0, g.emit("Slice", in));
+    });
 
 }  // namespace onnxtrain

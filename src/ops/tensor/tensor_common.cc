@@ -3,6 +3,8 @@
 
 #include "ops/tensor/tensor_ops.h"
 
+#include "autodiff/gradient_builder.h"
+
 namespace onnxtrain::tensor_ops {
 
 std::optional<std::vector<int64_t>> attr_or_input_ints(const KernelContext& ctx, const char* attr, int input) {
@@ -94,6 +96,30 @@ void strided_copy(const Tensor& in, Tensor& out, const Shape& out_shape, const s
   dispatch_by_size(in.dtype(), [&]<typename T>() {
     strided_copy<T>(static_cast<const T*>(in.data()), static_cast<T*>(out.data()), out_shape, in_strides, base);
   });
+}
+
+void shape_from_input1(ShapeContext& ctx) {
+  DType dt = ctx.input_dtype(0);
+  if (const Tensor* s = ctx.input_value(1)) return ctx.set_output(0, dt, s->to_int_vector());
+  const auto& ss = ctx.input_shape(1);
+  if (ss && ss->size() == 1 && (*ss)[0] >= 0) return ctx.set_output(0, dt, Shape(size_t((*ss)[0]), -1));
+  ctx.set_output(0, dt);
+}
+
+std::string reshape_like(GradientBuilder& g, const std::string& a, const std::string& like) {
+  return g.emit("Reshape", {a, g.shape(like)}, {{"allowzero", Attribute::of(int64_t(1))}});
+}
+
+std::string ints_attr_or_input(GradientBuilder& g, const char* attr, int input) {
+  if (attr && g.node().has_attr(attr)) return g.ints(g.node().attr_ints(attr));
+  if (input >= 0 && g.has_input(size_t(input))) return g.x(size_t(input));
+  return "";
+}
+
+std::string dim_of(GradientBuilder& g, const std::string& like, int64_t axis) {
+  GraphBuilder::Attrs attrs{{"start", Attribute::of(axis)}};
+  if (axis != -1) attrs["end"] = Attribute::of(axis + 1);
+  return g.emit("Shape", {like}, attrs);
 }
 
 }  // namespace onnxtrain::tensor_ops

@@ -5,10 +5,15 @@
 
 #include <cstring>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "ops/common.h"
 #include "ops/registry.h"
+
+namespace onnxtrain {
+class GradientBuilder;
+}
 
 namespace onnxtrain::tensor_ops {
 
@@ -65,5 +70,20 @@ void permute(const Tensor& in, const Shape& in_shape, const std::vector<int64_t>
 inline void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
+
+// ---- Gradient-rule helpers ----
+
+// Shape rule of the backward ops that take the forward input's shape as input 1: output 0 has that
+// shape and input 0's dtype.
+void shape_from_input1(ShapeContext& ctx);
+
+// reshape(a, shape(like)) with allowzero=1, so that empty dims of `like` are kept as 0 rather than
+// read as "copy the input dim".
+std::string reshape_like(GradientBuilder& g, const std::string& a, const std::string& like);
+// The forward node's int list as a value name: attribute `attr` as a new constant when the node has
+// it, else forward input `input` when present, else "" (an omitted optional input).
+std::string ints_attr_or_input(GradientBuilder& g, const char* attr, int input);
+// Shape(like) restricted to dim `axis` (negative counts from the back): a 1-element int64 value.
+std::string dim_of(GradientBuilder& g, const std::string& like, int64_t axis);
 
 }  // namespace onnxtrain::tensor_ops

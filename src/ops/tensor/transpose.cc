@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {
@@ -201,15 +202,39 @@ void block_rule(ShapeContext& ctx) {
   ctx.set_output(0, ctx.input_dtype(0), F(ctx.node(), *in));
 }
 
+void transpose_gradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  if (!node.has_attr("perm")) return g.set(0, g.emit("Transpose", {g.dy(0)}));  // reversal is its own inverse
+  auto perm = transpose_perm(node, node.attr_ints("perm").size());
+  std::vector<int64_t> inverse(perm.size());
+  for (size_t k = 0; k < perm.size(); ++k) inverse[size_t(perm[k])] = int64_t(k);
+  g.set(0, g.transpose(g.dy(0), inverse));
+}
+
+void depth_to_space_gradient(GradientBuilder& g) {
+  int64_t b = blocksize(g.node());
+  GraphBuilder::Attrs attrs{{"blocksize", Attribute::of(b)}};
+  if (!crd_mode(g.node())) return g.set(0, g.emit("SpaceToDepth", {g.dy(0)}, attrs));  // DCR: the exact inverse
+  // CRD: view dy [n, c, h*b, w*b] as [n, c, h, b, w, b], undo the permutation, flatten to x's shape.
+  std::string view = g.emit("Concat", {dim_of(g, g.x(0), 0), g.ints({-1}), dim_of(g, g.x(0), 2), g.ints({b}),
+                                       dim_of(g, g.x(0), 3), g.ints({b})}, {{"axis", Attribute::of(int64_t(0))}});
+  std::string t = g.transpose(g.reshape(g.dy(0), view), {0, 1, 3, 5, 2, 4});
+  g.set(0, reshape_like(g, t, g.x(0)));
+}
+
 }  // namespace
 
 // y = transpose(x, p).  dx = transpose(dy, inverse(p))
-ONNXTRAIN_OP(Transpose, kOnnxDomain, 1).inputs(1).outputs(1).shape(transpose_rule).cpu(transpose_kernel);
-// y = depth_to_space(x, b).  dx = space_to_depth(dy, b) with the same mode's channel order
+ONNXTRAIN_OP(Transpose, kOnnxDomain, 1).inputs(1).outputs(1).shape(transpose_rule).cpu(transpose_kernel)
+    .gradient(transpose_gradient);
+// y = depth_to_space(x, b).  DCR: dx = space_to_depth(dy, b); CRD: dx = reshape(transpose(view6(dy), [0,1,3,5,2,4]))
 ONNXTRAIN_OP(DepthToSpace, kOnnxDomain, 1).inputs(1).outputs(1).shape(block_rule<depth_to_space_shape>)
-    .cpu(depth_to_space_kernel);
-// y = space_to_depth(x, b).  dx = depth_to_space(dy, b, DCR)
+    .cpu(depth_to_space_kernel).gradient(depth_to_space_gradient);
+// y = space_to_depth(x, b).  dx = depth_to_space(dy, b, DCR) (the exact inverse permutation)
 ONNXTRAIN_OP(SpaceToDepth, kOnnxDomain, 1).inputs(1).outputs(1).shape(block_rule<space_to_depth_shape>)
-    .cpu(space_to_depth_kernel);
+    .cpu(space_to_depth_kernel).gradient([](GradientBuilder& g) {
+      g.set(0, g.emit("DepthToSpace", {g.dy(0)},
+                      {{"blocksize", Attribute::of(blocksize(g.node()))}, {"mode", Attribute::of(std::string("DCR"))}}));
+    });
 
 }  // namespace onnxtrain

@@ -1,6 +1,7 @@
 // Trilu (keep the upper or lower triangle of the last two dims) and ReverseSequence.
 #include <algorithm>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {
@@ -71,10 +72,17 @@ void reverse_sequence_kernel(KernelContext& ctx) {
 
 }  // namespace
 
-// y = mask(x).  dx = mask(dy) (the same triangle)
-ONNXTRAIN_OP(Trilu, kOnnxDomain, 14).inputs(1, 2).outputs(1).shape(shape_same_as_input).cpu(trilu_kernel);
-// y = reverse each batch entry's first len steps.  dx = reverse_sequence(dy, lens) (its own inverse)
+// y = trilu(x, k).  dx = trilu(dy, k) (the same triangle)
+ONNXTRAIN_OP(Trilu, kOnnxDomain, 14).inputs(1, 2).outputs(1).shape(shape_same_as_input).cpu(trilu_kernel)
+    .gradient([](GradientBuilder& g) {
+      std::vector<std::string> in{g.dy(0)};
+      if (g.has_input(1)) in.push_back(g.x(1));
+      g.set(0, g.emit("Trilu", in, g.node().attributes));
+    });
+// y = reverse_sequence(x, lens).  dx = reverse_sequence(dy, lens) (a permutation that is its own inverse)
 ONNXTRAIN_OP(ReverseSequence, kOnnxDomain, 10).inputs(2).outputs(1).shape(shape_same_as_input)
-    .cpu(reverse_sequence_kernel);
+    .cpu(reverse_sequence_kernel).gradient([](GradientBuilder& g) {
+      g.set(0, g.emit("ReverseSequence", {g.dy(0), g.x(1)}, g.node().attributes));
+    });
 
 }  // namespace onnxtrain
