@@ -101,8 +101,12 @@ def test_gradients_match_torch_autograd(name):
     names = ["loss"] + [f"{n}_grad" for n in wrt]
     outs = sess.run(names, {"x": x.numpy(), "target": target.numpy()})
     np.testing.assert_allclose(outs[0], loss.detach().numpy(), rtol=1e-5)
+    # Relative to the gradient's own norm, floored at 1e-3 of the model's largest gradient norm:
+    # some gradients are zero in exact arithmetic (an attention key bias shifts every score of a
+    # row equally, which softmax ignores) and both engines return rounding noise for them.
+    floor = 1e-3 * max(np.linalg.norm(g) for g in expected.values())
     for n, got in zip(wrt, outs[1:]):
         want = expected[n]
         assert got.shape == want.shape, n
-        err = np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-12)
+        err = np.linalg.norm(got - want) / max(np.linalg.norm(want), floor)
         assert err < 1e-4, f"{name}: gradient of '{n}' has relative error {err:.2e}"
