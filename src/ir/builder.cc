@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ops/registry.h"
+
 namespace onnxtrain {
 
 std::unordered_set<std::string> collect_names(const Graph& g) {
@@ -50,8 +52,35 @@ std::vector<std::string> GraphBuilder::append(const std::string& op_type, std::v
   n.inputs = std::move(inputs);
   n.outputs = std::move(outputs);
   n.attributes = std::move(attrs);
+  infer(n);
   sink_.push_back(n);
   return n.outputs;
+}
+
+void GraphBuilder::infer(const Node& n) {
+  // The op's own shape rule gives emitted values a dtype (and a shape when it can), so later
+  // builder calls (scalar_like, sum_to) see static facts instead of emitting run-time fallbacks.
+  const OpSchema* schema = OpRegistry::global().find(n.domain, n.op_type, INT32_MAX);
+  if (!schema || !schema->shape) return;
+  std::vector<ValueInfo> infos(n.inputs.size());
+  std::vector<const ValueInfo*> ptrs;
+  std::vector<const Tensor*> values;
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    const std::string& in = n.inputs[i];
+    auto it = graph_.initializers.find(in);
+    values.push_back(it == graph_.initializers.end() ? nullptr : &it->second);
+    if (in.empty()) { ptrs.push_back(nullptr); continue; }
+    infos[i] = ValueInfo{dtype(in), static_shape(in), {}};
+    ptrs.push_back(&infos[i]);
+  }
+  ShapeContext ctx(n, INT32_MAX, ptrs, values);
+  try {
+    schema->shape(ctx);
+  } catch (const Error&) {
+    return;  // undecidable statically: the values stay unknown
+  }
+  for (size_t i = 0; i < n.outputs.size() && i < ctx.outputs().size(); ++i)
+    if (!n.outputs[i].empty() && ctx.outputs()[i].dtype != DType::kUndefined) graph_.value_info[n.outputs[i]] = ctx.outputs()[i];
 }
 
 std::string GraphBuilder::emit(const std::string& op_type, std::vector<std::string> inputs, Attrs attrs,

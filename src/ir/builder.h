@@ -66,6 +66,7 @@ class GraphBuilder {
 
  protected:
   std::string fresh(const std::string& hint);
+  void infer(const Node& node);  // records the emitted node's output dtypes/shapes in value_info
   std::vector<std::string> append(const std::string& op_type, std::vector<std::string> inputs,
                                   std::vector<std::string> outputs, Attrs attrs, const std::string& domain);
 

@@ -128,4 +128,77 @@ void DnnlConv::run(const float* x, const float* w, const float* bias, float* y) 
   });
 }
 
+struct DnnlConvBackward::Impl {
+  std::string context;
+  bool need_dx = false, need_dw = false, bias = false;
+  dnnl::memory::desc src, wei, dst, bias_md;
+  dnnl::primitive bwd_data, bwd_weights;
+};
+
+DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw, const std::string& context)
+    : impl_(std::make_shared<Impl>()) {
+  Impl& p = *impl_;
+  p.context = context;
+  p.need_dx = need_dx;
+  p.need_dw = need_dw;
+  p.bias = s.bias;
+  OT_CHECK(!s.transposed, context, "DnnlConvBackward handles convolutions only");
+  dnnl_guard(context, "create convolution backward primitives", [&] {
+    auto& eng = dnnl_engine();
+    size_t nd = s.kernel.size();
+    int64_t n = s.x[0], c = s.x[1], m = s.out_channels, g = s.group;
+    dnnl::memory::dims dst_dims{n, m};
+    dst_dims.insert(dst_dims.end(), s.out.begin(), s.out.end());
+    // ONNX [M, C/G, k...] is plain [G, M/G, C/G, k...] (or [M, C, k...] for one group).
+    dnnl::memory::dims wdims = g > 1 ? dnnl::memory::dims{g, m / g, c / g} : dnnl::memory::dims{m, c};
+    wdims.insert(wdims.end(), s.kernel.begin(), s.kernel.end());
+    p.src = plain_md(to_dims(s.x), dt::f32);
+    p.dst = plain_md(dst_dims, dt::f32);
+    p.wei = plain_md(wdims, dt::f32);
+    p.bias_md = plain_md({m}, dt::f32);
+    dnnl::memory::dims strides(s.stride.begin(), s.stride.end()), dil(nd), pl(s.pad_l.begin(), s.pad_l.end()),
+        pr(s.pad_r.begin(), s.pad_r.end());
+    for (size_t i = 0; i < nd; ++i) dil[i] = s.dilation[i] - 1;
+    auto alg = dnnl::algorithm::convolution_direct;
+    auto fwd = s.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, p.src, p.wei,
+                                                        p.bias_md, p.dst, strides, dil, pl, pr)
+                      : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, p.src, p.wei, p.dst,
+                                                        strides, dil, pl, pr);
+    dnnl::convolution_forward::primitive_desc hint(fwd, eng);
+    if (need_dx) {
+      dnnl::convolution_backward_data::desc d(alg, p.src, p.wei, p.dst, strides, dil, pl, pr);
+      p.bwd_data = dnnl::convolution_backward_data(dnnl::convolution_backward_data::primitive_desc(d, eng, hint));
+    }
+    if (need_dw) {
+      auto d = s.bias ? dnnl::convolution_backward_weights::desc(alg, p.src, p.wei, p.bias_md, p.dst, strides, dil,
+                                                                 pl, pr)
+                      : dnnl::convolution_backward_weights::desc(alg, p.src, p.wei, p.dst, strides, dil, pl, pr);
+      p.bwd_weights =
+          dnnl::convolution_backward_weights(dnnl::convolution_backward_weights::primitive_desc(d, eng, hint));
+    }
+  });
+}
+
+void DnnlConvBackward::run(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db) const {
+  const Impl& p = *impl_;
+  dnnl_guard(p.context, "run a convolution backward", [&] {
+    auto& eng = dnnl_engine();
+    auto& strm = dnnl_stream();
+    dnnl::memory mdy(p.dst, eng, const_cast<float*>(dy));
+    if (p.need_dx) {
+      p.bwd_data.execute(strm, {{DNNL_ARG_DIFF_DST, mdy},
+                                {DNNL_ARG_WEIGHTS, dnnl::memory(p.wei, eng, const_cast<float*>(w))},
+                                {DNNL_ARG_DIFF_SRC, dnnl::memory(p.src, eng, dx)}});
+    }
+    if (p.need_dw) {
+      std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(p.src, eng, const_cast<float*>(x))},
+                                                 {DNNL_ARG_DIFF_DST, mdy},
+                                                 {DNNL_ARG_DIFF_WEIGHTS, dnnl::memory(p.wei, eng, dw)}};
+      if (p.bias) args.emplace(DNNL_ARG_DIFF_BIAS, dnnl::memory(p.bias_md, eng, db));
+      p.bwd_weights.execute(strm, args);
+    }
+    strm.wait();
+  });
+}
+
 }  // namespace onnxtrain::cpu

@@ -32,4 +32,18 @@ class DnnlConv {
   std::shared_ptr<Impl> impl_;
 };
 
+// Convolution backward (spec.transposed must be false): dX through oneDNN's backward-data
+// primitive, dW (and dB when spec.bias) through backward-weights, both built with a
+// forward-training primitive_desc as their hint. Plain ONNX layouts throughout (no reorders).
+class DnnlConvBackward {
+ public:
+  DnnlConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);
+  // dx may be null when !need_dx; dw and db null when !need_dw (db also when !spec.bias).
+  void run(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db) const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
 }  // namespace onnxtrain::cpu

@@ -1,5 +1,6 @@
 // Conv (1-d/2-d/3-d; group, strides, dilations, pads, auto_pad, bias). fp32 through oneDNN with
 // the primitive cached per shape; other float dtypes through the direct reference loop.
+#include "autodiff/gradient_builder.h"
 #include "backends/cpu/conv_dnnl.h"
 #include "backends/cpu/shape_cache.h"
 #include "ops/common.h"
@@ -75,10 +76,112 @@ class ConvKernel final : public Kernel {
   cpu::ShapeCache<cpu::DnnlConv> cache_;
 };
 
+// onnxtrain.ConvGrad(dY, X, W) -> dX, dW [, dB] with the forward Conv's attributes; compute_dx /
+// compute_dw = 0 skip dX / (dW, dB), whose outputs are then zeros (the rules never read them).
+void conv_grad_shape(ShapeContext& ctx) {
+  ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
+  ctx.set_output(1, ctx.input_dtype(2), ctx.input_shape(2));
+  if (ctx.num_outputs() > 2) {
+    const auto& w = ctx.input_shape(2);
+    ctx.set_output(2, ctx.input_dtype(2), w && !w->empty() ? std::optional<Shape>(Shape{(*w)[0]}) : std::nullopt);
+  }
+}
+
+class ConvGradKernel final : public Kernel {
+ public:
+  explicit ConvGradKernel(const Node& node)
+      : group_(node.attr_int("group", 1)), need_dx_(node.attr_int("compute_dx", 1) != 0),
+        need_dw_(node.attr_int("compute_dw", 1) != 0) {}
+
+  void compute(KernelContext& ctx) override {
+    const Node& node = ctx.node();
+    const Tensor& dy = ctx.input(0);
+    const Tensor& x = ctx.input(1);
+    const Tensor& w = ctx.input(2);
+    OT_CHECK(x.rank() >= 3 && w.rank() == x.rank() && dy.rank() == x.rank(), node.context(),
+             "dY, X and W must have the same rank >= 3, got ", shape_str(dy.shape()), ", ", shape_str(x.shape()),
+             " and ", shape_str(w.shape()));
+    OT_CHECK(w.dtype() == x.dtype() && dy.dtype() == x.dtype(), node.context(), "dY, X and W must share a dtype");
+    int64_t n = x.dim(0), c = x.dim(1), m = w.dim(0);
+    OT_CHECK(group_ >= 1 && c == w.dim(1) * group_ && m % group_ == 0, node.context(), "channels do not match: X has ",
+             c, ", W is ", shape_str(w.shape()), " with group ", group_);
+    std::vector<int64_t> in(x.shape().begin() + 2, x.shape().end()), kernel(w.shape().begin() + 2, w.shape().end());
+    WindowGeometry g = window_geometry(node, in, kernel, false);
+    Shape out{n, m};
+    out.insert(out.end(), g.out.begin(), g.out.end());
+    OT_CHECK(dy.shape() == out, node.context(), "dY must be ", shape_str(out), ", got ", shape_str(dy.shape()));
+    bool bias = ctx.num_outputs() > 2;
+    Tensor& dx = ctx.output(0, x.dtype(), x.shape());
+    Tensor& dw = ctx.output(1, w.dtype(), w.shape());
+    Tensor* db = bias ? &ctx.output(2, w.dtype(), {m}) : nullptr;
+    bool need_dx = need_dx_ && ctx.output_requested(0) && dx.numel() > 0;
+    bool need_dw = need_dw_ && (ctx.output_requested(1) || (bias && ctx.output_requested(2)));
+    // Outputs not computed (or empty products) are zeros.
+    auto zero = [](Tensor& t) {
+      dispatch_float(t.dtype(), [&]<typename T>() { std::fill(t.data<T>(), t.data<T>() + t.numel(), T(0)); });
+    };
+    if (!need_dx) zero(dx);
+    if (!need_dw || dy.numel() == 0 || x.numel() == 0) {
+      zero(dw);
+      if (db) zero(*db);
+      if (dy.numel() == 0 || x.numel() == 0) {
+        zero(dx);
+        return;
+      }
+      need_dw = false;
+    }
+    if (!need_dx && !need_dw) return;
+    if (x.dtype() == DType::kFloat32) {
+      cpu::ConvSpec s;
+      s.x = x.shape();
+      s.out_channels = m;
+      s.group = group_;
+      s.bias = bias;
+      s.kernel = g.kernel;
+      s.stride = g.stride;
+      s.dilation = g.dilation;
+      s.pad_l = g.pad_l;
+      s.pad_r = g.pad_r;
+      s.out = g.out;
+      auto key = s.key();
+      key.push_back(need_dx);
+      key.push_back(need_dw);
+      cpu::DnnlConvBackward* conv = cache_.find(key);
+      if (!conv) conv = &cache_.insert(key, cpu::DnnlConvBackward(s, need_dx, need_dw, node.context()));
+      conv->run(dy.data<float>(), x.data<float>(), w.data<float>(), need_dx ? dx.data<float>() : nullptr,
+                need_dw ? dw.data<float>() : nullptr, need_dw && db ? db->data<float>() : nullptr);
+      return;
+    }
+    dispatch_float(x.dtype(), [&]<typename T>() {
+      conv_backward_reference<T>(dy.data<T>(), x.data<T>(), w.data<T>(), need_dx ? dx.data<T>() : nullptr,
+                                 need_dw ? dw.data<T>() : nullptr, need_dw && db ? db->data<T>() : nullptr, n, c, m,
+                                 group_, in, g);
+    });
+  }
+
+ private:
+  int64_t group_;
+  bool need_dx_, need_dw_;
+  cpu::ShapeCache<cpu::DnnlConvBackward> cache_;
+};
+
 }  // namespace
 
-// Y = conv(X, W) + B.  dX = conv_transpose(dY, W), dW = conv(X, dY) per group (correlation over
-// the batch), dB = sum of dY over N and spatial dims
-ONNXTRAIN_OP(Conv, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu_kernel<ConvKernel>();
+// Y = conv(X, W) + B.  dX = conv's adjoint applied to dY (backward data), dW = sum over N of dY
+// correlated with X per group (backward weights), dB = sum of dY over N and spatial dims
+ONNXTRAIN_OP(Conv, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu_kernel<ConvKernel>()
+    .gradient([](GradientBuilder& g) {
+      bool bias = g.has_input(2);
+      GraphBuilder::Attrs attrs = g.node().attributes;
+      attrs["compute_dx"] = Attribute::of(int64_t(g.needs(0)));
+      attrs["compute_dw"] = Attribute::of(int64_t(g.needs(1) || (bias && g.needs(2))));
+      auto d = g.emit_n("ConvGrad", {g.dy(0), g.x(0), g.x(1)}, bias ? 3 : 2, attrs, kOnnxTrainDomain);
+      for (size_t i = 0; i < d.size(); ++i)
+        if (g.needs(i)) g.set(i, d[i]);
+    });
+
+// dX, dW, dB = ConvGrad(dY, X, W): linear in dY, so differentiable in principle.
+ONNXTRAIN_OP(ConvGrad, kOnnxTrainDomain, 1).inputs(3).outputs(2, 3).shape(conv_grad_shape)
+    .cpu_kernel<ConvGradKernel>().gradient_not_implemented("second derivatives of Conv are not needed");
 
 }  // namespace onnxtrain

@@ -1,6 +1,7 @@
 // ConvTranspose (1-d/2-d/3-d; group, strides, dilations, pads, output_padding, output_shape,
 // auto_pad, bias). fp32 through oneDNN deconvolution when the pads are non-negative; otherwise,
 // and for other float dtypes, the direct reference loop.
+#include "autodiff/gradient_builder.h"
 #include "backends/cpu/conv_dnnl.h"
 #include "backends/cpu/shape_cache.h"
 #include "ops/common.h"
@@ -82,11 +83,53 @@ class ConvTransposeKernel final : public Kernel {
   cpu::ShapeCache<cpu::DnnlConv> cache_;
 };
 
+// ConvTranspose is the adjoint of a Conv from Y's space to X's (same W, strides, dilations, group;
+// pads (pl, pr) with output_padding added back to pr): its gradients are that Conv's forward and
+// backward-weights.
+void conv_transpose_gradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  auto sx = g.static_shape(g.x(0)), sw = g.static_shape(g.x(1));
+  if (!sx || sx->size() < 3)
+    OT_THROW(kNotImplemented, g.context(), "the gradient needs X's rank from shape inference");
+  size_t nd = sx->size() - 2;
+  std::vector<int64_t> in(sx->begin() + 2, sx->end()), kernel(nd, -1);
+  if (sw && sw->size() == sx->size()) kernel.assign(sw->begin() + 2, sw->end());
+  WindowGeometry geo = transpose_geometry(node, in, kernel);
+  std::vector<int64_t> op = node.attr_ints("output_padding", std::vector<int64_t>(nd, 0));
+  if (op.size() != nd) op.assign(nd, 0);
+  std::string auto_pad = node.attr_string("auto_pad", "NOTSET");
+  bool derived = node.has_attr("output_shape") || auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER";
+  std::vector<int64_t> pads(2 * nd);
+  for (size_t i = 0; i < nd; ++i) {
+    if (derived && (in[i] < 0 || kernel[i] < 0))
+      OT_THROW(kNotImplemented, g.context(), "the gradient needs static spatial shapes with auto_pad/output_shape");
+    pads[i] = geo.pad_l[i];
+    pads[nd + i] = geo.pad_r[i] + op[i];
+    if (pads[i] < 0 || pads[nd + i] < 0 || op[i] >= geo.stride[i])
+      OT_THROW(kNotImplemented, g.context(), "no gradient for negative pads (output_shape larger than the input "
+               "implies) or output_padding >= stride");
+  }
+  GraphBuilder::Attrs conv{{"strides", Attribute::of(geo.stride)}, {"dilations", Attribute::of(geo.dilation)},
+                           {"group", Attribute::of(node.attr_int("group", 1))}, {"pads", Attribute::of(pads)}};
+  if (g.needs(0)) g.set(0, g.emit("Conv", {g.dy(0), g.x(1)}, conv));
+  if (g.needs(1)) {
+    GraphBuilder::Attrs a = conv;
+    a["compute_dx"] = Attribute::of(int64_t(0));
+    g.set(1, g.emit_n("ConvGrad", {g.x(0), g.dy(0), g.x(1)}, 2, a, kOnnxTrainDomain)[1]);
+  }
+  if (g.has_input(2) && g.needs(2)) {
+    std::vector<int64_t> axes{0};
+    for (size_t i = 0; i < nd; ++i) axes.push_back(int64_t(i) + 2);
+    g.set(2, g.reduce_sum(g.dy(0), axes, false));
+  }
+}
+
 }  // namespace
 
-// Y = conv_transpose(X, W) + B.  dX = conv(dY, W) (same strides/pads/dilations), dW = conv(dY, X)
-// per group, dB = sum of dY over N and spatial dims
+// Y = conv_transpose(X, W) + B.  dX = conv(dY, W) (same strides/dilations/group, pads with
+// output_padding restored), dW = ConvGrad's weight gradient with dY as input and X as output
+// gradient, dB = sum of dY over N and spatial dims
 ONNXTRAIN_OP(ConvTranspose, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(conv_transpose_shape)
-    .cpu_kernel<ConvTransposeKernel>();
+    .cpu_kernel<ConvTransposeKernel>().gradient(conv_transpose_gradient);
 
 }  // namespace onnxtrain

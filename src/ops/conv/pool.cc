@@ -3,6 +3,7 @@
 // planes.
 #include <limits>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/conv/conv_util.h"
 #include "ops/registry.h"
@@ -246,16 +247,135 @@ void global_pool_kernel(KernelContext& ctx) {
   });
 }
 
+// onnxtrain.MaxPoolGrad(dY, X) / AveragePoolGrad(dY, X), with the forward pool's attributes:
+// dX of X's shape. The max windows are recomputed (first maximum wins, as in the forward kernel),
+// so the Indices output need not exist; each plane is owned by one thread, so the scatter is
+// race-free.
+template <bool kMax>
+void pool_grad_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  PoolSetup s = pool_setup(node, x.shape());
+  OT_CHECK(dy.shape() == s.out && dy.dtype() == x.dtype(), node.context(), "dY must be ", shape_str(s.out), " of X's dtype, got ",
+           shape_str(dy.shape()));
+  bool include_pad = node.attr_int("count_include_pad", 0) != 0;
+  Tensor& dx = ctx.output(0, x.dtype(), x.shape());
+  size_t nd = s.in.size();
+  int64_t in_sz = numel(s.in), out_sz = numel(s.g.out);
+  dispatch_float(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    std::fill(dx.data<T>(), dx.data<T>() + dx.numel(), T(0));
+    if (dy.numel() == 0) return;
+    TapTable t = make_taps(s.in, s.g);
+    const T* px = x.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pdx = dx.data<T>();
+    for_each_window(x.dim(0) * x.dim(1), s, t, [&](int64_t p, int64_t op, const std::vector<int64_t>& o,
+                                                   const std::vector<const std::vector<int64_t>*>& w) {
+      thread_local std::vector<size_t> pos;
+      thread_local std::vector<int64_t> idx;
+      pos.resize(nd);
+      idx.resize(nd);
+      T* dxp = pdx + p * in_sz;
+      C g = C(pdy[p * out_sz + op]);
+      if constexpr (kMax) {
+        const T* xp = px + p * in_sz;
+        C best = C(0);
+        int64_t best_off = -1;
+        for_each_tap(w, s.in, pos, idx, [&](int64_t off) {
+          C v = C(xp[off]);
+          if (best_off < 0 || v > best) {
+            best = v;
+            best_off = off;
+          }
+        });
+        if (best_off >= 0) dxp[best_off] = T(C(dxp[best_off]) + g);
+      } else {
+        int64_t count = 0;
+        for_each_tap(w, s.in, pos, idx, [&](int64_t) { ++count; });
+        if (include_pad) {
+          count = 1;
+          for (size_t d = 0; d < nd; ++d) count *= t.padded_count[d][size_t(o[d])];
+        }
+        if (count == 0) return;
+        C share = g / C(count);
+        for_each_tap(w, s.in, pos, idx, [&](int64_t off) { dxp[off] = T(C(dxp[off]) + share); });
+      }
+    });
+  });
+}
+
+// onnxtrain.GlobalPoolGrad(dY, X), mode "average" or "max": dX = dY / spatial size everywhere, or
+// dY at each plane's first maximum.
+void global_pool_grad_kernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  bool max = ctx.node().attr_string("mode", "average") == "max";
+  OT_CHECK(x.rank() >= 2 && dy.rank() == x.rank() && dy.dim(0) == x.dim(0) && dy.dim(1) == x.dim(1) &&
+               dy.numel() == x.dim(0) * x.dim(1),
+           ctx.node().context(), "dY must be [N, C, 1...] for X ", shape_str(x.shape()), ", got ", shape_str(dy.shape()));
+  Tensor& dx = ctx.output(0, x.dtype(), x.shape());
+  int64_t planes = x.dim(0) * x.dim(1);
+  if (planes == 0) return;
+  int64_t sz = x.numel() / planes;
+  dispatch_float(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* px = x.data<T>();
+    const T* pdy = dy.data<T>();
+    T* pdx = dx.data<T>();
+    parallel_for(planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(sz, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        const T* xp = px + p * sz;
+        T* dxp = pdx + p * sz;
+        if (max) {
+          std::fill(dxp, dxp + sz, T(0));
+          int64_t best = 0;
+          for (int64_t i = 1; i < sz; ++i)
+            if (C(xp[i]) > C(xp[best])) best = i;
+          if (sz > 0) dxp[best] = pdy[p];
+        } else {
+          T v = T(C(pdy[p]) / C(std::max<int64_t>(sz, 1)));
+          std::fill(dxp, dxp + sz, v);
+        }
+      }
+    });
+  });
+}
+
+void pool_grad_shape(ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1)); }
+
+// The fused backward ops copy the forward node's attributes.
+GradientFn pool_gradient(const char* grad_op, std::optional<std::string> global_mode = std::nullopt) {
+  return [grad_op, global_mode](GradientBuilder& g) {
+    GraphBuilder::Attrs attrs = g.node().attributes;
+    if (global_mode) attrs = {{"mode", Attribute::of(*global_mode)}};
+    g.set(0, g.emit(grad_op, {g.dy(0), g.x(0)}, attrs, kOnnxTrainDomain));
+  };
+}
+
 }  // namespace
 
-// Y = window max.  dX = dY scattered to each window's argmax (the Indices output)
-ONNXTRAIN_OP(MaxPool, kOnnxDomain, 1).inputs(1).outputs(1, 2).shape(pool_shape).cpu(max_pool_kernel);
+// Y = window max.  dX = dY scattered to each window's (first) argmax, recomputed from X
+ONNXTRAIN_OP(MaxPool, kOnnxDomain, 1).inputs(1).outputs(1, 2).shape(pool_shape).cpu(max_pool_kernel)
+    .gradient(pool_gradient("MaxPoolGrad"));
 // Y = window mean.  dX = dY / count spread evenly over each window (count per count_include_pad)
-ONNXTRAIN_OP(AveragePool, kOnnxDomain, 1).inputs(1).outputs(1).shape(pool_shape).cpu(average_pool_kernel);
+ONNXTRAIN_OP(AveragePool, kOnnxDomain, 1).inputs(1).outputs(1).shape(pool_shape).cpu(average_pool_kernel)
+    .gradient(pool_gradient("AveragePoolGrad"));
 // Y = mean over spatial dims.  dX = broadcast(dY) / spatial size
 ONNXTRAIN_OP(GlobalAveragePool, kOnnxDomain, 1).inputs(1).outputs(1).shape(global_shape)
-    .cpu(global_pool_kernel<false>);
-// Y = max over spatial dims.  dX = dY at the argmax of each plane, 0 elsewhere
-ONNXTRAIN_OP(GlobalMaxPool, kOnnxDomain, 1).inputs(1).outputs(1).shape(global_shape).cpu(global_pool_kernel<true>);
+    .cpu(global_pool_kernel<false>).gradient(pool_gradient("GlobalPoolGrad", "average"));
+// Y = max over spatial dims.  dX = dY at the (first) argmax of each plane, 0 elsewhere
+ONNXTRAIN_OP(GlobalMaxPool, kOnnxDomain, 1).inputs(1).outputs(1).shape(global_shape).cpu(global_pool_kernel<true>)
+    .gradient(pool_gradient("GlobalPoolGrad", "max"));
+
+// The fused pool backward ops are linear in dY (MaxPool's given its argmax): second derivatives
+// are not needed.
+ONNXTRAIN_OP(MaxPoolGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(pool_grad_shape)
+    .cpu(pool_grad_kernel<true>).gradient_not_implemented("second derivatives of MaxPool are not needed");
+ONNXTRAIN_OP(AveragePoolGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(pool_grad_shape)
+    .cpu(pool_grad_kernel<false>).gradient_not_implemented("second derivatives of AveragePool are not needed");
+ONNXTRAIN_OP(GlobalPoolGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(pool_grad_shape)
+    .cpu(global_pool_grad_kernel).gradient_not_implemented("second derivatives of global pools are not needed");
 
 }  // namespace onnxtrain

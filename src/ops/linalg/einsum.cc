@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "autodiff/gradient_builder.h"
 #include "backends/cpu/gemm.h"
 #include "ops/common.h"
 #include "ops/linalg/matmul_util.h"
@@ -374,10 +375,84 @@ class EinsumKernel final : public Kernel {
   cpu::MatmulCache cache_;
 };
 
+// dX_i = einsum("out, other terms -> X_i's labels", dY, X_j...) for j != i. Ellipsis dims become
+// explicit letters; labels of X_i that nothing else has (summed away in the forward) are
+// unsqueezed and expanded back. Not handled (kNotImplemented): repeated labels in one operand
+// (diagonals) and size-1 broadcasting of ellipsis dims between operands.
+void einsum_gradient(GradientBuilder& g) {
+  const Node& node = g.node();
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < g.num_inputs(); ++i) {
+    auto s = g.static_shape(g.x(i));
+    if (!s) OT_THROW(kNotImplemented, g.context(), "the gradient needs every operand's rank from shape inference");
+    shapes.push_back(*s);
+  }
+  Equation e = parse_equation(node, node.attr_string("equation", ""), shapes);
+  std::set<char> used;
+  for (const auto& t : e.inputs)
+    for (int l : t)
+      if (l < kEllipsisBase) used.insert(char(l));
+  std::map<int, char> letter;  // ellipsis label -> a letter the equation does not use
+  const std::string pool = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
+  size_t next = 0;
+  auto name = [&](int l) {
+    if (l < kEllipsisBase) return char(l);
+    auto it = letter.find(l);
+    if (it != letter.end()) return it->second;
+    while (next < pool.size() && used.count(pool[next])) ++next;
+    OT_CHECK(next < pool.size(), g.context(), "too many labels to differentiate the equation");
+    used.insert(pool[next]);
+    return letter[l] = pool[next];
+  };
+  auto term = [&](const std::vector<int>& labels) {
+    std::string t;
+    for (int l : labels) t += name(l);
+    return t;
+  };
+  // Sizes per label: a label of size 1 in one operand and > 1 in another is a broadcast.
+  std::map<int, int64_t> size;
+  for (size_t i = 0; i < e.inputs.size(); ++i)
+    for (size_t d = 0; d < e.inputs[i].size(); ++d) {
+      int64_t v = shapes[i][d];
+      auto [it, fresh] = size.emplace(e.inputs[i][d], v);
+      if (!fresh && v >= 0 && it->second >= 0 && v != it->second)
+        OT_THROW(kNotImplemented, g.context(), "no gradient for ellipsis dims broadcast between operands");
+    }
+  std::string out_term = term(e.output);
+  for (size_t i = 0; i < e.inputs.size(); ++i) {
+    if (!g.needs(i)) continue;
+    const auto& li = e.inputs[i];
+    std::set<int> seen(li.begin(), li.end());
+    if (seen.size() != li.size())
+      OT_THROW(kNotImplemented, g.context(), "no gradient for repeated labels (diagonals) in operand ", i);
+    std::set<int> elsewhere(e.output.begin(), e.output.end());
+    for (size_t j = 0; j < e.inputs.size(); ++j)
+      if (j != i) elsewhere.insert(e.inputs[j].begin(), e.inputs[j].end());
+    std::vector<int> kept;
+    std::vector<int64_t> missing;  // axes of X_i summed away in the forward
+    for (size_t d = 0; d < li.size(); ++d) {
+      if (elsewhere.count(li[d])) kept.push_back(li[d]);
+      else missing.push_back(int64_t(d));
+    }
+    std::string eq = out_term;
+    std::vector<std::string> ins{g.dy(0)};
+    for (size_t j = 0; j < e.inputs.size(); ++j) {
+      if (j == i) continue;
+      eq += "," + term(e.inputs[j]);
+      ins.push_back(g.x(j));
+    }
+    eq += "->" + term(kept);
+    std::string d = g.emit("Einsum", ins, {{"equation", Attribute::of(eq)}});
+    if (!missing.empty()) d = g.expand_like(g.emit("Unsqueeze", {d, g.ints(missing)}), g.x(i));
+    g.set(i, d);
+  }
+}
+
 }  // namespace
 
 // Y = einsum(eq, X...).  dX_i = einsum of dY with the other operands, with X_i's labels as output
-// (diagonals scattered back, summed labels broadcast)
-ONNXTRAIN_OP(Einsum, kOnnxDomain, 12).inputs(1, INT_MAX).outputs(1).shape(einsum_shape).cpu_kernel<EinsumKernel>();
+// (labels only X_i has are broadcast back)
+ONNXTRAIN_OP(Einsum, kOnnxDomain, 12).inputs(1, INT_MAX).outputs(1).shape(einsum_shape).cpu_kernel<EinsumKernel>()
+    .gradient(einsum_gradient);
 
 }  // namespace onnxtrain

@@ -1,4 +1,5 @@
 // Gemm: Y = alpha * op(A) op(B) + beta * C, C broadcast (unidirectionally) to [M, N].
+#include "autodiff/gradient_builder.h"
 #include "backends/cpu/gemm.h"
 #include "ops/common.h"
 #include "ops/linalg/matmul_util.h"
@@ -80,6 +81,17 @@ class GemmKernel final : public Kernel {
 
 // Y = alpha A' B' + beta C.  dA' = alpha dY B'^T, dB' = alpha A'^T dY (then transposed back per
 // transA/transB), dC = beta sum_to(dY, C)
-ONNXTRAIN_OP(Gemm, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(gemm_shape).cpu_kernel<GemmKernel>();
+ONNXTRAIN_OP(Gemm, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(gemm_shape).cpu_kernel<GemmKernel>()
+    .gradient([](GradientBuilder& g) {
+      const Node& n = g.node();
+      matmul_gradient(g, 0, 1, n.attr_int("transA", 0) != 0, n.attr_int("transB", 0) != 0,
+                      n.attr_float("alpha", 1.0f));
+      if (g.has_input(2) && g.needs(2)) {
+        float beta = n.attr_float("beta", 1.0f);
+        if (beta == 0.0f) g.set(2, g.zeros_like(g.x(2)));
+        else if (beta == 1.0f) g.set(2, g.sum_to(g.dy(0), g.x(2)));
+        else g.set(2, g.sum_to(g.mul(g.dy(0), g.scalar_like(beta, g.x(2))), g.x(2)));
+      }
+    });
 
 }  // namespace onnxtrain

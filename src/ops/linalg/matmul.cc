@@ -1,5 +1,6 @@
 // MatMul: numpy matmul semantics (batched, broadcast batch dims, 1-D operands promoted and the
 // added dim removed). fp32 through oneDNN (cached per shape), other dtypes through the reference.
+#include "autodiff/gradient_builder.h"
 #include "backends/cpu/gemm.h"
 #include "ops/common.h"
 #include "ops/linalg/matmul_util.h"
@@ -39,6 +40,7 @@ class MatMulKernel final : public Kernel {
 }  // namespace
 
 // Y = A B.  dA = dY B^T, dB = A^T dY (batch dims reduced with sum_to; 1-D operands unsqueezed)
-ONNXTRAIN_OP(MatMul, kOnnxDomain, 1).inputs(2).outputs(1).shape(matmul_shape).cpu_kernel<MatMulKernel>();
+ONNXTRAIN_OP(MatMul, kOnnxDomain, 1).inputs(2).outputs(1).shape(matmul_shape).cpu_kernel<MatMulKernel>()
+    .gradient([](GradientBuilder& g) { matmul_gradient(g, 0, 1, false, false, 1.0f); });
 
 }  // namespace onnxtrain

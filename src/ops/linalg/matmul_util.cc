@@ -4,9 +4,21 @@
 
 namespace onnxtrain {
 
-MatmulPlan plan_matmul(const Node& node, const Shape& a_in, const Shape& b_in) {
-  OT_CHECK(!a_in.empty() && !b_in.empty(), node.context(), "operands must have rank >= 1, got ",
-           shape_str(a_in), " and ", shape_str(b_in));
+namespace {
+
+// The logical (transposed when asked) shape of an operand of rank >= 2.
+Shape logical(const Shape& s, bool trans) {
+  Shape r = s;
+  if (trans && r.size() >= 2) std::swap(r[r.size() - 1], r[r.size() - 2]);
+  return r;
+}
+
+}  // namespace
+
+MatmulPlan plan_matmul(const Node& node, const Shape& a_stored, const Shape& b_stored, bool trans_a, bool trans_b) {
+  OT_CHECK(!a_stored.empty() && !b_stored.empty(), node.context(), "operands must have rank >= 1, got ",
+           shape_str(a_stored), " and ", shape_str(b_stored));
+  Shape a_in = logical(a_stored, trans_a), b_in = logical(b_stored, trans_b);
   Shape a = a_in, b = b_in;
   bool a_vec = a.size() == 1, b_vec = b.size() == 1;
   if (a_vec) a.insert(a.begin(), 1);
@@ -27,14 +39,16 @@ MatmulPlan plan_matmul(const Node& node, const Shape& a_in, const Shape& b_in) {
   p.dims.m = a[a.size() - 2];
   p.dims.k = a.back();
   p.dims.n = b.back();
+  p.dims.trans_a = trans_a && a_stored.size() >= 2;
+  p.dims.trans_b = trans_b && b_stored.size() >= 2;
   p.out_shape = p.dims.out_batch();
   if (!a_vec) p.out_shape.push_back(p.dims.m);
   if (!b_vec) p.out_shape.push_back(p.dims.n);
   return p;
 }
 
-Shape matmul_static_shape(const Shape& a_in, const Shape& b_in) {
-  Shape a = a_in, b = b_in;
+Shape matmul_static_shape(const Shape& a_in, const Shape& b_in, bool trans_a, bool trans_b) {
+  Shape a = logical(a_in, trans_a), b = logical(b_in, trans_b);
   bool a_vec = a.size() == 1, b_vec = b.size() == 1;
   if (a_vec) a.insert(a.begin(), 1);
   if (b_vec) b.push_back(1);
@@ -69,6 +83,53 @@ void run_matmul(const Node& node, const cpu::MatmulDims& d, const Tensor& a, con
   dispatch_numeric(y.dtype(), [&]<typename T>() {
     cpu::matmul_reference<T>(d, a.data<T>(), b.data<T>(), y.data<T>(), bias ? bias->data<T>() : nullptr);
   });
+}
+
+void matmul_gradient(GradientBuilder& g, size_t ia, size_t ib, bool ta, bool tb, float alpha) {
+  const bool need_a = g.needs(ia), need_b = g.needs(ib);
+  if (!need_a && !need_b) return;
+  std::string A = g.x(ia), B = g.x(ib), dY = g.dy(0);
+  auto sa = g.static_shape(A), sb = g.static_shape(B);
+  // Ranks unknown to shape inference are taken as >= 2 (the common case); 1-D operands need them.
+  const bool a_vec = sa && sa->size() == 1, b_vec = sb && sb->size() == 1;
+  const size_t ra = sa ? sa->size() : 3, rb = sb ? sb->size() : 3;
+  if (a_vec) ta = false;
+  if (b_vec) tb = false;
+  auto unsqueeze = [&](const std::string& v, int64_t axis) { return g.emit("Unsqueeze", {v, g.ints({axis})}); };
+  auto fmm = [&](const std::string& x, const std::string& y, bool t1, bool t2) {
+    GraphBuilder::Attrs at{{"transA", Attribute::of(int64_t(t1))}, {"transB", Attribute::of(int64_t(t2))}};
+    if (alpha != 1.0f) at["alpha"] = Attribute::of(alpha);
+    return g.emit("FusedMatMul", {x, y}, at, kOnnxTrainDomain);
+  };
+  // Promote 1-D operands as numpy does: A [K] -> [1, K], B [K] -> [K, 1], and dY to match.
+  std::string a2 = a_vec ? unsqueeze(A, 0) : A;
+  std::string b2 = b_vec ? unsqueeze(B, 1) : B;
+  std::string d2 = dY;
+  if (b_vec) d2 = unsqueeze(d2, -1);
+  if (a_vec) d2 = unsqueeze(d2, -2);
+  // With P = op(A), Q = op(B): dP = alpha dY Q^T, dQ = alpha P^T dY, transposed back where stored
+  // transposed. A promoted 1-D A gives [..., 1, K], which sum_to reduces to [K]; a 1-D B is
+  // computed as dQ^T ([..., 1, K]) for the same reason.
+  if (need_a) {
+    std::string da = ta ? fmm(b2, d2, tb, true) : fmm(d2, b2, false, !tb);
+    // B without batch dims (rank 2) cannot broadcast A's batch: dA already has A's shape.
+    g.set(ia, rb == 2 && !a_vec && ra >= 2 ? da : g.sum_to(da, A));
+  }
+  if (need_b) {
+    std::string db;
+    // B a 2-D weight, A batched and not transposed: fold A's batch into rows, one [K, N] GEMM
+    // instead of a batch of them summed afterwards.
+    bool flatten = rb == 2 && !b_vec && ra > 2 && !ta && sa && sb && sa->back() >= 0 && (*sb)[tb ? 0 : 1] >= 0;
+    if (flatten) {
+      int64_t k = sa->back(), n = (*sb)[tb ? 0 : 1];
+      std::string af = g.reshape(A, g.ints({-1, k})), df = g.reshape(dY, g.ints({-1, n}));
+      db = tb ? fmm(df, af, true, false) : fmm(af, df, true, false);
+      g.set(ib, db);
+    } else {
+      db = (tb || b_vec) ? fmm(d2, a2, true, ta) : fmm(a2, d2, !ta, false);
+      g.set(ib, g.sum_to(db, B));
+    }
+  }
 }
 
 }  // namespace onnxtrain

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "backends/cpu/gemm.h"
+#include "autodiff/gradient_builder.h"
 #include "ir/graph.h"
 
 namespace onnxtrain {
@@ -13,10 +14,17 @@ struct MatmulPlan {
 };
 
 // numpy.matmul of shapes a and b (1-D operands promoted, batch dims broadcast); throws naming the
-// node on a mismatch.
-MatmulPlan plan_matmul(const Node& node, const Shape& a, const Shape& b);
+// node on a mismatch. trans_a / trans_b read an operand of rank >= 2 with its last two dims
+// swapped (through strides, never copied); they are ignored for 1-D operands.
+MatmulPlan plan_matmul(const Node& node, const Shape& a, const Shape& b, bool trans_a = false, bool trans_b = false);
 // The same rule for shape inference: dims may be -1; never throws.
-Shape matmul_static_shape(const Shape& a, const Shape& b);
+Shape matmul_static_shape(const Shape& a, const Shape& b, bool trans_a = false, bool trans_b = false);
+
+// The gradient of Y = alpha * op(A) op(B) (+ bias) for MatMul, Gemm and onnxtrain.FusedMatMul:
+// inputs ia and ib of the node are A and B (any rank >= 1, numpy matmul promotion), dY is output
+// 0's gradient. Emits FusedMatMul nodes (transposes folded into strides) and sum_to for broadcast
+// batch dims; when B is a 2-D weight and A batched, dB is one GEMM over the flattened batch.
+void matmul_gradient(GradientBuilder& g, size_t ia, size_t ib, bool trans_a, bool trans_b, float alpha);
 
 // y = alpha * op(a) op(b) + beta * y (+ bias): y must already have the planned shape; handles
 // empty operands (K = 0 gives zeros, or beta * y + bias).

@@ -1,6 +1,7 @@
 // SoftmaxCrossEntropyLoss: log_prob = log_softmax(scores, axis 1) over [N, C, d1, ...] (written
 // to the optional second output, or to scratch), then the NLL gather and reduction of
 // loss_common.h.
+#include "autodiff/gradient_builder.h"
 #include "ops/loss/loss_common.h"
 #include "ops/nn/softmax_rows.h"
 #include "ops/registry.h"
@@ -30,11 +31,52 @@ void sce_kernel(KernelContext& ctx) {
   });
 }
 
-}  // namespace
+// onnxtrain.SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?) -> dX, dW? with the
+// forward's reduction and ignore_index. With from_scores=1 input 1 holds the scores instead (the
+// forward did not output log_prob) and log_softmax is recomputed into scratch first.
+void sce_grad_kernel(KernelContext& ctx) {
+  LossDims dims = check_loss_grad_inputs(ctx);
+  const Tensor& in = ctx.input(1);
+  const bool from_scores = ctx.node().attr_int("from_scores", 0) != 0;
+  dispatch_float(in.dtype(), [&]<typename T>() {
+    if (!from_scores) return loss_backward<true, T>(ctx, in.data<T>(), dims);
+    Tensor logp = Tensor::empty(in.dtype(), in.shape());
+    softmax_along<true>(in.data<T>(), logp.data<T>(), dims.n, dims.c, dims.d);
+    loss_backward<true, T>(ctx, logp.data<T>(), dims);
+  });
+}
 
 // loss = -w[t] * log_softmax(x)[t], reduced.  dx = (softmax(x) - onehot(t)) * w[t] * dloss
-// (/ sum(w) for mean; 0 for ignored targets)
+// (/ sum(w) for mean; 0 for ignored targets); dw[c] = sum_{t = c} dloss' * (-log_prob[t] - L_mean).
+// A gradient into log_prob adds dx += dlogp - softmax(x) * sum(dlogp, axis 1).
+void sce_gradient(GradientBuilder& g) {
+  const Node& n = g.node();
+  const bool saved = n.has_output(1);
+  GraphBuilder::Attrs attrs = loss_grad_attrs(n);
+  if (!saved) attrs["from_scores"] = Attribute::of(int64_t(1));
+  std::string dx;
+  if (g.has_dy(0)) {
+    std::vector<std::string> ins{g.dy(0), saved ? g.y(1) : g.x(0), g.x(1)};
+    if (g.has_input(2)) ins.push_back(g.x(2));
+    auto outs = g.emit_n("SoftmaxCrossEntropyLossGrad", ins, g.needs(2) ? 2 : 1, attrs, kOnnxTrainDomain);
+    dx = outs[0];
+    if (g.needs(2)) g.set(2, outs[1]);
+  } else if (g.needs(2)) {
+    g.set(2, g.zeros_like(g.x(2)));
+  }
+  if (g.has_dy(1)) {
+    std::string d = g.emit("LogSoftmaxGrad", {g.dy(1), g.y(1)}, {{"axis", Attribute::of(int64_t(1))}}, kOnnxTrainDomain);
+    dx = dx.empty() ? d : g.add(dx, d);
+  }
+  if (g.needs(0)) g.set(0, dx);
+}
+
+}  // namespace
+
 ONNXTRAIN_OP(SoftmaxCrossEntropyLoss, kOnnxDomain, 12).inputs(2, 3).outputs(1, 2).shape(shape_sce)
-    .cpu(sce_kernel);
+    .cpu(sce_kernel).gradient(sce_gradient);
+// (dX, dW) = SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?); second derivatives are not needed.
+ONNXTRAIN_OP(SoftmaxCrossEntropyLossGrad, kOnnxTrainDomain, 1).inputs(3, 4).outputs(1, 2).shape(shape_loss_grad)
+    .cpu(sce_grad_kernel).gradient_not_implemented("second derivatives are not needed");
 
 }  // namespace onnxtrain

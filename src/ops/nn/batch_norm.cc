@@ -6,6 +6,7 @@
 // (N, C * D1 * ..., 1).
 #include <cmath>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/nn/norm_common.h"
 #include "ops/registry.h"
 
@@ -120,12 +121,109 @@ void batch_norm_kernel(KernelContext& ctx) {
   });
 }
 
-}  // namespace
+// onnxtrain.BatchNormalizationGrad(dY, X, scale, mean, var) -> dX, dScale, dB, dMean, dVar with the
+// forward's epsilon, training_mode and (pre-9) spatial. Training mode recomputes the batch
+// statistics (the forward does not save them) and differentiates through them; mean and var are
+// then unused and dMean/dVar are 0. Inference mode uses mean and var as constants. Parallel over
+// channels; each channel's rows are three sweeps (statistics, sums, dX).
+void batch_norm_grad_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  OT_CHECK(x.rank() >= 2, node.context(), "expected X of shape [N, C, ...], got ", shape_str(x.shape()));
+  OT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), node.context(), "dY and X must match, got ",
+           dtype_name(dy.dtype()), " ", shape_str(dy.shape()), " and ", dtype_name(x.dtype()), " ", shape_str(x.shape()));
+  const bool training = node.attr_int("training_mode", 0) != 0;
+  const bool spatial = node.attr_int("spatial", 1) != 0;
+  const int64_t n = x.dim(0);
+  int64_t c = x.dim(1), s = 1;
+  for (int d = 2; d < x.rank(); ++d) s *= x.dim(d);
+  if (!spatial) { c *= s; s = 1; }
+  const float eps = node.attr_float("epsilon", 1e-5f);
+  Tensor& dx = ctx.output(0, x.dtype(), x.shape());
+  dispatch_float(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    std::vector<C> scale = channel_param<C>(node, ctx.input(2), c, "scale");
+    std::vector<C> mean(size_t(c), C(0)), var(size_t(c), C(1));
+    if (!training) {
+      mean = channel_param<C>(node, ctx.input(3), c, "input_mean");
+      var = channel_param<C>(node, ctx.input(4), c, "input_var");
+    }
+    std::vector<C> ds(static_cast<size_t>(c)), db(static_cast<size_t>(c)), dm(static_cast<size_t>(c)), dv(static_cast<size_t>(c));
+    const T* pdy = dy.data<T>();
+    const T* px = x.data<T>();
+    T* pdx = dx.data<T>();
+    parallel_for(c, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(3 * n * s, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t ch = b; ch < e; ++ch) {
+        C mu = mean[size_t(ch)], r = C(1) / std::sqrt(var[size_t(ch)] + C(eps)), sdy = 0, sdyxh = 0;
+        const C gamma = scale[size_t(ch)];
+        norm_group_backward<T, C>(pdy, px, pdx, n, s, [&](int64_t i) { return (i * c + ch) * s; }, gamma, training,
+                                  C(eps), mu, r, sdy, sdyxh);
+        ds[size_t(ch)] = sdyxh;
+        db[size_t(ch)] = sdy;
+        dm[size_t(ch)] = training ? C(0) : -gamma * r * sdy;
+        dv[size_t(ch)] = training ? C(0) : C(-0.5) * gamma * r * r * sdyxh;
+      }
+    });
+    write_channel_output(ctx, 1, ctx.input(2), ds);
+    write_channel_output(ctx, 2, ctx.input(2), db);
+    if (ctx.output_requested(3) || ctx.output_requested(4)) {
+      OT_CHECK(ctx.has_input(3) && ctx.has_input(4), node.context(), "dMean and dVar need the mean and var inputs");
+      write_channel_output(ctx, 3, ctx.input(3), dm);
+      write_channel_output(ctx, 4, ctx.input(4), dv);
+    }
+  });
+}
+
+void shape_batch_norm_grad(ShapeContext& ctx) {
+  ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
+  for (size_t i = 1; i < ctx.num_outputs(); ++i) {
+    size_t like = i <= 2 ? 2 : i;
+    ctx.set_output(i, ctx.input_dtype(like), ctx.input_shape(like));
+  }
+}
 
 // y = xh * scale + B, xh = (x - mean) / sqrt(var + eps).  Inference: dx = dy * scale / sqrt(var + eps);
 // training: dx = r * (g - mean(g) - xh * mean(g * xh)) with g = dy * scale, r = 1/sqrt(var + eps);
-// dscale = sum(dy * xh), dB = sum(dy)  (sums over N and spatial dims)
+// dscale = sum(dy * xh), dB = sum(dy)  (sums over N and spatial dims). Inference also gives
+// dmean = -sum(dy) * scale * r and dvar = -sum(dy * xh) * scale * r^2 / 2; in training the
+// running-statistic outputs give dmean = momentum * drunning_mean, dvar = momentum * drunning_var.
+void batch_norm_gradient(GradientBuilder& g) {
+  const Node& n = g.node();
+  const bool training = g.opset() >= 14 && n.attr_int("training_mode", 0) != 0;
+  GraphBuilder::Attrs attrs{{"epsilon", Attribute::of(n.attr_float("epsilon", 1e-5f))},
+                            {"training_mode", Attribute::of(int64_t(training ? 1 : 0))}};
+  if (g.opset() < 9 && n.attr_int("spatial", 1) == 0) attrs["spatial"] = Attribute::of(int64_t(0));
+  const bool running_grads = g.has_dy(1) || g.has_dy(2);
+  if (running_grads && g.needs(0))
+    OT_THROW(kNotImplemented, g.context(), "the gradient of running_mean/running_var with respect to X");
+  bool want_x = g.has_dy(0) && (g.needs(0) || g.needs(1) || g.needs(2) || (!training && (g.needs(3) || g.needs(4))));
+  std::vector<std::string> outs;
+  if (want_x) {
+    size_t nout = !training && (g.needs(3) || g.needs(4)) ? 5 : g.needs(2) ? 3 : g.needs(1) ? 2 : 1;
+    outs = g.emit_n("BatchNormalizationGrad", {g.dy(0), g.x(0), g.x(1), g.x(3), g.x(4)}, nout, attrs, kOnnxTrainDomain);
+  }
+  auto out_or_zero = [&](size_t k, size_t input) { return k < outs.size() ? outs[k] : g.zeros_like(g.x(input)); };
+  if (g.needs(0)) g.set(0, out_or_zero(0, 0));
+  if (g.needs(1)) g.set(1, out_or_zero(1, 1));
+  if (g.needs(2)) g.set(2, out_or_zero(2, 2));
+  for (size_t k = 3; k <= 4; ++k) {
+    if (!g.needs(k)) continue;
+    if (training) {  // running = input * momentum + batch * (1 - momentum)
+      g.set(k, g.has_dy(k - 2) ? g.mul(g.dy(k - 2), g.scalar_like(n.attr_float("momentum", 0.9f), g.x(k)))
+                               : g.zeros_like(g.x(k)));
+    } else {
+      g.set(k, out_or_zero(k, k));
+    }
+  }
+}
+
+}  // namespace
+
 ONNXTRAIN_OP(BatchNormalization, kOnnxDomain, 1).inputs(5).outputs(1, 5).shape(shape_batch_norm).inplace(0, 0)
-    .cpu(batch_norm_kernel);
+    .cpu(batch_norm_kernel).gradient(batch_norm_gradient);
+// (dX, dScale, dB, dMean, dVar) = BatchNormalizationGrad(dY, X, scale, mean, var); second derivatives are not needed.
+ONNXTRAIN_OP(BatchNormalizationGrad, kOnnxTrainDomain, 1).inputs(5).outputs(1, 5).shape(shape_batch_norm_grad)
+    .inplace(0, 0).cpu(batch_norm_grad_kernel).gradient_not_implemented("second derivatives are not needed");
 
 }  // namespace onnxtrain

@@ -7,7 +7,9 @@
 #include <cstring>
 #include <random>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/common.h"
+#include "ops/reduce/grad_common.h"
 #include "ops/registry.h"
 
 namespace onnxtrain {
@@ -89,10 +91,71 @@ class DropoutKernel final : public Kernel {
   std::mt19937 gen_;
 };
 
-}  // namespace
+// onnxtrain.DropoutGrad(dY, mask, ratio?, training_mode?): the forward's mask output and its ratio
+// and training_mode inputs. dX = mask ? dY / (1 - ratio) : 0 in training (0 everywhere for ratio 1);
+// dX = dY in inference or for ratio 0, as in the forward.
+void dropout_grad_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  const Tensor& mask = ctx.input(1);
+  OT_CHECK(mask.shape() == dy.shape() && mask.dtype() == DType::kBool, node.context(),
+           "mask must be a bool tensor of dY's shape ", shape_str(dy.shape()), ", got ", dtype_name(mask.dtype()), " ",
+           shape_str(mask.shape()));
+  double ratio = ctx.has_input(2) ? ctx.input(2).item_as_double(0) : 0.5;
+  bool training = ctx.has_input(3) && ctx.input(3).item_as_int(0) != 0;
+  Tensor& dx = ctx.output(0, dy.dtype(), dy.shape());
+  const int64_t n = dy.numel();
+  if (!training || ratio == 0.0) {
+    if (dx.data() != dy.data() && n) std::memcpy(dx.data(), dy.data(), dy.nbytes());
+    return;
+  }
+  dispatch_float(dy.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const C scale = ratio < 1.0 ? C(1) / (C(1) - C(float(ratio))) : C(0);
+    const T* pdy = dy.data<T>();
+    const bool* pm = mask.data<bool>();
+    T* pdx = dx.data<T>();
+    parallel_for(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) pdx[i] = pm[i] ? T(C(pdy[i]) * scale) : T(C(0));
+    });
+  });
+}
+
+// The mask output of a forward Dropout node, added to the node when the model did not ask for it
+// (the kernel draws mask and output together, so the backward sees exactly the forward's mask).
+std::string dropout_mask(GradientBuilder& g) {
+  if (g.node().has_output(1)) return g.y(1);
+  Graph& graph = g.graph();
+  for (Node& n : graph.nodes) {
+    if (n.op_type != "Dropout" || !n.domain.empty() || !n.has_output(0) || n.outputs[0] != g.y(0)) continue;
+    std::string name = graph.unique_name(g.y(0) + "/dropout_mask");
+    n.outputs.resize(2);
+    n.outputs[1] = name;
+    return name;
+  }
+  OT_THROW(kRuntime, g.context(), "cannot find the forward Dropout node to add its mask output");
+}
 
 // y = x * mask * s, s = 1 / (1 - ratio) in training (1 otherwise).  dx = dy * mask * s
+// Before opset 12 Dropout only runs in inference (dx = dy); from 12 training mode comes from the
+// training_mode input: statically false (or ratio statically 0) gives dx = dy, otherwise the rule
+// reuses the mask output (adding it to the forward node when absent) in onnxtrain.DropoutGrad.
+void dropout_gradient(GradientBuilder& g) {
+  if (g.opset() < 12 || !g.has_input(2)) return g.set(0, g.dy(0));
+  if (auto t = static_value(g, g.x(2)); t && t->numel() == 1 && t->item_as_int(0) == 0) return g.set(0, g.dy(0));
+  if (g.has_input(1))
+    if (auto r = static_value(g, g.x(1)); r && r->numel() == 1 && r->item_as_double(0) == 0.0) return g.set(0, g.dy(0));
+  std::string mask = dropout_mask(g);
+  g.set(0, g.emit("DropoutGrad", {g.dy(0), mask, g.has_input(1) ? g.x(1) : "", g.x(2)}, {}, kOnnxTrainDomain));
+}
+
+}  // namespace
+
 ONNXTRAIN_OP(Dropout, kOnnxDomain, 1).inputs(1, 3).outputs(1, 2).shape(shape_dropout).inplace(0, 0)
-    .cpu_kernel<DropoutKernel>();
+    .cpu_kernel<DropoutKernel>().gradient(dropout_gradient);
+// dX = DropoutGrad(dY, mask, ratio?, training_mode?); linear in dY, second derivatives are not needed.
+ONNXTRAIN_OP(DropoutGrad, kOnnxTrainDomain, 1).inputs(2, 4).outputs(1)
+    .shape([](ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(0), ctx.input_shape(1)); })
+    .inplace(0, 0).cpu(dropout_grad_kernel).gradient_not_implemented("second derivatives are not needed");
 
 }  // namespace onnxtrain

@@ -4,6 +4,7 @@
 // keepdims-shaped statistics.
 #include <cmath>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/reduce/reduce_plan.h"
 #include "ops/registry.h"
 
@@ -53,9 +54,19 @@ void mvn_kernel(KernelContext& ctx) {
 
 }  // namespace
 
-// y = (x - mu) * r, r = 1 / (sqrt(var) + 1e-9) over axes.  dx ~= r * (dy - mean(dy) - xh * mean(dy * xh))
-// with xh = (x - mu) / sqrt(var) (exact form keeps the 1e-9 term)
+// y = c * r, c = x - mean(x), s = sqrt(mean(c^2)), r = 1 / (s + 1e-9) over axes.
+// dx = r * (dy - mean(dy)) - (r^2 / s) * c * mean(dy * c)  (exact; the statistics are recomputed)
 ONNXTRAIN_OP(MeanVarianceNormalization, kOnnxDomain, 9).inputs(1).outputs(1).shape(shape_same_as_input)
-    .cpu(mvn_kernel);
+    .cpu(mvn_kernel).gradient([](GradientBuilder& g) {
+      std::vector<int64_t> axes = g.node().attr_ints("axes", {0, 2, 3});
+      std::string x = g.x(0), dy = g.dy(0);
+      std::string c = g.sub(x, g.reduce_mean(x, axes, true));
+      std::string sd = g.emit("Sqrt", {g.reduce_mean(g.mul(c, c), axes, true)});
+      std::string r = g.emit("Reciprocal", {g.add(sd, g.scalar_like(1e-9, x))});
+      std::string first = g.mul(r, g.sub(dy, g.reduce_mean(dy, axes, true)));
+      std::string k = g.div(g.mul(r, r), sd);
+      std::string second = g.mul(c, g.mul(k, g.reduce_mean(g.mul(dy, c), axes, true)));
+      g.set(0, g.sub(first, second));
+    });
 
 }  // namespace onnxtrain

@@ -1,6 +1,7 @@
 // Softmax, LogSoftmax and Hardmax. Before opset 13 the input is coerced to 2D at `axis` (default
 // 1) and the op runs over the flattened trailing dims; from 13 it runs along the single `axis`
 // (default -1). Both are an (outer, n, inner) view, inner == 1 for the legacy form.
+#include "autodiff/gradient_builder.h"
 #include "ops/nn/softmax_rows.h"
 #include "ops/registry.h"
 
@@ -11,8 +12,7 @@ struct AxisView {
   int64_t outer = 1, n = 1, inner = 1;
 };
 
-AxisView axis_view(const KernelContext& ctx, const Shape& shape, bool legacy) {
-  const Node& node = ctx.node();
+AxisView axis_view(const Node& node, const Shape& shape, bool legacy) {
   int64_t rank = int64_t(shape.size());
   AxisView v;
   if (legacy) {
@@ -37,7 +37,7 @@ AxisView axis_view(const KernelContext& ctx, const Shape& shape, bool legacy) {
 template <bool kLog, bool kLegacy>
 void softmax_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  AxisView v = axis_view(ctx, x.shape(), kLegacy);
+  AxisView v = axis_view(ctx.node(), x.shape(), kLegacy);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
   dispatch_float(x.dtype(), [&]<typename T>() {
     softmax_along<kLog>(x.data<T>(), y.data<T>(), v.outer, v.n, v.inner);
@@ -47,7 +47,7 @@ void softmax_kernel(KernelContext& ctx) {
 template <bool kLegacy>
 void hardmax_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  AxisView v = axis_view(ctx, x.shape(), kLegacy);
+  AxisView v = axis_view(ctx.node(), x.shape(), kLegacy);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
   if (x.numel() == 0) return;
   dispatch_float(x.dtype(), [&]<typename T>() {
@@ -75,23 +75,56 @@ void hardmax_kernel(KernelContext& ctx) {
   });
 }
 
+// onnxtrain.SoftmaxGrad / LogSoftmaxGrad(dY, Y): attribute `axis` as the forward had it (default
+// -1) and `coerce_2d` = 1 for the forward's pre-13 semantics (the dims from `axis` on flattened).
+template <bool kLog>
+void softmax_grad_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  const Tensor& y = ctx.input(1);
+  OT_CHECK(dy.shape() == y.shape() && dy.dtype() == y.dtype(), node.context(), "dY and Y must match, got ",
+           dtype_name(dy.dtype()), " ", shape_str(dy.shape()), " and ", dtype_name(y.dtype()), " ", shape_str(y.shape()));
+  AxisView v = axis_view(node, y.shape(), node.attr_int("coerce_2d", 0) != 0);
+  Tensor& dx = ctx.output(0, y.dtype(), y.shape());
+  dispatch_float(y.dtype(), [&]<typename T>() {
+    softmax_grad_along<kLog>(dy.data<T>(), y.data<T>(), dx.data<T>(), v.outer, v.n, v.inner);
+  });
+}
+
+void shape_softmax_grad(ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1)); }
+
+template <bool kLog>
+void softmax_gradient(GradientBuilder& g) {
+  bool legacy = g.opset() < 13;
+  GraphBuilder::Attrs attrs{{"axis", Attribute::of(g.node().attr_int("axis", legacy ? 1 : -1))},
+                            {"coerce_2d", Attribute::of(int64_t(legacy ? 1 : 0))}};
+  g.set(0, g.emit(kLog ? "LogSoftmaxGrad" : "SoftmaxGrad", {g.dy(0), g.y(0)}, attrs, kOnnxTrainDomain));
+}
+
 }  // namespace
 
 // y = softmax(x).  dx = y * (dy - sum(dy * y, axis))
 ONNXTRAIN_OP(Softmax, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(softmax_kernel<false, true>);
+    .cpu(softmax_kernel<false, true>).gradient(softmax_gradient<false>);
 // y = softmax(x).  dx = y * (dy - sum(dy * y, axis))
 ONNXTRAIN_OP(Softmax, kOnnxDomain, 13).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(softmax_kernel<false, false>);
+    .cpu(softmax_kernel<false, false>).gradient(softmax_gradient<false>);
 // y = x - logsumexp(x).  dx = dy - exp(y) * sum(dy, axis)
 ONNXTRAIN_OP(LogSoftmax, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(softmax_kernel<true, true>);
+    .cpu(softmax_kernel<true, true>).gradient(softmax_gradient<true>);
 // y = x - logsumexp(x).  dx = dy - exp(y) * sum(dy, axis)
 ONNXTRAIN_OP(LogSoftmax, kOnnxDomain, 13).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(softmax_kernel<true, false>);
+    .cpu(softmax_kernel<true, false>).gradient(softmax_gradient<true>);
 ONNXTRAIN_OP(Hardmax, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).not_differentiable()
     .cpu(hardmax_kernel<true>);
 ONNXTRAIN_OP(Hardmax, kOnnxDomain, 13).inputs(1).outputs(1).shape(shape_same_as_input).not_differentiable()
     .cpu(hardmax_kernel<false>);
+
+// dX = SoftmaxGrad(dY, Y) = Y * (dY - sum(dY * Y, axis)). Linear in dY; second derivatives are not needed.
+ONNXTRAIN_OP(SoftmaxGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(shape_softmax_grad).inplace(0, 0)
+    .cpu(softmax_grad_kernel<false>).gradient_not_implemented("second derivatives are not needed");
+// dX = LogSoftmaxGrad(dY, Y) = dY - exp(Y) * sum(dY, axis). Second derivatives are not needed.
+ONNXTRAIN_OP(LogSoftmaxGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(shape_softmax_grad).inplace(0, 0)
+    .cpu(softmax_grad_kernel<true>).gradient_not_implemented("second derivatives are not needed");
 
 }  // namespace onnxtrain

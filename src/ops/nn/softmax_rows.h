@@ -137,4 +137,77 @@ void softmax_along(const T* x, T* y, int64_t outer, int64_t n, int64_t inner) {
   });
 }
 
+// ---- Backward ----
+// softmax:     dx = y * (dy - sum(dy * y))
+// log-softmax: dx = dy - exp(y) * sum(dy)
+// along the middle axis of (outer, n, inner), from the forward output y. Per row one reduction
+// sweep and one update sweep over data in cache, both vectorised; rows spread over threads.
+// dx may alias dy (each element of dy is read before dx is written at that index).
+
+template <bool kLog, typename T>
+inline void softmax_grad_contiguous_row(const T* dy, const T* y, T* dx, int64_t n) {
+  using C = compute_t<T>;
+  C s = 0;
+  if constexpr (kLog) {
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) s += C(dy[i]);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dx[i] = T(C(dy[i]) - exp_shifted<C>(C(y[i])) * s);
+  } else {
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < n; ++i) s += C(dy[i]) * C(y[i]);
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) dx[i] = T(C(y[i]) * (C(dy[i]) - s));
+  }
+}
+
+template <bool kLog, typename T>
+inline void softmax_grad_strided_block(const T* dy, const T* y, T* dx, int64_t n, int64_t stride, int64_t len) {
+  using C = compute_t<T>;
+  constexpr int64_t kMaxLen = 256;
+  C s[kMaxLen];
+  for (int64_t j = 0; j < len; ++j) s[j] = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const T* dr = dy + i * stride;
+    const T* yr = y + i * stride;
+    if constexpr (kLog) {
+      for (int64_t j = 0; j < len; ++j) s[j] += C(dr[j]);
+    } else {
+      for (int64_t j = 0; j < len; ++j) s[j] += C(dr[j]) * C(yr[j]);
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const T* dr = dy + i * stride;
+    const T* yr = y + i * stride;
+    T* out = dx + i * stride;
+    if constexpr (kLog) {
+      for (int64_t j = 0; j < len; ++j) out[j] = T(C(dr[j]) - exp_shifted<C>(C(yr[j])) * s[j]);
+    } else {
+      for (int64_t j = 0; j < len; ++j) out[j] = T(C(yr[j]) * (C(dr[j]) - s[j]));
+    }
+  }
+}
+
+template <bool kLog, typename T>
+void softmax_grad_along(const T* dy, const T* y, T* dx, int64_t outer, int64_t n, int64_t inner) {
+  if (outer * n * inner == 0) return;
+  if (inner == 1) {
+    int64_t grain = std::max<int64_t>(1, kElementwiseGrain / (3 * n));
+    parallel_for(outer, grain, [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) softmax_grad_contiguous_row<kLog>(dy + o * n, y + o * n, dx + o * n, n);
+    });
+    return;
+  }
+  constexpr int64_t kChunk = 256;
+  int64_t chunks = (inner + kChunk - 1) / kChunk;
+  int64_t grain = std::max<int64_t>(1, kElementwiseGrain / (3 * n * std::min(inner, kChunk)));
+  parallel_for(outer * chunks, grain, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      int64_t o = t / chunks, c0 = (t % chunks) * kChunk;
+      int64_t off = o * n * inner + c0;
+      softmax_grad_strided_block<kLog>(dy + off, y + off, dx + off, n, inner, std::min(kChunk, inner - c0));
+    }
+  });
+}
+
 }  // namespace onnxtrain

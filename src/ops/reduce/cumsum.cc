@@ -1,5 +1,6 @@
 // CumSum along the axis given as a scalar input, with the exclusive and reverse attributes. The
 // input is viewed as (outer, n, inner); for inner > 1 whole inner rows are added at a time.
+#include "autodiff/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
 
@@ -61,6 +62,11 @@ void cumsum_kernel(KernelContext& ctx) {
 
 // y = cumsum(x, axis).  dx = cumsum(dy, axis, reverse = !reverse) (same exclusive)
 ONNXTRAIN_OP(CumSum, kOnnxDomain, 11).inputs(2).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(cumsum_kernel);
+    .cpu(cumsum_kernel).gradient([](GradientBuilder& g) {
+      const Node& n = g.node();
+      GraphBuilder::Attrs attrs{{"exclusive", Attribute::of(n.attr_int("exclusive", 0) != 0 ? int64_t(1) : int64_t(0))},
+                                {"reverse", Attribute::of(n.attr_int("reverse", 0) != 0 ? int64_t(0) : int64_t(1))}};
+      g.set(0, g.emit("CumSum", {g.dy(0), g.x(1)}, attrs));
+    });
 
 }  // namespace onnxtrain

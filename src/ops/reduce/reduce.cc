@@ -3,10 +3,12 @@
 // opsets) or the second input (ReduceSum >= 13, the others >= 18); one kernel serves both.
 // Reducing an empty set gives the identity of the fold (0 for sums, 1 for products, -inf/+inf or
 // the type's extremes for max/min, NaN for the mean, -inf for the log reductions).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 
+#include "ops/reduce/grad_common.h"
 #include "ops/reduce/reduce_plan.h"
 #include "ops/registry.h"
 
@@ -112,37 +114,167 @@ void reduce_kernel(KernelContext& ctx) {
   });
 }
 
+// ---- Gradient rules ----
+// Every rule sees y and dy in the forward's layout; keep() puts a keepdims=0 value back into the
+// keepdims=1 layout (Unsqueeze over the same axes) so it broadcasts against x. Reductions the rules
+// emit reuse the forward's axes (attribute or input) and noop_with_empty_axes, with keepdims=1.
+// A node that statically reduces nothing (noop_with_empty_axes=1, empty axes) copies its input, so
+// its gradient is dy for every kind.
+struct ReduceGrad {
+  GradientBuilder& g;
+  bool keepdims;
+  bool axes_input;                 // axes come from input 1 (else the attribute)
+  std::vector<int64_t> attr_axes;
+  std::optional<std::vector<int64_t>> axes;  // statically known axes
+  bool noop;                       // noop_with_empty_axes
+
+  explicit ReduceGrad(GradientBuilder& gb) : g(gb) {
+    const Node& n = g.node();
+    keepdims = n.attr_int("keepdims", 1) != 0;
+    noop = n.attr_int("noop_with_empty_axes", 0) != 0;
+    axes_input = n.has_input(1);
+    attr_axes = n.attr_ints("axes");
+    if (!axes_input) axes = attr_axes;
+    else if (auto v = static_value(g, g.x(1))) axes = v->to_int_vector();
+  }
+  bool identity() const { return noop && axes && axes->empty(); }
+  // Whether the node might copy its input (noop with axes that are only known at run time).
+  bool maybe_identity() const { return noop && !axes; }
+  void require_reduction(const char* what) const {
+    if (maybe_identity())
+      OT_THROW(kNotImplemented, g.context(), "the gradient of ", what,
+               " with noop_with_empty_axes=1 needs axes known when the gradient graph is built");
+  }
+  std::string axes_value() { return axes_input ? g.x(1) : g.ints(attr_axes); }
+  // v (laid out like y) in the keepdims=1 layout.
+  std::string keep(const std::string& v) {
+    if (keepdims || (axes && axes->empty())) return v;  // empty axes: a scalar (or x itself) broadcasts
+    return g.emit("Unsqueeze", {v, axes_value()});
+  }
+  // op(v) over the forward's axes, keepdims=1.
+  std::string reduce(const std::string& op, const std::string& v) {
+    GraphBuilder::Attrs attrs{{"keepdims", Attribute::of(int64_t(1))}};
+    if (noop) attrs["noop_with_empty_axes"] = Attribute::of(int64_t(1));
+    if (axes_input) return g.emit(op, {v, g.x(1)}, attrs);
+    if (!attr_axes.empty()) attrs["axes"] = Attribute::of(attr_axes);
+    return g.emit(op, {v}, attrs);
+  }
+  std::string expand(const std::string& v) { return g.emit("Expand", {v, g.shape(g.x(0))}); }
+  std::string scalar(double v) { return g.scalar_like(v, g.x(0)); }
+  // y / x element counts: 1 / count of the reduction.
+  std::string inv_count() {
+    auto xs = g.static_shape(g.x(0)), ys = g.static_shape(g.y(0));
+    auto known = [](const std::optional<Shape>& s) {
+      return s && std::all_of(s->begin(), s->end(), [](int64_t d) { return d >= 0; });
+    };
+    if (known(xs) && known(ys) && numel(*xs) > 0) return scalar(double(numel(*ys)) / double(numel(*xs)));
+    std::string nx = cast_like(g, g.emit("Size", {g.x(0)}), g.x(0));
+    std::string ny = cast_like(g, g.emit("Size", {g.y(0)}), g.x(0));
+    return g.div(ny, nx);
+  }
+};
+
+// y = sum(x, axes).  dx = expand(dy, shape(x))
+void reduce_sum_gradient(GradientBuilder& g) {
+  ReduceGrad r(g);
+  if (r.identity()) return g.set(0, g.dy(0));
+  g.set(0, r.expand(r.keep(g.dy(0))));
+}
+
+// y = mean(x, axes).  dx = expand(dy / count, shape(x))
+void reduce_mean_gradient(GradientBuilder& g) {
+  ReduceGrad r(g);
+  if (r.identity()) return g.set(0, g.dy(0));
+  g.set(0, r.expand(r.keep(g.mul(g.dy(0), r.inv_count()))));
+}
+
+// y = sum(x^2, axes).  dx = 2 x dy
+void reduce_sum_square_gradient(GradientBuilder& g) {
+  ReduceGrad r(g);
+  if (r.identity()) return g.set(0, g.dy(0));
+  r.require_reduction("ReduceSumSquare");
+  g.set(0, g.mul(g.x(0), r.keep(g.mul(g.dy(0), r.scalar(2.0)))));
+}
+
+// y = sum(|x|, axes).  dx = sign(x) dy  (0 at x = 0)
+void reduce_l1_gradient(GradientBuilder& g) {
+  ReduceGrad r(g);
+  if (r.identity()) return g.set(0, g.dy(0));
+  r.require_reduction("ReduceL1");
+  g.set(0, g.mul(g.emit("Sign", {g.x(0)}), r.keep(g.dy(0))));
+}
+
+// y = sqrt(sum(x^2, axes)).  dx = x dy / y  (0 where y = 0)
+void reduce_l2_gradient(GradientBuilder& g) {
+  ReduceGrad r(g);
+  if (r.identity()) return g.set(0, g.dy(0));
+  r.require_reduction("ReduceL2");
+  std::string zero = r.scalar(0.0);
+  std::string q = g.emit("Where", {g.emit("Equal", {g.y(0), zero}), zero, g.div(g.dy(0), g.y(0))});
+  g.set(0, g.mul(g.x(0), r.keep(q)));
+}
+
+// y = log(sum(x, axes)).  dx = expand(dy exp(-y), shape(x))  (= dy / sum(x))
+void reduce_log_sum_gradient(GradientBuilder& g) {
+  ReduceGrad r(g);
+  if (r.identity()) return g.set(0, g.dy(0));
+  r.require_reduction("ReduceLogSum");
+  g.set(0, r.expand(r.keep(g.mul(g.dy(0), g.emit("Exp", {g.neg(g.y(0))})))));
+}
+
+// y = log(sum(exp(x), axes)).  dx = dy exp(x - y)  (softmax over the reduced axes)
+void reduce_log_sum_exp_gradient(GradientBuilder& g) {
+  ReduceGrad r(g);
+  if (r.identity()) return g.set(0, g.dy(0));
+  g.set(0, g.mul(r.keep(g.dy(0)), g.emit("Exp", {g.sub(g.x(0), r.keep(g.y(0)))})));
+}
+
+// y = max(x, axes) (or min).  dx = dy [x == y] / #ties: the gradient is split evenly among the
+// elements that attain the extremum (as torch.amax/amin do)
+void reduce_extremum_gradient(GradientBuilder& g) {
+  ReduceGrad r(g);
+  if (r.identity()) return g.set(0, g.dy(0));
+  std::string mask = cast_like(g, g.emit("Equal", {g.x(0), r.keep(g.y(0))}), g.x(0));
+  std::string ties = r.reduce("ReduceSum", mask);
+  g.set(0, g.mul(mask, g.div(r.keep(g.dy(0)), ties)));
+}
+
+// y = prod(x, axes).  dx_i = dy prod_{j != i} x_j: y / x_i where x_i != 0; for a zero x_i, the
+// product of the non-zero others when x_i is the only zero of its group, else 0
+void reduce_prod_gradient(GradientBuilder& g) {
+  ReduceGrad r(g);
+  if (r.identity()) return g.set(0, g.dy(0));
+  std::string zero = r.scalar(0.0), one = r.scalar(1.0);
+  std::string is_zero = g.emit("Equal", {g.x(0), zero});
+  std::string safe_x = g.emit("Where", {is_zero, one, g.x(0)});
+  std::string prod_nonzero = r.reduce("ReduceProd", safe_x);
+  std::string zeros = r.reduce("ReduceSum", cast_like(g, is_zero, g.x(0)));
+  std::string at_zero = g.emit("Where", {g.emit("Equal", {zeros, one}), prod_nonzero, zero});
+  std::string others = g.emit("Where", {is_zero, at_zero, g.div(r.keep(g.y(0)), safe_x)});
+  g.set(0, g.mul(others, r.keep(g.dy(0))));
+}
+
 }  // namespace
 
-// y = sum(x, axes).  dx = expand(dy, x)
 ONNXTRAIN_OP(ReduceSum, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
-    .cpu(reduce_kernel<RK::kSum>);
-// y = mean(x, axes).  dx = expand(dy, x) / count
+    .cpu(reduce_kernel<RK::kSum>).gradient(reduce_sum_gradient);
 ONNXTRAIN_OP(ReduceMean, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
-    .cpu(reduce_kernel<RK::kMean>);
-// y = max(x, axes).  dx = expand(dy) * (x == expand(y)) / ties
+    .cpu(reduce_kernel<RK::kMean>).gradient(reduce_mean_gradient);
 ONNXTRAIN_OP(ReduceMax, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
-    .cpu(reduce_kernel<RK::kMax>);
-// y = min(x, axes).  dx = expand(dy) * (x == expand(y)) / ties
+    .cpu(reduce_kernel<RK::kMax>).gradient(reduce_extremum_gradient);
 ONNXTRAIN_OP(ReduceMin, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
-    .cpu(reduce_kernel<RK::kMin>);
-// y = prod(x, axes).  dx = expand(dy * y) / x  (exact form for zeros: product of the others)
+    .cpu(reduce_kernel<RK::kMin>).gradient(reduce_extremum_gradient);
 ONNXTRAIN_OP(ReduceProd, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
-    .cpu(reduce_kernel<RK::kProd>);
-// y = sum(|x|, axes).  dx = expand(dy) * sign(x)
+    .cpu(reduce_kernel<RK::kProd>).gradient(reduce_prod_gradient);
 ONNXTRAIN_OP(ReduceL1, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
-    .cpu(reduce_kernel<RK::kL1>);
-// y = sqrt(sum(x^2, axes)).  dx = expand(dy / y) * x
+    .cpu(reduce_kernel<RK::kL1>).gradient(reduce_l1_gradient);
 ONNXTRAIN_OP(ReduceL2, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
-    .cpu(reduce_kernel<RK::kL2>);
-// y = sum(x^2, axes).  dx = 2 x expand(dy)
+    .cpu(reduce_kernel<RK::kL2>).gradient(reduce_l2_gradient);
 ONNXTRAIN_OP(ReduceSumSquare, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
-    .cpu(reduce_kernel<RK::kSumSquare>);
-// y = log(sum(x, axes)).  dx = expand(dy / exp(y))
+    .cpu(reduce_kernel<RK::kSumSquare>).gradient(reduce_sum_square_gradient);
 ONNXTRAIN_OP(ReduceLogSum, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
-    .cpu(reduce_kernel<RK::kLogSum>);
-// y = log(sum(exp(x), axes)).  dx = expand(dy) * exp(x - expand(y))
+    .cpu(reduce_kernel<RK::kLogSum>).gradient(reduce_log_sum_gradient);
 ONNXTRAIN_OP(ReduceLogSumExp, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
-    .cpu(reduce_kernel<RK::kLogSumExp>);
+    .cpu(reduce_kernel<RK::kLogSumExp>).gradient(reduce_log_sum_exp_gradient);
 
 }  // namespace onnxtrain

@@ -4,6 +4,7 @@
 // are separable, so each resized axis is one pass of precomputed (index, weight) taps.
 #include <cmath>
 
+#include "autodiff/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
 
@@ -266,10 +267,103 @@ class ResizeKernel final : public Kernel {
   }
 };
 
+// onnxtrain.ResizeGrad(dY, X, roi, scales, sizes) with the forward Resize's attributes (inputs in
+// the opset-11 order; the rule spells out opset 10's fixed modes): dX = the transpose of the
+// separable interpolation. The per-axis passes run in reverse order, each scattering
+// dY * weight back to its taps; outputs outside a crop (extrapolation_value) take no gradient.
+// Every mode (nearest, linear, cubic, any coordinate mode, exclude_outside) uses the forward's taps.
+void resize_grad_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  ResizeAttrs a = read_attrs(node, 11);
+  auto opt = [&](size_t i) { return ctx.has_input(i) ? &ctx.input(i) : nullptr; };
+  const Tensor* roi_t = opt(2);
+  Shape in = x.shape(), out;
+  std::vector<double> scale;
+  output_geometry(node, in, opt(3), opt(4), out, scale);
+  OT_CHECK(dy.shape() == out && dy.dtype() == x.dtype(), node.context(), "dY must be ", shape_str(out),
+           " of X's dtype, got ", shape_str(dy.shape()));
+  size_t rank = in.size();
+  std::vector<double> roi(2 * rank, 0.0);
+  for (size_t i = 0; i < rank; ++i) roi[rank + i] = 1.0;
+  if (a.coord == "tf_crop_and_resize") {
+    OT_CHECK(roi_t && size_t(roi_t->numel()) == 2 * rank, node.context(), "tf_crop_and_resize needs roi with ",
+             2 * rank, " values");
+    roi = float_list(*roi_t);
+  }
+  Tensor& dx = ctx.output(0, x.dtype(), in);
+  if (dx.numel() == 0) return;
+  std::vector<size_t> todo;
+  std::vector<AxisTaps> taps;
+  for (size_t i = 0; i < rank; ++i) {
+    taps.push_back(axis_taps(a, in[i], out[i], scale[i], roi[i], roi[rank + i]));
+    if (!taps.back().identity) todo.push_back(i);
+  }
+  dispatch_float(x.dtype(), [&]<typename T>() {
+    using A = compute_t<T>;
+    const T* pdy = dy.data<T>();
+    T* pdx = dx.data<T>();
+    std::vector<A> cur(size_t(dy.numel())), prev;
+    for (int64_t i = 0; i < dy.numel(); ++i) cur[size_t(i)] = A(pdy[i]);
+    Shape shape = out;
+    for (size_t k = todo.size(); k-- > 0;) {
+      size_t axis = todo[k];
+      const AxisTaps& t = taps[axis];
+      int64_t outer = 1, inner = 1;
+      for (size_t i = 0; i < axis; ++i) outer *= shape[i];
+      for (size_t i = axis + 1; i < rank; ++i) inner *= shape[i];
+      int64_t n_in = in[axis], n_out = out[axis];
+      prev.assign(size_t(outer * n_in * inner), A(0));
+      // Parallel over the outer index: each owns its slice of prev.
+      parallel_for(outer, std::max<int64_t>(1, 8192 / std::max<int64_t>(n_out * inner, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t ob = b; ob < e; ++ob) {
+          for (int64_t o = 0; o < n_out; ++o) {
+            if (t.outside[size_t(o)]) continue;
+            const A* src = cur.data() + (ob * n_out + o) * inner;
+            for (int j = 0; j < t.width; ++j) {
+              A w = A(t.weight[size_t(o * t.width + j)]);
+              if (w == A(0)) continue;
+              A* dst = prev.data() + (ob * n_in + t.index[size_t(o * t.width + j)]) * inner;
+              for (int64_t i = 0; i < inner; ++i) dst[i] += w * src[i];
+            }
+          }
+        }
+      });
+      cur.swap(prev);
+      shape[axis] = n_in;
+    }
+    for (int64_t i = 0; i < dx.numel(); ++i) pdx[i] = T(cur[size_t(i)]);
+  });
+}
+
+void resize_gradient(GradientBuilder& g) {
+  GraphBuilder::Attrs attrs = g.node().attributes;
+  std::vector<std::string> ins{g.dy(0), g.x(0), "", "", ""};
+  if (g.opset() < 11) {  // opset 10: (X, scales), asymmetric coordinates, floor rounding
+    attrs["coordinate_transformation_mode"] = Attribute::of(std::string("asymmetric"));
+    attrs["nearest_mode"] = Attribute::of(std::string("floor"));
+    if (g.has_input(1)) ins[3] = g.x(1);
+  } else {
+    for (size_t i = 1; i <= 3; ++i)
+      if (g.has_input(i)) ins[i + 1] = g.x(i);
+  }
+  while (ins.back().empty()) ins.pop_back();
+  if (g.needs(0)) g.set(0, g.emit("ResizeGrad", ins, attrs, kOnnxTrainDomain));
+  // roi and scales only select sample positions: no gradient flows to them.
+  for (size_t i = 1; i < g.num_inputs(); ++i)
+    if (g.needs(i)) g.set(i, g.zeros_like(g.x(i)));
+}
+
 }  // namespace
 
 // Y = interpolate(X).  dX = the transposed interpolation of dY (each output scatters dY * weight to
 // its taps); roi, scales and sizes get no gradient
-ONNXTRAIN_OP(Resize, kOnnxDomain, 10).inputs(1, 4).outputs(1).shape(resize_shape).cpu_kernel<ResizeKernel>();
+ONNXTRAIN_OP(Resize, kOnnxDomain, 10).inputs(1, 4).outputs(1).shape(resize_shape).cpu_kernel<ResizeKernel>()
+    .gradient(resize_gradient);
+// dX = ResizeGrad(dY, X, ...) is linear in dY: second derivatives are not needed.
+ONNXTRAIN_OP(ResizeGrad, kOnnxTrainDomain, 1).inputs(2, 5).outputs(1).shape([](ShapeContext& ctx) {
+  ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
+}).cpu(resize_grad_kernel).gradient_not_implemented("second derivatives of Resize are not needed");
 
 }  // namespace onnxtrain

@@ -1,0 +1,83 @@
+// onnxtrain.FusedMatMul(A, B [, bias]): Y = alpha * op(A) op(B) + bias, op() transposing the last
+// two dims when transA / transB is set (read through strides by oneDNN, never copied), batch dims
+// broadcast as numpy.matmul, 1-D operands promoted (their trans flags ignored), bias a length-N
+// vector broadcast along the last dim (fused into the oneDNN primitive when alpha is 1).
+// The MatMul, Gemm and Einsum gradient rules emit it; a MatMul + Add(bias) fusion can too.
+#include "autodiff/gradient_builder.h"
+#include "backends/cpu/gemm.h"
+#include "ops/common.h"
+#include "ops/linalg/matmul_util.h"
+#include "ops/registry.h"
+
+namespace onnxtrain {
+namespace {
+
+void fused_matmul_shape(ShapeContext& ctx) {
+  DType dt = ctx.input_dtype(0);
+  const auto& a = ctx.input_shape(0);
+  const auto& b = ctx.input_shape(1);
+  if (!a || !b || a->empty() || b->empty()) {
+    ctx.set_output(0, dt);
+    return;
+  }
+  const Node& n = ctx.node();
+  ctx.set_output(0, dt, matmul_static_shape(*a, *b, n.attr_int("transA", 0) != 0, n.attr_int("transB", 0) != 0));
+}
+
+class FusedMatMulKernel final : public Kernel {
+ public:
+  explicit FusedMatMulKernel(const Node& node)
+      : trans_a_(node.attr_int("transA", 0) != 0), trans_b_(node.attr_int("transB", 0) != 0),
+        alpha_(node.attr_float("alpha", 1.0f)) {}
+
+  void compute(KernelContext& ctx) override {
+    const Node& node = ctx.node();
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    OT_CHECK(a.dtype() == b.dtype(), node.context(), "A and B must share a dtype, got ", dtype_name(a.dtype()),
+             " and ", dtype_name(b.dtype()));
+    MatmulPlan plan = plan_matmul(node, a.shape(), b.shape(), trans_a_, trans_b_);
+    plan.dims.alpha = alpha_;
+    Tensor& y = ctx.output(0, a.dtype(), plan.out_shape);
+    const Tensor* bias = ctx.has_input(2) ? &ctx.input(2) : nullptr;
+    if (bias) {
+      OT_CHECK(bias->dtype() == a.dtype(), node.context(), "bias must have A's dtype ", dtype_name(a.dtype()),
+               ", got ", dtype_name(bias->dtype()));
+      OT_CHECK(bias->numel() == plan.dims.n && (bias->rank() == 0 || bias->dim(-1) == plan.dims.n), node.context(),
+               "bias must be a vector of the output's last dim ", plan.dims.n, ", got ", shape_str(bias->shape()));
+      if (alpha_ == 1.0f || a.dtype() != DType::kFloat32) {
+        plan.dims.bias = true;  // fused: alpha * AB + bias in one pass
+      } else {
+        // oneDNN's output scale would also scale a fused bias: start from the broadcast bias instead.
+        dispatch_numeric(y.dtype(), [&]<typename T>() {
+          const T* pb = bias->data<T>();
+          T* py = y.data<T>();
+          for (int64_t i = 0; i < y.numel(); ++i) py[i] = pb[i % plan.dims.n];
+        });
+        plan.dims.beta = 1.0f;
+        bias = nullptr;
+      }
+    }
+    run_matmul(node, plan.dims, a, b, y, cache_, bias);
+  }
+
+ private:
+  bool trans_a_, trans_b_;
+  float alpha_;
+  cpu::MatmulCache cache_;
+};
+
+}  // namespace
+
+// Y = alpha op(A) op(B) + bias.  dop(A) = alpha dY op(B)^T, dop(B) = alpha op(A)^T dY (transposed
+// back for transA/transB, batch dims by sum_to), dbias = sum_to(dY, bias)
+ONNXTRAIN_OP(FusedMatMul, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1).shape(fused_matmul_shape)
+    .cpu_kernel<FusedMatMulKernel>()
+    .gradient([](GradientBuilder& g) {
+      const Node& n = g.node();
+      matmul_gradient(g, 0, 1, n.attr_int("transA", 0) != 0, n.attr_int("transB", 0) != 0,
+                      n.attr_float("alpha", 1.0f));
+      if (g.has_input(2) && g.needs(2)) g.set(2, g.sum_to(g.dy(0), g.x(2)));
+    });
+
+}  // namespace onnxtrain

@@ -1,0 +1,135 @@
+"""Samples for src/ops/linalg/, src/ops/conv/ and src/ops/resize/ (float64, <= ~100 elements per
+differentiated input: finite differences cost two forward runs per element)."""
+import numpy as np
+
+from ..gradcheck import Sample
+
+rng = np.random.default_rng(23)
+
+
+def r(*shape):
+    return rng.standard_normal(shape)
+
+
+def distinct(*shape):
+    """Values with well-separated entries (max pooling: no ties within eps)."""
+    n = int(np.prod(shape))
+    return (rng.permutation(n).astype(np.float64) * 0.37 - n * 0.15).reshape(shape)
+
+
+OT = "onnxtrain"
+
+SAMPLES = {
+    "MatMul": [
+        Sample([r(3, 4), r(4, 5)], name="2d"),
+        Sample([r(2, 3, 4), r(4, 2)], name="batched A, 2-D weight"),
+        Sample([r(2, 1, 3, 4), r(3, 4, 2)], name="broadcast batch"),
+        Sample([r(3, 4), r(2, 4, 3)], name="2-D A, batched B"),
+        Sample([r(4), r(4, 3)], name="1-D A"),
+        Sample([r(2, 3, 4), r(4)], name="1-D B"),
+        Sample([r(5), r(5)], name="dot"),
+        Sample([r(4), r(2, 4, 3)], name="1-D A, batched B"),
+    ],
+    "Gemm": [
+        Sample([r(3, 4), r(4, 5), r(5)], name="bias row"),
+        Sample([r(4, 3), r(4, 5), r(3, 5)], attrs=dict(transA=1, alpha=0.5, beta=2.0), name="transA, full C"),
+        Sample([r(3, 4), r(5, 4), r(3, 1)], attrs=dict(transB=1, beta=-1.5), name="transB, column C"),
+        Sample([r(4, 3), r(5, 4), np.array(0.7)], attrs=dict(transA=1, transB=1, alpha=2.0), name="both, scalar C"),
+        Sample([r(3, 4), r(4, 2)], name="no C"),
+    ],
+    "onnxtrain.FusedMatMul": [
+        Sample([r(3, 4), r(4, 5)], domain=OT, name="plain"),
+        Sample([r(2, 4, 3), r(4, 5)], attrs=dict(transA=1), domain=OT, name="transA batched"),
+        Sample([r(2, 3, 4), r(5, 4), r(5)], attrs=dict(transB=1, alpha=0.5), domain=OT, name="transB bias alpha"),
+        Sample([r(2, 1, 4, 3), r(3, 5, 4)], attrs=dict(transA=1, transB=1), domain=OT, name="both, broadcast"),
+        Sample([r(2, 3, 4), r(4, 5), r(5)], domain=OT, name="bias"),
+        Sample([r(4), r(4, 3)], attrs=dict(alpha=-2.0), domain=OT, name="1-D A"),
+    ],
+}
+
+SAMPLES.update({
+    "Einsum": [
+        Sample([r(3, 4), r(4, 5)], attrs=dict(equation="ij,jk->ik"), name="matmul"),
+        Sample([r(2, 3, 4), r(2, 4, 3)], attrs=dict(equation="bij,bjk->bik"), name="batched"),
+        Sample([r(2, 3, 4), r(2, 4, 2)], attrs=dict(equation="...ij,...jk->...ik"), name="ellipsis"),
+        Sample([r(3, 4)], attrs=dict(equation="ij->"), name="sum all"),
+        Sample([r(3, 4)], attrs=dict(equation="ij->ji"), name="transpose"),
+        Sample([r(3, 4), r(4)], attrs=dict(equation="ij,j->i"), name="matvec"),
+        Sample([r(3), r(4)], attrs=dict(equation="i,j->ij"), name="outer"),
+        Sample([r(2, 3, 4), r(3, 4)], attrs=dict(equation="ijk,jk"), name="implicit output"),
+        Sample([r(3, 4), r(5)], attrs=dict(equation="ij,k->ik"), name="label summed away"),
+        Sample([r(2, 3), r(3, 4), r(4, 2)], attrs=dict(equation="ij,jk,kl->il"), name="three operands"),
+    ],
+    "Conv": [
+        Sample([r(1, 2, 7), r(3, 2, 3), r(3)], attrs=dict(pads=[1, 1]), name="1-d bias"),
+        Sample([r(1, 2, 5, 5), r(2, 2, 2, 2)], attrs=dict(strides=[2, 1], dilations=[1, 2]), name="strides dilation"),
+        Sample([r(1, 4, 4, 4), r(4, 2, 3, 3), r(4)], attrs=dict(group=2, pads=[1, 0, 1, 1]), name="groups"),
+        Sample([r(2, 1, 5, 5), r(2, 1, 3, 3)], attrs=dict(auto_pad="SAME_UPPER", strides=[2, 2]), name="same upper"),
+        Sample([r(1, 2, 6), r(2, 2, 4)], attrs=dict(auto_pad="SAME_LOWER", strides=[2]), name="same lower"),
+        Sample([r(1, 1, 3, 4, 4), r(2, 1, 2, 2, 2), r(2)], attrs=dict(pads=[0, 1, 0, 1, 0, 1]), name="3-d"),
+        Sample([r(1, 3, 5), r(3, 1, 2)], attrs=dict(group=3, auto_pad="VALID"), name="depthwise valid"),
+    ],
+    "ConvTranspose": [
+        Sample([r(1, 2, 3, 3), r(2, 3, 3, 3)], attrs=dict(strides=[2, 2], pads=[1, 1, 0, 0], output_padding=[1, 0]),
+               name="strides output_padding"),
+        Sample([r(1, 4, 3, 3), r(4, 1, 2, 2), r(2)], attrs=dict(group=2), name="groups bias"),
+        Sample([r(1, 2, 4), r(2, 2, 3)], attrs=dict(dilations=[2], pads=[1, 2]), name="1-d dilation"),
+        Sample([r(1, 1, 4), r(1, 2, 3)], attrs=dict(auto_pad="SAME_UPPER", strides=[2]), name="same upper"),
+        Sample([r(1, 1, 3), r(1, 1, 3)], attrs=dict(strides=[2], output_shape=[6]), name="output_shape"),
+        Sample([r(1, 1, 2, 2, 2), r(1, 2, 2, 2, 2)], attrs=dict(strides=[2, 2, 2]), name="3-d"),
+    ],
+    "MaxPool": [
+        Sample([distinct(1, 2, 5, 5)], attrs=dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), name="pads"),
+        Sample([distinct(1, 1, 7, 7)], attrs=dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1), name="ceil_mode"),
+        Sample([distinct(2, 2, 8)], attrs=dict(kernel_shape=[3], dilations=[2]), name="1-d dilation"),
+        Sample([distinct(1, 1, 4, 4, 4)], attrs=dict(kernel_shape=[2, 2, 2], strides=[2, 2, 2]), name="3-d"),
+        Sample([distinct(1, 1, 5, 5)], attrs=dict(kernel_shape=[2, 2], strides=[2, 2], auto_pad="SAME_UPPER"),
+               name="same upper"),
+        Sample([distinct(1, 2, 4, 4)], attrs=dict(kernel_shape=[2, 2]), n_outputs=2, name="with Indices"),
+    ],
+    "AveragePool": [
+        Sample([r(1, 2, 5, 5)], attrs=dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), name="pads"),
+        Sample([r(1, 2, 5, 5)], attrs=dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1),
+               name="count_include_pad"),
+        Sample([r(1, 1, 7, 7)], attrs=dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1), name="ceil_mode"),
+        Sample([r(1, 1, 6, 7)], attrs=dict(kernel_shape=[3, 2], strides=[2, 3], ceil_mode=1, count_include_pad=1,
+                                            pads=[1, 0, 1, 1]), name="ceil_mode count_include_pad"),
+        Sample([r(2, 2, 8)], attrs=dict(kernel_shape=[3], strides=[2], auto_pad="SAME_LOWER"), name="1-d same lower"),
+        Sample([r(1, 1, 4, 4, 4)], attrs=dict(kernel_shape=[2, 2, 2], strides=[2, 1, 2]), name="3-d"),
+    ],
+    "GlobalAveragePool": [
+        Sample([r(2, 3, 4, 4)], name="2-d"),
+        Sample([r(1, 2, 5)], name="1-d"),
+    ],
+    "GlobalMaxPool": [
+        Sample([distinct(2, 3, 3, 3)], name="2-d"),
+        Sample([distinct(1, 2, 6)], name="1-d"),
+    ],
+})
+
+
+def _resize(x, scales=None, sizes=None, roi=None, opset=17, **attrs):
+    f32 = np.float32
+    if opset < 11:
+        return Sample([x, np.asarray(scales, f32)], attrs=attrs, constants=[1], opset=10,
+                      name=f"opset 10 {attrs}")
+    ins = [x, None if roi is None else np.asarray(roi, f32), None if scales is None else np.asarray(scales, f32),
+           None if sizes is None else np.asarray(sizes, np.int64)]
+    return Sample(ins, attrs=attrs, constants=[i for i in (1, 2, 3) if ins[i] is not None], opset=opset,
+                  name=f"{attrs} scales={scales} sizes={sizes}")
+
+
+SAMPLES["Resize"] = [
+    _resize(r(1, 1, 3, 3), scales=[1, 1, 2, 2], mode="nearest", coordinate_transformation_mode="asymmetric",
+            nearest_mode="floor"),
+    _resize(r(1, 1, 4, 6), sizes=[1, 1, 3, 4], mode="nearest", nearest_mode="round_prefer_ceil"),
+    _resize(r(1, 2, 4, 6), sizes=[1, 2, 3, 5], mode="linear"),
+    _resize(r(1, 1, 4, 4), scales=[1, 1, 1.5, 1.5], mode="linear", coordinate_transformation_mode="align_corners"),
+    _resize(r(1, 1, 3, 5), scales=[1, 1, 2, 0.6], mode="linear", coordinate_transformation_mode="pytorch_half_pixel"),
+    _resize(r(1, 1, 4, 4), scales=[1, 1, 2, 2], mode="cubic"),
+    _resize(r(1, 1, 4, 5), sizes=[1, 1, 6, 3], mode="cubic", cubic_coeff_a=-0.5, exclude_outside=1),
+    _resize(r(1, 1, 4, 4), sizes=[1, 1, 3, 3], roi=[0, 0, 0.2, 0.1, 1, 1, 0.9, 1.2], mode="linear",
+            coordinate_transformation_mode="tf_crop_and_resize", extrapolation_value=0.5),
+    _resize(r(2, 3, 4), scales=[1, 2, 1.5], mode="linear", coordinate_transformation_mode="asymmetric"),
+    _resize(r(1, 1, 3, 4), scales=[1, 1, 2, 2], opset=10, mode="linear"),
+]
