@@ -1,7 +1,7 @@
 // HannWindow, HammingWindow, BlackmanWindow (opset 17): y[n] = sum_k (-1)^k a_k cos(2 pi k n / N)
 // for n in [0, size), N = size (periodic = 1, the default) or size - 1 (periodic = 0, symmetric).
 // Hann: a = (0.5, 0.5); Hamming: a = (25/46, 21/46); Blackman: a = (0.42, 0.5, 0.08).
-// output_datatype (default float) picks the output dtype.
+// output_datatype (default float) picks the output dtype. A window of size 1 is [1].
 #include <cmath>
 #include <numbers>
 
@@ -36,9 +36,9 @@ void window_kernel(KernelContext& ctx) {
   const double N = double(periodic ? size : size - 1);
   std::vector<double> w(static_cast<size_t>(size));
   for (int64_t n = 0; n < size; ++n) {
-    // A single-point symmetric window (N = 0) takes n / N as 0.
-    double t = N > 0 ? 2 * std::numbers::pi * double(n) / N : 0.0;
-    w[size_t(n)] = a0 - a1 * std::cos(t) + a2 * std::cos(2 * t);
+    // A one-point window is 1 (as numpy, SciPy and PyTorch; the formula would give 0 or 0/0).
+    double t = 2 * std::numbers::pi * double(n) / std::max(N, 1.0);
+    w[size_t(n)] = size == 1 ? 1.0 : a0 - a1 * std::cos(t) + a2 * std::cos(2 * t);
   }
   dispatch_numeric(dt, [&]<typename T>() {
     T* py = y.data<T>();

@@ -1,6 +1,8 @@
-// MaxUnpool (opset 9, 11): the partial inverse of MaxPool. Y is zeros of the default shape
-// (in - 1) * stride + kernel - pad_begin - pad_end per spatial axis, or of output_shape when given,
-// and Y.flat[I[i]] = X[i], where I holds MaxPool's indices into the flattened whole output.
+// MaxUnpool (opset 9, 11): the partial inverse of MaxPool. The inferred shape has
+// (in - 1) * stride + kernel - pad_begin - pad_end per spatial axis; I holds MaxPool's indices into
+// that whole shape, flattened, and U.flat[I[i]] = X[i] over zeros. Y is U, or with output_shape,
+// U placed at the origin of zeros of output_shape (as the ONNX reference and its node test: the
+// indices keep addressing the inferred shape).
 #include <cstring>
 
 #include "ops/common.h"
@@ -56,16 +58,31 @@ void max_unpool_kernel(KernelContext& ctx) {
     out = given;
   }
   for (auto d : out) OT_CHECK(d >= 0, node.context(), "the output shape ", shape_str(out), " is negative");
+  const Shape inferred = default_unpool_shape(node, x.shape());
+  const int64_t total = numel(inferred);
+  const bool same = out == inferred;
   Tensor& y = ctx.output(0, x.dtype(), out);
   if (y.numel()) std::memset(y.data(), 0, y.nbytes());
-  const int64_t total = y.numel();
+  const size_t rank = out.size();
   dispatch_by_size(x.dtype(), [&]<typename T>() {
     const T* px = static_cast<const T*>(x.data());
     T* py = static_cast<T*>(y.data());
     for (int64_t i = 0; i < x.numel(); ++i) {
       int64_t j = idx.item_as_int(i);
-      OT_CHECK(j >= 0 && j < total, node.context(), "index I[", i, "] = ", j, " is outside the output's ", total,
-               " elements");
+      OT_CHECK(j >= 0 && j < total, node.context(), "index I[", i, "] = ", j, " is outside the inferred output ",
+               shape_str(inferred), " (", total, " elements)");
+      if (!same) {  // the same coordinates in output_shape
+        int64_t rem = j, k = 0, stride = 1;
+        for (size_t d = rank; d-- > 0;) {
+          int64_t c = rem % inferred[d];
+          rem /= inferred[d];
+          OT_CHECK(c < out[d], node.context(), "index I[", i, "] = ", j, " falls outside output_shape ",
+                   shape_str(out), " along dim ", d);
+          k += c * stride;
+          stride *= out[d];
+        }
+        j = k;
+      }
       py[j] = px[i];
     }
   });
