@@ -104,7 +104,7 @@ def ort_forward_ms(model, x, threads: int, runs: int, workdir: str) -> float:
         torch.onnx.export(model, (x,), path, input_names=["x"], output_names=["y"], opset_version=17)
     np.save(os.path.join(workdir, "x.npy"), x.numpy())
     engine.prepare("m", path, [("x", os.path.join(workdir, "x.npy"))])
-    result = EngineResult("ORT")
+    result = EngineResult()
     engine.run("m", 3, runs, result)
     return median(result.times_ms)
 
