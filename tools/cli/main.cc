@@ -1,56 +1,62 @@
-// The `onnxtrain` command line. Subcommands: ops, inspect, run-bench (more arrive with training).
+// The `onnxtrain` command line: generate training artifacts, train, evaluate, export and inspect
+// without Python. Wrong arguments exit with status 2, failures while running with status 1.
 #include <cstdio>
 #include <cstring>
 #include <string>
 
-#include "onnx/model_io.h"
-#include "ops/registry.h"
+#include "commands.h"
+#include "onnxtrain/status.h"
 
-using namespace onnxtrain;
+using namespace onnxtrain::cli;
 
 namespace {
 
-int cmd_ops() {
-  std::printf("%-34s %-6s %-5s %-6s %s\n", "op (domain.type)", "since", "cpu", "shape", "gradient");
-  for (const OpSchema* s : OpRegistry::global().all()) {
-    std::string name = (s->domain.empty() ? "" : s->domain + ".") + s->op_type;
-    std::printf("%-34s %-6d %-5s %-6s %s%s%s\n", name.c_str(), s->since_version, s->cpu ? "yes" : "no",
-                s->shape ? "yes" : "no", gradient_status_name(s->gradient_status),
-                s->gradient_note.empty() ? "" : ": ", s->gradient_note.c_str());
-  }
-  return 0;
-}
+const Subcommand kSubcommands[] = {
+    {kArtifactsCommand, run_artifacts}, {kTrainCommand, run_train},     {kEvalCommand, run_eval},
+    {kExportCommand, run_export},       {kInspectCommand, run_inspect}, {kOpsCommand, run_ops},
+};
 
-int cmd_inspect(const std::string& path) {
-  Model model = load_model(path);
-  std::printf("%s", to_string(model.graph).c_str());
-  for (const auto& [domain, version] : model.opsets)
-    std::printf("opset %s %lld\n", domain.empty() ? "ai.onnx" : domain.c_str(), (long long)version);
-  return 0;
-}
-
-void usage() {
-  std::fprintf(stderr,
-               "usage: onnxtrain <command> [args]\n"
-               "  ops                 list every op with its CPU kernel, shape rule and gradient status\n"
-               "  inspect MODEL.onnx  print a model's graph\n");
+void usage(FILE* out) {
+  std::fprintf(out, "usage: onnxtrain <command> [args]   (onnxtrain <command> --help for its options)\n\n");
+  for (const auto& s : kSubcommands)
+    std::fprintf(out, "  %-10s %s\n", s.command.name.c_str(), s.command.summary.c_str());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    usage();
+    usage(stderr);
     return 2;
   }
-  std::string cmd = argv[1];
-  try {
-    if (cmd == "ops") return cmd_ops();
-    if (cmd == "inspect" && argc == 3) return cmd_inspect(argv[2]);
-  } catch (const Error& e) {
-    std::fprintf(stderr, "onnxtrain %s: %s\n", cmd.c_str(), e.what());
-    return 1;
+  const std::string name = argv[1];
+  if (name == "-h" || name == "--help" || name == "help") {
+    if (argc == 3)
+      for (const auto& s : kSubcommands)
+        if (s.command.name == argv[2]) {
+          std::fputs(help_text(s.command).c_str(), stdout);
+          return 0;
+        }
+    usage(stdout);
+    return 0;
   }
-  usage();
+  for (const auto& s : kSubcommands) {
+    if (s.command.name != name) continue;
+    try {
+      std::optional<Args> args = Args::parse(s.command, argc, argv, 2);
+      return args ? s.run(*args) : 0;
+    } catch (const UsageError& e) {
+      std::fprintf(stderr, "onnxtrain %s: %s\n(see 'onnxtrain %s --help')\n", name.c_str(), e.what(), name.c_str());
+      return 2;
+    } catch (const onnxtrain::Error& e) {
+      std::fprintf(stderr, "onnxtrain %s: error: %s\n", name.c_str(), e.what());
+      return 1;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "onnxtrain %s: error: %s\n", name.c_str(), e.what());
+      return 1;
+    }
+  }
+  std::fprintf(stderr, "onnxtrain: unknown command '%s'\n\n", name.c_str());
+  usage(stderr);
   return 2;
 }
