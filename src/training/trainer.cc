@@ -18,20 +18,14 @@ std::string joined(const std::vector<std::string>& names) {
   return s.empty() ? "none" : s;
 }
 
-int64_t int_property(const CheckpointState& state, const char* name) {
+// A progress property of the checkpoint, which must exist with type T (int64_t or double).
+template <typename T>
+T progress_property(const CheckpointState& state, const char* name) {
   OT_CHECK(state.has_property(name), "the checkpoint's training progress lacks the property '", name, "'");
   const PropertyValue& v = state.get_property(name);
-  OT_CHECK(std::holds_alternative<int64_t>(v), "checkpoint property '", name, "' is a ", property_type_name(v),
-           ", expected an int");
-  return std::get<int64_t>(v);
-}
-
-double float_property(const CheckpointState& state, const char* name) {
-  OT_CHECK(state.has_property(name), "the checkpoint's training progress lacks the property '", name, "'");
-  const PropertyValue& v = state.get_property(name);
-  OT_CHECK(std::holds_alternative<double>(v), "checkpoint property '", name, "' is a ", property_type_name(v),
-           ", expected a float");
-  return std::get<double>(v);
+  OT_CHECK(std::holds_alternative<T>(v), "checkpoint property '", name, "' is a ", property_type_name(v),
+           ", expected ", property_type_name(PropertyValue(T{})));
+  return std::get<T>(v);
 }
 
 // The mean of a loss output: a scalar for reductions "mean"/"sum", per element for "none".
@@ -150,7 +144,7 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
   double base_lr = o.lr.value_or(optimizer_->get_learning_rate());
   if (state_.has_property(kProgressStep)) {
     auto same = [&](const char* name, int64_t now) {
-      const int64_t then = int_property(state_, name);
+      const int64_t then = progress_property<int64_t>(state_, name);
       OT_CHECK(then == now, "resume: the checkpoint's run used ", name, " = ", then, ", this one ", now,
                "; resume with the same data and options");
     };
@@ -159,11 +153,11 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
     same(kProgressBatchSize, o.batch_size);
     same(kProgressDropLast, o.drop_last);
     same(kProgressExamples, train.size());
-    epoch = int_property(state_, kProgressEpoch);
-    epoch_step = int_property(state_, kProgressEpochStep);
-    step = int_property(state_, kProgressStep);
-    loss_sum = float_property(state_, kProgressLossSum);
-    if (!o.lr) base_lr = float_property(state_, kProgressBaseLr);
+    epoch = progress_property<int64_t>(state_, kProgressEpoch);
+    epoch_step = progress_property<int64_t>(state_, kProgressEpochStep);
+    step = progress_property<int64_t>(state_, kProgressStep);
+    loss_sum = progress_property<double>(state_, kProgressLossSum);
+    if (!o.lr) base_lr = progress_property<double>(state_, kProgressBaseLr);
     OT_CHECK(epoch >= 0 && epoch_step >= 0 && epoch_step < epoch_steps && step == epoch * epoch_steps + epoch_step,
              "resume: inconsistent progress in the checkpoint (epoch ", epoch, ", epoch_step ", epoch_step, ", step ",
              step, " with ", epoch_steps, " batches per epoch)");

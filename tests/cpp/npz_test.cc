@@ -12,11 +12,13 @@
 
 #include "data/dataset.h"
 #include "data/npz.h"
+#include "test_util.h"
 
 namespace onnxtrain {
 namespace {
 
 namespace fs = std::filesystem;
+using test::error_of;
 
 class NpzTest : public ::testing::Test {
  protected:
@@ -60,15 +62,6 @@ void expect_same(const std::vector<NamedArray>& a, const std::vector<NamedArray>
     ASSERT_EQ(a[i].value.nbytes(), b[i].value.nbytes()) << a[i].name;
     EXPECT_EQ(0, std::memcmp(a[i].value.data(), b[i].value.data(), a[i].value.nbytes())) << a[i].name;
   }
-}
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST_F(NpzTest, RoundTripKeepsNamesDtypesShapesAndBytes) {

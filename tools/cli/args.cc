@@ -12,14 +12,15 @@ std::string help_text(const Command& c) {
   for (const auto& p : c.positionals) s += " " + p;
   if (!c.options.empty()) s += " [options]";
   s += "\n\n" + c.summary + "\n";
-  if (!c.options.empty()) s += "\noptions:\n";
-  for (const auto& o : c.options) {
+  s += "\noptions:\n";
+  std::vector<Option> all = c.options;
+  all.push_back({"-h, --help", "", "show this help"});
+  for (const auto& o : all) {
     std::string left = "  " + o.name + (o.metavar.empty() ? "" : " " + o.metavar);
     if (left.size() < 26) left.resize(26, ' ');
     else left += "\n" + std::string(26, ' ');
     s += left + o.help + "\n";
   }
-  s += "  -h, --help                show this help\n";
   if (!c.details.empty()) s += "\n" + c.details;
   if (s.back() != '\n') s += '\n';
   return s;
