@@ -1,5 +1,6 @@
 // `onnxtrain inspect` (checkpoints, models, .npz/.npy data) and `onnxtrain ops`.
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -113,8 +114,7 @@ void inspect_checkpoint(const std::string& path) {
     if (auto* i = std::get_if<int64_t>(&value)) text = std::to_string(*i);
     else if (auto* d = std::get_if<double>(&value)) {
       char buf[40];
-      std::snprintf(buf, sizeof buf, "%.17g", *d);
-      text = buf;
+      text.assign(buf, std::to_chars(buf, buf + sizeof buf, *d).ptr);  // shortest exact form
     } else text = "\"" + std::get<std::string>(value) + "\"";
     std::printf("  %s = %s (%s)\n", name.c_str(), text.c_str(), property_type_name(value));
   }
