@@ -202,6 +202,7 @@ def test_help_for_every_command():
     assert "train" in cli("--help").stdout
 
 
+@pytest.mark.skipif(not TRAIN_DIGITS.exists(), reason="examples not built (ONNXTRAIN_BUILD_EXAMPLES=OFF)")
 def test_cpp_example_trains_digits(work, tmp_path):
     args = [str(TRAIN_DIGITS), work / "art", work / "digits.npz", tmp_path / "out"]
     r = subprocess.run([*map(str, args), "0.9", "--epochs", "8"], capture_output=True, text=True, timeout=300)
