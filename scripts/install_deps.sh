@@ -7,6 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libprotobuf-dev protobuf-compiler libonnx-dev   # ONNX protobuf messages
   libdnnl-dev                                     # GEMM and convolution
+  zlib1g-dev                                      # deflate, for np.savez_compressed data
   libgtest-dev                                    # C++ tests
   pybind11-dev python3-dev python3-numpy          # Python bindings
   python3-pytest python3-hypothesis               # Python tests

@@ -272,8 +272,9 @@ void Executor::build_arena(Plan& plan) {
   MemoryReport report;
   for (size_t s = 0; s < steps_.size(); ++s) {
     const Step& step = steps_[s];
+    std::vector<char> taken(step.outputs.size(), 0);  // an output takes over at most one input's buffer
     for (auto [o, i] : step.schema->inplace) {
-      if (size_t(o) >= step.outputs.size() || size_t(i) >= step.inputs.size()) continue;
+      if (size_t(o) >= step.outputs.size() || size_t(i) >= step.inputs.size() || taken[size_t(o)]) continue;
       int out = step.outputs[size_t(o)], in = step.inputs[size_t(i)];
       if (out < 0 || in < 0 || plan.alias_of[size_t(out)] >= 0) continue;
       int gin = groups.find(in), gout = groups.find(out);
@@ -285,6 +286,7 @@ void Executor::build_arena(Plan& plan) {
         if (j != size_t(i) && step.inputs[j] >= 0 && groups.find(step.inputs[j]) == gin) shared = true;
       if (shared) continue;
       groups.unite(out, in);
+      taken[size_t(o)] = 1;
       int r = groups.find(in);
       first[size_t(r)] = std::min(first[size_t(gin)], first[size_t(gout)]);
       last[size_t(r)] = std::max(last[size_t(gin)], last[size_t(gout)]);

@@ -7,6 +7,7 @@
 #include "ir/builder.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
+#include "training/json.h"
 
 namespace onnxtrain {
 
@@ -14,10 +15,17 @@ namespace {
 
 const std::string kWhere = "generate_artifacts: ";
 
+std::string names_json(const std::vector<std::string>& names) {
+  json::Value a = json::Value::array();
+  for (const auto& n : names) a.push_back(json::Value::string(n));
+  return json::dump(a);
+}
+
 // The model's outputs, or the named ones, feed the loss; targets become new graph inputs.
-void attach_loss(Model& m, const TrainingGraphOptions& o, std::vector<std::string>& targets) {
+void attach_loss(Model& m, const TrainingGraphOptions& o, std::vector<std::string>& preds,
+                 std::vector<std::string>& targets) {
   Graph& g = m.graph;
-  std::vector<std::string> preds = o.loss_input_names;
+  preds = o.loss_input_names;
   if (preds.empty()) {
     OT_CHECK(!g.outputs.empty(), kWhere, "the model has no outputs to compute a loss from");
     preds = {g.outputs[0].name};
@@ -144,8 +152,9 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
 
   std::vector<std::string> model_inputs;
   for (const auto& in : g.inputs) model_inputs.push_back(in.name);
-  std::vector<std::string> targets;
-  attach_loss(m, o, targets);
+  std::vector<std::string> model_outputs, predictions, targets;
+  for (const auto& out : g.outputs) model_outputs.push_back(out.name);
+  attach_loss(m, o, predictions, targets);
   for (const auto& name : o.additional_output_names) {
     bool exists = false;
     for (const auto& n : g.nodes) for (const auto& v : n.outputs) exists = exists || v == name;
@@ -198,10 +207,26 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
       mg.inputs.push_back({p, vi});
     }
     infer_shapes(mg, model->opsets);
+    model->metadata[kMetaModelOutputs] = names_json(model_outputs);
+    model->metadata[kMetaLossInputs] = names_json(predictions);
+    model->metadata[kMetaTargets] = names_json(targets);
   }
   out.training = std::move(training);
   out.eval = std::move(eval);
   return out;
+}
+
+std::optional<std::vector<std::string>> recorded_names(const Model& model, const std::string& key) {
+  auto it = model.metadata.find(key);
+  if (it == model.metadata.end()) return std::nullopt;
+  try {
+    std::vector<std::string> names;
+    const json::Value parsed = json::parse(it->second);
+    for (const json::Value& v : parsed.as_array()) names.push_back(v.as_string());
+    return names;
+  } catch (const Error& e) {
+    OT_THROW(kInvalidModel, "metadata '", key, "' is not a JSON array of names: ", e.what());
+  }
 }
 
 }  // namespace onnxtrain

@@ -36,6 +36,15 @@ struct TrainingGraphs {
   std::vector<std::string> buffer_outputs;     // parallel to buffers
 };
 
+// Metadata keys build_training_graphs writes into the training and eval models (JSON arrays of
+// value names), so tools find the model's own outputs, the loss's predictions and targets again.
+inline constexpr const char* kMetaModelOutputs = "onnxtrain.model_outputs";
+inline constexpr const char* kMetaLossInputs = "onnxtrain.loss_inputs";
+inline constexpr const char* kMetaTargets = "onnxtrain.targets";
+// The names recorded under key, or nullopt when the model has no such metadata (artifacts from
+// another generator); malformed metadata throws.
+std::optional<std::vector<std::string>> recorded_names(const Model& model, const std::string& key);
+
 // Throws naming the parameter when a name is in both lists, in a list but not an initializer, or
 // a trainable one is not floating point. Initializers in neither list are frozen.
 TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraphOptions& options);

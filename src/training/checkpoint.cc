@@ -27,18 +27,17 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <unordered_set>
 
 #if defined(__SSE4_2__)
 #include <nmmintrin.h>
 #endif
 
+#include "core/file_io.h"
 #include "ir/graph.h"
 
 static_assert(std::endian::native == std::endian::little,
@@ -520,60 +519,14 @@ CheckpointState CheckpointState::from_initializers(const Graph& graph, const std
   return s;
 }
 
-// ================================================================ file I/O
+// ================================================================ file I/O (core/file_io.h), header values
 
 namespace {
 
-std::string errno_text(int err) { return std::strerror(err); }
-
-class Fd {
- public:
-  explicit Fd(int fd = -1) : fd_(fd) {}
-  ~Fd() { reset(); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  int get() const { return fd_; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int release() { int f = fd_; fd_ = -1; return f; }
-
- private:
-  int fd_;
-};
-
-constexpr size_t kIoChunk = size_t(64) << 20;  // 64 MiB per read/write call
-
-void write_all(int fd, const void* data, size_t n, const std::string& what) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    ssize_t w = ::write(fd, p, std::min(n, kIoChunk));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      OT_THROW(kRuntime, "cannot write ", what, ": ", errno_text(errno));
-    }
-    p += w;
-    n -= size_t(w);
-  }
-}
-
-void read_exact_at(int fd, void* data, size_t n, uint64_t offset, uint64_t file_size) {
-  auto* p = static_cast<uint8_t*>(data);
-  while (n > 0) {
-    ssize_t r = ::pread(fd, p, std::min(n, kIoChunk), off_t(offset));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      OT_THROW(kRuntime, "read error at byte ", offset, ": ", errno_text(errno));
-    }
-    if (r == 0)
-      OT_THROW(kInvalidModel, "file truncated: expected ", file_size, " bytes, ended at byte ", offset,
-               " (was it changed while loading?)");
-    p += r;
-    n -= size_t(r);
-    offset += uint64_t(r);
-  }
-}
+using file_io::errno_text;
+using file_io::Fd;
+using file_io::kIoChunk;
+using file_io::read_exact_at;
 
 json::Value encode_double(double d) {
   if (std::isnan(d)) return json::Value::string("nan");
@@ -606,10 +559,6 @@ uint32_t header_checksum(json::Value header) {
   return crc32c(0, text.data(), text.size());
 }
 
-std::string tmp_path_for(const std::string& path) {
-  static std::atomic<uint64_t> counter{0};
-  return path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-}
 
 }  // namespace
 
@@ -692,29 +641,11 @@ void CheckpointState::save(const std::string& path, bool include_optimizer_state
     for (int i = 0; i < 8; ++i) len_bytes[i] = uint8_t(n >> (8 * i));
 
     // ---- write a temporary file, then rename it over path
-    namespace fs = std::filesystem;
-    const std::string tmp = tmp_path_for(path);
-    Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
-    if (fd.get() < 0) OT_THROW(kRuntime, "cannot create temporary file '", tmp, "': ", errno_text(errno));
-    try {
-      const std::string what = "temporary file '" + tmp + "'";
-      write_all(fd.get(), len_bytes, 8, what);
-      write_all(fd.get(), text.data(), text.size(), what);
-      for (const auto& [name, t] : tensors) write_all(fd.get(), t.data(), t.nbytes(), what);
-      if (::fsync(fd.get()) != 0) OT_THROW(kRuntime, "cannot fsync ", what, ": ", errno_text(errno));
-      if (::close(fd.release()) != 0) OT_THROW(kRuntime, "cannot close ", what, ": ", errno_text(errno));
-      if (::rename(tmp.c_str(), path.c_str()) != 0)
-        OT_THROW(kRuntime, "cannot rename '", tmp, "' to the checkpoint path: ", errno_text(errno));
-    } catch (...) {
-      fd.reset();
-      ::unlink(tmp.c_str());
-      throw;
-    }
-    // Make the rename durable. Best effort: the new file is already in place.
-    fs::path dir = fs::path(path).parent_path();
-    if (dir.empty()) dir = ".";
-    Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dfd.get() >= 0) (void)::fsync(dfd.get());
+    file_io::write_file_atomically(path, [&](int fd, const std::string& what) {
+      file_io::write_all(fd, len_bytes, 8, what);
+      file_io::write_all(fd, text.data(), text.size(), what);
+      for (const auto& [name, t] : tensors) file_io::write_all(fd, t.data(), t.nbytes(), what);
+    });
   } catch (const Error& e) {
     throw Error(e.code(), ctx + e.what());
   }

@@ -42,6 +42,11 @@ Model build_optimizer_model(const TrainingGraphs& graphs, const optim::Optimizer
   return m;
 }
 
+ArtifactPaths artifact_paths(const std::string& directory, const std::string& prefix) {
+  auto path = [&](const char* name) { return (std::filesystem::path(directory) / (prefix + name)).string(); };
+  return {path("training_model.onnx"), path("eval_model.onnx"), path("optimizer_model.onnx"), path("checkpoint")};
+}
+
 ArtifactPaths generate_artifacts(const Model& model, const ArtifactOptions& options) {
   namespace fs = std::filesystem;
   TrainingGraphs graphs = build_training_graphs(model, options.graphs);
@@ -56,9 +61,7 @@ ArtifactPaths generate_artifacts(const Model& model, const ArtifactOptions& opti
   std::error_code ec;
   fs::create_directories(options.directory, ec);
   OT_CHECK(!ec, "generate_artifacts: cannot create directory '", options.directory, "': ", ec.message());
-  auto path = [&](const char* name) { return (fs::path(options.directory) / (options.prefix + name)).string(); };
-  ArtifactPaths out{path("training_model.onnx"), path("eval_model.onnx"), path("optimizer_model.onnx"),
-                    path("checkpoint")};
+  ArtifactPaths out = artifact_paths(options.directory, options.prefix);
   graphs.training.producer_name = graphs.eval.producer_name = optimizer.producer_name = "onnxtrain";
   save_model(graphs.training, out.training_model);
   save_model(graphs.eval, out.eval_model);

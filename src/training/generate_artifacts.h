@@ -24,6 +24,9 @@ struct ArtifactPaths {
 
 ArtifactPaths generate_artifacts(const Model& model, const ArtifactOptions& options);
 
+// Where generate_artifacts puts (and Module/Optimizer users find) the files of a directory.
+ArtifactPaths artifact_paths(const std::string& directory, const std::string& prefix = "");
+
 // The optimizer graph: one onnxtrain update node over every trainable parameter. Inputs:
 // "step" (int64 scalar), parameters, "<p>_grad", then "<p>.<state>" per state tensor; the
 // learning rate is the initializer "learning_rate".

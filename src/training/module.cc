@@ -6,6 +6,7 @@
 #include "optim/optimizer_ops.h"
 #include "passes/passes.h"
 #include "runtime/executor.h"
+#include "training/artifacts.h"
 #include "core/dispatch.h"
 
 namespace onnxtrain {
@@ -158,6 +159,7 @@ void Module::export_model_for_inferencing(const std::string& path, const std::ve
   std::vector<NamedValue> used;
   for (const auto& in : g.inputs) if (read.count(in.name)) used.push_back(in);  // targets go
   g.inputs = used;
+  for (const char* key : {kMetaModelOutputs, kMetaLossInputs, kMetaTargets}) m.metadata.erase(key);  // training-only
   save_model(m, path);
 }
 

@@ -17,12 +17,14 @@
 #include "training/checkpoint.h"
 #include "training/json.h"
 #include "ir/graph.h"
+#include "test_util.h"
 
 namespace onnxtrain {
 namespace {
 
 namespace fs = std::filesystem;
 using checkpoint::TensorEntry;
+using test::error_of;
 
 class CheckpointTest : public ::testing::Test {
  protected:
@@ -65,16 +67,6 @@ std::string safetensors_bytes(const std::string& header, const std::string& data
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[size_t(i)] = char(uint8_t(n >> (8 * i)));
   return out + header + data;
-}
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
 }
 
 CheckpointState sample_state() {

@@ -61,6 +61,21 @@ TEST(Executor, OutputsOfEarlierRunsAreNotOverwritten) {
   for (int i = 0; i < 32; ++i) EXPECT_EQ(first[0].data<float>()[i], before.data<float>()[i]);
 }
 
+// y = (a - b) / (c + d) * e: Div's inputs both die at the Div, and either could take the output
+// in place, but only one may; sharing both buffers made later runs compute (a - b) / (a - b).
+TEST(Executor, AnOutputTakesOverAtMostOneInputBuffer) {
+  Graph g;
+  for (const char* n : {"a", "b", "c", "d", "e"}) g.inputs.push_back(value(n, DType::kFloat32, Shape{}));
+  g.outputs = {value("y", DType::kFloat32, std::nullopt)};
+  g.nodes = {make_node("Sub", {"a", "b"}, {"num"}), make_node("Add", {"c", "d"}, {"den"}),
+             make_node("Div", {"num", "den"}, {"q"}), make_node("Mul", {"e", "q"}, {"y"})};
+  Executor exec(make_model(std::move(g)));
+  std::map<std::string, Tensor> feeds;
+  for (auto [n, v] : {std::pair{"a", 3.f}, {"b", 2.f}, {"c", 300.f}, {"d", 20.f}, {"e", 2.f}})
+    feeds[n] = Tensor::scalar<float>(v);
+  for (int run = 0; run < 3; ++run) EXPECT_FLOAT_EQ(exec.run(feeds)[0].data<float>()[0], 2.f / 320.f) << "run " << run;
+}
+
 TEST(Executor, NewShapeSignatureBuildsASecondPlan) {
   Graph g;
   g.inputs = {value("x", DType::kFloat32, Shape{-1, 3})};

@@ -12,6 +12,7 @@
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 #include "optim/optimizer_ops.h"
+#include "test_util.h"
 
 namespace onnxtrain::optim {
 namespace {
@@ -20,6 +21,7 @@ namespace {
 const std::vector<Shape> kShapes = {{}, {7}, {3, 11}, {0, 4}, {70000}, {5, 17}};
 
 using Vec = std::vector<double>;
+using test::error_of;
 
 struct RefParam {
   Vec p, m, v, vmax, buf, sum;
@@ -320,15 +322,6 @@ TEST(OptimState, NamesInitAndChecks) {
   EXPECT_EQ(parse_optimizer_type("AdamW"), OptimizerType::kAdamW);
   EXPECT_EQ(parse_optimizer_type("hf"), OptimizerType::kHFAdamW);
   EXPECT_THROW(parse_optimizer_type("rmsprop"), Error);
-}
-
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
 }
 
 TEST(OptimErrors, BadInputsAreClearErrors) {

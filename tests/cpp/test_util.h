@@ -1,10 +1,11 @@
-// Small builders for tests: graphs by hand, without protobuf.
+// Small helpers for tests: graphs built by hand, without protobuf, and error messages.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "ir/graph.h"
+#include "onnxtrain/status.h"
 
 namespace onnxtrain::test {
 
@@ -28,6 +29,17 @@ inline Model make_model(Graph graph, int64_t opset = 17) {
   m.opsets[""] = opset;
   m.description = "'test'";
   return m;
+}
+
+// The message of the onnxtrain::Error that f throws, or "<no error>".
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
 }
 
 }  // namespace onnxtrain::test

@@ -67,6 +67,29 @@ def test_losses_follow_torch_over_100_steps(tmp_path, kind):
         assert ours == pytest.approx(theirs.item(), rel=1e-4), f"step {step}"
 
 
+def test_mean_reduced_loss_follows_torch(tmp_path):
+    # MSE's gradient divides two element counts; a planner bug once changed it from the second step on.
+    model = make_mlp()
+    paths = artifacts.generate_artifacts(export(model), requires_grad=params_of(model),
+                                         loss=artifacts.LossType.MSELoss, optimizer=artifacts.SGD(lr=0.1),
+                                         artifact_directory=tmp_path)
+    state = CheckpointState.load_checkpoint(paths[3])
+    module = Module(paths[0], state, paths[1])
+    optimizer = Optimizer(paths[2], module)
+    reference = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(2)
+    for step in range(20):
+        x, y = torch.randn(4, 6, generator=g), torch.randn(4, 3, generator=g)
+        ours = float(module(x.numpy(), y.numpy()))
+        optimizer.step()
+        module.lazy_reset_grad()
+        reference.zero_grad()
+        theirs = ((model(x) - y) ** 2).mean()
+        theirs.backward()
+        reference.step()
+        assert ours == pytest.approx(theirs.item(), rel=1e-4), f"step {step}"
+
+
 def test_resume_is_bit_identical(tmp_path):
     data = batches(10)
 

@@ -1,0 +1,109 @@
+// `onnxtrain train`: the training loop (src/training/trainer.h) over .npz data.
+#include <cstdio>
+#include <filesystem>
+
+#include "commands.h"
+#include "progress.h"
+
+namespace onnxtrain::cli {
+
+const Command kTrainCommand{
+    "train",
+    "train from an artifact directory on .npz data, with checkpoints that resume exactly",
+    {"DIR"},
+    {
+        {"--data", "FILE.npz", "training data (required)"},
+        kInputsOption,
+        kLabelsOption,
+        {"--epochs", "N", "epochs in all, counting those a resumed checkpoint already did (default 1)"},
+        {"--batch-size", "B", "examples per update (default 32)"},
+        {"--shuffle", "", "shuffle the examples every epoch"},
+        {"--seed", "S", "shuffle seed (default 0)"},
+        {"--drop-last", "", "skip the last, partial batch of each epoch"},
+        {"--lr", "LR", "peak learning rate (default: the optimizer model's)"},
+        {"--lr-schedule", "KIND", "constant (default), linear, cosine or step"},
+        {"--warmup", "N", "linear warmup updates (linear, cosine, constant)"},
+        {"--step-size", "N", "step schedule: multiply the rate by --gamma every N updates"},
+        {"--gamma", "G", "step schedule factor (default 0.1)"},
+        {"--checkpoint", "PATH", "start a new run from this checkpoint's parameters (default DIR/checkpoint)"},
+        {"--resume", "PATH", "continue the run saved in PATH: same batches, rates and optimizer state"},
+        {"--checkpoint-out", "PATH", "where to save (default DIR/trained_checkpoint)"},
+        {"--checkpoint-every", "N", "also save every N updates (default: only at the end)"},
+        {"--max-steps", "N", "stop and save after N updates in all"},
+        {"--eval-data", "FILE.npz", "evaluate on this data after every epoch"},
+        {"--eval-batch-size", "B", "batch size for evaluation (default 256)"},
+        {"--progress", "STYLE", "auto (a bar on a terminal, lines otherwise), bar, lines or none"},
+        {"--log-every", "N", "with lines: one every N updates (default: about ten per epoch)"},
+    },
+    "Checkpoints hold the parameters, the optimizer state and the run's progress (train.* properties),\n"
+    "and are written atomically. Resuming needs the same data, --batch-size, --shuffle, --seed and\n"
+    "--drop-last; then the parameters match an uninterrupted run bit for bit (unless the model draws\n"
+    "random numbers without a fixed seed, as Dropout does).\n\n"
+    "example:\n"
+    "  onnxtrain train out --data train.npz --inputs x --labels y --epochs 10 --batch-size 64 --shuffle \\\n"
+    "      --lr-schedule cosine --warmup 100 --checkpoint-every 500 --eval-data val.npz\n"};
+
+int run_train(const Args& a) {
+  const std::string dir = a.positional(0);
+  const std::string data = a.require("--data");
+  if (a.has("--checkpoint") && a.has("--resume")) throw UsageError("give --checkpoint or --resume, not both");
+  TrainOptions o;
+  o.epochs = a.get_int("--epochs", 1, 1);
+  o.batch_size = a.get_int("--batch-size", 32, 1);
+  o.shuffle = a.flag("--shuffle");
+  o.seed = uint64_t(a.get_int("--seed", 0, 0));
+  o.drop_last = a.flag("--drop-last");
+  o.lr = a.get_optional_double("--lr");
+  if (o.lr && *o.lr < 0) throw UsageError("--lr must be >= 0");
+  const std::string kind = a.get_choice("--lr-schedule", {"constant", "linear", "cosine", "step"}, "constant");
+  o.schedule = kind == "linear"   ? optim::LRScheduleKind::kLinear
+               : kind == "cosine" ? optim::LRScheduleKind::kCosine
+               : kind == "step"   ? optim::LRScheduleKind::kStep
+                                  : optim::LRScheduleKind::kConstant;
+  if (a.has("--warmup") && kind == "step") throw UsageError("--warmup does not apply to the step schedule");
+  if ((a.has("--step-size") || a.has("--gamma")) && kind != "step")
+    throw UsageError("--step-size and --gamma apply to --lr-schedule step only");
+  o.warmup_steps = a.get_int("--warmup", 0, 0);
+  o.step_size = a.get_int("--step-size", 1, 1);
+  o.gamma = a.get_double("--gamma", 0.1);
+  o.checkpoint_every = a.get_int("--checkpoint-every", 0, 1);
+  o.max_steps = a.get_int("--max-steps", 0, 1);
+  o.eval_batch_size = a.get_int("--eval-batch-size", 256, 1);
+  o.checkpoint_out = a.has("--checkpoint-out") ? a.require("--checkpoint-out")
+                                               : (std::filesystem::path(dir) / "trained_checkpoint").string();
+  ProgressPrinter progress(progress_style(a.get_choice("--progress", {"auto", "bar", "lines", "none"}, "auto")),
+                           a.get_int("--log-every", 0, 1));
+  const std::vector<std::string> inputs = a.get_list("--inputs"), labels = a.get_list("--labels");
+  const std::string eval_data = a.has("--eval-data") ? a.require("--eval-data") : "";
+  const bool resume = a.has("--resume");
+  const ArtifactPaths artifacts = artifact_paths(dir);
+  const std::string checkpoint = resume ? a.require("--resume") : a.get("--checkpoint", artifacts.checkpoint);
+
+  Trainer trainer(artifacts, checkpoint, resume);
+  std::vector<std::string> notes;
+  Dataset train = trainer.load_dataset(data, inputs, labels, &notes);
+  std::optional<Dataset> eval;
+  if (!eval_data.empty()) eval = trainer.load_dataset(eval_data, inputs, labels, &notes);
+  for (const auto& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+
+  TrainCallbacks callbacks;
+  callbacks.on_step = [&](const StepReport& r) { progress.step(r); };
+  callbacks.on_epoch = [&](const EpochReport& r) { progress.epoch(r); };
+  callbacks.on_checkpoint = [&](const std::string& path, int64_t step) { progress.checkpoint(path, step); };
+  switch (trainer.fit(train, o, eval ? &*eval : nullptr, callbacks)) {
+    case FitOutcome::kFinished:
+      std::printf("finished %lld epochs; checkpoint %s\n", (long long)o.epochs, o.checkpoint_out.c_str());
+      break;
+    case FitOutcome::kStoppedAtMaxSteps:
+      std::printf("stopped after %lld updates (--max-steps); resume with --resume %s\n", (long long)o.max_steps,
+                  o.checkpoint_out.c_str());
+      break;
+    case FitOutcome::kAlreadyDone:
+      std::printf("nothing to do: the checkpoint already finished %lld epochs; checkpoint %s\n", (long long)o.epochs,
+                  o.checkpoint_out.c_str());
+      break;
+  }
+  return 0;
+}
+
+}  // namespace onnxtrain::cli
