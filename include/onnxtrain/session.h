@@ -17,6 +17,15 @@ struct SessionOptions {
   int num_threads = 0;               // 0: OpenMP's default (all cores)
   bool optimize = true;              // constant folding, DCE, CSE, fusions
   bool check_shape_rules = false;    // verify static shape rules against kernels (tests)
+  bool enable_profiling = false;     // time every kernel call: profile(), profile_report()
+};
+
+// Wall time spent in one node's kernel, summed over the runs since the session was made.
+struct NodeProfile {
+  std::string node_name;
+  std::string op_type;
+  int64_t calls = 0;
+  double total_us = 0;
 };
 
 struct IoInfo {
@@ -45,6 +54,10 @@ class InferenceSession {
   // Planned arena vs naive bytes, in-place reuses and allocations of the last run.
   std::string memory_report() const;
   MemoryReport memory_stats() const;
+  // Per-node kernel times in execution order; empty unless SessionOptions::enable_profiling.
+  std::vector<NodeProfile> profile() const;
+  // The same, summed by op type, slowest first, with each type's share of the total.
+  std::string profile_report() const;
 
   struct Impl;
 

@@ -84,6 +84,16 @@ class InferenceSession:
         """Planned arena bytes against naive allocation, for the last run's plan."""
         return self._sess.memory_report()
 
+    def profile(self) -> List[Dict[str, Any]]:
+        """Per-node kernel times (node, op_type, calls, total_us), in execution order.
+
+        Empty unless the session was made with ``SessionOptions.enable_profiling = True``."""
+        return self._sess.profile()
+
+    def profile_report(self) -> str:
+        """Kernel time summed by op type, slowest first."""
+        return self._sess.profile_report()
+
 
 def set_num_threads(n: int) -> None:
     _C.set_num_threads(n)

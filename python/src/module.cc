@@ -116,7 +116,8 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<>())
       .def_readwrite("num_threads", &SessionOptions::num_threads)
       .def_readwrite("optimize", &SessionOptions::optimize)
-      .def_readwrite("check_shape_rules", &SessionOptions::check_shape_rules);
+      .def_readwrite("check_shape_rules", &SessionOptions::check_shape_rules)
+      .def_readwrite("enable_profiling", &SessionOptions::enable_profiling);
 
   py::class_<IoInfo>(m, "IoInfo")
       .def_readonly("name", &IoInfo::name)
@@ -164,7 +165,16 @@ PYBIND11_MODULE(_C, m) {
            })
       .def("inputs", &InferenceSession::inputs)
       .def("outputs", &InferenceSession::outputs)
-      .def("memory_report", &InferenceSession::memory_report);
+      .def("memory_report", &InferenceSession::memory_report)
+      .def("profile",
+           [](const InferenceSession& s) {
+             py::list rows;
+             for (const auto& n : s.profile())
+               rows.append(py::dict(py::arg("node") = n.node_name, py::arg("op_type") = n.op_type,
+                                    py::arg("calls") = n.calls, py::arg("total_us") = n.total_us));
+             return rows;
+           })
+      .def("profile_report", &InferenceSession::profile_report);
 
   m.def("set_num_threads", &set_num_threads);
   m.def("num_threads", &num_threads);

@@ -1,5 +1,6 @@
 #include "runtime/executor.h"
 
+#include <chrono>
 #include <numeric>
 
 #include "passes/shape_inference.h"
@@ -130,6 +131,7 @@ void Executor::compile() {
     for (const auto& in : node.inputs) step.inputs.push_back(in.empty() ? -1 : id_of(in));
     for (const auto& out : node.outputs) step.outputs.push_back(out.empty() ? -1 : id_of(out));
     steps_.push_back(std::move(step));
+    if (options_.profile) profile_.push_back({node.name, node.op_type, 0, 0.0});
   }
   for (const auto& out : g.outputs) {
     auto it = value_ids_.find(out.name);
@@ -213,7 +215,14 @@ void Executor::execute(Plan& plan, bool recording) {
     StepContext ctx(node, model_.opset(node.domain), plan.values, plan.planned, step.inputs, step.outputs,
                     plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr);
     try {
-      plan.kernels[s]->compute(ctx);
+      if (options_.profile) {
+        auto start = std::chrono::steady_clock::now();
+        plan.kernels[s]->compute(ctx);
+        profile_[s].total_us += std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+        ++profile_[s].calls;
+      } else {
+        plan.kernels[s]->compute(ctx);
+      }
     } catch (const Error& e) {
       std::string msg = e.what();
       if (msg.rfind("[", 0) != 0) msg = node.context() + msg;
@@ -413,6 +422,11 @@ std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& feeds,
 MemoryReport Executor::memory_report() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return last_report_;
+}
+
+std::vector<NodeProfile> Executor::profile() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return profile_;
 }
 
 }  // namespace onnxtrain

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "onnxtrain/session.h"
 #include "ops/registry.h"
 
 namespace onnxtrain {
@@ -32,7 +33,9 @@ struct MemoryReport {
 
 struct ExecutorOptions {
   bool check_shape_rules = false;   // compare every static shape rule with what kernels produce
+  bool profile = false;             // time every kernel call (see Executor::profile)
 };
+
 
 class Executor {
  public:
@@ -44,6 +47,8 @@ class Executor {
   std::vector<Tensor> run(const std::map<std::string, Tensor>& feeds,
                           const std::vector<std::string>& output_names = {});
   MemoryReport memory_report() const;
+  // Per-node kernel times in execution order (empty unless ExecutorOptions::profile).
+  std::vector<NodeProfile> profile() const;
 
  private:
   struct Step {
@@ -73,6 +78,7 @@ class Executor {
   std::map<std::string, std::unique_ptr<Plan>> plans_;
   mutable std::mutex mutex_;
   MemoryReport last_report_;
+  std::vector<NodeProfile> profile_;  // per step, when profiling
 };
 
 }  // namespace onnxtrain

@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <iomanip>
 #include <sstream>
 
 #include "core/parallel.h"
@@ -33,6 +35,7 @@ std::unique_ptr<InferenceSession::Impl> make_impl(Model model, const SessionOpti
   for (const auto& out : model.graph.outputs) impl->outputs.push_back(io_info(out));
   ExecutorOptions exec_options;
   exec_options.check_shape_rules = options.check_shape_rules;
+  exec_options.profile = options.enable_profiling;
   impl->executor = std::make_unique<Executor>(model, exec_options);
   return impl;
 }
@@ -69,6 +72,35 @@ std::string InferenceSession::memory_report() const {
      << (r.naive_bytes ? 100.0 * double(r.planned_arena_bytes) / double(r.naive_bytes) : 0.0) << "%), "
      << r.inplace_reuses << " in-place, " << r.views << " views, " << r.dynamic_allocations
      << " allocations in the last run, " << r.plans << " plan(s)";
+  return os.str();
+}
+
+std::vector<NodeProfile> InferenceSession::profile() const { return impl_->executor->profile(); }
+
+std::string InferenceSession::profile_report() const {
+  std::vector<NodeProfile> nodes = profile();
+  if (nodes.empty()) return "profiling is off (SessionOptions::enable_profiling)";
+  std::map<std::string, NodeProfile> by_type;
+  double total_us = 0;
+  for (const auto& n : nodes) {
+    NodeProfile& t = by_type[n.op_type];
+    t.op_type = n.op_type;
+    t.calls += n.calls;
+    t.total_us += n.total_us;
+    total_us += n.total_us;
+  }
+  std::vector<NodeProfile> rows;
+  for (auto& [type, t] : by_type) rows.push_back(t);
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.total_us > b.total_us; });
+  int64_t runs = nodes.front().calls;
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(3);
+  os << "op type                      calls  ms/run   share\n";
+  for (const auto& t : rows)
+    os << std::left << std::setw(28) << t.op_type << std::right << std::setw(6) << t.calls << std::setw(8)
+       << (runs ? t.total_us / 1e3 / double(runs) : 0.0) << std::setw(7) << std::setprecision(1)
+       << (total_us > 0 ? 100.0 * t.total_us / total_us : 0.0) << "%\n" << std::setprecision(3);
+  os << "total " << (runs ? total_us / 1e3 / double(runs) : 0.0) << " ms/run over " << runs << " run(s)";
   return os.str();
 }
 

@@ -15,16 +15,52 @@ std::vector<int64_t> ConvSpec::key() const {
   return k;
 }
 
+namespace {
+
+// One primitive argument whose layout the primitive chose (blocked, e.g. nChw16c): when it differs
+// from the plain ONNX layout, a buffer in the primitive's layout and the reorder between the two.
+// Blocked layouts are what make oneDNN's direct JIT kernels fast; reordering costs one pass.
+struct Relayout {
+  dnnl::memory::desc user, prim;
+  bool needed = false;
+  dnnl::reorder reorder;
+  mutable dnnl::memory buffer;
+
+  // `to_prim`: the primitive reads this argument (reorder user -> prim); else it writes it.
+  Relayout(const dnnl::memory::desc& user_md, const dnnl::memory::desc& prim_md, bool to_prim)
+      : user(user_md), prim(prim_md), needed(user_md != prim_md) {
+    if (!needed) return;
+    auto& eng = dnnl_engine();
+    buffer = dnnl::memory(prim, eng);
+    reorder = to_prim ? dnnl::reorder(dnnl::reorder::primitive_desc(eng, user, eng, prim))
+                      : dnnl::reorder(dnnl::reorder::primitive_desc(eng, prim, eng, user));
+  }
+  Relayout() = default;
+
+  // The memory a primitive reads: `data` itself, or its copy in the primitive's layout.
+  dnnl::memory read(const void* data, dnnl::stream& strm) const {
+    dnnl::memory m(user, dnnl_engine(), const_cast<void*>(data));
+    if (!needed) return m;
+    reorder.execute(strm, m, buffer);
+    return buffer;
+  }
+  // The memory a primitive writes; finish_write() then moves it to `data` when it was a buffer.
+  dnnl::memory write(void* data) const { return needed ? buffer : dnnl::memory(user, dnnl_engine(), data); }
+  void finish_write(void* data, dnnl::stream& strm) const {
+    if (!needed) return;
+    dnnl::memory m(user, dnnl_engine(), data);
+    reorder.execute(strm, buffer, m);
+  }
+};
+
+}  // namespace
+
 struct DnnlConv::Impl {
   std::string context;
   bool bias = false;
-  dnnl::memory::desc user_src, user_wei, user_dst, bias_md;
-  dnnl::memory::desc src_md, wei_md, dst_md;
+  dnnl::memory::desc bias_md;
   dnnl::primitive conv;
-  // Reorders between the plain ONNX layouts and the primitive's, with their buffers.
-  bool src_reorder = false, wei_reorder = false, dst_reorder = false;
-  dnnl::reorder r_src, r_wei, r_dst;
-  mutable dnnl::memory m_src, m_wei, m_dst;
+  Relayout src, wei, dst;  // plain ONNX layouts <-> the primitive's
 };
 
 DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::make_shared<Impl>()) {
@@ -58,9 +94,9 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
       wstrides[o + 1] = (m / g) * ksz;
       if (g > 1) wstrides[0] = (c / g) * (m / g) * ksz;
     }
-    p.user_src = plain_md(src_dims, dt::f32);
-    p.user_dst = plain_md(dst_dims, dt::f32);
-    p.user_wei = strided_md(wdims, dt::f32, wstrides);
+    auto user_src = plain_md(src_dims, dt::f32);
+    auto user_dst = plain_md(dst_dims, dt::f32);
+    auto user_wei = strided_md(wdims, dt::f32, wstrides);
     p.bias_md = plain_md({m}, dt::f32);
     auto any_src = dnnl::memory::desc(src_dims, dt::f32, tag::any);
     auto any_dst = dnnl::memory::desc(dst_dims, dt::f32, tag::any);
@@ -75,9 +111,9 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
                       : dnnl::convolution_forward::desc(pk, dnnl::algorithm::convolution_direct, any_src, any_wei,
                                                         any_dst, strides, dil, pl, pr);
       dnnl::convolution_forward::primitive_desc pd(d, eng);
-      p.src_md = pd.src_desc();
-      p.wei_md = pd.weights_desc();
-      p.dst_md = pd.dst_desc();
+      p.src = Relayout(user_src, pd.src_desc(), true);
+      p.wei = Relayout(user_wei, pd.weights_desc(), true);
+      p.dst = Relayout(user_dst, pd.dst_desc(), false);
       p.conv = dnnl::convolution_forward(pd);
     } else {
       auto d = s.bias ? dnnl::deconvolution_forward::desc(pk, dnnl::algorithm::deconvolution_direct, any_src,
@@ -85,25 +121,10 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
                       : dnnl::deconvolution_forward::desc(pk, dnnl::algorithm::deconvolution_direct, any_src,
                                                           any_wei, any_dst, strides, dil, pl, pr);
       dnnl::deconvolution_forward::primitive_desc pd(d, eng);
-      p.src_md = pd.src_desc();
-      p.wei_md = pd.weights_desc();
-      p.dst_md = pd.dst_desc();
+      p.src = Relayout(user_src, pd.src_desc(), true);
+      p.wei = Relayout(user_wei, pd.weights_desc(), true);
+      p.dst = Relayout(user_dst, pd.dst_desc(), false);
       p.conv = dnnl::deconvolution_forward(pd);
-    }
-    if (p.src_md != p.user_src) {
-      p.src_reorder = true;
-      p.m_src = dnnl::memory(p.src_md, eng);
-      p.r_src = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p.user_src, eng, p.src_md));
-    }
-    if (p.wei_md != p.user_wei) {
-      p.wei_reorder = true;
-      p.m_wei = dnnl::memory(p.wei_md, eng);
-      p.r_wei = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p.user_wei, eng, p.wei_md));
-    }
-    if (p.dst_md != p.user_dst) {
-      p.dst_reorder = true;
-      p.m_dst = dnnl::memory(p.dst_md, eng);
-      p.r_dst = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p.dst_md, eng, p.user_dst));
     }
   });
 }
@@ -111,19 +132,12 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
 void DnnlConv::run(const float* x, const float* w, const float* bias, float* y) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a convolution", [&] {
-    auto& eng = dnnl_engine();
     auto& strm = dnnl_stream();
-    dnnl::memory ux(p.user_src, eng, const_cast<float*>(x));
-    dnnl::memory uw(p.user_wei, eng, const_cast<float*>(w));
-    dnnl::memory uy(p.user_dst, eng, y);
-    if (p.src_reorder) p.r_src.execute(strm, ux, p.m_src);
-    if (p.wei_reorder) p.r_wei.execute(strm, uw, p.m_wei);
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, p.src_reorder ? p.m_src : ux},
-                                               {DNNL_ARG_WEIGHTS, p.wei_reorder ? p.m_wei : uw},
-                                               {DNNL_ARG_DST, p.dst_reorder ? p.m_dst : uy}};
-    if (p.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, eng, const_cast<float*>(bias)));
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, p.src.read(x, strm)}, {DNNL_ARG_WEIGHTS, p.wei.read(w, strm)}, {DNNL_ARG_DST, p.dst.write(y)}};
+    if (p.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, dnnl_engine(), const_cast<float*>(bias)));
     p.conv.execute(strm, args);
-    if (p.dst_reorder) p.r_dst.execute(strm, p.m_dst, uy);
+    p.dst.finish_write(y, strm);
     strm.wait();
   });
 }
@@ -131,8 +145,12 @@ void DnnlConv::run(const float* x, const float* w, const float* bias, float* y) 
 struct DnnlConvBackward::Impl {
   std::string context;
   bool need_dx = false, need_dw = false, bias = false;
-  dnnl::memory::desc src, wei, dst, bias_md;
+  dnnl::memory::desc bias_md;
   dnnl::primitive bwd_data, bwd_weights;
+  // Plain ONNX layouts <-> the layouts each primitive chose. dY is read by both primitives, which
+  // usually agree on its layout (then the weights pass reuses the data pass's copy).
+  Relayout data_dy, data_w, data_dx, weights_dy, weights_x, weights_dw;
+  bool shared_dy = false;
 };
 
 DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw, const std::string& context)
@@ -147,34 +165,44 @@ DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw
     auto& eng = dnnl_engine();
     size_t nd = s.kernel.size();
     int64_t n = s.x[0], c = s.x[1], m = s.out_channels, g = s.group;
-    dnnl::memory::dims dst_dims{n, m};
+    dnnl::memory::dims src_dims = to_dims(s.x), dst_dims{n, m};
     dst_dims.insert(dst_dims.end(), s.out.begin(), s.out.end());
     // ONNX [M, C/G, k...] is plain [G, M/G, C/G, k...] (or [M, C, k...] for one group).
     dnnl::memory::dims wdims = g > 1 ? dnnl::memory::dims{g, m / g, c / g} : dnnl::memory::dims{m, c};
     wdims.insert(wdims.end(), s.kernel.begin(), s.kernel.end());
-    p.src = plain_md(to_dims(s.x), dt::f32);
-    p.dst = plain_md(dst_dims, dt::f32);
-    p.wei = plain_md(wdims, dt::f32);
+    auto user_src = plain_md(src_dims, dt::f32), user_dst = plain_md(dst_dims, dt::f32),
+         user_wei = plain_md(wdims, dt::f32);
+    auto any_src = dnnl::memory::desc(src_dims, dt::f32, tag::any),
+         any_dst = dnnl::memory::desc(dst_dims, dt::f32, tag::any),
+         any_wei = dnnl::memory::desc(wdims, dt::f32, tag::any);
     p.bias_md = plain_md({m}, dt::f32);
     dnnl::memory::dims strides(s.stride.begin(), s.stride.end()), dil(nd), pl(s.pad_l.begin(), s.pad_l.end()),
         pr(s.pad_r.begin(), s.pad_r.end());
     for (size_t i = 0; i < nd; ++i) dil[i] = s.dilation[i] - 1;
     auto alg = dnnl::algorithm::convolution_direct;
-    auto fwd = s.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, p.src, p.wei,
-                                                        p.bias_md, p.dst, strides, dil, pl, pr)
-                      : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, p.src, p.wei, p.dst,
-                                                        strides, dil, pl, pr);
+    auto fwd = s.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei,
+                                                        p.bias_md, any_dst, strides, dil, pl, pr)
+                      : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei,
+                                                        any_dst, strides, dil, pl, pr);
     dnnl::convolution_forward::primitive_desc hint(fwd, eng);
     if (need_dx) {
-      dnnl::convolution_backward_data::desc d(alg, p.src, p.wei, p.dst, strides, dil, pl, pr);
-      p.bwd_data = dnnl::convolution_backward_data(dnnl::convolution_backward_data::primitive_desc(d, eng, hint));
+      dnnl::convolution_backward_data::desc d(alg, any_src, any_wei, any_dst, strides, dil, pl, pr);
+      dnnl::convolution_backward_data::primitive_desc pd(d, eng, hint);
+      p.data_dy = Relayout(user_dst, pd.diff_dst_desc(), true);
+      p.data_w = Relayout(user_wei, pd.weights_desc(), true);
+      p.data_dx = Relayout(user_src, pd.diff_src_desc(), false);
+      p.bwd_data = dnnl::convolution_backward_data(pd);
     }
     if (need_dw) {
-      auto d = s.bias ? dnnl::convolution_backward_weights::desc(alg, p.src, p.wei, p.bias_md, p.dst, strides, dil,
-                                                                 pl, pr)
-                      : dnnl::convolution_backward_weights::desc(alg, p.src, p.wei, p.dst, strides, dil, pl, pr);
-      p.bwd_weights =
-          dnnl::convolution_backward_weights(dnnl::convolution_backward_weights::primitive_desc(d, eng, hint));
+      auto d = s.bias ? dnnl::convolution_backward_weights::desc(alg, any_src, any_wei, p.bias_md, any_dst, strides,
+                                                                 dil, pl, pr)
+                      : dnnl::convolution_backward_weights::desc(alg, any_src, any_wei, any_dst, strides, dil, pl, pr);
+      dnnl::convolution_backward_weights::primitive_desc pd(d, eng, hint);
+      p.shared_dy = need_dx && pd.diff_dst_desc() == p.data_dy.prim;
+      if (!p.shared_dy) p.weights_dy = Relayout(user_dst, pd.diff_dst_desc(), true);
+      p.weights_x = Relayout(user_src, pd.src_desc(), true);
+      p.weights_dw = Relayout(user_wei, pd.diff_weights_desc(), false);
+      p.bwd_weights = dnnl::convolution_backward_weights(pd);
     }
   });
 }
@@ -182,20 +210,23 @@ DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw
 void DnnlConvBackward::run(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a convolution backward", [&] {
-    auto& eng = dnnl_engine();
     auto& strm = dnnl_stream();
-    dnnl::memory mdy(p.dst, eng, const_cast<float*>(dy));
+    dnnl::memory dy_data;
     if (p.need_dx) {
-      p.bwd_data.execute(strm, {{DNNL_ARG_DIFF_DST, mdy},
-                                {DNNL_ARG_WEIGHTS, dnnl::memory(p.wei, eng, const_cast<float*>(w))},
-                                {DNNL_ARG_DIFF_SRC, dnnl::memory(p.src, eng, dx)}});
+      dy_data = p.data_dy.read(dy, strm);
+      p.bwd_data.execute(strm, {{DNNL_ARG_DIFF_DST, dy_data},
+                                {DNNL_ARG_WEIGHTS, p.data_w.read(w, strm)},
+                                {DNNL_ARG_DIFF_SRC, p.data_dx.write(dx)}});
+      p.data_dx.finish_write(dx, strm);
     }
     if (p.need_dw) {
-      std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, dnnl::memory(p.src, eng, const_cast<float*>(x))},
-                                                 {DNNL_ARG_DIFF_DST, mdy},
-                                                 {DNNL_ARG_DIFF_WEIGHTS, dnnl::memory(p.wei, eng, dw)}};
-      if (p.bias) args.emplace(DNNL_ARG_DIFF_BIAS, dnnl::memory(p.bias_md, eng, db));
+      std::unordered_map<int, dnnl::memory> args{
+          {DNNL_ARG_SRC, p.weights_x.read(x, strm)},
+          {DNNL_ARG_DIFF_DST, p.shared_dy ? dy_data : p.weights_dy.read(dy, strm)},
+          {DNNL_ARG_DIFF_WEIGHTS, p.weights_dw.write(dw)}};
+      if (p.bias) args.emplace(DNNL_ARG_DIFF_BIAS, dnnl::memory(p.bias_md, dnnl_engine(), db));
       p.bwd_weights.execute(strm, args);
+      p.weights_dw.finish_write(dw, strm);
     }
     strm.wait();
   });

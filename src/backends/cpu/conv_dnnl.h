@@ -34,7 +34,8 @@ class DnnlConv {
 
 // Convolution backward (spec.transposed must be false): dX through oneDNN's backward-data
 // primitive, dW (and dB when spec.bias) through backward-weights, both built with a
-// forward-training primitive_desc as their hint. Plain ONNX layouts throughout (no reorders).
+// forward-training primitive_desc as their hint. The primitives choose their (blocked) layouts and
+// reorders to and from the plain ONNX layouts are built with them, as for DnnlConv.
 class DnnlConvBackward {
  public:
   DnnlConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);

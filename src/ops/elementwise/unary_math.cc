@@ -2,6 +2,7 @@
 // through float_unary; Abs, Neg, Sign and Relu also take integers.
 #include <cmath>
 
+#include "core/fast_math.h"
 #include "ops/elementwise/elementwise.h"
 
 namespace onnxtrain {
@@ -23,7 +24,16 @@ OT_UNARY_FN(ExpFn, std::exp(x))
 OT_UNARY_FN(LogFn, std::log(x))
 OT_UNARY_FN(SqrtFn, std::sqrt(x))
 OT_UNARY_FN(TanhFn, std::tanh(x))
-OT_UNARY_FN(SigmoidFn, x >= C(0) ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x)))
+#undef OT_UNARY_FN
+struct SigmoidFn {  // float: branch-free and vectorised; double: the two-sided form, no overflow
+  template <typename C>
+  static C apply(C x) {
+    if constexpr (std::is_same_v<C, float>) return sigmoid_fast(x);
+    else return x >= C(0) ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x));
+  }
+};
+#define OT_UNARY_FN(NAME, EXPR) \
+  struct NAME { template <typename C> static C apply(C x) { return EXPR; } };
 OT_UNARY_FN(SinFn, std::sin(x))
 OT_UNARY_FN(CosFn, std::cos(x))
 OT_UNARY_FN(TanFn, std::tan(x))
@@ -77,25 +87,51 @@ T relu_value(T v) {
 void abs_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
-  dispatch_numeric(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), abs_value<T>); });
+  dispatch_numeric(x.dtype(), [&]<typename T>() {
+    unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return abs_value<T>(v); });
+  });
 }
 
 void neg_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
-  dispatch_signed(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), neg_value<T>); });
+  dispatch_signed(x.dtype(), [&]<typename T>() {
+    unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return neg_value<T>(v); });
+  });
 }
 
 void sign_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
-  dispatch_numeric(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), sign_value<T>); });
+  dispatch_numeric(x.dtype(), [&]<typename T>() {
+    unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return sign_value<T>(v); });
+  });
+}
+
+// dX = dY where Y > 0, else 0 (Relu's gradient in one pass instead of Greater + Where).
+void relu_grad_kernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& y = ctx.input(1);
+  OT_CHECK(dy.shape() == y.shape() && dy.dtype() == y.dtype(), ctx.node().context(), "dY and Y must match, got ",
+           dtype_name(dy.dtype()), shape_str(dy.shape()), " and ", dtype_name(y.dtype()), shape_str(y.shape()));
+  Tensor& dx = ctx.output(0, y.dtype(), y.shape());
+  dispatch_float(y.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* pdy = dy.data<T>();
+    const T* py = y.data<T>();
+    T* pdx = dx.data<T>();
+    parallel_for(y.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) pdx[i] = C(py[i]) > C(0) ? pdy[i] : T(C(0));
+    });
+  });
 }
 
 void relu_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
-  dispatch_signed(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), relu_value<T>); });
+  dispatch_signed(x.dtype(), [&]<typename T>() {
+    unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return relu_value<T>(v); });
+  });
 }
 
 }  // namespace
@@ -127,8 +163,12 @@ OT_FLOAT_UNARY(Sigmoid, 6, SigmoidFn).gradient([](GradientBuilder& g) {
 // y = max(x, 0).  dx = dy * (y > 0)
 ONNXTRAIN_OP(Relu, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
     .cpu(relu_kernel).gradient([](GradientBuilder& g) {
-      g.set(0, grad::where_or_zero(g, grad::greater(g, g.y(0), grad::c(g, 0.0, g.x(0))), g.dy(0), g.x(0)));
+      g.set(0, g.emit("ReluGrad", {g.dy(0), g.y(0)}, {}, kOnnxTrainDomain));
     });
+// onnxtrain.ReluGrad(dY, Y) = dY * (Y > 0), written over dY.
+ONNXTRAIN_OP(ReluGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape([](ShapeContext& ctx) {
+  ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
+}).inplace(0, 0).cpu(relu_grad_kernel).gradient_not_implemented("second derivatives of Relu are not needed for training");
 
 // y = sin(x).  dx = dy * cos(x)
 OT_FLOAT_UNARY(Sin, 7, SinFn).gradient([](GradientBuilder& g) {

@@ -3,25 +3,12 @@
 #include <cmath>
 
 #include "autodiff/gradient_builder.h"
+#include "core/fast_math.h"
 #include "ops/common.h"
 #include "ops/registry.h"
 
 namespace onnxtrain {
 namespace {
-
-// erf for float with |error| < 2e-7, branch-free so the loop vectorises (Abramowitz-Stegun 7.1.26
-// is too coarse; this is a rational-in-exp form: erf(x) = sign(x) (1 - t poly(t) exp(-x^2)),
-// t = 1 / (1 + p |x|), with the coefficients of Numerical Recipes' erfc Chebyshev fit).
-inline float erf_fast(float x) {
-  float z = std::fabs(x);
-  float t = 1.0f / (1.0f + 0.5f * z);
-  float poly = -z * z - 1.26551223f +
-               t * (1.00002368f + t * (0.37409196f + t * (0.09678418f + t * (-0.18628806f + t * (0.27886807f +
-               t * (-1.13520398f + t * (1.48851587f + t * (-0.82215223f + t * 0.17087277f))))))));
-  float erfc = t * std::exp(poly);
-  float r = 1.0f - erfc;
-  return x >= 0.0f ? r : -r;
-}
 
 inline double erf_exact(double x) { return std::erf(x); }
 
@@ -43,7 +30,9 @@ inline T gelu_grad(T dy, T x) {
   C v = C(x);
   C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_fast(float(v) * float(kInvSqrt2)));
   C cdf = C(0.5) * (C(1) + e);
-  C pdf = C(kInvSqrt2Pi) * std::exp(C(-0.5) * v * v);
+  C pdf;
+  if constexpr (std::is_same_v<C, float>) pdf = C(kInvSqrt2Pi) * exp_fast(C(-0.5) * v * v);
+  else pdf = C(kInvSqrt2Pi) * std::exp(C(-0.5) * v * v);
   return T(C(dy) * (cdf + v * pdf));
 }
 
@@ -53,7 +42,10 @@ void gelu_kernel(KernelContext& ctx) {
   OT_CHECK(approximate == "none", ctx.node().context(), "approximate='", approximate,
            "' is not supported (only the exact erf form)");
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
-  dispatch_float(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), gelu<T>); });
+  dispatch_float(x.dtype(), [&]<typename T>() {
+    // A lambda, not gelu<T> itself: a function pointer is not inlined into the parallel loop.
+    unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return gelu<T>(v); });
+  });
 }
 
 void gelu_grad_kernel(KernelContext& ctx) {
