@@ -7,6 +7,7 @@
 #include "autodiff/gradient_builder.h"
 #include "ir/builder.h"
 #include "ops/registry.h"
+#include "passes/passes.h"
 #include "passes/shape_inference.h"
 
 namespace onnxtrain {
@@ -52,8 +53,7 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
   Model model = forward;
   Graph& g = model.graph;
   const std::string where = "build_gradient_graph(" + forward.description + "): ";
-  g.topological_sort();
-  infer_shapes(g, model.opsets);
+  fuse_for_training(model);  // sorts and infers shapes too
   if (!model.opsets.count(kOnnxTrainDomain)) model.opsets[kOnnxTrainDomain] = 1;
 
   std::unordered_set<std::string> names = collect_names(g);

@@ -28,10 +28,20 @@ struct Uses {
   }
 };
 
+// The value of `value` when it is a constant: an initializer, or the output of a Constant node
+// with a tensor `value` (training exports keep their constants as nodes: nothing folds them).
+const Tensor* constant_tensor(const Graph& g, const std::string& value) {
+  if (auto it = g.initializers.find(value); it != g.initializers.end()) return &it->second;
+  for (const auto& n : g.nodes)
+    if (n.op_type == "Constant" && n.domain.empty() && n.outputs.size() == 1 && n.outputs[0] == value)
+      return n.attr_tensor("value");
+  return nullptr;
+}
+
 bool is_scalar_constant(const Graph& g, const std::string& value, double expected, double tol = 1e-4) {
-  auto it = g.initializers.find(value);
-  if (it == g.initializers.end() || it->second.numel() != 1 || !is_floating(it->second.dtype())) return false;
-  return std::fabs(it->second.item_as_double() - expected) <= tol * std::fabs(expected);
+  const Tensor* t = constant_tensor(g, value);
+  if (!t || t->numel() != 1 || !is_floating(t->dtype())) return false;
+  return std::fabs(t->item_as_double() - expected) <= tol * std::fabs(expected);
 }
 
 bool is_op(const Node& n, const char* op) { return n.op_type == op && n.domain.empty(); }

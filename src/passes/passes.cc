@@ -194,11 +194,16 @@ void optimize_for_inference(Model& model) {
     changed += eliminate_dead_code(g);
     if (changed == 0) break;
   }
+  if (fuse_for_training(model)) eliminate_dead_code(g);
+}
+
+int fuse_for_training(Model& model) {
+  Graph& g = model.graph;
+  g.topological_sort();
   infer_shapes(g, model.opsets);  // fusions check operand shapes
-  if (fuse_gelu(g) + fuse_matmul(g)) {
-    model.opsets.emplace(kOnnxTrainDomain, 1);
-    eliminate_dead_code(g);
-  }
+  int fused = fuse_gelu(g) + fuse_matmul(g);
+  if (fused) model.opsets.emplace(kOnnxTrainDomain, 1);
+  return fused;
 }
 
 }  // namespace onnxtrain

@@ -17,6 +17,11 @@ int fuse_matmul(Graph& graph);             // Transpose -> MatMul -> Add(bias) -
 
 // The standard pipeline for inference: shapes, folding, identities, CSE, DCE, to a fixed point.
 void optimize_for_inference(Model& model);
+// The fusions that keep every initializer and graph value a caller can name (no folding, which would
+// turn Transpose(W) of a trainable W into a new constant): run on a forward graph before autodiff so
+// the backward gets the fused ops' gradients (GeluGrad, FusedMatMul) instead of the expanded ones.
+// Returns how many nodes were fused.
+int fuse_for_training(Model& model);
 
 // Replaces every read of `from` (node inputs, graph outputs excluded) with `to`.
 void replace_uses(Graph& graph, const std::string& from, const std::string& to);
