@@ -55,10 +55,18 @@ extern "C" {
 #define OT_API
 #endif
 
+/* Enums are 32-bit integers. C++ sees them with that fixed underlying type, so any value a C
+ * caller passes is representable and is rejected by name when it is not one of the listed ones. */
+#ifdef __cplusplus
+#define OT_ENUM(name) enum name : int32_t
+#else
+#define OT_ENUM(name) enum name
+#endif
+
 /* Bumped when a function's signature or meaning changes; new functions do not bump it. */
 #define OT_API_VERSION 1
 
-typedef enum OtStatus {
+typedef OT_ENUM(OtStatus) {
   OT_OK = 0,
   OT_INVALID_ARGUMENT = 1, /* bad input: NULL handles, names, shapes, dtypes, values */
   OT_INVALID_MODEL = 2,    /* malformed, truncated or inconsistent model or checkpoint files */
@@ -67,7 +75,7 @@ typedef enum OtStatus {
 } OtStatus;
 
 /* Values are ONNX's TensorProto.DataType. */
-typedef enum OtDType {
+typedef OT_ENUM(OtDType) {
   OT_DTYPE_FLOAT32 = 1,
   OT_DTYPE_UINT8 = 2,
   OT_DTYPE_INT8 = 3,
@@ -91,7 +99,7 @@ typedef struct OtTensorView {
   size_t rank;
 } OtTensorView;
 
-typedef enum OtPropertyType {
+typedef OT_ENUM(OtPropertyType) {
   OT_PROPERTY_NONE = 0, /* no property of that name */
   OT_PROPERTY_INT = 1,
   OT_PROPERTY_FLOAT = 2,
@@ -99,7 +107,7 @@ typedef enum OtPropertyType {
 } OtPropertyType;
 
 /* The losses of torch.nn with the same names. */
-typedef enum OtLossType {
+typedef OT_ENUM(OtLossType) {
   OT_LOSS_MSE = 0,
   OT_LOSS_L1 = 1,
   OT_LOSS_SMOOTH_L1 = 2,
@@ -113,7 +121,7 @@ typedef enum OtLossType {
 
 /* Update rules with torch.optim semantics and defaults (HF_ADAMW: transformers' AdamW; LAMB:
  * apex FusedLAMB). */
-typedef enum OtOptimizerType {
+typedef OT_ENUM(OtOptimizerType) {
   OT_OPTIMIZER_ADAMW = 0,
   OT_OPTIMIZER_ADAM = 1,
   OT_OPTIMIZER_HF_ADAMW = 2,

@@ -57,7 +57,9 @@ class Module {
   std::vector<std::string> input_names(bool training = true) const;
   std::vector<std::string> output_names(bool training = true) const;
   int64_t get_parameters_size(bool trainable_only = true) const { return state_.buffer_numel(trainable_only); }
-  Tensor get_contiguous_parameters(bool trainable_only = true) const { return state_.to_contiguous_buffer(trainable_only); }
+  Tensor get_contiguous_parameters(bool trainable_only = true) const {
+    return state_.to_contiguous_buffer(trainable_only);
+  }
   void copy_buffer_to_parameters(const Tensor& buffer, bool trainable_only = true) {
     state_.fill_parameters_from_buffer(buffer, trainable_only);
   }

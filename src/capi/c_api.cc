@@ -343,7 +343,10 @@ OtStatus ot_checkpoint_property_name(const OtCheckpoint* checkpoint, size_t inde
 // ---- artifacts
 
 OtStatus ot_artifact_options_create(OtArtifactOptions** out) {
-  return guard(__func__, [&](Call& c) { c.out(out, "out") = new OtArtifactOptions{}; });
+  return guard(__func__, [&](Call& c) {
+    OtArtifactOptions*& result = c.out(out, "out");
+    result = new OtArtifactOptions{};
+  });
 }
 
 void ot_artifact_options_release(OtArtifactOptions* options) { delete options; }
