@@ -16,11 +16,10 @@
 #include <filesystem>
 #include <string>
 
-#include "data/dataset.h"         // load_npz, Dataset, epoch_order
+#include "onnxtrain/dataset.h"    // load_npz, Dataset, epoch_order
+#include "onnxtrain/module.h"     // Module, Optimizer, LinearLRScheduler
 #include "onnxtrain/session.h"    // InferenceSession
 #include "onnxtrain/training.h"   // CheckpointState
-#include "optim/lr_scheduler.h"   // LinearLRScheduler
-#include "training/module.h"      // Module, Optimizer
 
 using namespace onnxtrain;
 
@@ -86,13 +85,13 @@ int run(const Options& o) {
   Optimizer optimizer(dir / "optimizer_model.onnx", module);
   const int64_t batches = train.num_batches(o.batch_size);
   const double lr = o.lr > 0 ? o.lr : optimizer.get_learning_rate();
-  optim::LinearLRScheduler schedule(/*warmup_step_count=*/batches, /*total_step_count=*/o.epochs * batches, lr);
+  // Sets the optimizer's learning rate now and after every optimizer step (ONNX Runtime's semantics).
+  LinearLRScheduler schedule(optimizer, /*warmup_step_count=*/batches, /*total_step_count=*/o.epochs * batches, lr);
 
   for (int64_t epoch = 0; epoch < o.epochs; ++epoch) {
     const std::vector<int64_t> order = epoch_order(train.size(), /*shuffle=*/true, o.seed, epoch);
     double train_loss = 0;
     for (int64_t b = 0; b < batches; ++b) {
-      optimizer.set_learning_rate(schedule.lr());
       Tensor loss = module.train_step(train.batch(order, b, o.batch_size))[0];  // forward + backward
       optimizer.step();
       module.lazy_reset_grad();  // the next step overwrites the gradients instead of adding

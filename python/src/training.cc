@@ -37,7 +37,9 @@ void bind_training(py::module_& m) {
         o.graphs.requires_grad = std::move(requires_grad);
         o.graphs.frozen_params = std::move(frozen_params);
         if (loss) o.graphs.loss = loss_type_from_name(*loss);
-        if (custom_loss) o.graphs.custom_loss = load_model_from_bytes(std::string(*custom_loss), "", "<custom loss>");
+        if (custom_loss)
+          o.graphs.custom_loss =
+              std::make_shared<const Model>(load_model_from_bytes(std::string(*custom_loss), "", "<custom loss>"));
         for (auto [k, v] : loss_options) {
           std::string key = py::str(k);
           LossOptions& lo = o.graphs.loss_options;

@@ -1,4 +1,4 @@
-#include "data/dataset.h"
+#include "onnxtrain/dataset.h"
 
 #include <cmath>
 #include <cstring>

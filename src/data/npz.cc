@@ -4,7 +4,7 @@
 // scanning back from the end, locates the central directory. ZIP64 replaces 32-bit fields that
 // hold 0xFFFFFFFF (0xFFFF for counts) by 64-bit ones in an "extra field" of id 0x0001 and in a
 // ZIP64 EOCD record found through a locator just before the EOCD.
-#include "data/npz.h"
+#include "onnxtrain/npz.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>

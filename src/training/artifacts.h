@@ -13,15 +13,7 @@
 
 namespace onnxtrain {
 
-struct TrainingGraphOptions {
-  std::vector<std::string> requires_grad;      // initializers to train
-  std::vector<std::string> frozen_params;      // initializers kept fixed
-  std::optional<LossType> loss;                // a built-in loss, or
-  std::optional<Model> custom_loss;            // a loss model: inputs = model outputs + targets, one scalar output
-  LossOptions loss_options;
-  std::vector<std::string> loss_input_names;   // model outputs fed to the loss (default: the first output)
-  std::vector<std::string> additional_output_names;
-};
+// TrainingGraphOptions is public: include/onnxtrain/artifacts.h.
 
 struct TrainingGraphs {
   Model training;  // inputs: user inputs, targets, then parameters; outputs: loss, additional outputs,

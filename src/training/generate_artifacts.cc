@@ -70,4 +70,8 @@ ArtifactPaths generate_artifacts(const Model& model, const ArtifactOptions& opti
   return out;
 }
 
+ArtifactPaths generate_artifacts(const std::string& model_path, const ArtifactOptions& options) {
+  return generate_artifacts(load_model(model_path), options);
+}
+
 }  // namespace onnxtrain

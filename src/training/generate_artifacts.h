@@ -5,23 +5,14 @@
 
 #include <string>
 
+#include "onnxtrain/artifacts.h"
 #include "optim/optimizer.h"
 #include "training/artifacts.h"
 
 namespace onnxtrain {
 
-struct ArtifactOptions {
-  TrainingGraphOptions graphs;
-  optim::OptimizerConfig optimizer = optim::OptimizerConfig::defaults(optim::OptimizerType::kAdamW);
-  std::string directory = ".";
-  std::string prefix;
-  bool nominal_checkpoint = false;  // shapes and dtypes only; fill parameters later from a buffer
-};
-
-struct ArtifactPaths {
-  std::string training_model, eval_model, optimizer_model, checkpoint;
-};
-
+// ArtifactOptions and ArtifactPaths are public (include/onnxtrain/artifacts.h), as is the overload
+// that loads the model from a path.
 ArtifactPaths generate_artifacts(const Model& model, const ArtifactOptions& options);
 
 // Where generate_artifacts puts (and Module/Optimizer users find) the files of a directory.

@@ -7,23 +7,11 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "onnxtrain/artifacts.h"
 
 namespace onnxtrain {
 
-enum class LossType { kMSE, kL1, kSmoothL1, kHuber, kCrossEntropy, kNLL, kBCE, kBCEWithLogits, kKLDiv };
-
-LossType loss_type_from_name(const std::string& name);  // "MSELoss", "CrossEntropyLoss", ...
-std::string loss_type_name(LossType type);
-
-struct LossOptions {
-  std::string reduction = "mean";   // "mean", "sum", "none" ("batchmean" for KLDiv)
-  int64_t ignore_index = -100;      // CrossEntropy, NLL
-  double label_smoothing = 0.0;     // CrossEntropy
-  std::string class_weights;        // CrossEntropy, NLL: name of a [C] initializer or input, "" for none
-  std::string pos_weight;           // BCEWithLogits: name of a value broadcastable to the target
-  double beta = 1.0;                // SmoothL1 beta, Huber delta
-  bool log_target = false;          // KLDiv
-};
+// LossType, LossOptions and their names are public: include/onnxtrain/artifacts.h.
 
 // Appends the loss of `prediction` against `target` (both existing values of `model`) and names
 // its output `loss_name`. CrossEntropy takes logits [N, C, ...] and int64 class indices; NLL takes

@@ -170,7 +170,7 @@ Optimizer::Optimizer(const std::string& optimizer_model_path, Module& module)
         Model m = load_model(optimizer_model_path);
         for (const auto& n : m.graph.nodes)
           if (n.domain == kOnnxTrainDomain) {
-            optim::OptimizerConfig c = optim::config_from_update_node(n);
+            OptimizerConfig c = optim::config_from_update_node(n);
             if (auto it = m.graph.initializers.find("learning_rate"); it != m.graph.initializers.end())
               c.lr = it->second.item_as_double();
             return c;
@@ -178,44 +178,52 @@ Optimizer::Optimizer(const std::string& optimizer_model_path, Module& module)
         OT_THROW(kInvalidModel, "optimizer model '", optimizer_model_path, "' has no onnxtrain update node");
       }(), module) {}
 
-Optimizer::Optimizer(optim::OptimizerConfig config, Module& module) : module_(module), optimizer_(config) {
+struct Optimizer::Rule {
+  optim::MultiTensorOptimizer optimizer;
+  optim::OptimizerState state;
+};
+
+Optimizer::Optimizer(OptimizerConfig config, Module& module)
+    : module_(module), rule_(std::make_unique<Rule>(Rule{optim::MultiTensorOptimizer(config), {}})) {
   load_state();
 }
+
+Optimizer::~Optimizer() = default;
 
 void Optimizer::load_state() {
   CheckpointState& ckpt = module_.state();
   std::vector<Tensor> params;
   for (const auto& name : module_.trainable_parameters()) params.push_back(ckpt.parameter(name).data());
-  std::vector<std::string> names = optimizer_.config().state_names();
+  std::vector<std::string> names = rule_->optimizer.config().state_names();
   if (ckpt.has_optimizer_state()) {
     const SavedOptimizerState& saved = ckpt.optimizer_state();
-    state_.step = saved.step;
-    if (saved.learning_rate) optimizer_.set_lr(*saved.learning_rate);
+    rule_->state.step = saved.step;
+    if (saved.learning_rate) rule_->optimizer.set_lr(*saved.learning_rate);
     for (const auto& n : names)
       for (const auto& p : module_.trainable_parameters()) {
         auto ps = saved.param_states.find(p);
         if (ps == saved.param_states.end() || !ps->second.count(n)) continue;
-        state_.tensors[n].push_back(ps->second.at(n));
+        rule_->state.tensors[n].push_back(ps->second.at(n));
       }
     for (const auto& n : names)
-      if (state_.tensors[n].size() != params.size()) state_.tensors[n].clear();  // incomplete: start fresh
+      if (rule_->state.tensors[n].size() != params.size()) rule_->state.tensors[n].clear();  // incomplete: start fresh
   }
-  optimizer_.init_state(params, state_);
+  rule_->optimizer.init_state(params, rule_->state);
   store_state();
 }
 
 void Optimizer::store_state() {
   CheckpointState& ckpt = module_.state();
   SavedOptimizerState& saved = ckpt.optimizer_state();
-  saved.step = state_.step;
-  saved.learning_rate = optimizer_.lr();
+  saved.step = rule_->state.step;
+  saved.learning_rate = rule_->optimizer.lr();
   const auto& params = module_.trainable_parameters();
-  for (const auto& [name, tensors] : state_.tensors)
+  for (const auto& [name, tensors] : rule_->state.tensors)
     for (size_t i = 0; i < tensors.size() && i < params.size(); ++i)
       saved.param_states[params[i]][name] = tensors[i];  // shares storage: updated in place
 }
 
-optim::StepStats Optimizer::step() {
+StepStats Optimizer::step() {
   CheckpointState& ckpt = module_.state();
   std::vector<Tensor> params, grads;
   for (const auto& name : module_.trainable_parameters()) {
@@ -224,16 +232,18 @@ optim::StepStats Optimizer::step() {
     params.push_back(p.data());
     grads.push_back(p.grad());
   }
-  optim::StepStats stats = optimizer_.step(params, grads, state_);
+  StepStats stats = rule_->optimizer.step(params, grads, rule_->state);
   store_state();
   return stats;
 }
 
 void Optimizer::set_learning_rate(double lr) {
-  optimizer_.set_lr(lr);
+  rule_->optimizer.set_lr(lr);
   module_.state().optimizer_state().learning_rate = lr;
 }
 
-int64_t Optimizer::step_count() const { return state_.step; }
+double Optimizer::get_learning_rate() const { return rule_->optimizer.lr(); }
+
+int64_t Optimizer::step_count() const { return rule_->state.step; }
 
 }  // namespace onnxtrain

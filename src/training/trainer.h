@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "data/dataset.h"
+#include "onnxtrain/dataset.h"
 #include "optim/lr_scheduler.h"
 #include "training/generate_artifacts.h"
 #include "training/module.h"

@@ -23,7 +23,9 @@ TEST(MemoryPlanner, OverlappingLifetimesNeverShareBytes) {
       bool alive_together = bufs[a].first_step <= bufs[b].last_step && bufs[b].first_step <= bufs[a].last_step;
       bool disjoint = layout.offsets[a] + bufs[a].bytes <= layout.offsets[b] ||
                       layout.offsets[b] + bufs[b].bytes <= layout.offsets[a];
-      if (alive_together) EXPECT_TRUE(disjoint) << a << " and " << b;
+      if (alive_together) {
+        EXPECT_TRUE(disjoint) << a << " and " << b;
+      }
     }
   EXPECT_LE(layout.arena_bytes, layout.naive_bytes);
   for (size_t i = 0; i < bufs.size(); ++i) EXPECT_EQ(layout.offsets[i] % 64, 0u);

@@ -10,8 +10,8 @@
 #include <fstream>
 #include <set>
 
-#include "data/dataset.h"
-#include "data/npz.h"
+#include "onnxtrain/dataset.h"
+#include "onnxtrain/npz.h"
 #include "test_util.h"
 
 namespace onnxtrain {

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <string>
 
-#include "data/npz.h"
+#include "onnxtrain/npz.h"
 
 int main(int argc, char** argv) {
   if (argc < 3) {

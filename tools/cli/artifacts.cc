@@ -126,7 +126,7 @@ int run_artifacts(const Args& a) {
   o.nominal_checkpoint = a.flag("--nominal");
 
   Model model = load_model(a.positional(0));
-  if (custom) o.graphs.custom_loss = load_model(loss);
+  if (custom) o.graphs.custom_loss = std::make_shared<const Model>(load_model(loss));
   if (a.flag("--all")) {
     std::set<std::string> frozen(o.graphs.frozen_params.begin(), o.graphs.frozen_params.end());
     for (const auto& name : all_parameters(model))

@@ -6,7 +6,7 @@
 #include <map>
 
 #include "commands.h"
-#include "data/npz.h"
+#include "onnxtrain/npz.h"
 #include "onnx/model_io.h"
 #include "onnxtrain/training.h"
 #include "ops/registry.h"

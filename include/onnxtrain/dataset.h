@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "data/npz.h"
+#include "onnxtrain/npz.h"
 
 namespace onnxtrain {
 

@@ -1,0 +1,71 @@
+// generate_artifacts: the offline step of on-device training, with no Python needed. From an
+// inference ONNX model it writes <prefix>training_model.onnx (forward + loss + backward),
+// <prefix>eval_model.onnx, <prefix>optimizer_model.onnx and <prefix>checkpoint into a directory.
+//
+//   onnxtrain::ArtifactOptions o;
+//   o.graphs.requires_grad = {"fc1.weight", "fc1.bias"};
+//   o.graphs.loss = onnxtrain::LossType::kCrossEntropy;
+//   o.optimizer = onnxtrain::OptimizerConfig::defaults(onnxtrain::OptimizerType::kAdamW);
+//   o.directory = "out";
+//   onnxtrain::ArtifactPaths paths = onnxtrain::generate_artifacts("model.onnx", o);
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "onnxtrain/optimizer_config.h"
+
+namespace onnxtrain {
+
+struct Model;  // internal (src/ir/graph.h)
+
+// Built-in losses; semantics follow torch.nn's losses of the same name.
+enum class LossType { kMSE, kL1, kSmoothL1, kHuber, kCrossEntropy, kNLL, kBCE, kBCEWithLogits, kKLDiv };
+
+LossType loss_type_from_name(const std::string& name);  // "MSELoss", "CrossEntropyLoss", ...
+std::string loss_type_name(LossType type);
+
+struct LossOptions {
+  std::string reduction = "mean";   // "mean", "sum", "none" ("batchmean" for KLDiv)
+  int64_t ignore_index = -100;      // CrossEntropy, NLL
+  double label_smoothing = 0.0;     // CrossEntropy
+  std::string class_weights;        // CrossEntropy, NLL: name of a [C] initializer or input, "" for none
+  std::string pos_weight;           // BCEWithLogits: name of a value broadcastable to the target
+  double beta = 1.0;                // SmoothL1 beta, Huber delta
+  bool log_target = false;          // KLDiv
+};
+
+// How the training and eval graphs are built from the inference model.
+struct TrainingGraphOptions {
+  std::vector<std::string> requires_grad;      // initializers to train
+  std::vector<std::string> frozen_params;      // initializers kept fixed
+  std::optional<LossType> loss;                // a built-in loss, or
+  // a loss model (inputs = model outputs + targets, one scalar output). Built in memory by the
+  // Python API and internal callers; C++ programs on the public headers use `loss`.
+  std::shared_ptr<const Model> custom_loss;
+  LossOptions loss_options;
+  std::vector<std::string> loss_input_names;   // model outputs fed to the loss (default: the first output)
+  std::vector<std::string> additional_output_names;
+};
+
+struct ArtifactOptions {
+  TrainingGraphOptions graphs;
+  OptimizerConfig optimizer = OptimizerConfig::defaults(OptimizerType::kAdamW);
+  std::string directory = ".";
+  std::string prefix;
+  bool nominal_checkpoint = false;  // shapes and dtypes only; fill parameters later from a buffer
+};
+
+struct ArtifactPaths {
+  std::string training_model, eval_model, optimizer_model, checkpoint;
+};
+
+// Loads the model at model_path (external data next to it) and writes the four artifacts. Throws
+// onnxtrain::Error naming the problem: a parameter in both lists or not an initializer, a
+// non-floating trainable parameter, an op with no gradient rule on the path to the loss, ...
+ArtifactPaths generate_artifacts(const std::string& model_path, const ArtifactOptions& options);
+
+}  // namespace onnxtrain

@@ -1,0 +1,157 @@
+// Module, Optimizer and learning-rate schedulers: ONNX Runtime's on-device training loop objects,
+// over the artifacts generate_artifacts writes (onnxtrain/artifacts.h).
+//
+//   auto state = onnxtrain::CheckpointState::load("out/checkpoint");
+//   onnxtrain::Module module("out/training_model.onnx", state, "out/eval_model.onnx");
+//   onnxtrain::Optimizer optimizer("out/optimizer_model.onnx", module);
+//   onnxtrain::LinearLRScheduler scheduler(optimizer, /*warmup*/ 10, /*total*/ 1000, /*initial_lr*/ 1e-3);
+//   for (...) {
+//     std::vector<Tensor> out = module.train_step({x, y});     // out[0]: the loss
+//     optimizer.step();
+//     module.lazy_reset_grad();
+//     scheduler.step();
+//   }
+//   module.export_model_for_inferencing("trained.onnx", {"logits"});
+//   state.save("out/checkpoint");
+//
+// Parameters live in the CheckpointState and are fed to the graphs without copies; each train
+// step adds the graph's "<param>_grad" outputs into the parameters' gradient slots (gradient
+// accumulation), unless lazy_reset_grad() asked for the next step to overwrite them. A Module
+// keeps a reference to its state, an Optimizer to its Module, a scheduler to its Optimizer: each
+// must outlive the objects built on it. Errors are thrown as onnxtrain::Error (onnxtrain/status.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "onnxtrain/optimizer_config.h"
+#include "onnxtrain/training.h"
+
+namespace onnxtrain {
+
+struct Model;  // internal (src/ir/graph.h)
+
+class Module {
+ public:
+  Module(const std::string& training_model_path, CheckpointState& state, const std::string& eval_model_path = "");
+  // From graphs in memory, for callers inside the library (the torch wrapper, tests).
+  Module(Model training_model, CheckpointState& state, std::optional<Model> eval_model);
+  ~Module();
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  // Forward, backward and gradient accumulation; returns the loss and any additional outputs.
+  std::vector<Tensor> train_step(const std::vector<Tensor>& inputs);
+  // Forward and loss with inference-mode Dropout/BatchNorm; needs the eval model.
+  std::vector<Tensor> eval_step(const std::vector<Tensor>& inputs);
+  void lazy_reset_grad() { reset_grad_ = true; }
+  void train() { training_ = true; }
+  void eval() { training_ = false; }
+  bool is_training() const { return training_; }
+
+  // The user inputs (model inputs, then loss targets) and outputs (loss, additional outputs) of
+  // the training graph, or of the eval graph with training = false.
+  std::vector<std::string> input_names(bool training = true) const;
+  std::vector<std::string> output_names(bool training = true) const;
+  int64_t get_parameters_size(bool trainable_only = true) const { return state_.buffer_numel(trainable_only); }
+  Tensor get_contiguous_parameters(bool trainable_only = true) const {
+    return state_.to_contiguous_buffer(trainable_only);
+  }
+  void copy_buffer_to_parameters(const Tensor& buffer, bool trainable_only = true) {
+    state_.fill_parameters_from_buffer(buffer, trainable_only);
+  }
+  // Writes the eval graph with the current parameters as initializers and the named outputs,
+  // ready for InferenceSession or ONNX Runtime.
+  void export_model_for_inferencing(const std::string& path, const std::vector<std::string>& output_names) const;
+
+  CheckpointState& state() { return state_; }
+  const std::vector<std::string>& trainable_parameters() const { return trainable_; }
+
+ private:
+  struct Graphs;
+  std::vector<Tensor> run(bool training, const std::vector<Tensor>& inputs);
+
+  CheckpointState& state_;
+  std::unique_ptr<Graphs> graphs_;
+  std::vector<std::string> trainable_;
+  bool training_ = true;
+  bool reset_grad_ = true;
+};
+
+class Optimizer {
+ public:
+  // The update rule and its hyperparameters come from the optimizer model's update node.
+  Optimizer(const std::string& optimizer_model_path, Module& module);
+  Optimizer(OptimizerConfig config, Module& module);
+  ~Optimizer();
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One fused multi-tensor update of every trainable parameter from its gradient; the step count
+  // and moments live in the checkpoint's optimizer state.
+  StepStats step();
+  void set_learning_rate(double lr);
+  double get_learning_rate() const;
+  int64_t step_count() const;
+
+ private:
+  struct Rule;  // the update kernels and their state (src/optim)
+  void load_state();
+  void store_state();
+
+  Module& module_;
+  std::unique_ptr<Rule> rule_;
+};
+
+// Learning-rate schedulers with ONNX Runtime's semantics: the learning rate is
+// initial_lr * multiplier(optimizer.step_count()), set on the optimizer when the scheduler is
+// built and by every step() (call it after Optimizer::step()). Reading the optimizer's count makes
+// a resumed run continue the schedule where it stopped.
+//
+//   LinearLRScheduler    ONNX Runtime's LinearLRScheduler: step / max(1, warmup) during warmup,
+//                        then max(0, (total - step) / max(1, total - warmup))
+//   CosineLRScheduler    transformers' cosine schedule with warmup (num_cycles 0.5: down to 0)
+//   StepLRScheduler      torch's StepLR: gamma ^ (step / step_size)
+//   ConstantLRScheduler  transformers' constant schedule with warmup: linear warmup, then 1
+class LRScheduler {
+ public:
+  ~LRScheduler();
+  LRScheduler(const LRScheduler&) = delete;
+  LRScheduler& operator=(const LRScheduler&) = delete;
+
+  // Sets the optimizer's learning rate for its current step count and returns it.
+  double step();
+  // The schedule's learning rate after `step` optimizer steps.
+  double lr_at(int64_t step) const;
+
+ protected:
+  struct Schedule;  // src/optim/lr_scheduler.h
+  LRScheduler(Optimizer& optimizer, const Schedule& schedule);
+
+ private:
+  Optimizer& optimizer_;
+  std::unique_ptr<Schedule> schedule_;
+};
+
+class LinearLRScheduler : public LRScheduler {
+ public:
+  LinearLRScheduler(Optimizer& optimizer, int64_t warmup_step_count, int64_t total_step_count, double initial_lr);
+};
+class CosineLRScheduler : public LRScheduler {
+ public:
+  CosineLRScheduler(Optimizer& optimizer, int64_t warmup_step_count, int64_t total_step_count, double initial_lr,
+                    double num_cycles = 0.5);
+};
+class StepLRScheduler : public LRScheduler {
+ public:
+  StepLRScheduler(Optimizer& optimizer, int64_t step_size, double gamma, double initial_lr);
+};
+class ConstantLRScheduler : public LRScheduler {
+ public:
+  ConstantLRScheduler(Optimizer& optimizer, int64_t warmup_step_count, double initial_lr);
+};
+
+}  // namespace onnxtrain
