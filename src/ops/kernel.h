@@ -20,6 +20,9 @@ class KernelContext {
   size_t num_inputs() const { return inputs_.size(); }
   bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i] && inputs_[i]->defined(); }
   const Tensor& input(size_t i) const;
+  // True when input i is an initializer of the graph being run: its contents never change, so a
+  // kernel may cache work derived from them (reordered weights) across runs.
+  virtual bool input_is_constant(size_t) const { return false; }
 
   size_t num_outputs() const { return num_outputs_; }
   // False for an omitted optional output: the kernel may skip computing it.

@@ -1,5 +1,6 @@
 // Pattern fusions: rewrite multi-node patterns that exporters emit into one fused op.
 #include <cmath>
+#include <limits>
 #include <algorithm>
 #include <unordered_map>
 #include <optional>
@@ -204,6 +205,126 @@ int fuse_matmul(Graph& g) {
   for (size_t i = 0; i < g.nodes.size(); ++i)
     if (!removed[i]) kept.push_back(std::move(g.nodes[i]));
   g.nodes = std::move(kept);
+  return fused;
+}
+
+}  // namespace onnxtrain
+
+namespace onnxtrain {
+
+namespace {
+
+// Rebuilds g.nodes without the removed ones.
+void drop_removed(Graph& g, const std::vector<char>& removed) {
+  std::vector<Node> kept;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (!removed[i]) kept.push_back(std::move(g.nodes[i]));
+  g.nodes = std::move(kept);
+}
+
+// A constant float tensor as doubles, or nullopt when `value` is not a float initializer of n elements.
+std::optional<std::vector<double>> constant_doubles(const Graph& g, const std::string& value, int64_t n) {
+  auto it = g.initializers.find(value);
+  if (it == g.initializers.end() || it->second.numel() != n || !is_floating(it->second.dtype())) return std::nullopt;
+  std::vector<double> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[size_t(i)] = it->second.item_as_double(i);
+  return v;
+}
+
+}  // namespace
+
+// Conv -> BatchNormalization (inference form, constant statistics) folds into the Conv:
+//   s = scale / sqrt(var + eps),  W' = W * s (per output channel),  B' = (B - mean) * s + beta.
+int fuse_conv_batchnorm(Graph& g) {
+  Uses uses(g);
+  auto producers = g.producers();
+  std::vector<char> removed(g.nodes.size(), 0);
+  int fused = 0;
+  for (size_t b = 0; b < g.nodes.size(); ++b) {
+    const Node& bn = g.nodes[b];
+    if (!is_op(bn, "BatchNormalization") || bn.outputs.size() != 1 || bn.attr_int("training_mode", 0) != 0 ||
+        bn.inputs.size() != 5)
+      continue;
+    auto p = producers.find(bn.inputs[0]);
+    if (p == producers.end() || removed[p->second] || uses.sole_reader(bn.inputs[0]) != int(b)) continue;
+    Node& conv = g.nodes[p->second];
+    if (!is_op(conv, "Conv") || conv.inputs.size() < 2) continue;
+    auto wit = g.initializers.find(conv.inputs[1]);
+    if (wit == g.initializers.end() || wit->second.rank() < 3 || wit->second.dtype() != DType::kFloat32) continue;
+    const Tensor& w = wit->second;
+    const int64_t m = w.dim(0), per_channel = w.numel() / std::max<int64_t>(m, 1);
+    auto scale = constant_doubles(g, bn.inputs[1], m), beta = constant_doubles(g, bn.inputs[2], m),
+         mean = constant_doubles(g, bn.inputs[3], m), var = constant_doubles(g, bn.inputs[4], m);
+    std::optional<std::vector<double>> bias = std::vector<double>(size_t(m), 0.0);
+    if (conv.inputs.size() > 2 && !conv.inputs[2].empty()) bias = constant_doubles(g, conv.inputs[2], m);
+    if (!scale || !beta || !mean || !var || !bias) continue;
+    const double eps = bn.attr_float("epsilon", 1e-5f);
+    Tensor new_w = Tensor::empty(DType::kFloat32, w.shape());
+    Tensor new_b = Tensor::empty(DType::kFloat32, {m});
+    const float* pw = w.data<float>();
+    float* nw = new_w.data<float>();
+    float* nb = new_b.data<float>();
+    for (int64_t c = 0; c < m; ++c) {
+      const double s = (*scale)[size_t(c)] / std::sqrt((*var)[size_t(c)] + eps);
+      for (int64_t i = 0; i < per_channel; ++i) nw[c * per_channel + i] = float(pw[c * per_channel + i] * s);
+      nb[c] = float(((*bias)[size_t(c)] - (*mean)[size_t(c)]) * s + (*beta)[size_t(c)]);
+    }
+    std::string w_name = g.unique_name(conv.inputs[1] + "/bn_folded");
+    std::string b_name = g.unique_name(bn.name.empty() ? conv.inputs[1] + "/bn_bias" : bn.name + "/folded_bias");
+    g.initializers.emplace(w_name, std::move(new_w));
+    g.initializers.emplace(b_name, std::move(new_b));
+    conv.inputs.resize(3);
+    conv.inputs[1] = w_name;
+    conv.inputs[2] = b_name;
+    conv.outputs[0] = bn.outputs[0];
+    removed[b] = 1;
+    ++fused;
+  }
+  if (fused) drop_removed(g, removed);
+  return fused;
+}
+
+// Conv -> Relu / LeakyRelu / Sigmoid / Tanh / Clip (constant bounds) becomes onnxtrain.FusedConv
+// with the activation as a oneDNN post-op: one pass over the output instead of two.
+int fuse_conv_activation(Graph& g) {
+  Uses uses(g);
+  auto producers = g.producers();
+  std::vector<char> removed(g.nodes.size(), 0);
+  int fused = 0;
+  for (size_t a = 0; a < g.nodes.size(); ++a) {
+    const Node& act = g.nodes[a];
+    if (!act.domain.empty() || act.inputs.empty()) continue;
+    std::vector<float> params;
+    if (act.op_type == "LeakyRelu") {
+      params = {act.attr_float("alpha", 0.01f)};
+    } else if (act.op_type == "Clip") {
+      float lo = act.attr_float("min", -std::numeric_limits<float>::infinity());
+      float hi = act.attr_float("max", std::numeric_limits<float>::infinity());
+      auto bound = [&](size_t i, float& v) {  // opset >= 11: optional constant inputs
+        if (act.inputs.size() <= i || act.inputs[i].empty()) return true;
+        const Tensor* t = constant_tensor(g, act.inputs[i]);
+        if (!t || t->numel() != 1) return false;
+        v = float(t->item_as_double());
+        return true;
+      };
+      if (!bound(1, lo) || !bound(2, hi)) continue;
+      params = {lo, hi};
+    } else if (act.op_type != "Relu" && act.op_type != "Sigmoid" && act.op_type != "Tanh") {
+      continue;
+    }
+    auto p = producers.find(act.inputs[0]);
+    if (p == producers.end() || removed[p->second] || uses.sole_reader(act.inputs[0]) != int(a)) continue;
+    Node& conv = g.nodes[p->second];
+    if (!is_op(conv, "Conv")) continue;
+    conv.op_type = "FusedConv";
+    conv.domain = kOnnxTrainDomain;
+    conv.attributes["activation"] = Attribute::of(act.op_type);
+    if (!params.empty()) conv.attributes["activation_params"] = Attribute::of(params);
+    conv.outputs[0] = act.outputs[0];
+    removed[a] = 1;
+    ++fused;
+  }
+  if (fused) drop_removed(g, removed);
   return fused;
 }
 

@@ -194,7 +194,13 @@ void optimize_for_inference(Model& model) {
     changed += eliminate_dead_code(g);
     if (changed == 0) break;
   }
-  if (fuse_for_training(model)) eliminate_dead_code(g);
+  // Inference-only fusions on top of the training ones: BatchNorm folds into constant Conv weights
+  // (after fold_constants made the statistics initializers), activations into the Conv primitive.
+  int fused = fuse_for_training(model) + fuse_conv_batchnorm(g) + fuse_conv_activation(g);
+  if (fused) {
+    model.opsets.emplace(kOnnxTrainDomain, 1);
+    eliminate_dead_code(g);
+  }
 }
 
 int fuse_for_training(Model& model) {

@@ -14,6 +14,8 @@ int eliminate_common_subexpressions(Graph& graph);
 // Fusions (src/passes/fusions.cc).
 int fuse_gelu(Graph& graph);               // 0.5 x (1 + erf(x / sqrt 2)) -> onnxtrain.Gelu
 int fuse_matmul(Graph& graph);             // Transpose -> MatMul -> Add(bias) -> onnxtrain.FusedMatMul
+int fuse_conv_batchnorm(Graph& graph);     // Conv -> BatchNormalization (inference) -> Conv, folded weights
+int fuse_conv_activation(Graph& graph);    // Conv -> Relu/LeakyRelu/Sigmoid/Tanh/Clip -> onnxtrain.FusedConv
 
 // The standard pipeline for inference: shapes, folding, identities, CSE, DCE, to a fixed point.
 void optimize_for_inference(Model& model);

@@ -32,9 +32,9 @@ class StepContext final : public KernelContext {
  public:
   StepContext(const Node& node, int64_t opset, std::vector<Tensor>& values, std::vector<Tensor>& planned,
               const std::vector<int>& in_ids, const std::vector<int>& out_ids, size_t& dynamic_allocations,
-              std::vector<char>* set_output_flags)
-      : values_(values), planned_(planned), out_ids_(out_ids), dynamic_(dynamic_allocations),
-        set_output_flags_(set_output_flags) {
+              std::vector<char>* set_output_flags, const std::vector<char>& is_constant)
+      : values_(values), planned_(planned), in_ids_(in_ids), out_ids_(out_ids), dynamic_(dynamic_allocations),
+        set_output_flags_(set_output_flags), is_constant_(is_constant) {
     node_ = &node;
     opset_ = opset;
     inputs_.reserve(in_ids.size());
@@ -57,6 +57,10 @@ class StepContext final : public KernelContext {
     return *slot;
   }
 
+  bool input_is_constant(size_t i) const override {
+    return i < in_ids_.size() && in_ids_[i] >= 0 && is_constant_[size_t(in_ids_[i])];
+  }
+
   void set_output(size_t i, Tensor tensor) override {
     *slot_for(i) = std::move(tensor);
     int id = i < out_ids_.size() ? out_ids_[i] : -1;
@@ -72,9 +76,11 @@ class StepContext final : public KernelContext {
   }
   std::vector<Tensor>& values_;
   std::vector<Tensor>& planned_;
+  const std::vector<int>& in_ids_;
   const std::vector<int>& out_ids_;
   size_t& dynamic_;
   std::vector<char>* set_output_flags_;
+  const std::vector<char>& is_constant_;
   std::vector<Tensor> scratch_;
 };
 
@@ -133,6 +139,9 @@ void Executor::compile() {
     steps_.push_back(std::move(step));
     if (options_.profile) profile_.push_back({node.name, node.op_type, 0, 0.0});
   }
+  is_constant_.assign(value_names_.size(), 0);
+  for (auto& [id, t] : constants_) is_constant_[size_t(id)] = 1;
+  for (int id : input_ids_) is_constant_[size_t(id)] = 0;  // an initializer a feed may override
   for (const auto& out : g.outputs) {
     auto it = value_ids_.find(out.name);
     if (it == value_ids_.end())
@@ -213,7 +222,7 @@ void Executor::execute(Plan& plan, bool recording) {
     const Step& step = steps_[s];
     const Node& node = *step.node;
     StepContext ctx(node, model_.opset(node.domain), plan.values, plan.planned, step.inputs, step.outputs,
-                    plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr);
+                    plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr, is_constant_);
     try {
       if (options_.profile) {
         auto start = std::chrono::steady_clock::now();

@@ -75,6 +75,7 @@ class Executor {
   std::vector<Step> steps_;
   std::vector<int> input_ids_, output_ids_;
   std::vector<std::pair<int, const Tensor*>> constants_;  // initializers by id
+  std::vector<char> is_constant_;                          // per value id: an initializer
   std::map<std::string, std::unique_ptr<Plan>> plans_;
   mutable std::mutex mutex_;
   MemoryReport last_report_;

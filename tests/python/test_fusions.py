@@ -3,6 +3,7 @@ import io
 
 import numpy as np
 import onnx
+import pytest
 import torch
 
 import onnxtrain
@@ -67,3 +68,91 @@ def test_linear_on_3d_input_becomes_fused_matmul_with_bias():
     q, k = torch.randn(2, 3, 4, 6), torch.randn(2, 3, 5, 6)
     (s,) = onnxtrain.InferenceSession(qk).run(None, {"in0": q.numpy(), "in1": k.numpy()})
     np.testing.assert_allclose(s, KT()(q, k).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _random_batchnorm(bn, generator):
+    with torch.no_grad():
+        bn.weight.uniform_(0.5, 1.5, generator=generator)
+        bn.bias.normal_(0, 0.5, generator=generator)
+        bn.running_mean.normal_(0, 0.5, generator=generator)
+        bn.running_var.uniform_(0.5, 2.0, generator=generator)
+
+
+def _conv_bn_model(conv, bn, tail_nodes, conv_output_is_graph_output=False):
+    """Conv -> BatchNormalization -> tail_nodes as ONNX, written by hand: torch's eval export
+    folds the BatchNorm into the Conv itself, which would leave nothing for our pass to do."""
+    from onnx import helper, numpy_helper
+    inits = [numpy_helper.from_array(conv.weight.detach().numpy(), "W")]
+    conv_inputs = ["x", "W"]
+    if conv.bias is not None:
+        inits.append(numpy_helper.from_array(conv.bias.detach().numpy(), "B"))
+        conv_inputs.append("B")
+    for name, t in [("scale", bn.weight), ("beta", bn.bias), ("mean", bn.running_mean), ("var", bn.running_var)]:
+        inits.append(numpy_helper.from_array(t.detach().numpy(), name))
+    nodes = [helper.make_node("Conv", conv_inputs, ["c"], strides=list(conv.stride), pads=list(conv.padding) * 2,
+                              kernel_shape=list(conv.kernel_size)),
+             helper.make_node("BatchNormalization", ["c", "scale", "beta", "mean", "var"], ["bn"], epsilon=bn.eps)]
+    nodes += tail_nodes
+    outputs = [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)]
+    if conv_output_is_graph_output:
+        outputs.append(helper.make_tensor_value_info("c", onnx.TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, None)],
+                              outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+def _activation_node(name):
+    from onnx import helper
+    if name == "LeakyRelu":
+        return [helper.make_node("LeakyRelu", ["bn"], ["out"], alpha=0.2)], torch.nn.LeakyReLU(0.2)
+    if name == "Clip":
+        lo = onnx.numpy_helper.from_array(np.array(-1.0, np.float32), "lo")
+        hi = onnx.numpy_helper.from_array(np.array(2.0, np.float32), "hi")
+        return ([helper.make_node("Constant", [], ["lo"], value=lo), helper.make_node("Constant", [], ["hi"], value=hi),
+                 helper.make_node("Clip", ["bn", "lo", "hi"], ["out"])], torch.nn.Hardtanh(-1.0, 2.0))
+    module = {"Relu": torch.nn.ReLU(), "Sigmoid": torch.nn.Sigmoid(), "Tanh": torch.nn.Tanh()}[name]
+    return [helper.make_node(name, ["bn"], ["out"])], module
+
+
+@pytest.mark.parametrize("activation", ["Relu", "LeakyRelu", "Sigmoid", "Tanh", "Clip"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_conv_batchnorm_activation_fold_into_one_fused_conv(activation, bias):
+    g = torch.Generator().manual_seed(3)
+    torch.manual_seed(3)
+    conv = torch.nn.Conv2d(3, 8, 3, stride=2, padding=1, bias=bias)
+    bn = torch.nn.BatchNorm2d(8)
+    _random_batchnorm(bn, g)
+    nodes, act = _activation_node(activation)
+    module = torch.nn.Sequential(conv, bn, act).eval()
+    data = _conv_bn_model(conv, bn, nodes)
+    optimized = onnx.load_from_string(_C.optimize_model(data))
+    assert [n.op_type for n in optimized.graph.node] == ["FusedConv"], [n.op_type for n in optimized.graph.node]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in optimized.graph.node[0].attribute}
+    assert attrs["activation"] == activation.encode()
+    x = torch.randn(2, 3, 9, 9, generator=g)
+    (y,) = onnxtrain.InferenceSession(data).run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(y, module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_batchnorm_stays_when_the_conv_output_is_also_read_elsewhere():
+    conv, bn = torch.nn.Conv2d(2, 4, 3), torch.nn.BatchNorm2d(4)
+    _random_batchnorm(bn, torch.Generator().manual_seed(0))
+    data = _conv_bn_model(conv, bn, [onnx.helper.make_node("Relu", ["bn"], ["out"])], conv_output_is_graph_output=True)
+    assert "BatchNormalization" in op_types(_C.optimize_model(data))
+    x = torch.randn(1, 2, 6, 6)
+    out, c = onnxtrain.InferenceSession(data).run(None, {"x": x.numpy()})
+    np.testing.assert_allclose(c, conv(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(out, torch.relu(bn.eval()(conv(x))).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_training_graphs_keep_conv_and_activation_separate():
+    # FusedConv has no gradient: autodiff must see Conv and Relu (fuse_for_training leaves them).
+    from onnxtrain.autodiff import build_gradient_graph
+    module = torch.nn.Sequential(torch.nn.Conv2d(2, 4, 3), torch.nn.ReLU())
+    x = torch.randn(1, 2, 5, 5)
+    f = io.BytesIO()
+    torch.onnx.export(module, (x,), f, input_names=["x"], output_names=["y"], opset_version=17,
+                      do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING)
+    grad = onnx.load_from_string(build_gradient_graph(f.getvalue(), ["0.weight"], ["y"]))
+    ops = [n.op_type for n in grad.graph.node]
+    assert "Conv" in ops and "ReluGrad" in ops and "FusedConv" not in ops, ops

@@ -1,5 +1,6 @@
 #include "backends/cpu/conv_dnnl.h"
 
+#include <bit>
 #include <unordered_map>
 
 #include "backends/cpu/dnnl_utils.h"
@@ -10,7 +11,8 @@ using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
 std::vector<int64_t> ConvSpec::key() const {
-  std::vector<int64_t> k{transposed, out_channels, group, bias, int64_t(x.size())};
+  std::vector<int64_t> k{transposed, out_channels, group, bias, int64_t(x.size()), int64_t(activation),
+                        int64_t(std::bit_cast<uint32_t>(act_alpha)), int64_t(std::bit_cast<uint32_t>(act_beta))};
   for (const auto* v : {&x, &kernel, &stride, &dilation, &pad_l, &pad_r, &out}) k.insert(k.end(), v->begin(), v->end());
   return k;
 }
@@ -25,6 +27,7 @@ struct Relayout {
   bool needed = false;
   dnnl::reorder reorder;
   mutable dnnl::memory buffer;
+  mutable const void* cached = nullptr;  // the constant data `buffer` holds, for read_constant
 
   // `to_prim`: the primitive reads this argument (reorder user -> prim); else it writes it.
   Relayout(const dnnl::memory::desc& user_md, const dnnl::memory::desc& prim_md, bool to_prim)
@@ -42,6 +45,15 @@ struct Relayout {
     dnnl::memory m(user, dnnl_engine(), const_cast<void*>(data));
     if (!needed) return m;
     reorder.execute(strm, m, buffer);
+    return buffer;
+  }
+  // read() for data that never changes at this address (initializers): reordered once.
+  dnnl::memory read_constant(const void* data, dnnl::stream& strm) const {
+    if (!needed || cached != data) {
+      dnnl::memory m = read(data, strm);
+      cached = data;
+      return m;
+    }
     return buffer;
   }
   // The memory a primitive writes; finish_write() then moves it to `data` when it was a buffer.
@@ -105,12 +117,22 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
         pr(s.pad_r.begin(), s.pad_r.end());
     for (size_t i = 0; i < nd; ++i) dil[i] = s.dilation[i] - 1;
     auto pk = dnnl::prop_kind::forward_inference;
+    dnnl::primitive_attr attr;
+    if (s.activation != ConvActivation::kNone) {
+      dnnl::algorithm alg = dnnl::algorithm::eltwise_relu;  // LeakyRelu is relu with a slope
+      if (s.activation == ConvActivation::kSigmoid) alg = dnnl::algorithm::eltwise_logistic;
+      if (s.activation == ConvActivation::kTanh) alg = dnnl::algorithm::eltwise_tanh;
+      if (s.activation == ConvActivation::kClip) alg = dnnl::algorithm::eltwise_clip;
+      dnnl::post_ops ops;
+      ops.append_eltwise(1.0f, alg, s.act_alpha, s.act_beta);
+      attr.set_post_ops(ops);
+    }
     if (!s.transposed) {
       auto d = s.bias ? dnnl::convolution_forward::desc(pk, dnnl::algorithm::convolution_direct, any_src, any_wei,
                                                         p.bias_md, any_dst, strides, dil, pl, pr)
                       : dnnl::convolution_forward::desc(pk, dnnl::algorithm::convolution_direct, any_src, any_wei,
                                                         any_dst, strides, dil, pl, pr);
-      dnnl::convolution_forward::primitive_desc pd(d, eng);
+      dnnl::convolution_forward::primitive_desc pd(d, attr, eng);
       p.src = Relayout(user_src, pd.src_desc(), true);
       p.wei = Relayout(user_wei, pd.weights_desc(), true);
       p.dst = Relayout(user_dst, pd.dst_desc(), false);
@@ -120,7 +142,7 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
                                                           any_wei, p.bias_md, any_dst, strides, dil, pl, pr)
                       : dnnl::deconvolution_forward::desc(pk, dnnl::algorithm::deconvolution_direct, any_src,
                                                           any_wei, any_dst, strides, dil, pl, pr);
-      dnnl::deconvolution_forward::primitive_desc pd(d, eng);
+      dnnl::deconvolution_forward::primitive_desc pd(d, attr, eng);
       p.src = Relayout(user_src, pd.src_desc(), true);
       p.wei = Relayout(user_wei, pd.weights_desc(), true);
       p.dst = Relayout(user_dst, pd.dst_desc(), false);
@@ -129,12 +151,14 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
   });
 }
 
-void DnnlConv::run(const float* x, const float* w, const float* bias, float* y) const {
+void DnnlConv::run(const float* x, const float* w, const float* bias, float* y, bool w_constant) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a convolution", [&] {
     auto& strm = dnnl_stream();
     std::unordered_map<int, dnnl::memory> args{
-        {DNNL_ARG_SRC, p.src.read(x, strm)}, {DNNL_ARG_WEIGHTS, p.wei.read(w, strm)}, {DNNL_ARG_DST, p.dst.write(y)}};
+        {DNNL_ARG_SRC, p.src.read(x, strm)},
+        {DNNL_ARG_WEIGHTS, w_constant ? p.wei.read_constant(w, strm) : p.wei.read(w, strm)},
+        {DNNL_ARG_DST, p.dst.write(y)}};
     if (p.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, dnnl_engine(), const_cast<float*>(bias)));
     p.conv.execute(strm, args);
     p.dst.finish_write(y, strm);

@@ -11,8 +11,13 @@
 
 namespace onnxtrain::cpu {
 
+// An activation applied to a convolution's output inside the primitive (a oneDNN post-op).
+enum class ConvActivation : int64_t { kNone, kRelu, kLeakyRelu, kSigmoid, kTanh, kClip };
+
 struct ConvSpec {
   bool transposed = false;    // ConvTranspose (oneDNN deconvolution)
+  ConvActivation activation = ConvActivation::kNone;
+  float act_alpha = 0, act_beta = 0;  // LeakyRelu: alpha; Clip: [alpha, beta]
   Shape x;                    // [N, C, in...]
   int64_t out_channels = 0;   // M
   int64_t group = 1;
@@ -24,8 +29,9 @@ struct ConvSpec {
 class DnnlConv {
  public:
   DnnlConv(const ConvSpec& spec, const std::string& context);
-  // w in ONNX layout: Conv [M, C/G, k...], ConvTranspose [C, M/G, k...].
-  void run(const float* x, const float* w, const float* bias, float* y) const;
+  // w in ONNX layout: Conv [M, C/G, k...], ConvTranspose [C, M/G, k...]. `w_constant`: w's
+  // contents never change for this pointer (an initializer), so its reorder is done once.
+  void run(const float* x, const float* w, const float* bias, float* y, bool w_constant = false) const;
 
  private:
   struct Impl;

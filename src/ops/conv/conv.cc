@@ -1,5 +1,8 @@
 // Conv (1-d/2-d/3-d; group, strides, dilations, pads, auto_pad, bias). fp32 through oneDNN with
 // the primitive cached per shape; other float dtypes through the direct reference loop.
+#include <algorithm>
+#include <cmath>
+
 #include "autodiff/gradient_builder.h"
 #include "backends/cpu/conv_dnnl.h"
 #include "backends/cpu/shape_cache.h"
@@ -26,9 +29,52 @@ void conv_shape(ShapeContext& ctx) {
   ctx.set_output(0, dt, out);
 }
 
+// FusedConv's `activation` (with `activation_params`) as a oneDNN post-op; none for Conv.
+struct Activation {
+  cpu::ConvActivation kind = cpu::ConvActivation::kNone;
+  float alpha = 0, beta = 0;
+
+  explicit Activation(const Node& node) {
+    std::string name = node.attr_string("activation", "");
+    std::vector<float> params = node.has_attr("activation_params") ? node.attr_floats("activation_params")
+                                                                    : std::vector<float>{};
+    auto want_params = [&](size_t n) {
+      OT_CHECK(params.size() == n, node.context(), "activation '", name, "' takes ", n,
+               " activation_params, got ", params.size());
+    };
+    if (name.empty()) return;
+    if (name == "Relu") kind = cpu::ConvActivation::kRelu, want_params(0);
+    else if (name == "Sigmoid") kind = cpu::ConvActivation::kSigmoid, want_params(0);
+    else if (name == "Tanh") kind = cpu::ConvActivation::kTanh, want_params(0);
+    else if (name == "LeakyRelu") kind = cpu::ConvActivation::kLeakyRelu, want_params(1), alpha = params[0];
+    else if (name == "Clip") kind = cpu::ConvActivation::kClip, want_params(2), alpha = params[0], beta = params[1];
+    else OT_THROW(kInvalidModel, node.context(), "activation '", name,
+                  "' is not one of Relu, LeakyRelu, Sigmoid, Tanh, Clip");
+  }
+
+  // The reference path: the same functions applied after the convolution.
+  template <typename T>
+  void apply(T* y, int64_t n) const {
+    using C = compute_t<T>;
+    if (kind == cpu::ConvActivation::kNone) return;
+    for (int64_t i = 0; i < n; ++i) {
+      C v = C(y[i]);
+      switch (kind) {
+        case cpu::ConvActivation::kRelu: v = v > C(0) ? v : C(0); break;
+        case cpu::ConvActivation::kLeakyRelu: v = v > C(0) ? v : C(alpha) * v; break;
+        case cpu::ConvActivation::kSigmoid: v = C(1) / (C(1) + std::exp(-v)); break;
+        case cpu::ConvActivation::kTanh: v = std::tanh(v); break;
+        case cpu::ConvActivation::kClip: v = std::min(std::max(v, C(alpha)), C(beta)); break;
+        case cpu::ConvActivation::kNone: break;
+      }
+      y[i] = T(v);
+    }
+  }
+};
+
 class ConvKernel final : public Kernel {
  public:
-  explicit ConvKernel(const Node& node) : group_(node.attr_int("group", 1)) {}
+  explicit ConvKernel(const Node& node) : group_(node.attr_int("group", 1)), activation_(node) {}
 
   void compute(KernelContext& ctx) override {
     const Node& node = ctx.node();
@@ -60,19 +106,25 @@ class ConvKernel final : public Kernel {
       s.pad_l = g.pad_l;
       s.pad_r = g.pad_r;
       s.out = g.out;
+      s.activation = activation_.kind;
+      s.act_alpha = activation_.alpha;
+      s.act_beta = activation_.beta;
       auto key = s.key();
       cpu::DnnlConv* conv = cache_.find(key);
       if (!conv) conv = &cache_.insert(key, cpu::DnnlConv(s, node.context()));
-      conv->run(x.data<float>(), w.data<float>(), b ? b->data<float>() : nullptr, y.data<float>());
+      conv->run(x.data<float>(), w.data<float>(), b ? b->data<float>() : nullptr, y.data<float>(),
+                ctx.input_is_constant(1));
       return;
     }
     dispatch_float(x.dtype(), [&]<typename T>() {
       conv_reference<T>(x.data<T>(), w.data<T>(), b ? b->data<T>() : nullptr, y.data<T>(), n, c, m, group_, in, g);
+      activation_.apply(y.data<T>(), y.numel());
     });
   }
 
  private:
   int64_t group_;
+  Activation activation_;
   cpu::ShapeCache<cpu::DnnlConv> cache_;
 };
 
@@ -179,6 +231,12 @@ ONNXTRAIN_OP(Conv, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu
       for (size_t i = 0; i < d.size(); ++i)
         if (g.needs(i)) g.set(i, d[i]);
     });
+
+// onnxtrain.FusedConv(X, W [, B]) with Conv's attributes plus `activation` (Relu, LeakyRelu,
+// Sigmoid, Tanh, Clip) and its `activation_params`: Y = act(conv(X, W) + B) in one primitive.
+// The inference pipeline makes it (src/passes/fusions.cc); training graphs keep Conv + activation.
+ONNXTRAIN_OP(FusedConv, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu_kernel<ConvKernel>()
+    .gradient_not_implemented("an inference-only fusion: autodiff differentiates Conv and the activation");
 
 // dX, dW, dB = ConvGrad(dY, X, W): linear in dY, so differentiable in principle.
 ONNXTRAIN_OP(ConvGrad, kOnnxTrainDomain, 1).inputs(3).outputs(2, 3).shape(conv_grad_shape)
