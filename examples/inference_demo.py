@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""onnxtrain demo: run PyTorch models exported to ONNX through onnxtrain and check the answers.
+"""onnxtrain inference demo: run PyTorch models exported to ONNX through onnxtrain and check the answers.
 
-    make demo            # or: PYTHONPATH=build/python python3 examples/demo.py
+    make demo-inference  # or: PYTHONPATH=build/python python3 examples/inference_demo.py
 
 For each model (an MLP, a small CNN with BatchNorm and a small BERT-style encoder, defined in
 bench/models.py) it
@@ -11,8 +11,8 @@ bench/models.py) it
 3. asserts that the outputs match PyTorch's, and
 4. prints the forward time of onnxtrain and of PyTorch on the same thread count.
 
-It exits with status 1 when a model cannot run or does not match. (Training examples come here once
-training lands.)
+It exits with status 1 when a model cannot run or does not match. The training demo is
+examples/demo.py (``make demo``).
 """
 from __future__ import annotations
 
