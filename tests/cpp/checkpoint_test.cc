@@ -17,6 +17,7 @@
 #include "training/checkpoint.h"
 #include "training/json.h"
 #include "ir/graph.h"
+#include "test_util.h"
 
 namespace onnxtrain {
 namespace {
@@ -24,19 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using checkpoint::TensorEntry;
 
-class CheckpointTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("onnxtrain_ckpt_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
+class CheckpointTest : public test::TempDirTest {};
 
 std::string read_file(const std::string& p) {
   std::ifstream f(p, std::ios::binary);

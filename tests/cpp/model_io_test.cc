@@ -1,8 +1,6 @@
 // ONNX external data: save_model writes large initializers beside the model (forced here; a model
 // over 2 GB does it on its own, see tests/python/test_large_models.py), load_model reads them back,
 // and malformed external-data entries are errors naming the tensor.
-#include <unistd.h>
-
 #include <gtest/gtest.h>
 
 #include <onnx/onnx_pb.h>
@@ -21,19 +19,7 @@ using test::make_model;
 using test::make_node;
 using test::value;
 
-class ExternalDataTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("onnxtrain_model_io_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
+class ExternalDataTest : public test::TempDirTest {};
 
 // y = x * big + small: one initializer large enough to go external (>= 1 KiB), one that stays inline.
 Model model_with_initializers() {
