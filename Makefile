@@ -4,7 +4,7 @@ BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
 
-.PHONY: setup deps build test test-cpp test-python conformance demo bench sanitize clean
+.PHONY: setup deps build test test-cpp test-python conformance demo demo-inference bench sanitize clean
 
 setup: deps build
 
@@ -17,7 +17,8 @@ $(BUILD_DIR)/build.ninja:
 build: $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# The whole suite: C++ unit tests, Python tests, then the ONNX node conformance run.
+# The whole suite: C++ unit tests, Python tests, then the ONNX node conformance run. The Python
+# tests install ONNX Runtime (npm onnxruntime-node, bench/setup_peers.sh) for the export check.
 test: setup
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 	$(PYTHON) -m pytest -q tests/python
@@ -32,8 +33,13 @@ test-python: build
 conformance: build
 	$(PYTHON) tests/conformance/run_node_tests.py
 
+# Trains a small CNN on sklearn's digits with the on-device training API; exits non-zero below 97%.
 demo: setup
 	$(PYTHON) examples/demo.py
+
+# Runs exported PyTorch models (MLP, CNN, BERT) through InferenceSession and checks them.
+demo-inference: setup
+	$(PYTHON) examples/inference_demo.py
 
 bench: setup
 	./bench/setup_peers.sh

@@ -15,6 +15,11 @@ packages=(
   python3-sklearn python3-tqdm python3-matplotlib # examples and demo
   libopenblas0-pthread                            # an optimised BLAS for numpy/torch, the benchmark peers
 )
+# node and npm run ONNX Runtime (npm onnxruntime-node, installed by bench/setup_peers.sh) for the
+# export test and the benchmarks. A node from elsewhere (nodesource bundles npm) is kept as it is.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

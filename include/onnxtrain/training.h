@@ -93,8 +93,10 @@ class CheckpointState {
 
   // Every initializer of graph becomes a parameter (data copied); those named in trainable
   // require grad (each must be a floating-point initializer). nominal: shapes and dtypes only.
+  // share_data: the parameters share the graph's tensors instead of copying them (for a state
+  // that is only written out, as generate_artifacts does: no second copy of a large model).
   static CheckpointState from_initializers(const Graph& graph, const std::vector<std::string>& trainable,
-                                           bool nominal = false);
+                                           bool nominal = false, bool share_data = false);
 
   // ---- parameters, in insertion order
   Parameter& add_parameter(const std::string& name, Tensor data, bool requires_grad);

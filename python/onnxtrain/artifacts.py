@@ -88,16 +88,15 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                        loss_options: Optional[Dict[str, Any]] = None) -> List[str]:
     """Writes the training, eval and optimizer models and the checkpoint; returns their paths.
 
-    ``model``: a path, bytes or ``onnx.ModelProto``. ``loss``: a :class:`LossType` or a custom loss
+    ``model``: a path, bytes or ``onnx.ModelProto``; a model over 2 GB must be a path to a file
+    saved with ONNX external data. Models whose initializers pass 2 GB are written with external
+    data (``<name>.onnx.data`` beside them). ``loss``: a :class:`LossType` or a custom loss
     as an ONNX model (path, bytes or ModelProto) whose first inputs take the model's outputs and
     whose single output is the loss. ``optimizer``: an :class:`OptimType` (torch.optim defaults)
     or a configured one (``artifacts.AdamW(lr=...)``). ``loss_options``: reduction, ignore_index,
     label_smoothing, beta/delta, log_target.
     """
-    source = _model_arg(model)
-    if isinstance(source, str):
-        with open(source, "rb") as f:
-            source = f.read()
+    source = _model_arg(model)  # a path stays a path: its external data is found beside it
     if requires_grad is None or isinstance(requires_grad, str):
         raise TypeError("requires_grad must be a sequence of parameter names")
     if loss is None:

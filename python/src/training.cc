@@ -29,7 +29,7 @@ py::list to_numpy_list(const std::vector<Tensor>& tensors) {
 void bind_training(py::module_& m) {
   m.def(
       "generate_artifacts",
-      [](py::bytes model, std::vector<std::string> requires_grad, std::vector<std::string> frozen_params,
+      [](py::object model, std::vector<std::string> requires_grad, std::vector<std::string> frozen_params,
          std::optional<std::string> loss, std::optional<py::bytes> custom_loss, const optim::OptimizerConfig& optimizer,
          std::string directory, std::string prefix, std::vector<std::string> additional_output_names,
          bool nominal_checkpoint, std::vector<std::string> loss_input_names, py::dict loss_options) {
@@ -56,8 +56,13 @@ void bind_training(py::module_& m) {
         o.directory = std::move(directory);
         o.prefix = std::move(prefix);
         o.nominal_checkpoint = nominal_checkpoint;
-        Model mdl = load_model_from_bytes(std::string(model), "", "<model>");
+        // A path keeps external data (models over 2 GB) resolvable next to the file.
+        std::optional<std::string> bytes, path;
+        if (py::isinstance<py::bytes>(model)) bytes = model.cast<std::string>();
+        else path = py::str(model);
         py::gil_scoped_release release;
+        Model mdl = bytes ? load_model_from_bytes(*bytes, "", "<model>") : load_model(*path);
+        bytes.reset();
         ArtifactPaths p = generate_artifacts(mdl, o);
         return std::vector<std::string>{p.training_model, p.eval_model, p.optimizer_model, p.checkpoint};
       },

@@ -2,10 +2,14 @@
 
 #include <onnx/onnx_pb.h>
 
+#include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
+#include <vector>
 
 #include "core/dispatch.h"
 
@@ -58,8 +62,17 @@ void value_info_to_proto(const std::string& name, const ValueInfo& info, onnx::V
   }
 }
 
+// A top-level initializer whose bytes are not copied into the proto: save_model writes them either
+// inline (a model under 2 GB) or to the external data file, straight from the tensor.
+struct DeferredInitializer {
+  onnx::TensorProto* proto;
+  const Tensor* tensor;
+};
+// Initializers smaller than this always stay inline (as ONNX's own external-data writer does).
+constexpr size_t kExternalDataMinBytes = 1024;
+
 Graph graph_from_proto(const onnx::GraphProto& g, const std::string& base_dir, const std::string& where);
-void graph_to_proto(const Graph& graph, onnx::GraphProto* g);
+void graph_to_proto(const Graph& graph, onnx::GraphProto* g, std::vector<DeferredInitializer>* deferred = nullptr);
 
 Attribute attribute_from_proto(const onnx::AttributeProto& a, const std::string& base_dir,
                                const std::string& where) {
@@ -149,12 +162,18 @@ Graph graph_from_proto(const onnx::GraphProto& g, const std::string& base_dir, c
   return graph;
 }
 
-void graph_to_proto(const Graph& graph, onnx::GraphProto* g) {
+void graph_to_proto(const Graph& graph, onnx::GraphProto* g, std::vector<DeferredInitializer>* deferred) {
   g->set_name(graph.name);
   for (const auto& [name, t] : graph.initializers) {
     auto* p = g->add_initializer();
-    tensor_to_proto(t, p);
     p->set_name(name);
+    if (deferred && t.nbytes() >= kExternalDataMinBytes) {
+      p->set_data_type(int(t.dtype()));
+      for (int64_t d : t.shape()) p->add_dims(d);
+      deferred->push_back({p, &t});
+    } else {
+      tensor_to_proto(t, p);
+    }
   }
   for (const auto& in : graph.inputs) value_info_to_proto(in.name, in.info, g->add_input());
   for (const auto& out : graph.outputs) value_info_to_proto(out.name, out.info, g->add_output());
@@ -202,10 +221,17 @@ Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir
   if (p.data_location() == onnx::TensorProto::EXTERNAL) {
     std::string location;
     int64_t offset = 0, length = -1;
+    auto parse_int = [&](const std::string& key, const std::string& text) {
+      int64_t v = 0;
+      auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), v);
+      OT_CHECK(err == std::errc() && end == text.data() + text.size() && v >= 0, what, ": external data ", key, " '",
+               text, "' is not a non-negative integer");
+      return v;
+    };
     for (const auto& kv : p.external_data()) {
       if (kv.key() == "location") location = kv.value();
-      else if (kv.key() == "offset") offset = std::stoll(kv.value());
-      else if (kv.key() == "length") length = std::stoll(kv.value());
+      else if (kv.key() == "offset") offset = parse_int("offset", kv.value());
+      else if (kv.key() == "length") length = parse_int("length", kv.value());
     }
     OT_CHECK(!location.empty(), what, ": external data without a location");
     OT_CHECK(location.find("..") == std::string::npos && location[0] != '/', what,
@@ -279,7 +305,10 @@ Model load_model(const std::string& path) {
   return load_model_from_bytes(read_file(path), dir, "'" + path + "'");
 }
 
-onnx::ModelProto to_proto(const Model& model) {
+namespace {
+
+// The model as a proto whose large top-level initializers are still empty (listed in deferred).
+onnx::ModelProto to_proto_deferred(const Model& model, std::vector<DeferredInitializer>* deferred) {
   onnx::ModelProto proto;
   proto.set_ir_version(model.ir_version);
   proto.set_producer_name(model.producer_name);
@@ -294,52 +323,104 @@ onnx::ModelProto to_proto(const Model& model) {
     kv->set_key(k);
     kv->set_value(v);
   }
-  graph_to_proto(model.graph, proto.mutable_graph());
+  graph_to_proto(model.graph, proto.mutable_graph(), deferred);
+  return proto;
+}
+
+// The serialized size once the deferred initializers are inline: their bytes plus the tag and
+// length varint of each raw_data field (at most 11 bytes) and of the enclosing messages (at most
+// 2 x 11 more: the initializer's own length prefix grows too).
+int64_t inline_size(const onnx::ModelProto& proto, const std::vector<DeferredInitializer>& deferred) {
+  int64_t size = int64_t(proto.ByteSizeLong());
+  for (const auto& d : deferred) size += int64_t(d.tensor->nbytes()) + 33;
+  return size;
+}
+
+void fill_inline(const std::vector<DeferredInitializer>& deferred) {
+  for (const auto& d : deferred) d.proto->set_raw_data(d.tensor->data(), d.tensor->nbytes());
+}
+
+void write_or_throw(std::ofstream& f, const void* data, size_t n, const std::string& path) {
+  constexpr size_t kChunk = size_t(64) << 20;  // streamsize-safe pieces
+  const char* p = static_cast<const char*>(data);
+  for (size_t done = 0; done < n; done += kChunk) f.write(p + done, std::streamsize(std::min(kChunk, n - done)));
+  OT_CHECK(bool(f), "failed writing '", path, "' (disk full?)");
+}
+
+// Writes every deferred initializer to data_path (each one page-aligned, as ONNX's writer does)
+// and points its proto at it. The file is written under a temporary name and renamed into place.
+void write_external_data(const std::vector<DeferredInitializer>& deferred, const std::string& data_path,
+                         const std::string& location) {
+  std::string tmp = data_path + ".tmp";
+  {
+    std::ofstream data(tmp, std::ios::binary | std::ios::trunc);
+    OT_CHECK(bool(data), "cannot write external data file '", tmp, "'");
+    const std::string zeros(4096, '\0');
+    int64_t offset = 0;
+    for (const auto& d : deferred) {
+      int64_t pad = (4096 - offset % 4096) % 4096;
+      write_or_throw(data, zeros.data(), size_t(pad), tmp);
+      offset += pad;
+      int64_t length = int64_t(d.tensor->nbytes());
+      write_or_throw(data, d.tensor->data(), size_t(length), tmp);
+      d.proto->set_data_location(onnx::TensorProto::EXTERNAL);
+      for (const auto& [k, v] : {std::pair<const char*, std::string>{"location", location},
+                                 {"offset", std::to_string(offset)}, {"length", std::to_string(length)}}) {
+        auto* kv = d.proto->add_external_data();
+        kv->set_key(k);
+        kv->set_value(v);
+      }
+      offset += length;
+    }
+    data.flush();
+    OT_CHECK(bool(data), "failed writing external data file '", tmp, "' (disk full?)");
+  }
+  std::error_code ec;
+  fs::rename(tmp, data_path, ec);
+  OT_CHECK(!ec, "cannot rename '", tmp, "' to '", data_path, "': ", ec.message());
+}
+
+}  // namespace
+
+onnx::ModelProto to_proto(const Model& model) {
+  std::vector<DeferredInitializer> deferred;
+  onnx::ModelProto proto = to_proto_deferred(model, &deferred);
+  fill_inline(deferred);
   return proto;
 }
 
 std::string save_model_to_bytes(const Model& model) {
-  onnx::ModelProto proto = to_proto(model);
-  OT_CHECK(int64_t(proto.ByteSizeLong()) < kProtobufLimit, "model is over protobuf's 2 GB limit: save it to a path (external data)");
+  std::vector<DeferredInitializer> deferred;
+  onnx::ModelProto proto = to_proto_deferred(model, &deferred);
+  int64_t size = inline_size(proto, deferred);
+  OT_CHECK(size < kProtobufLimit, "model '", model.graph.name, "' is ", size,
+           " bytes, over protobuf's 2 GB limit: save it to a path (initializers go to external data)");
+  fill_inline(deferred);
   return proto.SerializeAsString();
 }
 
 void save_model(const Model& model, const std::string& path, bool force_external_data) {
-  onnx::ModelProto proto = to_proto(model);
-  if (force_external_data || int64_t(proto.ByteSizeLong()) >= kProtobufLimit) {
-    std::string data_name = fs::path(path).filename().string() + ".data";
-    std::string data_path = (fs::path(path).parent_path() / data_name).string();
-    std::ofstream data(data_path, std::ios::binary | std::ios::trunc);
-    OT_CHECK(bool(data), "cannot write external data file '", data_path, "'");
-    int64_t offset = 0;
-    for (auto& init : *proto.mutable_graph()->mutable_initializer()) {
-      if (init.raw_data().size() < 1024) continue;
-      int64_t length = int64_t(init.raw_data().size());
-      int64_t pad = (4096 - offset % 4096) % 4096;  // page-aligned, as ONNX's own writer does
-      data.write(std::string(size_t(pad), '\0').data(), pad);
-      offset += pad;
-      data.write(init.raw_data().data(), length);
-      init.clear_raw_data();
-      init.set_data_location(onnx::TensorProto::EXTERNAL);
-      auto add = [&](const char* k, const std::string& v) {
-        auto* kv = init.add_external_data();
-        kv->set_key(k);
-        kv->set_value(v);
-      };
-      add("location", data_name);
-      add("offset", std::to_string(offset));
-      add("length", std::to_string(length));
-      offset += length;
-    }
-    OT_CHECK(bool(data.flush()), "failed writing external data file '", data_path, "'");
+  std::vector<DeferredInitializer> deferred;
+  onnx::ModelProto proto = to_proto_deferred(model, &deferred);
+  if (force_external_data || inline_size(proto, deferred) >= kProtobufLimit) {
+    std::string location = fs::path(path).filename().string() + ".data";
+    write_external_data(deferred, (fs::path(path).parent_path() / location).string(), location);
+  } else {
+    fill_inline(deferred);
   }
+  OT_CHECK(int64_t(proto.ByteSizeLong()) < kProtobufLimit, "model '", path, "': ", proto.ByteSizeLong(),
+           " bytes outside the initializers (large Constant attributes?) pass protobuf's 2 GB limit");
   std::string tmp = path + ".tmp";
   {
     std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
     OT_CHECK(bool(f), "cannot write model file '", path, "'");
     OT_CHECK(proto.SerializeToOstream(&f), "failed to serialize model to '", path, "'");
+    f.flush();
+    OT_CHECK(bool(f), "failed writing model file '", tmp, "' (disk full?)");
   }
-  fs::rename(tmp, path);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  OT_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
 }
 
 }  // namespace onnxtrain

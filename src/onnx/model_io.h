@@ -19,9 +19,11 @@ Model from_proto(const onnx::ModelProto& proto, const std::string& base_dir,
                  const std::string& description);
 
 onnx::ModelProto to_proto(const Model& model);
+// Throws, before copying any tensor, when the model would pass protobuf's 2 GB limit.
 std::string save_model_to_bytes(const Model& model);
-// Writes the model; initializers of at least external_threshold bytes go to "<path>.data" as ONNX
-// external data when the whole model would pass protobuf's 2 GB limit (or when forced).
+// Writes the model (atomically: temporary file, then rename). When the whole model would pass
+// protobuf's 2 GB limit (or when forced), every initializer of at least 1 KiB goes to
+// "<path>.data" as ONNX external data, page-aligned, written straight from the tensors (no copy).
 void save_model(const Model& model, const std::string& path, bool force_external_data = false);
 
 Tensor tensor_from_proto(const onnx::TensorProto& proto, const std::string& base_dir = "");

@@ -488,12 +488,12 @@ void CheckpointState::set_optimizer_tensor(const std::string& param, const std::
 }
 
 CheckpointState CheckpointState::from_initializers(const Graph& graph, const std::vector<std::string>& trainable,
-                                                   bool nominal) {
+                                                   bool nominal, bool share_data) {
   CheckpointState s;
   std::unordered_set<std::string> train_set;
   auto add = [&](const std::string& name, const Tensor& t, bool requires_grad) {
     if (nominal) s.add_nominal_parameter(name, t.dtype(), t.shape(), requires_grad);
-    else s.add_parameter(name, t.clone(), requires_grad);
+    else s.add_parameter(name, share_data ? t : t.clone(), requires_grad);
   };
   for (const auto& name : trainable) {
     auto it = graph.initializers.find(name);

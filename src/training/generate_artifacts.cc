@@ -56,7 +56,8 @@ ArtifactPaths generate_artifacts(const Model& model, const ArtifactOptions& opti
   Graph params;
   for (const auto& name : graphs.trainable) params.initializers[name] = model.graph.initializers.at(name);
   for (const auto& name : graphs.frozen) params.initializers[name] = model.graph.initializers.at(name);
-  CheckpointState state = CheckpointState::from_initializers(params, graphs.trainable, options.nominal_checkpoint);
+  CheckpointState state = CheckpointState::from_initializers(params, graphs.trainable, options.nominal_checkpoint,
+                                                             /*share_data=*/true);
 
   std::error_code ec;
   fs::create_directories(options.directory, ec);

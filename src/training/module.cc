@@ -145,10 +145,11 @@ void Module::export_model_for_inferencing(const std::string& path, const std::ve
              "' is not a value of the eval model");
     g.outputs.push_back({name, g.value_info.count(name) ? g.value_info.at(name) : ValueInfo{}});
   }
-  // Parameters become initializers again, with their trained values.
+  // Parameters become initializers again, with their trained values (shared, not copied: the
+  // model is only written out).
   std::vector<NamedValue> kept;
   for (auto& in : g.inputs) {
-    if (state_.has_parameter(in.name)) g.initializers[in.name] = state_.parameter(in.name).data().clone();
+    if (state_.has_parameter(in.name)) g.initializers[in.name] = state_.parameter(in.name).data();
     else kept.push_back(in);
   }
   g.inputs = kept;

@@ -26,19 +26,7 @@ namespace fs = std::filesystem;
 using checkpoint::TensorEntry;
 using test::error_of;
 
-class CheckpointTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("onnxtrain_ckpt_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
+class CheckpointTest : public test::TempDirTest {};
 
 std::string read_file(const std::string& p) {
   std::ifstream f(p, std::ios::binary);

@@ -52,6 +52,29 @@ TEST(Executor, PlannedRunsMatchTheRecordingRunAndAllocateNothing) {
   }
 }
 
+// A residual add, y = (r + exp(r)) * 2 with r = relu(x): the Add may compute in place over either
+// input, both of which die there, but over only one of them. Taking over both would put r and
+// exp(r) in one buffer although both are live while Exp runs.
+TEST(Executor, InPlaceOutputTakesOverOneInputOnly) {
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{64})};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt)};
+  g.initializers["two"] = Tensor::scalar<float>(2.0f);
+  g.nodes = {make_node("Relu", {"x"}, {"r"}), make_node("Exp", {"r"}, {"e"}), make_node("Add", {"r", "e"}, {"s"}),
+             make_node("Mul", {"s", "two"}, {"y"})};
+  Executor exec(make_model(std::move(g)));
+  std::vector<float> x(64);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i) * 0.05f - 1.0f;
+  for (int run = 0; run < 3; ++run) {
+    auto out = exec.run({{"x", Tensor::from_vector(x, {64})}});
+    for (size_t i = 0; i < x.size(); ++i) {
+      float r = std::max(x[i], 0.0f);
+      ASSERT_NEAR(out[0].data<float>()[i], (r + std::exp(r)) * 2.0f, 1e-5f) << "run " << run << ", element " << i;
+    }
+  }
+  EXPECT_EQ(exec.memory_report().inplace_reuses, 1u);
+}
+
 TEST(Executor, OutputsOfEarlierRunsAreNotOverwritten) {
   Executor exec(chain_model());
   auto first = exec.run(chain_feeds(0));

@@ -1,6 +1,11 @@
-// Small helpers for tests: graphs built by hand, without protobuf, and error messages.
+// Small helpers for tests: graphs built by hand, without protobuf, error messages, temporary directories.
 #pragma once
 
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -41,5 +46,20 @@ std::string error_of(F&& f) {
   }
   return "<no error>";
 }
+
+// A fixture with a fresh temporary directory per test, removed afterwards.
+class TempDirTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = std::filesystem::temp_directory_path() / ("onnxtrain_" + std::string(info->test_suite_name()) + "_" +
+                                                     std::to_string(::getpid()) + "_" + info->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::filesystem::path dir_;
+};
 
 }  // namespace onnxtrain::test
