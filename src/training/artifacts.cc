@@ -5,6 +5,7 @@
 
 #include "autodiff/autodiff.h"
 #include "ir/builder.h"
+#include "ops/nn/norm_common.h"  // batch_norm_training
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 #include "training/json.h"
@@ -125,7 +126,7 @@ Model to_inference_mode(const Model& model) {
     if (n.op_type == "Dropout") {
       if (n.inputs.size() > 2) n.inputs.resize(2);  // training_mode omitted: inference
       if (n.outputs.size() > 1) n.outputs.resize(1);
-    } else if (n.op_type == "BatchNormalization" && n.attr_int("training_mode", 0) == 1) {
+    } else if (n.op_type == "BatchNormalization" && batch_norm_training(n, m.opset(""))) {
       n.attributes.erase("training_mode");
       n.outputs.resize(1);
     }
@@ -168,7 +169,7 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   // BatchNorm running statistics updated by a training step.
   std::vector<std::pair<std::string, std::string>> buffer_updates;  // (buffer, new value)
   for (const auto& n : g.nodes)
-    if (n.domain.empty() && n.op_type == "BatchNormalization" && n.attr_int("training_mode", 0) == 1)
+    if (n.domain.empty() && n.op_type == "BatchNormalization" && batch_norm_training(n, m.opset("")))
       for (size_t k : {size_t(1), size_t(2)})
         if (n.has_output(k) && g.is_initializer(n.inputs[k + 2])) buffer_updates.emplace_back(n.inputs[k + 2], n.outputs[k]);
 

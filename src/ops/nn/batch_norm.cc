@@ -1,7 +1,9 @@
 // BatchNormalization. Inference: y = (x - mean[c]) / sqrt(var[c] + eps) * scale[c] + B[c], folded
 // into y = x * a[c] + b[c] over (N, C, spatial) rows. Opset 14/15 with training_mode=1 normalises
 // with the batch statistics (population variance over N and the spatial dims) and also outputs
-// running_mean = mean * momentum + batch_mean * (1 - momentum), and likewise running_var.
+// running_mean = mean * momentum + batch_mean * (1 - momentum), and likewise running_var; opsets
+// 9-13 are in training mode when they ask for those outputs, and can also output the batch
+// statistics (saved_mean, saved_var).
 // Opsets before 9 with spatial=0 keep one parameter per (channel, position): the view is then
 // (N, C * D1 * ..., 1).
 #include <cmath>
@@ -12,10 +14,6 @@
 
 namespace onnxtrain {
 namespace {
-
-bool training_mode(const Node& node, int64_t opset) {
-  return opset >= 14 && node.attr_int("training_mode", 0) != 0;
-}
 
 void shape_batch_norm(ShapeContext& ctx) {
   ctx.set_output(0, ctx.input_dtype(0), ctx.input_shape(0));
@@ -29,14 +27,11 @@ void batch_norm_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
   const Tensor& x = ctx.input(0);
   OT_CHECK(x.rank() >= 2, node.context(), "expected X of shape [N, C, ...], got ", shape_str(x.shape()));
-  bool training = training_mode(node, ctx.opset());
-  if (!training) {
+  bool training = batch_norm_training(node, ctx.opset());
+  if (!training)
     for (size_t i = 1; i < ctx.num_outputs(); ++i)
       if (ctx.output_requested(i))
-        OT_THROW(kNotImplemented, node.context(),
-                 ctx.opset() >= 14 ? "running_mean/running_var outputs need training_mode=1"
-                                   : "training outputs (mean, var, saved_mean, saved_var) of opsets before 14 are not supported");
-  }
+        OT_THROW(kInvalidModel, node.context(), "running_mean/running_var outputs need training_mode=1");
   const bool spatial = ctx.opset() >= 9 || node.attr_int("spatial", 1) != 0;
   OT_CHECK(spatial || !training, node.context(), "spatial=0 is not supported in training mode");
   const int64_t n = x.dim(0);
@@ -77,6 +72,17 @@ void batch_norm_kernel(KernelContext& ctx) {
           bv[size_t(ch)] = sq * inv_count;
         }
       });
+      // Opsets 9-13 also output the batch statistics themselves (saved_mean, saved_var).
+      for (size_t k = 3; k <= 4 && k < ctx.num_outputs(); ++k) {
+        if (!ctx.output_requested(k)) continue;
+        const Tensor& like = ctx.input(k == 3 ? 3 : 4);
+        Tensor& out = ctx.output(k, like.dtype(), like.shape());
+        const std::vector<C>& batch = k == 3 ? bm : bv;
+        dispatch_float(like.dtype(), [&]<typename U>() {
+          U* po = out.data<U>();
+          for (int64_t ch = 0; ch < c; ++ch) po[ch] = cast_value<U>(batch[size_t(ch)]);
+        });
+      }
       for (size_t k = 1; k <= 2; ++k) {
         if (!ctx.output_requested(k)) continue;
         const Tensor& src = ctx.input(k + 2);
@@ -190,10 +196,12 @@ void shape_batch_norm_grad(ShapeContext& ctx) {
 // running-statistic outputs give dmean = momentum * drunning_mean, dvar = momentum * drunning_var.
 void batch_norm_gradient(GradientBuilder& g) {
   const Node& n = g.node();
-  const bool training = g.opset() >= 14 && n.attr_int("training_mode", 0) != 0;
+  const bool training = batch_norm_training(n, g.opset());
   GraphBuilder::Attrs attrs{{"epsilon", Attribute::of(n.attr_float("epsilon", 1e-5f))},
                             {"training_mode", Attribute::of(int64_t(training ? 1 : 0))}};
   if (g.opset() < 9 && n.attr_int("spatial", 1) == 0) attrs["spatial"] = Attribute::of(int64_t(0));
+  if (g.has_dy(3) || g.has_dy(4))
+    OT_THROW(kNotImplemented, g.context(), "gradients through saved_mean/saved_var (opsets 9-13)");
   const bool running_grads = g.has_dy(1) || g.has_dy(2);
   if (running_grads && g.needs(0))
     OT_THROW(kNotImplemented, g.context(), "the gradient of running_mean/running_var with respect to X");

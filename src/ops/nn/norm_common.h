@@ -10,6 +10,16 @@
 
 namespace onnxtrain {
 
+// Whether a BatchNormalization node normalises with batch statistics: opset 14+ says so with
+// training_mode=1; before 14, asking for any statistics output (running mean/var, saved mean/var)
+// is what makes it a training node.
+inline bool batch_norm_training(const Node& node, int64_t opset) {
+  if (opset >= 14) return node.attr_int("training_mode", 0) != 0;
+  for (size_t i = 1; i < node.outputs.size(); ++i)
+    if (node.has_output(i)) return true;
+  return false;
+}
+
 // The values of t broadcast (unidirectionally, numpy rules) to `target`, flattened, as C.
 template <typename C>
 std::vector<C> broadcast_param(const Node& node, const Tensor& t, const Shape& target, const char* what) {
