@@ -34,8 +34,11 @@ conformance: build
 	$(PYTHON) tests/conformance/run_node_tests.py
 
 # Trains a small CNN on sklearn's digits with the on-device training API; exits non-zero below 97%.
+# Trains a CNN on sklearn's digits from Python, then trains the same artifacts again from C++
+# (examples/cpp/train_digits.cc, no Python involved).
 demo: setup
 	$(PYTHON) examples/demo.py
+	$(BUILD_DIR)/examples/train_digits examples/out/digits_artifacts examples/out/digits.npz examples/out/cpp 0.97
 
 # Runs exported PyTorch models (MLP, CNN, BERT) through InferenceSession and checks them.
 demo-inference: setup
