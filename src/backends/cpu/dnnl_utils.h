@@ -41,4 +41,51 @@ decltype(auto) dnnl_guard(const std::string& context, const char* what, F&& f) {
   }
 }
 
+// One primitive argument whose layout the primitive chose (blocked, e.g. nChw16c): when it differs
+// from the plain ONNX layout, a buffer in the primitive's layout and the reorder between the two.
+// Blocked layouts are what make oneDNN's JIT kernels fast; reordering costs one pass (or none,
+// for constant data, through read_constant).
+struct Relayout {
+  dnnl::memory::desc user, prim;
+  bool needed = false;
+  dnnl::reorder reorder;
+  mutable dnnl::memory buffer;
+  mutable const void* cached = nullptr;  // the constant data `buffer` holds, for read_constant
+
+  // `to_prim`: the primitive reads this argument (reorder user -> prim); else it writes it.
+  Relayout(const dnnl::memory::desc& user_md, const dnnl::memory::desc& prim_md, bool to_prim)
+      : user(user_md), prim(prim_md), needed(user_md != prim_md) {
+    if (!needed) return;
+    auto& eng = dnnl_engine();
+    buffer = dnnl::memory(prim, eng);
+    reorder = to_prim ? dnnl::reorder(dnnl::reorder::primitive_desc(eng, user, eng, prim))
+                      : dnnl::reorder(dnnl::reorder::primitive_desc(eng, prim, eng, user));
+  }
+  Relayout() = default;
+
+  // The memory a primitive reads: `data` itself, or its copy in the primitive's layout.
+  dnnl::memory read(const void* data, dnnl::stream& strm) const {
+    dnnl::memory m(user, dnnl_engine(), const_cast<void*>(data));
+    if (!needed) return m;
+    reorder.execute(strm, m, buffer);
+    return buffer;
+  }
+  // read() for data that never changes at this address (initializers): reordered once.
+  dnnl::memory read_constant(const void* data, dnnl::stream& strm) const {
+    if (!needed || cached != data) {
+      dnnl::memory m = read(data, strm);
+      cached = data;
+      return m;
+    }
+    return buffer;
+  }
+  // The memory a primitive writes; finish_write() then moves it to `data` when it was a buffer.
+  dnnl::memory write(void* data) const { return needed ? buffer : dnnl::memory(user, dnnl_engine(), data); }
+  void finish_write(void* data, dnnl::stream& strm) const {
+    if (!needed) return;
+    dnnl::memory m(user, dnnl_engine(), data);
+    reorder.execute(strm, buffer, m);
+  }
+};
+
 }  // namespace onnxtrain::cpu

@@ -18,7 +18,7 @@ Shape MatmulDims::out_batch() const {
 int64_t MatmulDims::batch_count() const { return numel(out_batch()); }
 
 std::vector<int64_t> MatmulDims::key() const {
-  std::vector<int64_t> key{m, n, k, trans_a, trans_b, bias, int64_t(a_batch.size())};
+  std::vector<int64_t> key{m, n, k, trans_a, trans_b, bias, b_constant, int64_t(a_batch.size())};
   key.insert(key.end(), a_batch.begin(), a_batch.end());
   key.insert(key.end(), b_batch.begin(), b_batch.end());
   uint32_t bits[2];
@@ -34,6 +34,7 @@ struct Matmul::Impl {
   // What the primitive computes: the batch may be folded into M, or looped over.
   dnnl::memory::desc a_md, b_md, c_md, bias_md;
   dnnl::matmul prim;
+  Relayout packed_b;  // constant B in the primitive's layout (needed only when b_constant)
   // Batch loop when oneDNN cannot broadcast these batch dims itself: offsets per call.
   std::vector<int64_t> a_off, b_off, c_off;
   std::string context;
@@ -94,10 +95,14 @@ Matmul::Matmul(const MatmulDims& dims, const std::string& context) : impl_(std::
     p.b_md = strided_md(cat(b_b, dims.k, dims.n), dt::f32, operand_strides(b_b, dims.k, dims.n, dims.trans_b));
     p.c_md = plain_md(cat(o_b, m, dims.n), dt::f32);
     if (dims.bias) p.bias_md = plain_md(cat(Shape(o_b.size(), 1), 1, dims.n), dt::f32);
-    auto desc = dims.bias ? dnnl::matmul::desc(p.a_md, p.b_md, p.bias_md, p.c_md)
-                          : dnnl::matmul::desc(p.a_md, p.b_md, p.c_md);
+    // A constant B may take whatever layout the primitive prefers: it is packed once.
+    dnnl::memory::desc b_prim =
+        dims.b_constant ? dnnl::memory::desc(cat(b_b, dims.k, dims.n), dt::f32, dnnl::memory::format_tag::any) : p.b_md;
+    auto desc = dims.bias ? dnnl::matmul::desc(p.a_md, b_prim, p.bias_md, p.c_md)
+                          : dnnl::matmul::desc(p.a_md, b_prim, p.c_md);
     dnnl::matmul::primitive_desc pd(desc, attr, dnnl_engine());
     p.prim = dnnl::matmul(pd);
+    p.packed_b = Relayout(p.b_md, pd.weights_desc(), true);
   };
   try {
     build(ab, bb, ob);
@@ -140,7 +145,7 @@ void Matmul::run(const float* a, const float* b, float* c, const float* bias) co
     auto exec = [&](const float* ap, const float* bp, float* cp) {
       std::unordered_map<int, dnnl::memory> args{
           {DNNL_ARG_SRC, dnnl::memory(p.a_md, eng, const_cast<float*>(ap))},
-          {DNNL_ARG_WEIGHTS, dnnl::memory(p.b_md, eng, const_cast<float*>(bp))},
+          {DNNL_ARG_WEIGHTS, p.dims.b_constant ? p.packed_b.read_constant(bp, strm) : p.packed_b.read(bp, strm)},
           {DNNL_ARG_DST, dnnl::memory(p.c_md, eng, cp)}};
       if (p.dims.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, eng, const_cast<float*>(bias)));
       p.prim.execute(strm, args);

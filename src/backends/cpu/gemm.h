@@ -27,6 +27,8 @@ struct MatmulDims {
   float alpha = 1.0f;
   float beta = 0.0f;       // != 0: C's existing contents are scaled by beta and accumulated
   bool bias = false;       // add a length-n row vector to every output row (fp32: fused)
+  bool b_constant = false; // B never changes at its address (an initializer): packed once into
+                           // oneDNN's preferred layout and reused, as ONNX Runtime prepacks
 
   Shape out_batch() const;  // broadcast of a_batch and b_batch
   int64_t batch_count() const;

@@ -58,7 +58,7 @@ class FusedMatMulKernel final : public Kernel {
         bias = nullptr;
       }
     }
-    run_matmul(node, plan.dims, a, b, y, cache_, bias);
+    run_matmul(node, plan.dims, a, b, y, cache_, bias, ctx.input_is_constant(1));
   }
 
  private:

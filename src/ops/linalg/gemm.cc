@@ -68,7 +68,7 @@ class GemmKernel final : public Kernel {
         });
       }
     }
-    run_matmul(node, d, a, b, y, cache_, bias);
+    run_matmul(node, d, a, b, y, cache_, bias, ctx.input_is_constant(1));
   }
 
  private:

@@ -30,7 +30,7 @@ class MatMulKernel final : public Kernel {
              dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
     MatmulPlan plan = plan_matmul(ctx.node(), a.shape(), b.shape());
     Tensor& y = ctx.output(0, a.dtype(), plan.out_shape);
-    run_matmul(ctx.node(), plan.dims, a, b, y, cache_);
+    run_matmul(ctx.node(), plan.dims, a, b, y, cache_, nullptr, ctx.input_is_constant(1));
   }
 
  private:

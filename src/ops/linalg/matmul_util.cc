@@ -59,8 +59,10 @@ Shape matmul_static_shape(const Shape& a_in, const Shape& b_in, bool trans_a, bo
   return out;
 }
 
-void run_matmul(const Node& node, const cpu::MatmulDims& d, const Tensor& a, const Tensor& b, Tensor& y,
-                cpu::MatmulCache& cache, const Tensor* bias) {
+void run_matmul(const Node& node, const cpu::MatmulDims& dims, const Tensor& a, const Tensor& b, Tensor& y,
+                cpu::MatmulCache& cache, const Tensor* bias, bool b_constant) {
+  cpu::MatmulDims d = dims;
+  d.b_constant = b_constant;
   if (y.numel() == 0) return;
   if (d.k == 0) {  // empty contraction: alpha * 0 + beta * y + bias
     dispatch_numeric(y.dtype(), [&]<typename T>() {

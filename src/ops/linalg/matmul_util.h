@@ -29,6 +29,6 @@ void matmul_gradient(GradientBuilder& g, size_t ia, size_t ib, bool trans_a, boo
 // y = alpha * op(a) op(b) + beta * y (+ bias): y must already have the planned shape; handles
 // empty operands (K = 0 gives zeros, or beta * y + bias).
 void run_matmul(const Node& node, const cpu::MatmulDims& dims, const Tensor& a, const Tensor& b, Tensor& y,
-                cpu::MatmulCache& cache, const Tensor* bias = nullptr);
+                cpu::MatmulCache& cache, const Tensor* bias = nullptr, bool b_constant = false);
 
 }  // namespace onnxtrain
