@@ -47,6 +47,14 @@ bool is_scalar_constant(const Graph& g, const std::string& value, double expecte
 
 bool is_op(const Node& n, const char* op) { return n.op_type == op && n.domain.empty(); }
 
+// Rebuilds g.nodes without the removed ones.
+void drop_removed(Graph& g, const std::vector<char>& removed) {
+  std::vector<Node> kept;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (!removed[i]) kept.push_back(std::move(g.nodes[i]));
+  g.nodes = std::move(kept);
+}
+
 // The operand of a binary node other than `value`, or "" when `value` is not an operand.
 std::string other_operand(const Node& n, const std::string& value) {
   if (n.inputs.size() != 2) return "";
@@ -119,17 +127,9 @@ int fuse_gelu(Graph& g) {
     removed[last] = 0;
     ++fused;
   }
-  if (!fused) return 0;
-  std::vector<Node> kept;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (!removed[i]) kept.push_back(std::move(g.nodes[i]));
-  g.nodes = std::move(kept);
+  if (fused) drop_removed(g, removed);
   return fused;
 }
-
-}  // namespace onnxtrain
-
-namespace onnxtrain {
 
 namespace {
 // perm swaps the last two axes and keeps the others in place.
@@ -200,27 +200,11 @@ int fuse_matmul(Graph& g) {
     removed[last] = 0;
     ++fused;
   }
-  if (!fused) return 0;
-  std::vector<Node> kept;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (!removed[i]) kept.push_back(std::move(g.nodes[i]));
-  g.nodes = std::move(kept);
+  if (fused) drop_removed(g, removed);
   return fused;
 }
 
-}  // namespace onnxtrain
-
-namespace onnxtrain {
-
 namespace {
-
-// Rebuilds g.nodes without the removed ones.
-void drop_removed(Graph& g, const std::vector<char>& removed) {
-  std::vector<Node> kept;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
-    if (!removed[i]) kept.push_back(std::move(g.nodes[i]));
-  g.nodes = std::move(kept);
-}
 
 // A constant float tensor as doubles, or nullopt when `value` is not a float initializer of n elements.
 std::optional<std::vector<double>> constant_doubles(const Graph& g, const std::string& value, int64_t n) {
