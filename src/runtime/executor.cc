@@ -278,6 +278,9 @@ void Executor::build_arena(Plan& plan) {
       if (out < 0 || in < 0 || plan.alias_of[size_t(out)] >= 0) continue;
       int gin = groups.find(in), gout = groups.find(out);
       if (gin == gout || blocked[size_t(gin)] || blocked[size_t(gout)] || last[size_t(gin)] != int(s)) continue;
+      // The output's group must not hold anything older than this step: once it has taken over
+      // one input's buffer (Add's A), it cannot also take B's, which is alive at the same time.
+      if (first[size_t(gout)] < int(s)) continue;
       if (plan.dtypes[size_t(in)] != plan.dtypes[size_t(out)] || plan.shapes[size_t(in)] != plan.shapes[size_t(out)]) continue;
       if (plan.alias_of[size_t(in)] >= 0) continue;  // only over the buffer's own value
       bool shared = false;
