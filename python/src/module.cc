@@ -191,4 +191,5 @@ PYBIND11_MODULE(_C, m) {
   bind_checkpoint(m);
   bind_optim(m);
   bind_training(m);
+  bind_torch_bridge(m);
 }
