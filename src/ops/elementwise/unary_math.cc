@@ -77,25 +77,25 @@ T relu_value(T v) {
 void abs_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
-  dispatch_numeric(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), abs_value<T>); });
+  dispatch_numeric(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return abs_value<T>(v); }); });
 }
 
 void neg_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
-  dispatch_signed(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), neg_value<T>); });
+  dispatch_signed(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return neg_value<T>(v); }); });
 }
 
 void sign_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
-  dispatch_numeric(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), sign_value<T>); });
+  dispatch_numeric(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return sign_value<T>(v); }); });
 }
 
 void relu_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
-  dispatch_signed(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), relu_value<T>); });
+  dispatch_signed(x.dtype(), [&]<typename T>() { unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return relu_value<T>(v); }); });
 }
 
 }  // namespace
