@@ -197,6 +197,17 @@ def test_eval_no_grad_accumulation_and_retain_graph():
     assert [s["backward"] for s in wrapped.build_stats] == [True, False, True]
 
 
+def test_submodules_keep_their_own_modes():
+    # A frozen BatchNorm (eval) inside a training model: running statistics are read, not updated.
+    model, batches = model_and_batches("cnn", 3)
+    model.features[1].bn.eval()
+    reference = copy.deepcopy(model)
+    ours, theirs = train(TrainModule(model), batches, SGD), train(reference, batches, SGD)
+    assert model.training and not model.features[1].bn.training and model.features[0].bn.training
+    assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) < 1e-4
+    assert_close_state(model.state_dict(), reference.state_dict(), 1e-4)
+
+
 class DropoutNet(nn.Module):
     def __init__(self):
         super().__init__()

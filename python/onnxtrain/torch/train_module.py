@@ -5,7 +5,7 @@
 
 On the first call with a new input schema (shapes, dtypes, which inputs require grad, constants,
 train/eval mode) the module is exported with torch.onnx.export (opset 17, no constant folding,
-parameters as initializers), differentiated for the parameters and inputs that require grad,
+parameters as initializers, every submodule in its own train/eval mode), differentiated for the parameters and inputs that require grad,
 split into a forward and a backward graph and planned; a repeated schema reuses them. A
 ``torch.autograd.Function`` runs the forward graph and saves what the backward graph reads;
 backward takes torch's upstream gradients. Tensors cross by DLPack without copies, parameters are
@@ -314,7 +314,9 @@ class TrainModule(nn.Module):
                 torch.onnx.export(
                     wrapper, tuple(inputs), f, opset_version=self._settings.opset, do_constant_folding=False,
                     export_params=True, keep_initializers_as_inputs=False,
-                    training=torch.onnx.TrainingMode.TRAINING if self.training else torch.onnx.TrainingMode.PRESERVE,
+                    # Each submodule exports in its own mode (a frozen BatchNorm in eval inside a
+                    # training model); TRAINING would switch them all to train and leave them so.
+                    training=torch.onnx.TrainingMode.PRESERVE,
                     input_names=[_INPUT.format(i) for i in range(len(inputs))],
                     output_names=None)
         except Exception as exc:  # the exporter raises many types; its message names the op
