@@ -124,6 +124,20 @@ py::capsule tensor_to_dlpack(const Tensor& t) {
   });
 }
 
+// Where each name of `subset`, a subsequence of `all`, sits in it; repeated names map to successive
+// occurrences (seeded outputs follow the outputs' order, and a model may return a value twice).
+std::vector<int> subsequence_positions(const std::vector<std::string>& subset, const std::vector<std::string>& all) {
+  std::vector<int> out;
+  size_t i = 0;
+  for (const auto& name : subset) {
+    while (i < all.size() && all[i] != name) ++i;
+    OT_CHECK(i < all.size(), "TrainModule: '", name, "' is out of the graph outputs' order");
+    out.push_back(int(i++));
+  }
+  return out;
+}
+
+// Where each name of `subset` first occurs in `all`.
 std::vector<int> positions(const std::vector<std::string>& subset, const std::vector<std::string>& all) {
   std::vector<int> out;
   for (const auto& name : subset)
@@ -249,7 +263,7 @@ void bind_torch_bridge(py::module_& m) {
       .def_property_readonly("forward_feeds", [](const TorchRunner& r) { return positions(r.graphs().forward_feeds, r.graphs().inputs); })
       .def_property_readonly("backward_feeds", [](const TorchRunner& r) { return positions(r.graphs().backward_feeds, r.graphs().inputs); })
       .def_property_readonly("outputs", [](const TorchRunner& r) { return r.graphs().outputs; })
-      .def_property_readonly("seeded_outputs", [](const TorchRunner& r) { return positions(r.graphs().seeded_outputs, r.graphs().outputs); })
+      .def_property_readonly("seeded_outputs", [](const TorchRunner& r) { return subsequence_positions(r.graphs().seeded_outputs, r.graphs().outputs); })
       .def_property_readonly("buffers", [](const TorchRunner& r) { return r.graphs().buffers; })
       .def_property_readonly("buffer_outputs", [](const TorchRunner& r) { return positions(r.graphs().buffer_outputs, r.forward_outputs()); })
       .def_property_readonly("saved", [](const TorchRunner& r) { return positions(r.graphs().saved, r.forward_outputs()); })

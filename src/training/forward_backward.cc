@@ -160,8 +160,10 @@ void split(const Model& full, bool recompute, ForwardBackwardGraphs& fb) {
   for (const auto& in : g.inputs)
     if (!seeds.count(in.name)) fg.inputs.push_back(in);
   fg.outputs.clear();
-  std::unordered_set<std::string> listed;
-  for (const auto* names : {&fb.outputs, &fb.buffer_outputs, &fb.saved})
+  // The model's outputs as they are (one value may be returned twice), then the rest once each.
+  std::unordered_set<std::string> listed(fb.outputs.begin(), fb.outputs.end());
+  for (const auto& v : fb.outputs) fg.outputs.push_back({v, info_of(g, v)});
+  for (const auto* names : {&fb.buffer_outputs, &fb.saved})
     for (const auto& v : *names)
       if (listed.insert(v).second) fg.outputs.push_back({v, info_of(g, v)});
   prune(fg, {});

@@ -173,6 +173,29 @@ def test_nested_inputs_and_outputs_and_input_gradients():
     assert len(wrapped.build_stats) == 3  # (use_b, scale) are constants of the schema
 
 
+class Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h, h, x  # one value twice, an input passed through
+
+
+def test_repeated_and_passed_through_outputs():
+    torch.manual_seed(0)
+    model = Twice()
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 3, requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    for m, inp in [(TrainModule(model), x), (reference, xr)]:
+        a, b, c = m(inp)
+        (2 * a.sum() + b.pow(2).sum() + 3 * c.sum()).backward()
+    torch.testing.assert_close(x.grad, xr.grad)
+    torch.testing.assert_close(model.fc.weight.grad, reference.fc.weight.grad)
+
+
 def test_eval_no_grad_accumulation_and_retain_graph():
     model, batches = model_and_batches("cnn", 2)
     reference = copy.deepcopy(model)

@@ -176,6 +176,7 @@ class TrainModule(nn.Module):
         self._exports: Dict[Any, _Export] = {}
         self._graphs: Dict[Any, _Graph] = {}
         self._fallback_reason: Optional[str] = None
+        self._paths: Dict[str, List[str]] = {}  # state_dict key -> attribute path
 
     # ---- the torch.nn.Module surface ---------------------------------------------------------
 
@@ -248,10 +249,15 @@ class TrainModule(nn.Module):
         return _tree.unflatten(graph.export.out_structure, iter(flat))
 
     def _state(self, key: str) -> torch.Tensor:
-        owner, _, name = key.rpartition(".")
-        module = self._original_module.get_submodule(owner) if owner else self._original_module
-        value = module._parameters.get(name)
-        return value if value is not None else module._buffers[name]
+        """The parameter or buffer named ``key`` now (looked up each call: it may have been replaced)."""
+        path = self._paths.get(key)
+        if path is None:
+            path = self._paths[key] = key.split(".")
+        module = self._original_module
+        for part in path[:-1]:
+            module = module._modules[part]
+        value = module._parameters.get(path[-1])
+        return value if value is not None else module._buffers[path[-1]]
 
     def _run_forward(self, graph: _Graph, inputs, params):
         """Runs the forward graph; writes buffer updates. Returns (outputs, saved, backward feeds)."""
