@@ -158,6 +158,7 @@ class TorchRunner {
       return !model.graph.is_input(n) && std::find(options.bind.begin(), options.bind.end(), n) == options.bind.end();
     });
     fb_ = build_forward_backward(model, options);
+    wrt_ = options.wrt;
     forward_ = std::make_unique<Executor>(fb_.forward);
     if (!fb_.gradients.empty()) backward_ = std::make_unique<Executor>(fb_.backward);
     for (const auto& out : fb_.forward.graph.outputs) forward_outputs_.push_back(out.name);
@@ -165,6 +166,7 @@ class TorchRunner {
 
   const ForwardBackwardGraphs& graphs() const { return fb_; }
   const std::vector<std::string>& forward_outputs() const { return forward_outputs_; }
+  const std::vector<std::string>& wrt() const { return wrt_; }
   bool has_backward() const { return backward_ != nullptr; }
 
   // feeds: fb.forward_feeds, in order. Returns every forward output as a capsule.
@@ -234,6 +236,7 @@ class TorchRunner {
   ForwardBackwardGraphs fb_;
   std::unique_ptr<Executor> forward_, backward_;
   std::vector<std::string> forward_outputs_;
+  std::vector<std::string> wrt_;  // what was differentiated, parallel to the gradients
   std::vector<DType> saved_dtypes_;
 };
 
@@ -268,6 +271,7 @@ void bind_torch_bridge(py::module_& m) {
       .def_property_readonly("buffer_outputs", [](const TorchRunner& r) { return positions(r.graphs().buffer_outputs, r.forward_outputs()); })
       .def_property_readonly("saved", [](const TorchRunner& r) { return positions(r.graphs().saved, r.forward_outputs()); })
       .def_property_readonly("gradients", [](const TorchRunner& r) { return r.graphs().gradients; })
+      .def_property_readonly("wrt", &TorchRunner::wrt)
       .def("forward_model", [](const TorchRunner& r) { return py::bytes(save_model_to_bytes(r.graphs().forward)); })
       .def("backward_model", [](const TorchRunner& r) {
         return r.has_backward() ? py::object(py::bytes(save_model_to_bytes(r.graphs().backward))) : py::object(py::none());

@@ -121,6 +121,10 @@ def test_state_dict_moves_between_wrapped_and_plain():
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(wrapped(x), other(x), rtol=1e-5, atol=1e-6)
+    twin = copy.deepcopy(wrapped)  # graphs are not copied; parameters stay shared with its module
+    assert list(twin.parameters())[0] is next(twin.original_module.parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), other(x), rtol=1e-5, atol=1e-6)
 
 
 def test_new_batch_size_and_sequence_length_build_new_graphs():

@@ -111,7 +111,7 @@ class _Graph:
         # torch counts BatchNorm's batches: "<bn>.num_batches_tracked" next to each updated running_mean.
         self.counters = sorted({key[: -len("running_mean")] + "num_batches_tracked" for key, _ in self.buffer_updates
                                 if key.endswith("running_mean")})
-        self.wrt = [self.sources[runner.inputs.index(g[: -len("_grad")])] for g in runner.gradients]
+        self.wrt = [self.sources[runner.inputs.index(name)] for name in runner.wrt]  # parallel to the gradients
         self.build_seconds = 0.0
 
 
@@ -121,11 +121,10 @@ class _RunGraph(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, owner: "TrainModule", graph: _Graph, n_inputs: int, *tensors):
-        inputs, params = tensors[:n_inputs], tensors[n_inputs:]
-        outputs, saved, feeds = owner._run_forward(graph, inputs, params)
+        outputs, saved, feeds = owner._run_forward(graph, tensors[:n_inputs])
         ctx.graph = graph
         ctx.n_inputs = n_inputs
-        ctx.n_params = len(params)
+        ctx.n_params = len(tensors) - n_inputs
         ctx.n_saved = len(saved)
         not_differentiable = set(range(graph.n_outputs)) - set(graph.seeded)
         ctx.mark_non_differentiable(*(outputs[i] for i in sorted(not_differentiable)))
@@ -181,9 +180,14 @@ class TrainModule(nn.Module):
     # ---- the torch.nn.Module surface ---------------------------------------------------------
 
     @property
-    def module(self) -> nn.Module:
-        """The wrapped PyTorch module."""
+    def original_module(self) -> nn.Module:
+        """The wrapped PyTorch module (``.module`` would shadow a child of that name)."""
         return self._original_module
+
+    def __getstate__(self):  # copy.deepcopy, pickling: graphs are rebuilt on the next call
+        state = self.__dict__.copy()
+        state["_exports"], state["_graphs"] = {}, {}
+        return state
 
     def __getattr__(self, name: str):
         try:
@@ -245,7 +249,7 @@ class TrainModule(nn.Module):
             params = [self._state(name) for kind, name in graph.wrt if kind == "state"]
             flat = _RunGraph.apply(self, graph, len(inputs), *inputs, *params)
         else:
-            flat, _, _ = self._run_forward(graph, inputs, [])
+            flat, _, _ = self._run_forward(graph, inputs)
         return _tree.unflatten(graph.export.out_structure, iter(flat))
 
     def _state(self, key: str) -> torch.Tensor:
@@ -259,7 +263,7 @@ class TrainModule(nn.Module):
         value = module._parameters.get(path[-1])
         return value if value is not None else module._buffers[path[-1]]
 
-    def _run_forward(self, graph: _Graph, inputs, params):
+    def _run_forward(self, graph: _Graph, inputs):
         """Runs the forward graph; writes buffer updates. Returns (outputs, saved, backward feeds)."""
         def source(i):
             kind, where = graph.sources[i]
