@@ -10,8 +10,9 @@ each trained for ``--steps`` steps on the same batches from the same initial wei
 * TrainModule:  the same loop with ``model = onnxtrain.torch.TrainModule(model)``;
 * +FusedAdam:   TrainModule with onnxtrain.torch.FusedAdam instead of torch.optim.AdamW.
 
-Per-step time is the median of the steps after the first; the first call's export and graph
-build are reported separately. Target: TrainModule >= 2x faster per step than PyTorch for the
+Per-step time is the median of the steps after the first (the variants' steps interleave, so a
+changing machine load weighs on all alike); the first call's export and graph build are reported
+separately. Target: TrainModule >= 2x faster per step than PyTorch for the
 transformer models once warm. The losses of the runs are compared as a sanity check.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_train_module.py [--threads 2] [--models bert,gpt,cnn]
@@ -54,21 +55,24 @@ def build(name: str, steps: int, seed: int = 0):
     return model.train(), [batch() for _ in range(steps)]
 
 
-def train(model, batches, make_optimizer):
-    """The user's loop. Returns (per-step seconds, losses)."""
-    import torch
-    optimizer = make_optimizer(model.parameters())
-    times, losses = [], []
-    for x, y in batches:
+class Run:
+    """One variant of the user's loop: its own copy of the model and its optimizer."""
+
+    def __init__(self, model, make_optimizer):
+        self.model = model
+        self.optimizer = make_optimizer(model.parameters())
+        self.times, self.losses = [], []
+
+    def step(self, x, y):
+        import torch
         start = time.perf_counter()
-        logits = model(x)
+        logits = self.model(x)
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
         loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-        times.append(time.perf_counter() - start)
-        losses.append(loss.item())
-    return times, losses
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.times.append(time.perf_counter() - start)
+        self.losses.append(loss.item())
 
 
 def bench(name: str, args) -> dict:
@@ -77,22 +81,24 @@ def bench(name: str, args) -> dict:
     from onnxtrain.torch import FusedAdam, TrainModule
     model, batches = build(name, args.steps)
     adamw = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
-    fused = lambda p: FusedAdam(p, lr=1e-4)  # noqa: E731
+    runs = {"torch": Run(copy.deepcopy(model), adamw),
+            "trainmodule": Run(TrainModule(copy.deepcopy(model)), adamw),
+            "fused": Run(TrainModule(copy.deepcopy(model)), lambda p: FusedAdam(p, lr=1e-4))}
+    # Steps interleave (torch, TrainModule, +FusedAdam, torch, ...): load that changes while the
+    # benchmark runs weighs on every variant alike.
+    for x, y in batches:
+        for run in runs.values():
+            run.step(x, y)
     row = {"model": name, "steps": args.steps, "threads": args.threads}
-    runs = {}
-    for label, wrap, make in [("torch", False, adamw), ("trainmodule", True, adamw), ("fused", True, fused)]:
-        m = copy.deepcopy(model)
-        wrapped = TrainModule(m) if wrap else m
-        times, losses = train(wrapped, batches, make)
-        runs[label] = losses
-        row[f"{label}_step_ms"] = median(times[1:]) * 1e3
-        row[f"{label}_first_step_s"] = times[0]
-        if wrap and label == "trainmodule":
-            stats = wrapped.build_stats[0]
-            row["export_s"], row["build_s"], row["memory"] = stats["export_s"], stats["build_s"], stats["memory"]
+    for label, run in runs.items():
+        row[f"{label}_step_ms"] = median(run.times[1:]) * 1e3
+        row[f"{label}_first_step_s"] = run.times[0]
+    stats = runs["trainmodule"].model.build_stats[0]
+    row["export_s"], row["build_s"], row["memory"] = stats["export_s"], stats["build_s"], stats["memory"]
     for label in ("trainmodule", "fused"):
         row[f"{label}_speedup"] = row["torch_step_ms"] / row[f"{label}_step_ms"]
-        row[f"{label}_max_loss_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(runs[label], runs["torch"]))
+        row[f"{label}_max_loss_rel_diff"] = max(abs(a - b) / abs(b)
+                                                for a, b in zip(runs[label].losses, runs["torch"].losses))
     return row
 
 
