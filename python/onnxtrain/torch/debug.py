@@ -1,20 +1,7 @@
-"""Settings of TrainModule: ``DebugOptions`` and the ``ONNXTRAIN_*`` environment variables.
-
-============================  ====================================================  ===========
-variable                      meaning                                               default
-============================  ====================================================  ===========
-``ONNXTRAIN_LOG_LEVEL``       VERBOSE, INFO, WARNING, ERROR or FATAL                WARNING
-``ONNXTRAIN_SAVE_ONNX``       1: write the exported, forward and backward graphs    0
-``ONNXTRAIN_SAVE_ONNX_PATH``  the directory they are written to                     the cwd
-``ONNXTRAIN_OPSET``           the opset torch.onnx.export targets                   17
-``ONNXTRAIN_FALLBACK``        raise: an export/build failure is an error;           raise
-                              warn: one warning, then the plain PyTorch module
-``ONNXTRAIN_MEMORY_LEVEL``    0: the forward keeps what the backward reads;         0
-                              1: the backward recomputes the forward (keeps only
-                              random masks), less memory for more time
-============================  ====================================================  ===========
-
-An explicit ``DebugOptions(...)`` argument wins over the environment for its own fields.
+"""Settings of TrainModule: ``DebugOptions`` and the ``ONNXTRAIN_*`` environment variables
+(LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_LEVEL), read when a TrainModule is
+made. Their table, with values and defaults, is in the README's TrainModule section. An explicit
+``DebugOptions(...)`` argument wins over the environment for its own fields.
 """
 from __future__ import annotations
 

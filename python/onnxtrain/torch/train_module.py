@@ -16,7 +16,7 @@ Under ``torch.no_grad()`` or when nothing requires grad only the forward graph r
 
 When the export or the graph build fails, TrainModule raises ``TrainModuleError`` naming the op or
 construct; with ``ONNXTRAIN_FALLBACK=warn`` it warns once, saying why, and runs the PyTorch module.
-The environment variables are listed in ``onnxtrain.torch.debug``.
+The ONNXTRAIN_* environment variables are in the README's table (``onnxtrain.torch.debug``).
 """
 from __future__ import annotations
 
