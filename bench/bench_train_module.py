@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import import_onnxtrain, median  # noqa: E402
+from common import import_onnxtrain, median, report_rows, run_models  # noqa: E402
 
 
 def build(name: str, steps: int, seed: int = 0):
@@ -113,31 +112,21 @@ def main(argv=None) -> int:
     ot = import_onnxtrain()
     torch.set_num_threads(args.threads)
     ot.set_num_threads(args.threads)
-    rows = []
-    for name in args.models.split(","):
-        try:
-            rows.append(bench(name, args))
-        except Exception as exc:  # one failing model must not hide the others
-            rows.append({"model": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+    rows = run_models(args.models.split(","), lambda name: bench(name, args))
     print(f"\nTrainModule training step (torch.optim.AdamW unless noted), {args.threads} threads, {args.steps} steps "
           f"(target: >= 2x faster than torch for bert and gpt)")
     print(f"{'model':6} {'torch ms':>9} {'TrainModule ms':>15} {'speedup':>8} {'+FusedAdam ms':>14} {'speedup':>8} "
           f"{'export s':>9} {'build s':>8}")
-    for r in rows:
-        if "error" in r:
-            print(f"{r['model']:6} ERROR {r['error']}")
-            continue
-        print(f"{r['model']:6} {r['torch_step_ms']:9.1f} {r['trainmodule_step_ms']:15.1f} {r['trainmodule_speedup']:8.2f} "
-              f"{r['fused_step_ms']:14.1f} {r['fused_speedup']:8.2f} {r['export_s']:9.2f} {r['build_s']:8.2f}")
-    for r in rows:
-        if "error" not in r:
-            print(f"{r['model']}: first TrainModule step {r['trainmodule_first_step_s']:.2f} s (torch "
-                  f"{r['torch_first_step_s']:.2f} s); max relative loss difference to torch: "
-                  f"{r['trainmodule_max_loss_rel_diff']:.1e} (AdamW), {r['fused_max_loss_rel_diff']:.1e} (FusedAdam); "
-                  f"{r['memory']}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=2)
+    report_rows(
+        rows,
+        lambda r: (f"{r['model']:6} {r['torch_step_ms']:9.1f} {r['trainmodule_step_ms']:15.1f} "
+                   f"{r['trainmodule_speedup']:8.2f} {r['fused_step_ms']:14.1f} {r['fused_speedup']:8.2f} "
+                   f"{r['export_s']:9.2f} {r['build_s']:8.2f}"),
+        lambda r: (f"{r['model']}: first TrainModule step {r['trainmodule_first_step_s']:.2f} s (torch "
+                   f"{r['torch_first_step_s']:.2f} s); max relative loss difference to torch: "
+                   f"{r['trainmodule_max_loss_rel_diff']:.1e} (AdamW), {r['fused_max_loss_rel_diff']:.1e} (FusedAdam); "
+                   f"{r['memory']}"),
+        args.json)
     return 0
 
 
