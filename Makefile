@@ -48,6 +48,7 @@ bench: setup
 	./bench/setup_peers.sh
 	$(PYTHON) bench/bench_inference.py
 	$(PYTHON) bench/bench_training.py
+	$(PYTHON) bench/bench_train_module.py
 
 # AddressSanitizer/UBSan build of the library and C++ tests.
 sanitize: deps

@@ -58,3 +58,30 @@ def time_ms(fn: Callable[[], object], warmup: int, runs: int,
 
 def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def run_models(names: Sequence[str], bench_one: Callable[[str], dict]) -> List[dict]:
+    """``bench_one(name)`` for each model; a model that fails becomes a row holding its error, so
+    one failure does not hide the others."""
+    rows = []
+    for name in names:
+        try:
+            rows.append(bench_one(name))
+        except Exception as exc:  # noqa: BLE001 (reported in the table)
+            rows.append({"model": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"})
+    return rows
+
+
+def report_rows(rows: Sequence[dict], table_line: Callable[[dict], str], detail_line: Callable[[dict], str],
+                json_path: Optional[str] = None) -> None:
+    """Prints one table line per row (or its error), then a detail line per good row; writes the
+    rows as JSON when ``json_path`` is given."""
+    for r in rows:
+        print(f"{r['model']:6} ERROR {r['error']}" if "error" in r else table_line(r))
+    for r in rows:
+        if "error" not in r:
+            print(detail_line(r))
+    if json_path:
+        import json
+        with open(json_path, "w") as f:
+            json.dump(rows, f, indent=2)

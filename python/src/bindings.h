@@ -26,3 +26,4 @@ void bind_autodiff(pybind11::module_& m);  // python/src/autodiff.cc
 void bind_checkpoint(pybind11::module_& m);  // python/src/checkpoint.cc
 void bind_optim(pybind11::module_& m);       // python/src/optim.cc
 void bind_training(pybind11::module_& m);    // python/src/training.cc
+void bind_torch_bridge(pybind11::module_& m);  // python/src/torch_bridge.cc

@@ -201,4 +201,5 @@ PYBIND11_MODULE(_C, m) {
   bind_checkpoint(m);
   bind_optim(m);
   bind_training(m);
+  bind_torch_bridge(m);
 }

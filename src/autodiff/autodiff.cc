@@ -49,7 +49,8 @@ class GradientAccumulator {
 }  // namespace
 
 Model build_gradient_graph(const Model& forward, const std::vector<std::string>& wrt,
-                           const std::vector<std::string>& outputs, GradientGraphInfo* info) {
+                           const std::vector<std::string>& outputs, GradientGraphInfo* info,
+                           const GradientGraphOptions& options) {
   Model model = forward;
   Graph& g = model.graph;
   const std::string where = "build_gradient_graph(" + forward.description + "): ";
@@ -95,9 +96,11 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
       auto producers = g.producers();
       OT_CHECK(producers.count(out) || g.is_input(out) || g.is_initializer(out), where, "output '", out,
                "' is not a value of the graph");
+      if (!requires_grad.count(out) && options.skip_independent_outputs) continue;
       OT_CHECK(requires_grad.count(out), where, "output '", out, "' does not depend on any of the values to differentiate");
       auto it = g.value_info.find(out);
-      bool scalar = it != g.value_info.end() && it->second.has_static_shape() && numel(*it->second.shape) == 1;
+      bool scalar = options.seed_scalars_with_one && it != g.value_info.end() && it->second.has_static_shape() &&
+                    numel(*it->second.shape) == 1;
       if (scalar) {
         grads.add(out, b.emit("Expand", {b.scalar_like(1.0, out), b.shape(out)}));
       } else {
@@ -106,6 +109,7 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
         g.inputs.push_back({seed, vi});
         grads.add(out, seed);
         result.seed_inputs.push_back(seed);
+        result.seeded_outputs.push_back(out);
       }
     }
   }

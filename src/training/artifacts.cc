@@ -118,6 +118,16 @@ void attach_loss(Model& m, const TrainingGraphOptions& o, std::vector<std::strin
 
 }  // namespace
 
+std::vector<std::pair<std::string, std::string>> batchnorm_buffer_updates(const Model& model) {
+  const Graph& g = model.graph;
+  std::vector<std::pair<std::string, std::string>> updates;
+  for (const auto& n : g.nodes)
+    if (n.domain.empty() && n.op_type == "BatchNormalization" && batch_norm_training(n, model.opset("")))
+      for (size_t k : {size_t(1), size_t(2)})
+        if (n.has_output(k) && g.is_initializer(n.inputs[k + 2])) updates.emplace_back(n.inputs[k + 2], n.outputs[k]);
+  return updates;
+}
+
 Model to_inference_mode(const Model& model) {
   Model m = model;
   Graph& g = m.graph;
@@ -167,11 +177,7 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   for (const auto& name : o.additional_output_names) g.outputs.push_back({name, ValueInfo{}});
 
   // BatchNorm running statistics updated by a training step.
-  std::vector<std::pair<std::string, std::string>> buffer_updates;  // (buffer, new value)
-  for (const auto& n : g.nodes)
-    if (n.domain.empty() && n.op_type == "BatchNormalization" && batch_norm_training(n, m.opset("")))
-      for (size_t k : {size_t(1), size_t(2)})
-        if (n.has_output(k) && g.is_initializer(n.inputs[k + 2])) buffer_updates.emplace_back(n.inputs[k + 2], n.outputs[k]);
+  const auto buffer_updates = batchnorm_buffer_updates(m);
 
   // Parameters become graph inputs: the checkpoint holds their values, Module binds them.
   std::vector<std::string> param_order;

@@ -41,6 +41,10 @@ std::optional<std::vector<std::string>> recorded_names(const Model& model, const
 // a trainable one is not floating point. Initializers in neither list are frozen.
 TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraphOptions& options);
 
+// BatchNormalization nodes in training mode output new running statistics: (initializer, value
+// holding its update) for each running mean and variance that is an initializer.
+std::vector<std::pair<std::string, std::string>> batchnorm_buffer_updates(const Model& model);
+
 // The same graph with Dropout and BatchNormalization switched to inference mode and training-only
 // outputs (BatchNorm running statistics, Dropout masks) removed.
 Model to_inference_mode(const Model& model);

@@ -99,6 +99,23 @@ TEST(Executor, AnOutputTakesOverAtMostOneInputBuffer) {
   for (int run = 0; run < 3; ++run) EXPECT_FLOAT_EQ(exec.run(feeds)[0].data<float>()[0], 2.f / 320.f) << "run " << run;
 }
 
+TEST(Executor, AnOutputTakesOverAtMostOneDyingInput) {
+  // Add's A and B both die at the Add: its output may reuse one of their buffers, never both.
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{4, 8})};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt)};
+  g.nodes = {make_node("Relu", {"x"}, {"a"}), make_node("Neg", {"x"}, {"b"}), make_node("Add", {"a", "b"}, {"s"}),
+             make_node("Add", {"s", "x"}, {"y"})};
+  Executor exec(make_model(std::move(g)));
+  for (int run = 0; run < 3; ++run) {
+    auto feeds = chain_feeds(float(run));
+    auto out = exec.run({{"x", feeds["x"]}});
+    const float* x = feeds["x"].data<float>();
+    for (int i = 0; i < 32; ++i) EXPECT_FLOAT_EQ(out[0].data<float>()[i], std::max(x[i], 0.0f) - x[i] + x[i]) << "run " << run;
+  }
+  EXPECT_EQ(exec.memory_report().inplace_reuses, 1u);
+}
+
 TEST(Executor, NewShapeSignatureBuildsASecondPlan) {
   Graph g;
   g.inputs = {value("x", DType::kFloat32, Shape{-1, 3})};

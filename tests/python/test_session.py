@@ -147,3 +147,25 @@ def test_kernel_error_names_node():
     with pytest.raises(onnxtrain.InvalidArgument,
                        match=r"\[Add\] node 'adder': shapes \[2, 3\] and \[4\] cannot be broadcast"):
         sess.run(None, {"a": np.ones((2, 3), np.float32), "b": np.ones(4, np.float32)})
+
+
+@pytest.mark.parametrize("x_shape,y_shape", [((3, 50), (3, 50)), ((3, 50), ()), ((), (3, 50)), ((50,), (3, 1))])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8])
+def test_where_paths_match_numpy(x_shape, y_shape, dtype):
+    # Same shapes and one scalar side have fast loops; the rest broadcasts. Planned runs (the
+    # second) compute the output in place over a dying input.
+    elem = onnx.mapping.NP_TYPE_TO_TENSOR_TYPE[np.dtype(dtype)]
+    g = helper.make_graph(
+        [helper.make_node("Neg", ["x"], ["nx"]), helper.make_node("Where", ["c", "nx", "y"], ["w"]),
+         helper.make_node("Neg", ["w"], ["out"])], "where",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, [3, 50]),
+         helper.make_tensor_value_info("x", elem, list(x_shape)),
+         helper.make_tensor_value_info("y", elem, list(y_shape))],
+        [helper.make_tensor_value_info("out", elem, None)])
+    sess = onnxtrain.InferenceSession(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    rng = np.random.default_rng(0)
+    for _ in range(2):
+        c = rng.random((3, 50)) > 0.5
+        x = rng.integers(1, 9, x_shape).astype(dtype)
+        y = rng.integers(1, 9, y_shape).astype(dtype)
+        np.testing.assert_array_equal(sess.run(None, {"c": c, "x": x, "y": y})[0], -np.where(c, -x, y))

@@ -2,8 +2,9 @@
 
 Submodules are imported on first use, so ``import onnxtrain`` never pays for ``import torch``::
 
-    from onnxtrain.torch import FusedAdam          # onnxtrain.torch.optim
-    optimizer = FusedAdam(model.parameters(), lr=1e-3)
+    from onnxtrain.torch import TrainModule, FusedAdam
+    model = TrainModule(model)                      # onnxtrain.torch.train_module
+    optimizer = FusedAdam(model.parameters(), lr=1e-3)   # onnxtrain.torch.optim
 """
 from __future__ import annotations
 
@@ -13,8 +14,12 @@ from typing import Any
 # attribute -> submodule that defines it
 _LAZY = {
     "FusedAdam": "optim",
+    "TrainModule": "train_module",
+    "TrainModuleError": "train_module",
+    "DebugOptions": "debug",
+    "LogLevel": "debug",
 }
-_SUBMODULES = ("optim",)
+_SUBMODULES = ("optim", "train_module", "debug")
 
 __all__ = sorted(list(_LAZY) + list(_SUBMODULES))
 

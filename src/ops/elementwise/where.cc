@@ -22,9 +22,39 @@ void where_kernel(KernelContext& ctx) {
     const T* px = static_cast<const T*>(x.data());
     const T* py = static_cast<const T*>(y.data());
     T* po = static_cast<T*>(out.data());
+    // The fast paths below vectorise: the condition is read as bytes (GCC does not vectorise the
+    // bool loads) and both sides are loaded unconditionally (a select, not a masked load). The
+    // output may be an input's buffer (in place): each i reads before it writes, so simd holds.
+    const uint8_t* cb = reinterpret_cast<const uint8_t*>(pc);
     if (c.shape() == shape && x.shape() == shape && y.shape() == shape) {
-      parallel_for(out.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
-        for (int64_t i = b; i < e; ++i) po[i] = pc[i] ? px[i] : py[i];
+      parallel_for(out.numel(), kElementwiseGrain, [=](int64_t b, int64_t e) {  // by value: plain loads
+#pragma omp simd
+        for (int64_t i = b; i < e; ++i) {
+          const T a = px[i], z = py[i];
+          po[i] = cb[i] ? a : z;
+        }
+      });
+      return;
+    }
+    // One side a scalar: Relu's gradient, where(x > 0, dy, 0).
+    if (c.shape() == shape && (x.shape() == shape || y.shape() == shape) && (x.numel() == 1 || y.numel() == 1)) {
+      const bool scalar_y = y.numel() == 1;
+      const T* full = scalar_y ? px : py;
+      const T fill = scalar_y ? py[0] : px[0];
+      parallel_for(out.numel(), kElementwiseGrain, [=](int64_t b, int64_t e) {
+        if (scalar_y) {
+#pragma omp simd
+          for (int64_t i = b; i < e; ++i) {
+            const T v = full[i];
+            po[i] = cb[i] ? v : fill;
+          }
+        } else {
+#pragma omp simd
+          for (int64_t i = b; i < e; ++i) {
+            const T v = full[i];
+            po[i] = cb[i] ? fill : v;
+          }
+        }
       });
       return;
     }

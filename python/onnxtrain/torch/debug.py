@@ -1,0 +1,103 @@
+"""Settings of TrainModule: ``DebugOptions`` and the ``ONNXTRAIN_*`` environment variables
+(LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_LEVEL), read when a TrainModule is
+made. Their table, with values and defaults, is in the README's TrainModule section. An explicit
+``DebugOptions(...)`` argument wins over the environment for its own fields.
+"""
+from __future__ import annotations
+
+import enum
+import logging
+import os
+from dataclasses import dataclass, field
+
+_LOGGER_NAME = "onnxtrain.torch"
+
+
+class LogLevel(enum.IntEnum):
+    VERBOSE = 0
+    INFO = 1
+    WARNING = 2
+    ERROR = 3
+    FATAL = 4
+
+
+_PY_LEVELS = {LogLevel.VERBOSE: logging.DEBUG, LogLevel.INFO: logging.INFO, LogLevel.WARNING: logging.WARNING,
+              LogLevel.ERROR: logging.ERROR, LogLevel.FATAL: logging.CRITICAL}
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default).strip()
+
+
+def _env_choice(name: str, default: str, choices) -> str:
+    value = _env(name, default).lower()
+    if value not in choices:
+        raise ValueError(f"{name}={os.environ.get(name)!r}: expected one of {', '.join(sorted(choices))}")
+    return value
+
+
+def _env_int(name: str, default: int, allowed=None) -> int:
+    raw = _env(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: expected an integer") from None
+    if allowed is not None and value not in allowed:
+        raise ValueError(f"{name}={value}: expected one of {sorted(allowed)}")
+    return value
+
+
+def _env_log_level() -> LogLevel:
+    name = _env_choice("ONNXTRAIN_LOG_LEVEL", "WARNING", {lvl.name.lower() for lvl in LogLevel})
+    return LogLevel[name.upper()]
+
+
+@dataclass
+class DebugOptions:
+    """What TrainModule logs and writes (ORTModule's DebugOptions).
+
+    log_level: messages below it are dropped (INFO reports export and build times per input schema).
+    save_onnx: write ``<onnx_prefix>_<schema>_{exported,forward,backward}.onnx`` for each input
+        schema, into ONNXTRAIN_SAVE_ONNX_PATH (default: the working directory).
+    onnx_prefix: the files' name prefix (required with save_onnx).
+    """
+
+    log_level: LogLevel = field(default_factory=_env_log_level)
+    save_onnx: bool = field(default_factory=lambda: _env_choice("ONNXTRAIN_SAVE_ONNX", "0", {"0", "1"}) == "1")
+    onnx_prefix: str = "onnxtrain"
+
+    def __post_init__(self):
+        self.log_level = LogLevel(self.log_level)
+        if self.save_onnx and not self.onnx_prefix:
+            raise ValueError("DebugOptions: save_onnx needs a non-empty onnx_prefix")
+
+
+@dataclass
+class Settings:
+    """Everything TrainModule reads from the environment and DebugOptions, fixed at construction."""
+
+    debug: DebugOptions
+    save_path: str
+    opset: int
+    fallback: str       # "raise" or "warn"
+    memory_level: int   # 0 or 1
+
+    @staticmethod
+    def load(debug_options: "DebugOptions | None") -> "Settings":
+        return Settings(debug=debug_options if debug_options is not None else DebugOptions(),
+                        save_path=_env("ONNXTRAIN_SAVE_ONNX_PATH", os.getcwd()),
+                        opset=_env_int("ONNXTRAIN_OPSET", 17, range(7, 18)),
+                        fallback=_env_choice("ONNXTRAIN_FALLBACK", "raise", {"raise", "warn"}),
+                        memory_level=_env_int("ONNXTRAIN_MEMORY_LEVEL", 0, {0, 1}))
+
+    def log(self, level: LogLevel, message: str) -> None:
+        if level < self.debug.log_level:
+            return
+        logger = logging.getLogger(_LOGGER_NAME)
+        if not logger.handlers and level < LogLevel.WARNING:
+            # Python's last-resort handler shows warnings only: INFO that was asked for must show.
+            handler = logging.StreamHandler()
+            handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+            logger.addHandler(handler)
+            logger.setLevel(_PY_LEVELS[self.debug.log_level])
+        logger.log(_PY_LEVELS[level], message)

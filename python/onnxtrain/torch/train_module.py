@@ -1,0 +1,377 @@
+"""TrainModule: an unchanged PyTorch training loop, run by onnxtrain.
+
+    model = onnxtrain.torch.TrainModule(model)          # the one-line change
+    loss = loss_fn(model(x), y); loss.backward(); optimizer.step(); optimizer.zero_grad()
+
+On the first call with a new input schema (shapes, dtypes, which inputs require grad, constants,
+train/eval mode) the module is exported with torch.onnx.export (opset 17, no constant folding,
+parameters as initializers, every submodule in its own train/eval mode), differentiated for the parameters and inputs that require grad,
+split into a forward and a backward graph and planned; a repeated schema reuses them. A
+``torch.autograd.Function`` runs the forward graph and saves what the backward graph reads;
+backward takes torch's upstream gradients. Tensors cross by DLPack without copies, parameters are
+the module's own and read in place, and their ``.grad`` is filled by torch's autograd, so torch
+optimizers, schedulers, clipping, ``state_dict`` and DistributedDataParallel (wrapped around the
+TrainModule) keep working. BatchNorm running statistics are updated in place, as torch does.
+Under ``torch.no_grad()`` or when nothing requires grad only the forward graph runs.
+
+When the export or the graph build fails, TrainModule raises ``TrainModuleError`` naming the op or
+construct; with ``ONNXTRAIN_FALLBACK=warn`` it warns once, saying why, and runs the PyTorch module.
+The ONNXTRAIN_* environment variables are in the README's table (``onnxtrain.torch.debug``).
+"""
+from __future__ import annotations
+
+import io
+import os
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch import nn
+from torch.autograd.function import once_differentiable
+from torch.utils.dlpack import from_dlpack, to_dlpack
+
+from .. import Error as _OnnxtrainError
+from .. import _C
+from . import _tree
+from .debug import DebugOptions, LogLevel, Settings
+
+__all__ = ["TrainModule", "TrainModuleError"]
+
+_INPUT = "input_{}"
+_OUTPUT = "output_{}"
+_PREFIX = "module."  # the exported wrapper's attribute: initializers are named "module.<state_dict key>"
+
+
+class TrainModuleError(RuntimeError):
+    """The module cannot run through onnxtrain: the export or the graph build failed (the message
+    names the op or construct), or an input is not supported."""
+
+
+def _capsule(t: torch.Tensor):
+    t = t.detach()
+    if t.dtype == torch.bool:
+        t = t.view(torch.uint8)  # torch 1.13's DLPack has no bool
+    return to_dlpack(t if t.is_contiguous() else t.contiguous())
+
+
+def _tensor(capsule, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    t = from_dlpack(capsule)
+    return t.view(torch.bool) if dtype == torch.bool and t.dtype == torch.uint8 else t
+
+
+class _ExportWrapper(nn.Module):
+    """Flat tensors in, flat tensors out: what torch.onnx.export sees of the user's module."""
+
+    def __init__(self, module: nn.Module, structure: tuple):
+        super().__init__()
+        self.module = module
+        self.structure = structure
+        self.out_structure: Optional[tuple] = None
+        self.out_dtypes: List[torch.dtype] = []
+
+    def forward(self, *tensors):
+        args, kwargs = _tree.unflatten(self.structure, iter(tensors))
+        outputs: List[torch.Tensor] = []
+        self.out_structure = _tree.flatten(self.module(*args, **kwargs), outputs)
+        self.out_dtypes = [t.dtype for t in outputs]
+        return tuple(outputs)
+
+
+@dataclass
+class _Export:
+    """One input schema's ONNX export and how its graph values map to the torch side."""
+
+    data: bytes
+    out_structure: tuple
+    out_dtypes: List[torch.dtype]
+    seconds: float
+
+
+class _Graph:
+    """One export under one choice of gradients: the native runner and the feed bookkeeping."""
+
+    def __init__(self, export: _Export, runner, state_names: Dict[str, str]):
+        self.export = export
+        self.runner = runner
+        # Per runner input: ("input", flat index) or ("state", state_dict key).
+        self.sources: List[Tuple[str, Any]] = []
+        for name in runner.inputs:
+            if name.startswith("input_") and name[len("input_"):].isdigit():
+                self.sources.append(("input", int(name[len("input_"):])))
+            else:
+                self.sources.append(("state", state_names[name]))
+        self.forward_feeds = list(runner.forward_feeds)
+        self.backward_feeds = list(runner.backward_feeds)
+        self.seeded = list(runner.seeded_outputs)
+        self.saved = list(runner.saved)
+        self.n_outputs = len(runner.outputs)
+        self.buffer_updates = [(state_names[b], i) for b, i in zip(runner.buffers, runner.buffer_outputs)]
+        # torch counts BatchNorm's batches: "<bn>.num_batches_tracked" next to each updated running_mean.
+        self.counters = sorted({key[: -len("running_mean")] + "num_batches_tracked" for key, _ in self.buffer_updates
+                                if key.endswith("running_mean")})
+        self.wrt = [self.sources[runner.inputs.index(name)] for name in runner.wrt]  # parallel to the gradients
+        self.build_seconds = 0.0
+
+
+class _RunGraph(torch.autograd.Function):
+    """Forward and backward through onnxtrain. Arguments: the TrainModule, the graph, the flat
+    input tensors, then the parameters to differentiate (so autograd fills their .grad)."""
+
+    @staticmethod
+    def forward(ctx, owner: "TrainModule", graph: _Graph, n_inputs: int, *tensors):
+        outputs, saved, feeds = owner._run_forward(graph, tensors[:n_inputs])
+        ctx.graph = graph
+        ctx.n_inputs = n_inputs
+        ctx.n_params = len(tensors) - n_inputs
+        ctx.n_saved = len(saved)
+        not_differentiable = set(range(graph.n_outputs)) - set(graph.seeded)
+        ctx.mark_non_differentiable(*(outputs[i] for i in sorted(not_differentiable)))
+        ctx.save_for_backward(*saved, *feeds)
+        return tuple(outputs)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grad_outputs):
+        graph: _Graph = ctx.graph
+        stored = ctx.saved_tensors
+        saved, feeds = stored[: ctx.n_saved], stored[ctx.n_saved:]
+        seeds = [grad_outputs[i] for i in graph.seeded]
+        grads = graph.runner.backward([_capsule(g) for g in seeds], [_capsule(t) for t in saved],
+                                      [_capsule(t) for t in feeds])
+        result: List[Optional[torch.Tensor]] = [None] * (ctx.n_inputs + ctx.n_params)
+        param = ctx.n_inputs
+        for (kind, where), grad in zip(graph.wrt, grads):
+            if kind == "input":
+                result[where] = _tensor(grad)
+            else:
+                result[param] = _tensor(grad)
+                param += 1
+        return (None, None, None, *result)
+
+
+class TrainModule(nn.Module):
+    """Wraps ``module`` so that its forward and backward run through onnxtrain.
+
+    The TrainModule shares the module's parameters, buffers and submodules (its ``state_dict()``
+    has the module's keys, and loads into it); ``train()``/``eval()`` switch both.
+
+    Args:
+        module: the torch module; its tensors must be on the CPU.
+        debug_options: logging and graph dumps (default: from the ONNXTRAIN_* environment).
+    """
+
+    def __init__(self, module: nn.Module, debug_options: Optional[DebugOptions] = None):
+        if not isinstance(module, nn.Module):
+            raise TypeError(f"TrainModule wraps a torch.nn.Module, got {type(module).__name__}")
+        super().__init__()
+        self.__dict__["_original_module"] = module  # not a child: the module's children are ours
+        # One set of parameters, buffers and submodules, seen under the module's own names.
+        for shared in ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules"):
+            self.__dict__[shared] = module.__dict__[shared]
+        self.training = module.training
+        self._settings = Settings.load(debug_options)
+        self._exports: Dict[Any, _Export] = {}
+        self._graphs: Dict[Any, _Graph] = {}
+        self._fallback_reason: Optional[str] = None
+        self._paths: Dict[str, List[str]] = {}  # state_dict key -> attribute path
+
+    # ---- the torch.nn.Module surface ---------------------------------------------------------
+
+    @property
+    def original_module(self) -> nn.Module:
+        """The wrapped PyTorch module (``.module`` would shadow a child of that name)."""
+        return self._original_module
+
+    def __getstate__(self):  # copy.deepcopy, pickling: graphs are rebuilt on the next call
+        state = self.__dict__.copy()
+        state["_exports"], state["_graphs"] = {}, {}
+        return state
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            original = self.__dict__.get("_original_module")
+            if original is None:
+                raise
+            return getattr(original, name)
+
+    def train(self, mode: bool = True) -> "TrainModule":
+        self.training = mode
+        self._original_module.train(mode)
+        return self
+
+    def _apply(self, fn, *args, **kwargs):
+        self._original_module._apply(fn, *args, **kwargs)
+        self._exports.clear()  # dtypes (or devices) of parameters changed: export again
+        self._graphs.clear()
+        return self
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        self._original_module._save_to_state_dict(destination, prefix, keep_vars)
+
+    def _load_from_state_dict(self, *args, **kwargs):
+        self._original_module._load_from_state_dict(*args, **kwargs)
+
+    @property
+    def fallback_reason(self) -> Optional[str]:
+        """Why this module runs in PyTorch (ONNXTRAIN_FALLBACK=warn), or None."""
+        return self._fallback_reason
+
+    @property
+    def build_stats(self) -> List[Dict[str, Any]]:
+        """Per built graph: the seconds spent exporting and building it (the first-call cost)."""
+        return [{"schema": i, "export_s": g.export.seconds, "build_s": g.build_seconds,
+                 "backward": g.runner.has_backward, "memory": g.runner.memory_report()}
+                for i, g in enumerate(self._graphs.values())]
+
+    # ---- forward ----------------------------------------------------------------------------
+
+    def forward(self, *args, **kwargs):
+        if self._fallback_reason is not None:
+            return self._original_module(*args, **kwargs)
+        inputs: List[torch.Tensor] = []
+        structure = _tree.flatten((args, kwargs), inputs)
+        try:
+            graph = self._graph_for(structure, inputs)
+        except TrainModuleError as exc:
+            if self._settings.fallback != "warn":
+                raise
+            self._fallback_reason = str(exc)
+            message = (f"{exc}\nONNXTRAIN_FALLBACK=warn: {type(self._original_module).__name__} now runs in PyTorch, "
+                       "without onnxtrain's speed-up.")
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            self._settings.log(LogLevel.WARNING, message)
+            return self._original_module(*args, **kwargs)
+        if graph.runner.has_backward:
+            params = [self._state(name) for kind, name in graph.wrt if kind == "state"]
+            flat = _RunGraph.apply(self, graph, len(inputs), *inputs, *params)
+        else:
+            flat, _, _ = self._run_forward(graph, inputs)
+        return _tree.unflatten(graph.export.out_structure, iter(flat))
+
+    def _state(self, key: str) -> torch.Tensor:
+        """The parameter or buffer named ``key`` now (looked up each call: it may have been replaced)."""
+        path = self._paths.get(key)
+        if path is None:
+            path = self._paths[key] = key.split(".")
+        module = self._original_module
+        for part in path[:-1]:
+            module = module._modules[part]
+        value = module._parameters.get(path[-1])
+        return value if value is not None else module._buffers[path[-1]]
+
+    def _run_forward(self, graph: _Graph, inputs):
+        """Runs the forward graph; writes buffer updates. Returns (outputs, saved, backward feeds)."""
+        def source(i):
+            kind, where = graph.sources[i]
+            return inputs[where] if kind == "input" else self._state(where)
+
+        outs = graph.runner.forward([_capsule(source(i)) for i in graph.forward_feeds])
+        outputs = [_tensor(c, dt) for c, dt in zip(outs[: graph.n_outputs], graph.export.out_dtypes)]
+        saved = [outputs[i] if i < graph.n_outputs else _tensor(outs[i]) for i in graph.saved]
+        feeds = []
+        updated = {key for key, _ in graph.buffer_updates}
+        for i in graph.backward_feeds:  # a buffer updated below is read by the backward as it was
+            kind, where = graph.sources[i]
+            feeds.append(self._state(where).clone() if kind == "state" and where in updated else source(i))
+        with torch.no_grad():
+            for key, i in graph.buffer_updates:
+                self._state(key).copy_(_tensor(outs[i]))
+            for key in graph.counters:
+                self._state(key).add_(1)
+        return outputs, saved, feeds
+
+    # ---- export and build, once per schema ----------------------------------------------------
+
+    def _graph_for(self, structure: tuple, inputs: List[torch.Tensor]) -> _Graph:
+        for t in inputs:
+            if t.device.type != "cpu":
+                raise TrainModuleError(f"TrainModule: an input is on {t.device}; onnxtrain runs on the CPU")
+        export_key = (_tree.key(structure), tuple((tuple(t.shape), t.dtype) for t in inputs), self.training)
+        grad = torch.is_grad_enabled()
+        wrt_inputs = tuple(i for i, t in enumerate(inputs) if grad and t.requires_grad)
+        wrt_params = tuple(n for n, p in self._original_module.named_parameters() if grad and p.requires_grad)
+        graph_key = (export_key, wrt_inputs, wrt_params)
+        graph = self._graphs.get(graph_key)
+        if graph is None:
+            export = self._exports.get(export_key)
+            if export is None:
+                export = self._exports[export_key] = self._export(structure, inputs)
+            graph = self._graphs[graph_key] = self._build(export, wrt_inputs, wrt_params, len(self._graphs))
+        return graph
+
+    def _export(self, structure: tuple, inputs: List[torch.Tensor]) -> _Export:
+        module = self._original_module
+        name = type(module).__name__
+        if self.training:
+            for sub_name, sub in module.named_modules():
+                if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.track_running_stats and sub.momentum is None:
+                    raise TrainModuleError(
+                        f"TrainModule: {name}: BatchNorm '{sub_name}' has momentum=None (a cumulative average of "
+                        "the batch statistics), which an ONNX export fixes at its first value; give it a momentum")
+        wrapper = _ExportWrapper(module, structure)
+        # Tracing runs the module once: keep its buffers (BatchNorm statistics) and the RNG as they were.
+        buffers = [(b, b.detach().clone()) for b in module.buffers()]
+        rng = torch.random.get_rng_state()
+        start = time.perf_counter()
+        f = io.BytesIO()
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.onnx.export(
+                    wrapper, tuple(inputs), f, opset_version=self._settings.opset, do_constant_folding=False,
+                    export_params=True, keep_initializers_as_inputs=False,
+                    # Each submodule exports in its own mode (a frozen BatchNorm in eval inside a
+                    # training model); TRAINING would switch them all to train and leave them so.
+                    training=torch.onnx.TrainingMode.PRESERVE,
+                    input_names=[_INPUT.format(i) for i in range(len(inputs))],
+                    output_names=None)
+        except Exception as exc:  # the exporter raises many types; its message names the op
+            raise TrainModuleError(f"TrainModule: torch.onnx.export cannot export {name}: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            with torch.no_grad():
+                for b, value in buffers:
+                    b.copy_(value)
+            torch.random.set_rng_state(rng)
+        for w in caught:
+            self._settings.log(LogLevel.VERBOSE, f"torch.onnx.export: {w.message}")
+        if wrapper.out_structure is None:
+            raise TrainModuleError(f"TrainModule: torch.onnx.export did not run {name}'s forward")
+        return _Export(f.getvalue(), wrapper.out_structure, wrapper.out_dtypes, time.perf_counter() - start)
+
+    def _build(self, export: _Export, wrt_inputs, wrt_params, index: int) -> _Graph:
+        module = self._original_module
+        name = type(module).__name__
+        state = module.state_dict(keep_vars=True)
+        state_names = {_PREFIX + k: k for k in state}
+        wrt = [_INPUT.format(i) for i in wrt_inputs] + [_PREFIX + n for n in wrt_params]
+        start = time.perf_counter()
+        try:
+            # Only what the export kept can be bound or differentiated (it drops unused values).
+            runner = _C.torch_bridge.Runner(export.data, f"'TrainModule({name})'", list(state_names), wrt,
+                                            recompute=self._settings.memory_level == 1)
+        except _OnnxtrainError as exc:
+            raise TrainModuleError(f"TrainModule: onnxtrain cannot build the graphs of {name}: {exc}") from exc
+        graph = _Graph(export, runner, state_names)
+        graph.build_seconds = time.perf_counter() - start
+        self._settings.log(LogLevel.INFO,
+                           f"TrainModule({name}) schema {index}: export {export.seconds:.2f} s, build "
+                           f"{graph.build_seconds:.2f} s, {'forward + backward' if runner.has_backward else 'forward only'}"
+                           f", {len(graph.saved)} saved values")
+        if self._settings.debug.save_onnx:
+            self._save(index, export.data, runner)
+        return graph
+
+    def _save(self, index: int, exported: bytes, runner) -> None:
+        os.makedirs(self._settings.save_path, exist_ok=True)
+        stem = os.path.join(self._settings.save_path, f"{self._settings.debug.onnx_prefix}_{index}")
+        files = {"exported": exported, "forward": runner.forward_model(), "backward": runner.backward_model()}
+        for kind, data in files.items():
+            if data is not None:
+                with open(f"{stem}_{kind}.onnx", "wb") as f:
+                    f.write(data)
+        self._settings.log(LogLevel.INFO, f"TrainModule: wrote {stem}_*.onnx")

@@ -1,0 +1,280 @@
+// The native side of onnxtrain.torch.TrainModule: DLPack exchange with torch (no copies either
+// way: inputs and parameters are read in place, outputs are handed over) and the runner of one
+// exported module's forward and backward graphs (src/training/forward_backward.h).
+#include <dlpack/dlpack.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+
+#include "bindings.h"
+#include "onnx/model_io.h"
+#include "runtime/executor.h"
+#include "training/forward_backward.h"
+
+namespace py = pybind11;
+using namespace onnxtrain;
+
+namespace {
+
+constexpr const char* kCapsule = "dltensor";
+constexpr const char* kUsedCapsule = "used_dltensor";
+
+DType dtype_from_dlpack(DLDataType t, const std::string& what) {
+  OT_CHECK(t.lanes == 1, what, ": vector dtypes (", int(t.lanes), " lanes) are not supported");
+  switch (t.code) {
+    case kDLFloat:
+      if (t.bits == 16) return DType::kFloat16;
+      if (t.bits == 32) return DType::kFloat32;
+      if (t.bits == 64) return DType::kFloat64;
+      break;
+    case kDLBfloat:
+      if (t.bits == 16) return DType::kBFloat16;
+      break;
+    case kDLInt:
+      if (t.bits == 8) return DType::kInt8;
+      if (t.bits == 16) return DType::kInt16;
+      if (t.bits == 32) return DType::kInt32;
+      if (t.bits == 64) return DType::kInt64;
+      break;
+    case kDLUInt:
+      if (t.bits == 8) return DType::kUint8;
+      if (t.bits == 16) return DType::kUint16;
+      if (t.bits == 32) return DType::kUint32;
+      if (t.bits == 64) return DType::kUint64;
+      break;
+    default: break;
+  }
+  OT_THROW(kInvalidArgument, what, ": DLPack dtype (code ", int(t.code), ", ", int(t.bits), " bits) is not supported");
+}
+
+DLDataType dlpack_dtype(DType dt) {
+  auto of = [](uint8_t code, DType d) { return DLDataType{code, uint8_t(dtype_size(d) * 8), 1}; };
+  if (dt == DType::kBool) return DLDataType{kDLUInt, 8, 1};  // torch 1.13's DLPack has no bool
+  if (dt == DType::kBFloat16) return of(kDLBfloat, dt);
+  if (is_floating(dt)) return of(kDLFloat, dt);
+  if (dt == DType::kUint8 || dt == DType::kUint16 || dt == DType::kUint32 || dt == DType::kUint64) return of(kDLUInt, dt);
+  if (is_integer(dt)) return of(kDLInt, dt);
+  OT_THROW(kNotImplemented, "dtype ", dtype_name(dt), " cannot cross by DLPack");
+}
+
+// Borrows a DLPack capsule's memory (or an object's __dlpack__()). `expected` lets uint8 bytes be
+// read as bool, the way bool crosses.
+Tensor tensor_from_dlpack(py::handle obj, DType expected, const std::string& what) {
+  py::object capsule = py::reinterpret_borrow<py::object>(obj);
+  if (!PyCapsule_CheckExact(obj.ptr())) {
+    OT_CHECK(py::hasattr(obj, "__dlpack__"), what, ": expected a DLPack capsule or tensor, got ",
+             std::string(py::str(obj.get_type())));
+    capsule = obj.attr("__dlpack__")();
+  }
+  OT_CHECK(PyCapsule_IsValid(capsule.ptr(), kCapsule), what, ": the DLPack capsule was already consumed");
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), kCapsule));
+  PyCapsule_SetName(capsule.ptr(), kUsedCapsule);  // ours now: the capsule will not free it
+  std::shared_ptr<void> holder(managed, [](void* p) {
+    auto* m = static_cast<DLManagedTensor*>(p);
+    if (!m->deleter) return;
+    py::gil_scoped_acquire gil;  // the producer's deleter may touch Python objects
+    m->deleter(m);
+  });
+  const DLTensor& t = managed->dl_tensor;
+  OT_CHECK(t.device.device_type == kDLCPU, what, ": the tensor is on DLPack device type ", int(t.device.device_type),
+           "; onnxtrain runs on the CPU");
+  DType dt = dtype_from_dlpack(t.dtype, what);
+  Shape shape(t.shape, t.shape + t.ndim);
+  if (t.strides) {
+    int64_t stride = 1;
+    for (int d = t.ndim; d-- > 0;) {
+      OT_CHECK(shape[size_t(d)] == 1 || t.strides[d] == stride, what, ": the tensor of shape ", shape_str(shape),
+               " is not contiguous (call .contiguous() first)");
+      stride *= shape[size_t(d)];
+    }
+  }
+  Tensor result = Tensor::borrow(dt, shape, static_cast<char*>(t.data) + t.byte_offset, holder);
+  if (expected == DType::kBool && dt == DType::kUint8) return result.view_as(DType::kBool);
+  return result;
+}
+
+struct DLPackOwner {
+  Tensor tensor;
+  std::vector<int64_t> shape, strides;
+  DLManagedTensor managed{};
+};
+
+// Hands a tensor over: the capsule (then torch) keeps the runtime's buffer alive.
+py::capsule tensor_to_dlpack(const Tensor& t) {
+  auto* owner = new DLPackOwner{t, t.shape(), std::vector<int64_t>(t.shape().size()), {}};
+  int64_t stride = 1;
+  for (size_t d = owner->shape.size(); d-- > 0;) {
+    owner->strides[d] = stride;
+    stride *= owner->shape[d];
+  }
+  DLTensor& d = owner->managed.dl_tensor;
+  d.data = const_cast<void*>(owner->tensor.data());
+  d.device = DLDevice{kDLCPU, 0};
+  d.ndim = int(owner->shape.size());
+  d.dtype = dlpack_dtype(t.dtype());
+  d.shape = owner->shape.data();
+  d.strides = owner->strides.data();
+  d.byte_offset = 0;
+  owner->managed.manager_ctx = owner;
+  owner->managed.deleter = [](DLManagedTensor* self) { delete static_cast<DLPackOwner*>(self->manager_ctx); };
+  return py::capsule(&owner->managed, kCapsule, [](PyObject* capsule) {
+    if (!PyCapsule_IsValid(capsule, kCapsule)) return;  // consumed: the consumer calls the deleter
+    auto* m = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, kCapsule));
+    m->deleter(m);
+  });
+}
+
+// Where each name of `subset`, a subsequence of `all`, sits in it; repeated names map to successive
+// occurrences (seeded outputs follow the outputs' order, and a model may return a value twice).
+std::vector<int> subsequence_positions(const std::vector<std::string>& subset, const std::vector<std::string>& all) {
+  std::vector<int> out;
+  size_t i = 0;
+  for (const auto& name : subset) {
+    while (i < all.size() && all[i] != name) ++i;
+    OT_CHECK(i < all.size(), "TrainModule: '", name, "' is out of the graph outputs' order");
+    out.push_back(int(i++));
+  }
+  return out;
+}
+
+// Where each name of `subset` first occurs in `all`.
+std::vector<int> positions(const std::vector<std::string>& subset, const std::vector<std::string>& all) {
+  std::vector<int> out;
+  for (const auto& name : subset)
+    for (size_t i = 0; i < all.size(); ++i)
+      if (all[i] == name) { out.push_back(int(i)); break; }
+  return out;
+}
+
+// One exported module under one input schema: its forward and backward executors.
+class TorchRunner {
+ public:
+  // Host values the export dropped (unused by the forward) are neither bound nor differentiated:
+  // `inputs` and `gradients` say what was.
+  TorchRunner(const std::string& model_bytes, const std::string& name, ForwardBackwardOptions options) {
+    Model model = load_model_from_bytes(model_bytes, "", name);
+    std::erase_if(options.bind, [&](const std::string& n) { return !model.graph.is_initializer(n); });
+    std::erase_if(options.wrt, [&](const std::string& n) {
+      return !model.graph.is_input(n) && std::find(options.bind.begin(), options.bind.end(), n) == options.bind.end();
+    });
+    fb_ = build_forward_backward(model, options);
+    wrt_ = options.wrt;
+    forward_ = std::make_unique<Executor>(fb_.forward);
+    if (!fb_.gradients.empty()) backward_ = std::make_unique<Executor>(fb_.backward);
+    for (const auto& out : fb_.forward.graph.outputs) forward_outputs_.push_back(out.name);
+  }
+
+  const ForwardBackwardGraphs& graphs() const { return fb_; }
+  const std::vector<std::string>& forward_outputs() const { return forward_outputs_; }
+  const std::vector<std::string>& wrt() const { return wrt_; }
+  bool has_backward() const { return backward_ != nullptr; }
+
+  // feeds: fb.forward_feeds, in order. Returns every forward output as a capsule.
+  py::list forward(const py::sequence& feeds) {
+    std::map<std::string, Tensor> named;
+    bind(named, feeds, fb_.forward_feeds, fb_.forward.graph, "forward feed");
+    std::vector<Tensor> outs;
+    {
+      py::gil_scoped_release release;
+      outs = forward_->run(named);
+    }
+    named.clear();
+    saved_dtypes_.clear();
+    for (int i : positions(fb_.saved, forward_outputs_)) saved_dtypes_.push_back(outs[size_t(i)].dtype());
+    return to_capsules(outs);
+  }
+
+  // Returns the gradients (parallel to wrt) as capsules.
+  py::list backward(const py::sequence& seeds, const py::sequence& saved, const py::sequence& feeds) {
+    OT_CHECK(backward_, "TrainModule: this graph was built without gradients");
+    std::map<std::string, Tensor> named;
+    bind(named, seeds, fb_.seeds, fb_.backward.graph, "upstream gradient");
+    OT_CHECK(saved.size() == fb_.saved.size(), "TrainModule backward: expected ", fb_.saved.size(),
+             " saved values, got ", saved.size());
+    for (size_t i = 0; i < fb_.saved.size(); ++i) {
+      DType expected = i < saved_dtypes_.size() ? saved_dtypes_[i] : DType::kUndefined;
+      named[fb_.saved[i]] = tensor_from_dlpack(saved[i], expected, "saved value '" + fb_.saved[i] + "'");
+    }
+    bind(named, feeds, fb_.backward_feeds, fb_.backward.graph, "backward feed");
+    std::vector<Tensor> grads;
+    {
+      py::gil_scoped_release release;
+      grads = backward_->run(named);
+    }
+    named.clear();
+    return to_capsules(grads);
+  }
+
+  std::string memory_report() const {
+    auto line = [](const char* what, const MemoryReport& r) {
+      return std::string(what) + " arena " + std::to_string(r.planned_arena_bytes) + " bytes (naive " +
+             std::to_string(r.naive_bytes) + "), " + std::to_string(r.dynamic_allocations) + " allocations";
+    };
+    std::string s = line("forward", forward_->memory_report());
+    if (backward_) s += "; " + line("backward", backward_->memory_report());
+    return s;
+  }
+
+ private:
+  static void bind(std::map<std::string, Tensor>& named, const py::sequence& values, const std::vector<std::string>& names,
+                   const Graph& graph, const char* what) {
+    OT_CHECK(values.size() == names.size(), "TrainModule: expected ", names.size(), " ", what, "s, got ", values.size());
+    for (size_t i = 0; i < names.size(); ++i) {
+      DType expected = DType::kUndefined;
+      for (const auto& in : graph.inputs)
+        if (in.name == names[i]) expected = in.info.dtype;
+      named[names[i]] = tensor_from_dlpack(values[i], expected, std::string(what) + " '" + names[i] + "'");
+    }
+  }
+
+  static py::list to_capsules(const std::vector<Tensor>& tensors) {
+    py::list out;
+    for (const auto& t : tensors) out.append(tensor_to_dlpack(t));
+    return out;
+  }
+
+  ForwardBackwardGraphs fb_;
+  std::unique_ptr<Executor> forward_, backward_;
+  std::vector<std::string> forward_outputs_;
+  std::vector<std::string> wrt_;  // what was differentiated, parallel to the gradients
+  std::vector<DType> saved_dtypes_;
+};
+
+}  // namespace
+
+void bind_torch_bridge(py::module_& m) {
+  py::module_ t = m.def_submodule("torch_bridge", "DLPack exchange and forward/backward graphs for TrainModule");
+
+  py::class_<TorchRunner>(t, "Runner")
+      .def(py::init([](py::bytes model, const std::string& name, std::vector<std::string> bind,
+                       std::vector<std::string> wrt, bool recompute, bool optimize) {
+             ForwardBackwardOptions o;
+             o.bind = std::move(bind);
+             o.wrt = std::move(wrt);
+             o.recompute = recompute;
+             o.optimize = optimize;
+             std::string bytes = model;
+             py::gil_scoped_release release;
+             return std::make_unique<TorchRunner>(bytes, name, o);
+           }),
+           py::arg("model"), py::arg("name"), py::arg("bind"), py::arg("wrt"), py::arg("recompute") = false,
+           py::arg("optimize") = true)
+      .def("forward", &TorchRunner::forward, py::arg("feeds"))
+      .def("backward", &TorchRunner::backward, py::arg("seeds"), py::arg("saved"), py::arg("feeds"))
+      .def_property_readonly("has_backward", &TorchRunner::has_backward)
+      .def_property_readonly("inputs", [](const TorchRunner& r) { return r.graphs().inputs; })
+      .def_property_readonly("forward_feeds", [](const TorchRunner& r) { return positions(r.graphs().forward_feeds, r.graphs().inputs); })
+      .def_property_readonly("backward_feeds", [](const TorchRunner& r) { return positions(r.graphs().backward_feeds, r.graphs().inputs); })
+      .def_property_readonly("outputs", [](const TorchRunner& r) { return r.graphs().outputs; })
+      .def_property_readonly("seeded_outputs", [](const TorchRunner& r) { return subsequence_positions(r.graphs().seeded_outputs, r.graphs().outputs); })
+      .def_property_readonly("buffers", [](const TorchRunner& r) { return r.graphs().buffers; })
+      .def_property_readonly("buffer_outputs", [](const TorchRunner& r) { return positions(r.graphs().buffer_outputs, r.forward_outputs()); })
+      .def_property_readonly("saved", [](const TorchRunner& r) { return positions(r.graphs().saved, r.forward_outputs()); })
+      .def_property_readonly("gradients", [](const TorchRunner& r) { return r.graphs().gradients; })
+      .def_property_readonly("wrt", &TorchRunner::wrt)
+      .def("forward_model", [](const TorchRunner& r) { return py::bytes(save_model_to_bytes(r.graphs().forward)); })
+      .def("backward_model", [](const TorchRunner& r) {
+        return r.has_backward() ? py::object(py::bytes(save_model_to_bytes(r.graphs().backward))) : py::object(py::none());
+      })
+      .def("memory_report", &TorchRunner::memory_report);
+}

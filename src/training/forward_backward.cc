@@ -1,0 +1,230 @@
+#include "training/forward_backward.h"
+
+#include <set>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autodiff/autodiff.h"
+#include "ir/builder.h"
+#include "passes/passes.h"
+#include "passes/shape_inference.h"
+#include "training/artifacts.h"
+
+namespace onnxtrain {
+
+namespace {
+
+const std::string kWhere = "build_forward_backward: ";
+
+// torch updates running_var = m * rv + (1 - m) * var_unbiased; ONNX's r = m * rv + (1 - m) * var
+// uses the population variance, and var_unbiased = var * n / (n - 1), so torch's value is
+// r + (r - m * rv) / (n - 1). Returns the corrected value.
+std::string unbiased_running_var(Graph& g, const Node& bn) {
+  GraphBuilder b(g, bn.name + "/unbiased_running_var");
+  std::optional<Shape> x = b.static_shape(bn.inputs[0]);
+  bool known = x && x->size() >= 2;
+  for (size_t d = 0; known && d < x->size(); ++d) known = (*x)[d] >= 0;
+  OT_CHECK(known, kWhere, bn.context(), "torch's running_var update needs the static shape of input '",
+           bn.inputs[0], "'");
+  const int64_t n = numel(*x) / std::max<int64_t>((*x)[1], 1);
+  OT_CHECK(n > 1, bn.context(), "expected more than 1 value per channel when training, got input shape ",
+           shape_str(*x));
+  const std::string& running_var = bn.inputs[4];
+  const std::string& onnx_update = bn.outputs[2];
+  const double momentum = bn.attr_float("momentum", 0.9f);
+  std::string batch_term = b.sub(onnx_update, b.mul(running_var, b.scalar_like(momentum, running_var)));
+  std::string result = b.add(onnx_update, b.mul(batch_term, b.scalar_like(1.0 / double(n - 1), running_var)));
+  b.commit();
+  return result;
+}
+
+// Makes "<buffer>_updated" graph outputs for the BatchNorm statistics of bound initializers.
+void add_buffer_outputs(Model& m, const std::set<std::string>& bound, bool unbiased, ForwardBackwardGraphs& fb) {
+  Graph& g = m.graph;
+  for (auto [buffer, value] : batchnorm_buffer_updates(m)) {
+    if (!bound.count(buffer)) continue;  // a constant of the export: nothing to write back
+    if (unbiased)
+      for (size_t i = 0; i < g.nodes.size(); ++i)
+        if (g.nodes[i].op_type == "BatchNormalization" && g.nodes[i].has_output(2) && g.nodes[i].outputs[2] == value) {
+          const Node bn = g.nodes[i];  // a copy: the builder appends to g.nodes
+          value = unbiased_running_var(g, bn);
+          break;
+        }
+    std::string name = g.unique_name(buffer + "_updated");
+    g.nodes.push_back(Node{name + "/identity", "Identity", "", {value}, {name}, {}});
+    g.outputs.push_back({name, ValueInfo{}});
+    fb.buffers.push_back(buffer);
+    fb.buffer_outputs.push_back(name);
+  }
+  g.topological_sort();
+}
+
+ValueInfo info_of(const Graph& g, const std::string& name) {
+  for (const auto& v : g.inputs) if (v.name == name) return v.info;
+  for (const auto& v : g.outputs) if (v.name == name && v.info.dtype != DType::kUndefined) return v.info;
+  if (auto it = g.value_info.find(name); it != g.value_info.end()) return it->second;
+  return {};
+}
+
+// Drops graph inputs nothing reads (except `keep`), and value_info of values no longer in the graph.
+void prune(Graph& g, const std::unordered_set<std::string>& keep) {
+  eliminate_dead_code(g);
+  std::unordered_set<std::string> read, present;
+  for (const auto& n : g.nodes) {
+    for (const auto& i : n.inputs) read.insert(i);
+    for (const auto& o : n.outputs) present.insert(o);
+  }
+  for (const auto& o : g.outputs) read.insert(o.name);
+  std::vector<NamedValue> inputs;
+  for (auto& in : g.inputs)
+    if (read.count(in.name) || keep.count(in.name)) inputs.push_back(std::move(in));
+  g.inputs = std::move(inputs);
+  for (auto it = g.value_info.begin(); it != g.value_info.end();)
+    it = present.count(it->first) ? std::next(it) : g.value_info.erase(it);
+}
+
+std::vector<std::string> feeds_of(const Graph& g, const std::vector<std::string>& host_order) {
+  std::vector<std::string> out;
+  for (const auto& name : host_order)
+    if (g.is_input(name)) out.push_back(name);
+  return out;
+}
+
+// Splits the gradient graph `full` at the upstream gradients (see the header).
+void split(const Model& full, bool recompute, ForwardBackwardGraphs& fb) {
+  const Graph& g = full.graph;
+  const size_t n = g.nodes.size();
+  const auto producer = g.producers();
+
+  // Nodes downstream of an upstream gradient can only run in the backward.
+  std::unordered_set<std::string> seed_dependent(fb.seeds.begin(), fb.seeds.end());
+  std::vector<char> after_seed(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    for (const auto& in : g.nodes[i].inputs) after_seed[i] = after_seed[i] || (!in.empty() && seed_dependent.count(in));
+    if (after_seed[i]) seed_dependent.insert(g.nodes[i].outputs.begin(), g.nodes[i].outputs.end());
+  }
+  std::vector<char> in_backward = after_seed;
+  if (recompute) {  // pull in every deterministic forward node the backward needs
+    std::vector<std::string> pending(fb.gradients);
+    for (size_t i = 0; i < n; ++i)
+      if (in_backward[i]) pending.insert(pending.end(), g.nodes[i].inputs.begin(), g.nodes[i].inputs.end());
+    while (!pending.empty()) {
+      std::string v = std::move(pending.back());
+      pending.pop_back();
+      auto it = producer.find(v);
+      if (v.empty() || it == producer.end() || in_backward[it->second] || is_nondeterministic(g.nodes[it->second]))
+        continue;
+      in_backward[it->second] = 1;
+      pending.insert(pending.end(), g.nodes[it->second].inputs.begin(), g.nodes[it->second].inputs.end());
+    }
+  }
+
+  // What the backward reads and does not compute: saved forward values, or host feeds.
+  std::unordered_set<std::string> computed_in_backward, saved_set;
+  for (size_t i = 0; i < n; ++i)
+    if (in_backward[i]) computed_in_backward.insert(g.nodes[i].outputs.begin(), g.nodes[i].outputs.end());
+  auto need = [&](const std::string& v) {
+    if (v.empty() || computed_in_backward.count(v) || g.is_initializer(v) || g.is_input(v)) return;
+    if (saved_set.insert(v).second) fb.saved.push_back(v);
+  };
+  for (size_t i = 0; i < n; ++i)
+    if (in_backward[i])
+      for (const auto& in : g.nodes[i].inputs) need(in);
+  for (const auto& grad : fb.gradients) need(grad);
+
+  std::unordered_set<std::string> seeds(fb.seeds.begin(), fb.seeds.end());
+  Model backward = full;
+  Graph& bg = backward.graph;
+  backward.description = full.description + " (backward)";
+  bg.nodes.clear();
+  for (size_t i = 0; i < n; ++i)
+    if (in_backward[i]) bg.nodes.push_back(g.nodes[i]);
+  bg.inputs.clear();
+  for (const auto& s : fb.seeds) bg.inputs.push_back({s, info_of(g, s)});
+  for (const auto& s : fb.saved) bg.inputs.push_back({s, info_of(g, s)});
+  for (const auto& in : g.inputs)
+    if (!seeds.count(in.name)) bg.inputs.push_back(in);
+  bg.outputs.clear();
+  for (const auto& grad : fb.gradients) bg.outputs.push_back({grad, info_of(g, grad)});
+  std::unordered_set<std::string> keep(fb.seeds.begin(), fb.seeds.end());
+  keep.insert(fb.saved.begin(), fb.saved.end());
+  prune(bg, keep);
+
+  Model forward = full;
+  Graph& fg = forward.graph;
+  forward.description = full.description + " (forward)";
+  fg.nodes.clear();
+  for (size_t i = 0; i < n; ++i)
+    if (!after_seed[i]) fg.nodes.push_back(g.nodes[i]);
+  fg.inputs.clear();
+  for (const auto& in : g.inputs)
+    if (!seeds.count(in.name)) fg.inputs.push_back(in);
+  fg.outputs.clear();
+  // The model's outputs as they are (one value may be returned twice), then the rest once each.
+  std::unordered_set<std::string> listed(fb.outputs.begin(), fb.outputs.end());
+  for (const auto& v : fb.outputs) fg.outputs.push_back({v, info_of(g, v)});
+  for (const auto* names : {&fb.buffer_outputs, &fb.saved})
+    for (const auto& v : *names)
+      if (listed.insert(v).second) fg.outputs.push_back({v, info_of(g, v)});
+  prune(fg, {});
+
+  fb.forward = std::move(forward);
+  fb.backward = std::move(backward);
+}
+
+}  // namespace
+
+ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBackwardOptions& o) {
+  ForwardBackwardGraphs fb;
+  Model m = model;
+  Graph& g = m.graph;
+  g.topological_sort();
+  infer_shapes(g, m.opsets);
+  for (const auto& in : g.inputs) fb.inputs.push_back(in.name);
+  for (const auto& out : g.outputs) fb.outputs.push_back(out.name);
+
+  std::set<std::string> bound;
+  for (const auto& name : o.bind) {
+    OT_CHECK(g.is_initializer(name), kWhere, "'", name, "' is not an initializer of the model");
+    OT_CHECK(bound.insert(name).second, kWhere, "'", name, "' is bound twice");
+  }
+  add_buffer_outputs(m, bound, o.unbiased_running_var, fb);
+  for (const auto& name : o.bind) {  // host-owned values become inputs, fed without copies
+    const Tensor& t = g.initializers.at(name);
+    g.inputs.push_back({name, ValueInfo{t.dtype(), t.shape(), {}}});
+    g.initializers.erase(name);
+    fb.inputs.push_back(name);
+  }
+  std::set<std::string> feedable(fb.inputs.begin(), fb.inputs.end());
+  for (const auto& w : o.wrt)
+    OT_CHECK(feedable.count(w), kWhere, "'", w, "' to differentiate is neither a model input nor a bound initializer");
+
+  if (o.wrt.empty()) {
+    if (o.optimize) optimize_for_inference(m);
+    m.description += " (forward)";
+    prune(g, {});
+    fb.forward = std::move(m);
+    fb.forward_feeds = feeds_of(fb.forward.graph, fb.inputs);
+    return fb;
+  }
+
+  // Fusions first (GELU, MatMul with transposes and bias): their fused gradient rules beat
+  // differentiating the pieces, whose intermediates the backward would then hold on to.
+  if (o.optimize) optimize_for_inference(m);
+  GradientGraphInfo info;
+  GradientGraphOptions go;
+  go.seed_scalars_with_one = false;  // the host passes every upstream gradient, a loss's too
+  go.skip_independent_outputs = true;
+  Model full = build_gradient_graph(m, o.wrt, fb.outputs, &info, go);
+  fb.seeded_outputs = info.seeded_outputs;
+  fb.seeds = info.seed_inputs;
+  fb.gradients = info.gradient_outputs;
+  if (o.optimize) optimize_for_inference(full);
+  full.graph.topological_sort();
+  split(full, o.recompute, fb);
+  fb.forward_feeds = feeds_of(fb.forward.graph, fb.inputs);
+  fb.backward_feeds = feeds_of(fb.backward.graph, fb.inputs);
+  return fb;
+}
+
+}  // namespace onnxtrain

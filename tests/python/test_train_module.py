@@ -1,0 +1,362 @@
+"""onnxtrain.torch.TrainModule: an unchanged torch training loop, run by onnxtrain, follows PyTorch.
+
+The reference is always the same module run by PyTorch from a deep copy: same initial weights,
+batches and torch optimizer.
+"""
+import copy
+import os
+import sys
+import tempfile
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+import onnxtrain
+from onnxtrain.torch import DebugOptions, LogLevel, TrainModule, TrainModuleError
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import models  # noqa: E402  (the shared reference models)
+
+onnxtrain.set_num_threads(1)  # the parity loops are small: threads only add scheduling noise under load
+
+
+def cross_entropy(logits, target):
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+
+
+def small_cfg():
+    return models.BertConfig(vocab_size=40, hidden=16, layers=2, heads=2, ffn=32, max_len=12)
+
+
+def model_and_batches(name, steps, seed=0):
+    """The model (train mode) and `steps` (input, target) batches."""
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    if name == "mlp":
+        model = models.MLP((12, 16, 16, 5))
+        batch = lambda: (torch.randn(6, 12, generator=g), torch.randint(0, 5, (6,), generator=g))  # noqa: E731
+    elif name == "cnn":
+        model = models.SmallCNN(in_channels=3, widths=(4, 8), num_classes=5)
+        batch = lambda: (torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g))  # noqa: E731
+    elif name == "bert":
+        model = nn.Sequential(models.BertEncoder(small_cfg()), nn.Linear(16, 3))
+        batch = lambda: (torch.randint(0, 40, (2, 8), generator=g), torch.randint(0, 3, (2, 8), generator=g))  # noqa: E731
+    elif name == "gpt":
+        model = models.GPTDecoder(small_cfg())
+        batch = lambda: (torch.randint(0, 40, (2, 8), generator=g), torch.randint(0, 40, (2, 8), generator=g))  # noqa: E731
+    elif name == "lstm":
+        model = models.LSTMClassifier(features=6, hidden=8, num_classes=3)
+        batch = lambda: (torch.randn(5, 2, 6, generator=g), torch.randint(0, 3, (2,), generator=g))  # noqa: E731
+    else:
+        raise KeyError(name)
+    return model.train(), [batch() for _ in range(steps)]
+
+
+def train(model, batches, make_optimizer):
+    optimizer = make_optimizer(model.parameters())
+    losses = []
+    for x, y in batches:
+        loss = cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def assert_close_state(ours, theirs, tol):
+    assert ours.keys() == theirs.keys()
+    for key, want in theirs.items():
+        got = ours[key]
+        if not torch.is_floating_point(want):
+            assert torch.equal(got, want), key
+            continue
+        err = (got - want).norm() / max(want.norm(), 1e-6)
+        assert err <= tol, f"'{key}': relative difference {err:.2e}"
+
+
+SGD = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9)  # noqa: E731
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn", "bert", "gpt", "lstm"])
+def test_fifty_steps_follow_pytorch(name):
+    model, batches = model_and_batches(name, 50)
+    reference = copy.deepcopy(model)
+    wrapped = TrainModule(model)
+    ours = train(wrapped, batches, SGD)
+    theirs = train(reference, batches, SGD)
+    for step, (a, b) in enumerate(zip(ours, theirs)):
+        assert abs(a - b) <= 1e-4 * abs(b), f"{name} step {step}: loss {a} vs {b}"
+    # Parameters and buffers (BatchNorm running statistics and batch counts) alike.
+    assert_close_state(model.state_dict(), reference.state_dict(), 1e-4)
+    assert len(wrapped.build_stats) == 1, "one input schema, one graph"
+
+
+def test_adamw_and_fused_adam_follow_torch_adamw():
+    from onnxtrain.torch import FusedAdam
+    model, batches = model_and_batches("mlp", 20)
+    reference, fused = copy.deepcopy(model), copy.deepcopy(model)
+    theirs = train(reference, batches, lambda p: torch.optim.AdamW(p, lr=1e-2))
+    for module, make in [(model, lambda p: torch.optim.AdamW(p, lr=1e-2)), (fused, lambda p: FusedAdam(p, lr=1e-2))]:
+        ours = train(TrainModule(module), batches, make)
+        assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) < 1e-4
+        assert_close_state(module.state_dict(), reference.state_dict(), 1e-4)
+
+
+def test_state_dict_moves_between_wrapped_and_plain():
+    model, _ = model_and_batches("cnn", 0)
+    wrapped = TrainModule(model)
+    assert list(wrapped.state_dict()) == list(model.state_dict())
+    assert [n for n, _ in wrapped.named_parameters()] == [n for n, _ in model.named_parameters()]
+    plain, _ = model_and_batches("cnn", 0, seed=1)
+    plain.load_state_dict(wrapped.state_dict())
+    assert_close_state(plain.state_dict(), model.state_dict(), 0)
+    other, _ = model_and_batches("cnn", 0, seed=2)
+    wrapped.load_state_dict(other.state_dict())  # into the same Parameters, which the graphs read
+    wrapped.eval(), other.eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(wrapped(x), other(x), rtol=1e-5, atol=1e-6)
+    twin = copy.deepcopy(wrapped)  # graphs are not copied; parameters stay shared with its module
+    assert list(twin.parameters())[0] is next(twin.original_module.parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(twin(x), other(x), rtol=1e-5, atol=1e-6)
+
+
+def test_new_batch_size_and_sequence_length_build_new_graphs():
+    model, batches = model_and_batches("gpt", 4)
+    reference = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(7)
+    batches += [(torch.randint(0, 40, (3, 8), generator=g), torch.randint(0, 40, (3, 8), generator=g)),
+                (torch.randint(0, 40, (3, 5), generator=g), torch.randint(0, 40, (3, 5), generator=g))]
+    batches += batches[:2] + batches[-2:]  # schemas seen before: no new graph
+    wrapped = TrainModule(model)
+    ours, theirs = train(wrapped, batches, SGD), train(reference, batches, SGD)
+    assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) < 1e-4
+    assert len(wrapped.build_stats) == 3
+    assert_close_state(model.state_dict(), reference.state_dict(), 1e-4)
+
+
+class Nested(nn.Module):
+    """Dict and tuple inputs, a non-tensor flag, nested outputs with an integer and a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 3)
+        self.b = nn.Linear(4, 3)
+
+    def forward(self, batch, pair, scale=1.0, use_b=True):
+        x = batch["x"]
+        h = self.a(x) * scale + (self.b(pair[0]) if use_b else 0) + pair[1]
+        return {"h": h, "more": (h.argmax(-1), [h.sum()]), "tag": "out"}
+
+
+def test_nested_inputs_and_outputs_and_input_gradients():
+    torch.manual_seed(0)
+    model = Nested()
+    reference = copy.deepcopy(model)
+    wrapped = TrainModule(model)
+    for use_b, scale in [(True, 2.0), (False, 2.0), (True, 0.5), (True, 2.0)]:
+        x, p0, p1 = torch.randn(5, 4, requires_grad=True), torch.randn(5, 4), torch.randn(5, 3, requires_grad=True)
+        xr, p1r = x.detach().clone().requires_grad_(), p1.detach().clone().requires_grad_()
+        ours = wrapped({"x": x}, (p0, p1), scale=scale, use_b=use_b)
+        theirs = reference({"x": xr}, (p0, p1r), scale=scale, use_b=use_b)
+        assert ours["tag"] == "out" and isinstance(ours["more"][1], list)
+        assert not ours["more"][0].requires_grad and torch.equal(ours["more"][0], theirs["more"][0])
+        torch.testing.assert_close(ours["h"], theirs["h"])
+        (ours["h"].pow(2).sum() + 3 * ours["more"][1][0]).backward()
+        (theirs["h"].pow(2).sum() + 3 * theirs["more"][1][0]).backward()
+        torch.testing.assert_close(x.grad, xr.grad)
+        torch.testing.assert_close(p1.grad, p1r.grad)
+    for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=n)
+    assert len(wrapped.build_stats) == 3  # (use_b, scale) are constants of the schema
+
+
+class Twice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h, h, x  # one value twice, an input passed through
+
+
+def test_repeated_and_passed_through_outputs():
+    torch.manual_seed(0)
+    model = Twice()
+    reference = copy.deepcopy(model)
+    x = torch.randn(2, 3, requires_grad=True)
+    xr = x.detach().clone().requires_grad_()
+    for m, inp in [(TrainModule(model), x), (reference, xr)]:
+        a, b, c = m(inp)
+        (2 * a.sum() + b.pow(2).sum() + 3 * c.sum()).backward()
+    torch.testing.assert_close(x.grad, xr.grad)
+    torch.testing.assert_close(model.fc.weight.grad, reference.fc.weight.grad)
+
+
+def test_eval_no_grad_accumulation_and_retain_graph():
+    model, batches = model_and_batches("cnn", 2)
+    reference = copy.deepcopy(model)
+    wrapped = TrainModule(model)
+    (x1, y1), (x2, y2) = batches
+    # Two forwards in flight, one backward; then the same graph backward twice.
+    for m in (wrapped, reference):
+        loss = cross_entropy(m(x1), y1) + cross_entropy(m(x2), y2)
+        loss.backward(retain_graph=True)
+        loss.backward()
+    for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=n)
+    with torch.no_grad():  # train mode without gradients: forward graph only, statistics still move
+        out = wrapped(x1)
+        torch.testing.assert_close(out, reference(x1), rtol=1e-4, atol=1e-5)
+    assert out.grad_fn is None
+    assert_close_state(model.state_dict(), reference.state_dict(), 1e-5)
+    wrapped.eval(), reference.eval()
+    assert not model.training and not model.features[0].bn.training
+    torch.testing.assert_close(wrapped(x1), reference(x1), rtol=1e-4, atol=1e-5)
+    assert_close_state(model.state_dict(), reference.state_dict(), 1e-5)  # eval leaves statistics alone
+    assert [s["backward"] for s in wrapped.build_stats] == [True, False, True]
+
+
+def test_submodules_keep_their_own_modes():
+    # A frozen BatchNorm (eval) inside a training model: running statistics are read, not updated.
+    model, batches = model_and_batches("cnn", 3)
+    model.features[1].bn.eval()
+    reference = copy.deepcopy(model)
+    ours, theirs = train(TrainModule(model), batches, SGD), train(reference, batches, SGD)
+    assert model.training and not model.features[1].bn.training and model.features[0].bn.training
+    assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) < 1e-4
+    assert_close_state(model.state_dict(), reference.state_dict(), 1e-4)
+
+
+class DropoutNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 8)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(torch.relu(self.fc(x)) + 1.0)  # every element > 0 before dropout
+
+
+@pytest.mark.parametrize("memory_level", ["0", "1"])
+def test_memory_levels_use_the_forward_dropout_mask(monkeypatch, memory_level):
+    monkeypatch.setenv("ONNXTRAIN_MEMORY_LEVEL", memory_level)
+    torch.manual_seed(0)
+    model = DropoutNet().train()
+    x = torch.randn(16, 8, requires_grad=True)
+    out = TrainModule(model)(x)
+    out.sum().backward()
+    kept = out != 0
+    assert 0 < kept.sum() < kept.numel()
+    # d(sum)/d(pre-dropout) is 2 where kept, 0 where dropped: the backward used the forward's mask.
+    w = model.fc.weight.detach()
+    pre_grad = 2.0 * kept * (model.fc(x.detach()) > 0)
+    torch.testing.assert_close(x.grad, pre_grad.float() @ w)
+
+
+def test_recompute_follows_pytorch(monkeypatch):
+    monkeypatch.setenv("ONNXTRAIN_MEMORY_LEVEL", "1")
+    model, batches = model_and_batches("cnn", 5)
+    reference = copy.deepcopy(model)
+    wrapped = TrainModule(model)
+    ours, theirs = train(wrapped, batches, SGD), train(reference, batches, SGD)
+    assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) < 1e-4
+    assert_close_state(model.state_dict(), reference.state_dict(), 1e-4)
+
+
+class WithMseLoss(nn.Module):  # aten::mse_loss has no ONNX export in torch 1.13
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x, y):
+        return nn.functional.mse_loss(self.fc(x), y)
+
+
+class WithDet(nn.Module):  # exports, but onnxtrain has no gradient rule for Det
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.eye(3) + 0.1)
+
+    def forward(self, x, y):
+        return torch.linalg.det(self.w) * (x.sum() - y.sum())
+
+
+@pytest.mark.parametrize("module,named", [(WithMseLoss, "aten::mse_loss"), (WithDet, "[Det] node")])
+def test_failures_raise_by_default_and_warn_once_with_fallback(monkeypatch, module, named):
+    x, y = torch.randn(4, 3), torch.randn(4, 2)
+    with pytest.raises(TrainModuleError, match=named.replace("[", r"\[")):
+        TrainModule(module())(x, y)
+    monkeypatch.setenv("ONNXTRAIN_FALLBACK", "warn")
+    torch.manual_seed(0)
+    plain = module()
+    wrapped = TrainModule(copy.deepcopy(plain))
+    with pytest.warns(RuntimeWarning, match="runs in PyTorch") as caught:
+        out = wrapped(x, y)
+    assert len(caught) == 1 and named in str(caught[0].message)
+    assert named in wrapped.fallback_reason
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # later calls are quiet
+        out.backward()
+        torch.testing.assert_close(wrapped(x, y), plain(x, y))
+
+
+def test_debug_options_and_environment(monkeypatch, tmp_path, caplog):
+    monkeypatch.setenv("ONNXTRAIN_SAVE_ONNX_PATH", str(tmp_path))
+    model, batches = model_and_batches("mlp", 1)
+    wrapped = TrainModule(model, DebugOptions(log_level=LogLevel.INFO, save_onnx=True, onnx_prefix="mlp"))
+    with caplog.at_level("INFO", logger="onnxtrain.torch"):
+        cross_entropy(wrapped(batches[0][0]), batches[0][1]).backward()
+    assert "schema 0: export" in caplog.text
+    assert sorted(os.listdir(tmp_path)) == ["mlp_0_backward.onnx", "mlp_0_exported.onnx", "mlp_0_forward.onnx"]
+    sess = onnxtrain.InferenceSession(str(tmp_path / "mlp_0_forward.onnx"))  # valid models
+    assert sess.get_outputs()
+    monkeypatch.setenv("ONNXTRAIN_SAVE_ONNX", "1")
+    assert DebugOptions().save_onnx and DebugOptions(save_onnx=False).save_onnx is False
+    for var, bad in [("ONNXTRAIN_FALLBACK", "maybe"), ("ONNXTRAIN_MEMORY_LEVEL", "3"), ("ONNXTRAIN_OPSET", "x"),
+                     ("ONNXTRAIN_LOG_LEVEL", "LOUD")]:
+        monkeypatch.setenv(var, bad)
+        with pytest.raises(ValueError, match=var):
+            TrainModule(nn.Linear(2, 2))
+        monkeypatch.delenv(var)
+
+
+def test_inputs_on_another_device_or_wrong_module_are_clear_errors():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        TrainModule(lambda x: x)
+    wrapped = TrainModule(nn.Linear(2, 2))
+    meta = torch.empty(3, 2, device="meta")
+    with pytest.raises(TrainModuleError, match="on the CPU"):
+        wrapped(meta)
+
+
+def _ddp_worker(rank, world, init_file, result_file, steps):
+    torch.manual_seed(0)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    try:
+        model, batches = model_and_batches("mlp", steps)
+        ddp = nn.parallel.DistributedDataParallel(TrainModule(model))
+        half = [(x.chunk(world)[rank], y.chunk(world)[rank]) for x, y in batches]
+        train(ddp, half, SGD)
+        if rank == 0:
+            torch.save(model.state_dict(), result_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_two_gloo_processes_match_one_process_on_the_whole_batch():
+    steps = 5
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "rank0.pt")
+        mp.spawn(_ddp_worker, args=(2, os.path.join(tmp, "init"), result, steps), nprocs=2, join=True)
+        ddp_state = torch.load(result)
+    model, batches = model_and_batches("mlp", steps)
+    train(model, batches, SGD)  # PyTorch, one process, whole batches
+    assert_close_state(ddp_state, model.state_dict(), 1e-5)
