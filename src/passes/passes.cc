@@ -184,7 +184,7 @@ int eliminate_common_subexpressions(Graph& g) {
   return merged;
 }
 
-void optimize_for_inference(Model& model) {
+void simplify_graph(Model& model) {
   Graph& g = model.graph;
   g.topological_sort();
   for (int round = 0; round < 8; ++round) {
@@ -194,6 +194,11 @@ void optimize_for_inference(Model& model) {
     changed += eliminate_dead_code(g);
     if (changed == 0) break;
   }
+}
+
+void optimize_for_inference(Model& model) {
+  Graph& g = model.graph;
+  simplify_graph(model);
   // Inference-only fusions on top of the training ones: BatchNorm folds into constant Conv weights
   // (after fold_constants made the statistics initializers), activations into the Conv primitive.
   int fused = fuse_for_training(model) + fuse_conv_batchnorm(g) + fuse_conv_activation(g);

@@ -17,7 +17,11 @@ int fuse_matmul(Graph& graph);             // Transpose -> MatMul -> Add(bias) -
 int fuse_conv_batchnorm(Graph& graph);     // Conv -> BatchNormalization (inference) -> Conv, folded weights
 int fuse_conv_activation(Graph& graph);    // Conv -> Relu/LeakyRelu/Sigmoid/Tanh/Clip -> onnxtrain.FusedConv
 
-// The standard pipeline for inference: shapes, folding, identities, CSE, DCE, to a fixed point.
+// Folding, identities, CSE, DCE to a fixed point: safe before autodiff when the values to
+// differentiate are graph inputs (folding would turn ops over trainable initializers into constants).
+void simplify_graph(Model& model);
+// The standard pipeline for inference: simplify_graph, then every fusion, including those with no
+// gradient rule (onnxtrain.FusedConv): run it on forward-only graphs or after autodiff, never before.
 void optimize_for_inference(Model& model);
 // The fusions that keep every initializer and graph value a caller can name (no folding, which would
 // turn Transpose(W) of a trainable W into a new constant): run on a forward graph before autodiff so

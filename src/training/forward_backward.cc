@@ -208,9 +208,10 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
     return fb;
   }
 
-  // Fusions first (GELU, MatMul with transposes and bias): their fused gradient rules beat
-  // differentiating the pieces, whose intermediates the backward would then hold on to.
-  if (o.optimize) optimize_for_inference(m);
+  // Simplify first; build_gradient_graph then fuses (GELU, MatMul with transposes and bias), whose
+  // fused gradient rules beat differentiating the pieces. Inference-only fusions (FusedConv, no
+  // gradient) wait until the whole graph is built.
+  if (o.optimize) simplify_graph(m);
   GradientGraphInfo info;
   GradientGraphOptions go;
   go.seed_scalars_with_one = false;  // the host passes every upstream gradient, a loss's too

@@ -42,6 +42,9 @@ def model_and_batches(name, steps, seed=0):
     elif name == "cnn":
         model = models.SmallCNN(in_channels=3, widths=(4, 8), num_classes=5)
         batch = lambda: (torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g))  # noqa: E731
+    elif name == "conv_relu":  # Conv straight into ReLU: the inference-only FusedConv must not appear before autodiff
+        model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+        batch = lambda: (torch.randn(4, 3, 8, 8, generator=g), torch.randint(0, 5, (4,), generator=g))  # noqa: E731
     elif name == "bert":
         model = nn.Sequential(models.BertEncoder(small_cfg()), nn.Linear(16, 3))
         batch = lambda: (torch.randint(0, 40, (2, 8), generator=g), torch.randint(0, 3, (2, 8), generator=g))  # noqa: E731
@@ -82,7 +85,7 @@ def assert_close_state(ours, theirs, tol):
 SGD = lambda params: torch.optim.SGD(params, lr=0.05, momentum=0.9)  # noqa: E731
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", "bert", "gpt", "lstm"])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "conv_relu", "bert", "gpt", "lstm"])
 def test_fifty_steps_follow_pytorch(name):
     model, batches = model_and_batches(name, 50)
     reference = copy.deepcopy(model)
