@@ -12,21 +12,11 @@ from onnx import TensorProto, helper
 
 import onnxtrain
 
-DTYPES = {np.float32: TensorProto.FLOAT, np.float64: TensorProto.DOUBLE}
+from . import single_node
 
 
 def run_node(op, inputs, attrs, domain=""):
-    """Runs one node on numpy inputs named in0, in1, ...; returns its first output."""
-    names = [f"in{i}" for i in range(len(inputs))]
-    elem = DTYPES[inputs[0].dtype.type]
-    node = helper.make_node(op, names, ["out"], domain=domain, **attrs)
-    graph = helper.make_graph([node], "pool", [helper.make_tensor_value_info(n, elem, a.shape)
-                                                for n, a in zip(names, inputs)],
-                              [helper.make_tensor_value_info("out", elem, None)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
-                                                    helper.make_opsetid("onnxtrain", 1)])
-    sess = onnxtrain.InferenceSession(model.SerializeToString())
-    return sess.run(None, dict(zip(names, inputs)))[0]
+    return single_node.run_node(op, inputs, attrs, domain=domain)[0]
 
 
 def forward_and_grad(op, x, dy_seed, attrs):
