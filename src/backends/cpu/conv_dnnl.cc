@@ -14,7 +14,8 @@ using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
 std::vector<int64_t> ConvSpec::key() const {
-  std::vector<int64_t> k{transposed, out_channels, group, bias, int64_t(x.size()), int64_t(activation),
+  std::vector<int64_t> k{transposed, out_channels, group, bias, x_channels_last, y_channels_last,
+                        int64_t(x.size()), int64_t(activation),
                         int64_t(std::bit_cast<uint32_t>(act_alpha)), int64_t(std::bit_cast<uint32_t>(act_beta))};
   for (const auto* v : {&x, &kernel, &stride, &dilation, &pad_l, &pad_r, &out}) k.insert(k.end(), v->begin(), v->end());
   return k;
@@ -60,8 +61,8 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
       wstrides[o + 1] = (m / g) * ksz;
       if (g > 1) wstrides[0] = (c / g) * (m / g) * ksz;
     }
-    auto user_src = plain_md(src_dims, dt::f32);
-    auto user_dst = plain_md(dst_dims, dt::f32);
+    auto user_src = s.x_channels_last ? channels_last_md(src_dims, dt::f32) : plain_md(src_dims, dt::f32);
+    auto user_dst = s.y_channels_last ? channels_last_md(dst_dims, dt::f32) : plain_md(dst_dims, dt::f32);
     auto user_wei = strided_md(wdims, dt::f32, wstrides);
     p.bias_md = plain_md({m}, dt::f32);
     auto any_src = dnnl::memory::desc(src_dims, dt::f32, tag::any);
