@@ -171,12 +171,16 @@ struct DnnlConvBackward::Impl {
   // usually agree on its layout (then the weights pass reuses the data pass's copy).
   Relayout data_dy, data_w, data_dx, weights_dy, weights_x, weights_dw;
   bool shared_dy = false;
-  // The two primitives are single-threaded and run side by side when both gradients are wanted.
-  // oneDNN's multi-threaded backward-weights kernels reduce across threads through spin barriers,
+  // On two threads the two primitives are single-threaded and run side by side when both
+  // gradients are wanted. oneDNN's multi-threaded backward-weights kernels reduce across threads through spin barriers,
   // which stall for a whole scheduler tick (about 4 ms) whenever the partner thread is descheduled
   // (OMP_WAIT_POLICY=passive on a shared machine); backward-data and backward-weights cost about
   // the same, so running them concurrently keeps both cores busy without any barrier.
   bool concurrent = false;
+  // Each primitive's own scratchpad: oneDNN's default (library) scratchpad is one buffer per
+  // creating thread, shared by every primitive made there, so two primitives running at once
+  // would overwrite each other's.
+  dnnl::memory data_scratch, weights_scratch;
 };
 
 DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw, const std::string& context)
@@ -206,18 +210,26 @@ DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw
         pr(s.pad_r.begin(), s.pad_r.end());
     for (size_t i = 0; i < nd; ++i) dil[i] = s.dilation[i] - 1;
     auto alg = dnnl::algorithm::convolution_direct;
-    p.concurrent = need_dx && need_dw && omp_get_max_threads() >= 2;
+    // Two threads (the machines this is tuned on): backward-weights single-threaded, next to
+    // backward-data when both run. More threads: the usual multi-threaded primitives, one after
+    // the other (a side-by-side split would leave all but two threads idle).
+    int threads = omp_get_max_threads();
+    p.concurrent = need_dx && need_dw && threads == 2;
+    int weights_threads = threads <= 2 ? 1 : threads;
     auto fwd = s.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei,
                                                         p.bias_md, any_dst, strides, dil, pl, pr)
                       : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei,
                                                         any_dst, strides, dil, pl, pr);
     dnnl::convolution_forward::primitive_desc hint(fwd, eng);
+    dnnl::primitive_attr own_scratchpad;
+    own_scratchpad.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (need_dx) {
       dnnl::convolution_backward_data::desc d(alg, any_src, any_wei, any_dst, strides, dil, pl, pr);
       auto pd = [&] {  // single-threaded when it runs next to backward-weights
-        OmpThreadsScope threads(p.concurrent ? 1 : omp_get_max_threads());
-        dnnl::convolution_backward_data::primitive_desc pd(d, eng, hint);
+        OmpThreadsScope scope(p.concurrent ? 1 : threads);
+        dnnl::convolution_backward_data::primitive_desc pd(d, own_scratchpad, eng, hint);
         p.bwd_data = dnnl::convolution_backward_data(pd);
+        p.data_scratch = dnnl::memory(pd.scratchpad_desc(), eng);
         return pd;
       }();
       p.data_dy = Relayout(user_dst, pd.diff_dst_desc(), true);
@@ -228,10 +240,11 @@ DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw
       auto d = s.bias ? dnnl::convolution_backward_weights::desc(alg, any_src, any_wei, p.bias_md, any_dst, strides,
                                                                  dil, pl, pr)
                       : dnnl::convolution_backward_weights::desc(alg, any_src, any_wei, any_dst, strides, dil, pl, pr);
-      auto pd = [&] {  // always single-threaded (see Impl::concurrent)
-        OmpThreadsScope threads(1);
-        dnnl::convolution_backward_weights::primitive_desc pd(d, eng, hint);
+      auto pd = [&] {
+        OmpThreadsScope scope(weights_threads);
+        dnnl::convolution_backward_weights::primitive_desc pd(d, own_scratchpad, eng, hint);
         p.bwd_weights = dnnl::convolution_backward_weights(pd);
+        p.weights_scratch = dnnl::memory(pd.scratchpad_desc(), eng);
         return pd;
       }();
       p.shared_dy = need_dx && pd.diff_dst_desc() == p.data_dy.prim;
@@ -252,12 +265,14 @@ void DnnlConvBackward::run(const float* dy, const float* x, const float* w, floa
     if (p.need_dx) {
       data_args = {{DNNL_ARG_DIFF_DST, p.data_dy.read(dy, strm)},
                    {DNNL_ARG_WEIGHTS, p.data_w.read(w, strm)},
-                   {DNNL_ARG_DIFF_SRC, p.data_dx.write(dx)}};
+                   {DNNL_ARG_DIFF_SRC, p.data_dx.write(dx)},
+                   {DNNL_ARG_SCRATCHPAD, p.data_scratch}};
     }
     if (p.need_dw) {
       weights_args = {{DNNL_ARG_SRC, p.weights_x.read(x, strm)},
                       {DNNL_ARG_DIFF_DST, p.shared_dy ? data_args.at(DNNL_ARG_DIFF_DST) : p.weights_dy.read(dy, strm)},
-                      {DNNL_ARG_DIFF_WEIGHTS, p.weights_dw.write(dw)}};
+                      {DNNL_ARG_DIFF_WEIGHTS, p.weights_dw.write(dw)},
+                      {DNNL_ARG_SCRATCHPAD, p.weights_scratch}};
       if (p.bias) weights_args.emplace(DNNL_ARG_DIFF_BIAS, dnnl::memory(p.bias_md, dnnl_engine(), db));
     }
     strm.wait();
