@@ -312,4 +312,27 @@ int fuse_conv_activation(Graph& g) {
   return fused;
 }
 
+// FusedConv A -> FusedConv B, where B's X is A's Y and nothing else reads it: A writes Y channels
+// last and B reads it so (output_channels_last / input_channels_last), the layout oneDNN's
+// convolutions compute in, so the reorder out of A and the one into B both disappear. Only for fp32
+// weights (the layout is honoured by the oneDNN path only).
+int chain_conv_layouts(Graph& g) {
+  Uses uses(g);
+  auto fp32_fused_conv = [&](const Node& n) {
+    if (n.op_type != "FusedConv" || n.domain != kOnnxTrainDomain || n.inputs.size() < 2) return false;
+    auto w = g.initializers.find(n.inputs[1]);
+    return w != g.initializers.end() && w->second.dtype() == DType::kFloat32 && w->second.rank() >= 3;
+  };
+  int chained = 0;
+  for (auto& a : g.nodes) {
+    if (!fp32_fused_conv(a) || a.outputs.empty()) continue;
+    int b = uses.sole_reader(a.outputs[0]);
+    if (b < 0 || !fp32_fused_conv(g.nodes[size_t(b)]) || g.nodes[size_t(b)].inputs[0] != a.outputs[0]) continue;
+    a.attributes["output_channels_last"] = Attribute::of(int64_t(1));
+    g.nodes[size_t(b)].attributes["input_channels_last"] = Attribute::of(int64_t(1));
+    ++chained;
+  }
+  return chained;
+}
+
 }  // namespace onnxtrain

@@ -156,3 +156,74 @@ def test_training_graphs_keep_conv_and_activation_separate():
     grad = onnx.load_from_string(build_gradient_graph(f.getvalue(), ["0.weight"], ["y"]))
     ops = [n.op_type for n in grad.graph.node]
     assert "Conv" in ops and "ReluGrad" in ops and "FusedConv" not in ops, ops
+
+
+def _channels_last_attrs(model_bytes):
+    """[(op type, input_channels_last, output_channels_last)] of the optimized graph's nodes."""
+    out = []
+    for n in onnx.load_from_string(_C.optimize_model(model_bytes)).graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        out.append((n.op_type, attrs.get("input_channels_last", 0), attrs.get("output_channels_last", 0)))
+    return out
+
+
+class _ConvStack(torch.nn.Module):
+    """conv-bn-relu x3 (channels 3 -> 16 -> 20 -> 32, the middle not a multiple of 16), optionally
+    also returning the first block's output or feeding it to a second reader."""
+
+    def __init__(self, tap=None):
+        super().__init__()
+        widths = [3, 16, 20, 32]
+        self.blocks = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Conv2d(a, b, 3, stride=1 + (i > 0), padding=1), torch.nn.BatchNorm2d(b),
+                                torch.nn.ReLU()) for i, (a, b) in enumerate(zip(widths, widths[1:])))
+        self.tap = tap
+        g = torch.Generator().manual_seed(0)
+        for block in self.blocks:
+            _random_batchnorm(block[1], g)
+
+    def forward(self, x):
+        first = self.blocks[0](x)
+        y = self.blocks[2](self.blocks[1](first))
+        if self.tap == "output":
+            return y, first
+        if self.tap == "reader":
+            return y + first.mean()
+        return y
+
+
+def test_fused_conv_chain_keeps_channels_last_between_convs_and_matches_torch():
+    module = _ConvStack().eval()
+    x = torch.randn(2, 3, 12, 12)
+    data = export(module, x)
+    assert _channels_last_attrs(data) == [("FusedConv", 0, 1), ("FusedConv", 1, 1), ("FusedConv", 1, 0)]
+    (y,) = onnxtrain.InferenceSession(data).run(None, {"in0": x.numpy()})
+    np.testing.assert_allclose(y, module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("tap", ["output", "reader"])
+def test_fused_conv_output_read_elsewhere_stays_in_onnx_layout(tap):
+    module = _ConvStack(tap).eval()
+    x = torch.randn(2, 3, 12, 12)
+    f = io.BytesIO()
+    torch.onnx.export(module, (x,), f, opset_version=17, input_names=["in0"])
+    data = f.getvalue()
+    fused = [a for a in _channels_last_attrs(data) if a[0] == "FusedConv"]
+    assert fused == [("FusedConv", 0, 0), ("FusedConv", 0, 1), ("FusedConv", 1, 0)], fused
+    outputs = onnxtrain.InferenceSession(data).run(None, {"in0": x.numpy()})
+    expected = module(x)
+    for got, want in zip(outputs, expected if isinstance(expected, tuple) else (expected,)):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_channels_last_fused_conv_rejects_float64():
+    x, w = np.ones((1, 2, 4, 4)), np.ones((3, 2, 3, 3))
+    node = onnx.helper.make_node("FusedConv", ["x", "w"], ["y"], domain="onnxtrain", activation="Relu",
+                                 input_channels_last=1)
+    graph = onnx.helper.make_graph([node], "g", [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.DOUBLE, a.shape)
+                                                 for n, a in (("x", x), ("w", w))],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.DOUBLE, None)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
+                                                         onnx.helper.make_opsetid("onnxtrain", 1)])
+    with pytest.raises(Exception, match="input_channels_last / output_channels_last need fp32"):
+        onnxtrain.InferenceSession(model.SerializeToString()).run(None, {"x": x, "w": w})

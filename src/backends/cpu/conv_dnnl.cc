@@ -1,6 +1,9 @@
 #include "backends/cpu/conv_dnnl.h"
 
+#include <omp.h>
+
 #include <bit>
+#include <exception>
 #include <unordered_map>
 
 #include "backends/cpu/dnnl_utils.h"
@@ -11,7 +14,8 @@ using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
 std::vector<int64_t> ConvSpec::key() const {
-  std::vector<int64_t> k{transposed, out_channels, group, bias, int64_t(x.size()), int64_t(activation),
+  std::vector<int64_t> k{transposed, out_channels, group, bias, x_channels_last, y_channels_last,
+                        int64_t(x.size()), int64_t(activation),
                         int64_t(std::bit_cast<uint32_t>(act_alpha)), int64_t(std::bit_cast<uint32_t>(act_beta))};
   for (const auto* v : {&x, &kernel, &stride, &dilation, &pad_l, &pad_r, &out}) k.insert(k.end(), v->begin(), v->end());
   return k;
@@ -57,8 +61,8 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
       wstrides[o + 1] = (m / g) * ksz;
       if (g > 1) wstrides[0] = (c / g) * (m / g) * ksz;
     }
-    auto user_src = plain_md(src_dims, dt::f32);
-    auto user_dst = plain_md(dst_dims, dt::f32);
+    auto user_src = s.x_channels_last ? channels_last_md(src_dims, dt::f32) : plain_md(src_dims, dt::f32);
+    auto user_dst = s.y_channels_last ? channels_last_md(dst_dims, dt::f32) : plain_md(dst_dims, dt::f32);
     auto user_wei = strided_md(wdims, dt::f32, wstrides);
     p.bias_md = plain_md({m}, dt::f32);
     auto any_src = dnnl::memory::desc(src_dims, dt::f32, tag::any);
@@ -117,6 +121,47 @@ void DnnlConv::run(const float* x, const float* w, const float* bias, float* y, 
   });
 }
 
+namespace {
+
+// Sets the calling thread's OpenMP thread count for a scope. oneDNN (OpenMP build) sizes a
+// primitive's thread partition when the primitive is created.
+class OmpThreadsScope {
+ public:
+  explicit OmpThreadsScope(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
+  ~OmpThreadsScope() { omp_set_num_threads(saved_); }
+  OmpThreadsScope(const OmpThreadsScope&) = delete;
+  OmpThreadsScope& operator=(const OmpThreadsScope&) = delete;
+
+ private:
+  int saved_;
+};
+
+// Runs a() and b() on two threads at once (or one after the other when only one thread is
+// available); an exception from either is rethrown here.
+template <typename A, typename B>
+void run_pair(A&& a, B&& b) {
+  if (omp_get_max_threads() < 2 || omp_in_parallel()) {
+    a();
+    b();
+    return;
+  }
+  std::exception_ptr errors[2];
+#pragma omp parallel num_threads(2)
+  {
+    int t = omp_get_thread_num();
+    try {
+      if (t == 0) a();
+      else b();
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  }
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+}  // namespace
+
 struct DnnlConvBackward::Impl {
   std::string context;
   bool need_dx = false, need_dw = false, bias = false;
@@ -126,6 +171,16 @@ struct DnnlConvBackward::Impl {
   // usually agree on its layout (then the weights pass reuses the data pass's copy).
   Relayout data_dy, data_w, data_dx, weights_dy, weights_x, weights_dw;
   bool shared_dy = false;
+  // On two threads the two primitives are single-threaded and run side by side when both
+  // gradients are wanted. oneDNN's multi-threaded backward-weights kernels reduce across threads through spin barriers,
+  // which stall for a whole scheduler tick (about 4 ms) whenever the partner thread is descheduled
+  // (OMP_WAIT_POLICY=passive on a shared machine); backward-data and backward-weights cost about
+  // the same, so running them concurrently keeps both cores busy without any barrier.
+  bool concurrent = false;
+  // Each primitive's own scratchpad: oneDNN's default (library) scratchpad is one buffer per
+  // creating thread, shared by every primitive made there, so two primitives running at once
+  // would overwrite each other's.
+  dnnl::memory data_scratch, weights_scratch;
 };
 
 DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw, const std::string& context)
@@ -155,29 +210,47 @@ DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw
         pr(s.pad_r.begin(), s.pad_r.end());
     for (size_t i = 0; i < nd; ++i) dil[i] = s.dilation[i] - 1;
     auto alg = dnnl::algorithm::convolution_direct;
+    // Two threads (the machines this is tuned on): backward-weights single-threaded, next to
+    // backward-data when both run. More threads: the usual multi-threaded primitives, one after
+    // the other (a side-by-side split would leave all but two threads idle).
+    int threads = omp_get_max_threads();
+    p.concurrent = need_dx && need_dw && threads == 2;
+    int weights_threads = threads <= 2 ? 1 : threads;
     auto fwd = s.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei,
                                                         p.bias_md, any_dst, strides, dil, pl, pr)
                       : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei,
                                                         any_dst, strides, dil, pl, pr);
     dnnl::convolution_forward::primitive_desc hint(fwd, eng);
+    dnnl::primitive_attr own_scratchpad;
+    own_scratchpad.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (need_dx) {
       dnnl::convolution_backward_data::desc d(alg, any_src, any_wei, any_dst, strides, dil, pl, pr);
-      dnnl::convolution_backward_data::primitive_desc pd(d, eng, hint);
+      auto pd = [&] {  // single-threaded when it runs next to backward-weights
+        OmpThreadsScope scope(p.concurrent ? 1 : threads);
+        dnnl::convolution_backward_data::primitive_desc pd(d, own_scratchpad, eng, hint);
+        p.bwd_data = dnnl::convolution_backward_data(pd);
+        p.data_scratch = dnnl::memory(pd.scratchpad_desc(), eng);
+        return pd;
+      }();
       p.data_dy = Relayout(user_dst, pd.diff_dst_desc(), true);
       p.data_w = Relayout(user_wei, pd.weights_desc(), true);
       p.data_dx = Relayout(user_src, pd.diff_src_desc(), false);
-      p.bwd_data = dnnl::convolution_backward_data(pd);
     }
     if (need_dw) {
       auto d = s.bias ? dnnl::convolution_backward_weights::desc(alg, any_src, any_wei, p.bias_md, any_dst, strides,
                                                                  dil, pl, pr)
                       : dnnl::convolution_backward_weights::desc(alg, any_src, any_wei, any_dst, strides, dil, pl, pr);
-      dnnl::convolution_backward_weights::primitive_desc pd(d, eng, hint);
+      auto pd = [&] {
+        OmpThreadsScope scope(weights_threads);
+        dnnl::convolution_backward_weights::primitive_desc pd(d, own_scratchpad, eng, hint);
+        p.bwd_weights = dnnl::convolution_backward_weights(pd);
+        p.weights_scratch = dnnl::memory(pd.scratchpad_desc(), eng);
+        return pd;
+      }();
       p.shared_dy = need_dx && pd.diff_dst_desc() == p.data_dy.prim;
       if (!p.shared_dy) p.weights_dy = Relayout(user_dst, pd.diff_dst_desc(), true);
       p.weights_x = Relayout(user_src, pd.src_desc(), true);
       p.weights_dw = Relayout(user_wei, pd.diff_weights_desc(), false);
-      p.bwd_weights = dnnl::convolution_backward_weights(pd);
     }
   });
 }
@@ -185,24 +258,40 @@ DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw
 void DnnlConvBackward::run(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a convolution backward", [&] {
+    // Reorders into the primitives' layouts on all threads first, then the primitives (side by
+    // side when both run), then the reorders out.
     auto& strm = dnnl_stream();
-    dnnl::memory dy_data;
+    std::unordered_map<int, dnnl::memory> data_args, weights_args;
     if (p.need_dx) {
-      dy_data = p.data_dy.read(dy, strm);
-      p.bwd_data.execute(strm, {{DNNL_ARG_DIFF_DST, dy_data},
-                                {DNNL_ARG_WEIGHTS, p.data_w.read(w, strm)},
-                                {DNNL_ARG_DIFF_SRC, p.data_dx.write(dx)}});
-      p.data_dx.finish_write(dx, strm);
+      data_args = {{DNNL_ARG_DIFF_DST, p.data_dy.read(dy, strm)},
+                   {DNNL_ARG_WEIGHTS, p.data_w.read(w, strm)},
+                   {DNNL_ARG_DIFF_SRC, p.data_dx.write(dx)},
+                   {DNNL_ARG_SCRATCHPAD, p.data_scratch}};
     }
     if (p.need_dw) {
-      std::unordered_map<int, dnnl::memory> args{
-          {DNNL_ARG_SRC, p.weights_x.read(x, strm)},
-          {DNNL_ARG_DIFF_DST, p.shared_dy ? dy_data : p.weights_dy.read(dy, strm)},
-          {DNNL_ARG_DIFF_WEIGHTS, p.weights_dw.write(dw)}};
-      if (p.bias) args.emplace(DNNL_ARG_DIFF_BIAS, dnnl::memory(p.bias_md, dnnl_engine(), db));
-      p.bwd_weights.execute(strm, args);
-      p.weights_dw.finish_write(dw, strm);
+      weights_args = {{DNNL_ARG_SRC, p.weights_x.read(x, strm)},
+                      {DNNL_ARG_DIFF_DST, p.shared_dy ? data_args.at(DNNL_ARG_DIFF_DST) : p.weights_dy.read(dy, strm)},
+                      {DNNL_ARG_DIFF_WEIGHTS, p.weights_dw.write(dw)},
+                      {DNNL_ARG_SCRATCHPAD, p.weights_scratch}};
+      if (p.bias) weights_args.emplace(DNNL_ARG_DIFF_BIAS, dnnl::memory(p.bias_md, dnnl_engine(), db));
     }
+    strm.wait();
+    auto backward_data = [&] {
+      if (!p.need_dx) return;
+      auto& s = dnnl_stream();
+      p.bwd_data.execute(s, data_args);
+      s.wait();
+    };
+    auto backward_weights = [&] {
+      if (!p.need_dw) return;
+      auto& s = dnnl_stream();
+      p.bwd_weights.execute(s, weights_args);
+      s.wait();
+    };
+    if (p.concurrent) run_pair(backward_data, backward_weights);
+    else backward_data(), backward_weights();
+    if (p.need_dx) p.data_dx.finish_write(dx, strm);
+    if (p.need_dw) p.weights_dw.finish_write(dw, strm);
     strm.wait();
   });
 }

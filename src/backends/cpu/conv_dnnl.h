@@ -23,6 +23,9 @@ struct ConvSpec {
   int64_t group = 1;
   bool bias = false;
   std::vector<int64_t> kernel, stride, dilation, pad_l, pad_r, out;  // pads >= 0; dilation 1 = dense
+  // X / Y stored channels last instead of ONNX's [N, C, spatial...] order (FusedConv chains, see
+  // FusedConv in src/ops/conv/conv.cc): the convolution reads or writes them without a reorder.
+  bool x_channels_last = false, y_channels_last = false;
   std::vector<int64_t> key() const;
 };
 

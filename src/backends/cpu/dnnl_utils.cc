@@ -18,6 +18,17 @@ dnnl::memory::desc plain_md(const dnnl::memory::dims& dims, dnnl::memory::data_t
   return dnnl::memory::desc(dims, dt, strides);
 }
 
+dnnl::memory::desc channels_last_md(const dnnl::memory::dims& dims, dnnl::memory::data_type dt) {
+  dnnl::memory::dims strides(dims.size(), 1);
+  int64_t step = std::max<int64_t>(dims[1], 1);  // spatial dims row-major outside C
+  for (size_t i = dims.size(); i-- > 2;) {
+    strides[i] = step;
+    step *= std::max<int64_t>(dims[i], 1);
+  }
+  strides[0] = step;
+  return dnnl::memory::desc(dims, dt, strides);
+}
+
 dnnl::memory::desc strided_md(const dnnl::memory::dims& dims, dnnl::memory::data_type dt,
                               const dnnl::memory::dims& strides) {
   return dnnl::memory::desc(dims, dt, strides);

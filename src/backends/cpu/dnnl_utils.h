@@ -24,6 +24,8 @@ inline dnnl::memory::dims to_dims(const Shape& s) { return dnnl::memory::dims(s.
 
 // Row-major (plain) descriptor of a shape.
 dnnl::memory::desc plain_md(const dnnl::memory::dims& dims, dnnl::memory::data_type dt);
+// [N, C, spatial...] stored channels last (NHWC for 2-d): C varies fastest.
+dnnl::memory::desc channels_last_md(const dnnl::memory::dims& dims, dnnl::memory::data_type dt);
 // Descriptor with explicit strides (transposed views without copies).
 dnnl::memory::desc strided_md(const dnnl::memory::dims& dims, dnnl::memory::data_type dt,
                               const dnnl::memory::dims& strides);

@@ -74,7 +74,10 @@ struct Activation {
 
 class ConvKernel final : public Kernel {
  public:
-  explicit ConvKernel(const Node& node) : group_(node.attr_int("group", 1)), activation_(node) {}
+  explicit ConvKernel(const Node& node)
+      : group_(node.attr_int("group", 1)), activation_(node),
+        x_channels_last_(node.attr_int("input_channels_last", 0) != 0),
+        y_channels_last_(node.attr_int("output_channels_last", 0) != 0) {}
 
   void compute(KernelContext& ctx) override {
     const Node& node = ctx.node();
@@ -109,6 +112,8 @@ class ConvKernel final : public Kernel {
       s.activation = activation_.kind;
       s.act_alpha = activation_.alpha;
       s.act_beta = activation_.beta;
+      s.x_channels_last = x_channels_last_;
+      s.y_channels_last = y_channels_last_;
       auto key = s.key();
       cpu::DnnlConv* conv = cache_.find(key);
       if (!conv) conv = &cache_.insert(key, cpu::DnnlConv(s, node.context()));
@@ -116,6 +121,9 @@ class ConvKernel final : public Kernel {
                 ctx.input_is_constant(1));
       return;
     }
+    OT_CHECK(!x_channels_last_ && !y_channels_last_, node.context(),
+             "input_channels_last / output_channels_last need fp32 X with channels, got ", dtype_name(x.dtype()),
+             shape_str(x.shape()));
     dispatch_float(x.dtype(), [&]<typename T>() {
       conv_reference<T>(x.data<T>(), w.data<T>(), b ? b->data<T>() : nullptr, y.data<T>(), n, c, m, group_, in, g);
       activation_.apply(y.data<T>(), y.numel());
@@ -125,6 +133,7 @@ class ConvKernel final : public Kernel {
  private:
   int64_t group_;
   Activation activation_;
+  bool x_channels_last_, y_channels_last_;
   cpu::ShapeCache<cpu::DnnlConv> cache_;
 };
 
@@ -235,6 +244,9 @@ ONNXTRAIN_OP(Conv, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu
 // onnxtrain.FusedConv(X, W [, B]) with Conv's attributes plus `activation` (Relu, LeakyRelu,
 // Sigmoid, Tanh, Clip) and its `activation_params`: Y = act(conv(X, W) + B) in one primitive.
 // The inference pipeline makes it (src/passes/fusions.cc); training graphs keep Conv + activation.
+// `input_channels_last` / `output_channels_last` = 1 state that X / Y hold their [N, C, spatial...]
+// values in channels-last order (fp32 only): set on a FusedConv feeding another FusedConv, so the
+// value between them stays in the layout the convolutions compute in and neither reorders it.
 ONNXTRAIN_OP(FusedConv, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu_kernel<ConvKernel>()
     .gradient_not_implemented("an inference-only fusion: autodiff differentiates Conv and the activation");
 

@@ -1,9 +1,14 @@
 // AveragePool, MaxPool (with Indices), GlobalAveragePool, GlobalMaxPool over N-d spatial dims.
-// Pools are memory-bound: a direct loop per (n, c) plane with per-axis tap tables, parallel over
-// planes.
+// Pools are memory-bound. fp32 MaxPool (without Indices), AveragePool and their gradients go through
+// oneDNN's pooling (backends/cpu/pool_dnnl.h) when it can express the geometry; everything else
+// (other dtypes, Indices, geometry oneDNN rejects) takes the generic path: a direct loop per (n, c)
+// plane with per-axis tap tables, parallel over planes.
 #include <limits>
+#include <optional>
 
 #include "autodiff/gradient_builder.h"
+#include "backends/cpu/pool_dnnl.h"
+#include "backends/cpu/shape_cache.h"
 #include "ops/common.h"
 #include "ops/conv/conv_util.h"
 #include "ops/registry.h"
@@ -119,10 +124,37 @@ void for_each_tap(const std::vector<const std::vector<int64_t>*>& w, const std::
   }
 }
 
-void max_pool_kernel(KernelContext& ctx) {
+// The oneDNN pooling for fp32 X, built once per shape; null when the generic loop must run.
+class DnnlPools {
+ public:
+  DnnlPools(bool max, bool backward) : max_(max), backward_(backward) {}
+
+  const cpu::DnnlPool* find(const Node& node, const Tensor& x, const PoolSetup& s) {
+    if (x.dtype() != DType::kFloat32 || x.numel() == 0) return nullptr;
+    cpu::PoolSpec spec;
+    spec.max = max_;
+    spec.count_include_pad = !max_ && node.attr_int("count_include_pad", 0) != 0;
+    spec.x = x.shape();
+    spec.kernel = s.g.kernel;
+    spec.stride = s.g.stride;
+    spec.dilation = s.g.dilation;
+    spec.pad_l = s.g.pad_l;
+    spec.pad_r = s.g.pad_r;
+    spec.out = s.g.out;
+    auto key = spec.key();
+    std::optional<cpu::DnnlPool>* pool = cache_.find(key);
+    if (!pool) pool = &cache_.insert(key, cpu::DnnlPool::make(spec, backward_, node.context()));
+    return *pool ? &**pool : nullptr;
+  }
+
+ private:
+  bool max_, backward_;
+  cpu::ShapeCache<std::optional<cpu::DnnlPool>> cache_;
+};
+
+void max_pool_generic(KernelContext& ctx, const PoolSetup& s) {
   const Node& node = ctx.node();
   const Tensor& x = ctx.input(0);
-  PoolSetup s = pool_setup(node, x.shape());
   int64_t storage_order = node.attr_int("storage_order", 0);
   Tensor& y = ctx.output(0, x.dtype(), s.out);
   Tensor* ind = ctx.num_outputs() > 1 && ctx.output_requested(1) ? &ctx.output(1, DType::kInt64, s.out) : nullptr;
@@ -170,10 +202,9 @@ void max_pool_kernel(KernelContext& ctx) {
   });
 }
 
-void average_pool_kernel(KernelContext& ctx) {
+void average_pool_generic(KernelContext& ctx, const PoolSetup& s) {
   const Node& node = ctx.node();
   const Tensor& x = ctx.input(0);
-  PoolSetup s = pool_setup(node, x.shape());
   bool include_pad = node.attr_int("count_include_pad", 0) != 0;
   Tensor& y = ctx.output(0, x.dtype(), s.out);
   if (y.numel() == 0) return;
@@ -252,15 +283,11 @@ void global_pool_kernel(KernelContext& ctx) {
 // so the Indices output need not exist; each plane is owned by one thread, so the scatter is
 // race-free.
 template <bool kMax>
-void pool_grad_kernel(KernelContext& ctx) {
+void pool_grad_generic(KernelContext& ctx, const PoolSetup& s, Tensor& dx) {
   const Node& node = ctx.node();
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);
-  PoolSetup s = pool_setup(node, x.shape());
-  OT_CHECK(dy.shape() == s.out && dy.dtype() == x.dtype(), node.context(), "dY must be ", shape_str(s.out), " of X's dtype, got ",
-           shape_str(dy.shape()));
   bool include_pad = node.attr_int("count_include_pad", 0) != 0;
-  Tensor& dx = ctx.output(0, x.dtype(), x.shape());
   size_t nd = s.in.size();
   int64_t in_sz = numel(s.in), out_sz = numel(s.g.out);
   dispatch_float(x.dtype(), [&]<typename T>() {
@@ -343,6 +370,49 @@ void global_pool_grad_kernel(KernelContext& ctx) {
   });
 }
 
+// MaxPool / AveragePool: oneDNN for fp32 (MaxPool only when Indices is not requested), else the
+// generic loop.
+template <bool kMax>
+class PoolKernel final : public Kernel {
+ public:
+  explicit PoolKernel(const Node&) : dnnl_(kMax, false) {}
+
+  void compute(KernelContext& ctx) override {
+    const Tensor& x = ctx.input(0);
+    PoolSetup s = pool_setup(ctx.node(), x.shape());
+    bool indices = kMax && ctx.num_outputs() > 1 && ctx.output_requested(1);
+    const cpu::DnnlPool* pool = indices ? nullptr : dnnl_.find(ctx.node(), x, s);
+    if (!pool) return kMax ? max_pool_generic(ctx, s) : average_pool_generic(ctx, s);
+    Tensor& y = ctx.output(0, x.dtype(), s.out);
+    pool->forward(x.data<float>(), y.data<float>());
+  }
+
+ private:
+  DnnlPools dnnl_;
+};
+
+template <bool kMax>
+class PoolGradKernel final : public Kernel {
+ public:
+  explicit PoolGradKernel(const Node&) : dnnl_(kMax, true) {}
+
+  void compute(KernelContext& ctx) override {
+    const Node& node = ctx.node();
+    const Tensor& dy = ctx.input(0);
+    const Tensor& x = ctx.input(1);
+    PoolSetup s = pool_setup(node, x.shape());
+    OT_CHECK(dy.shape() == s.out && dy.dtype() == x.dtype(), node.context(), "dY must be ", shape_str(s.out),
+             " of X's dtype, got ", dtype_name(dy.dtype()), shape_str(dy.shape()));
+    Tensor& dx = ctx.output(0, x.dtype(), x.shape());
+    const cpu::DnnlPool* pool = dy.numel() > 0 ? dnnl_.find(node, x, s) : nullptr;
+    if (!pool) return pool_grad_generic<kMax>(ctx, s, dx);
+    pool->backward(dy.data<float>(), x.data<float>(), dx.data<float>());
+  }
+
+ private:
+  DnnlPools dnnl_;
+};
+
 void pool_grad_shape(ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1)); }
 
 // The fused backward ops copy the forward node's attributes.
@@ -357,10 +427,10 @@ GradientFn pool_gradient(const char* grad_op, std::optional<std::string> global_
 }  // namespace
 
 // Y = window max.  dX = dY scattered to each window's (first) argmax, recomputed from X
-ONNXTRAIN_OP(MaxPool, kOnnxDomain, 1).inputs(1).outputs(1, 2).shape(pool_shape).cpu(max_pool_kernel)
+ONNXTRAIN_OP(MaxPool, kOnnxDomain, 1).inputs(1).outputs(1, 2).shape(pool_shape).cpu_kernel<PoolKernel<true>>()
     .gradient(pool_gradient("MaxPoolGrad"));
 // Y = window mean.  dX = dY / count spread evenly over each window (count per count_include_pad)
-ONNXTRAIN_OP(AveragePool, kOnnxDomain, 1).inputs(1).outputs(1).shape(pool_shape).cpu(average_pool_kernel)
+ONNXTRAIN_OP(AveragePool, kOnnxDomain, 1).inputs(1).outputs(1).shape(pool_shape).cpu_kernel<PoolKernel<false>>()
     .gradient(pool_gradient("AveragePoolGrad"));
 // Y = mean over spatial dims.  dX = broadcast(dY) / spatial size
 ONNXTRAIN_OP(GlobalAveragePool, kOnnxDomain, 1).inputs(1).outputs(1).shape(global_shape)
@@ -372,9 +442,9 @@ ONNXTRAIN_OP(GlobalMaxPool, kOnnxDomain, 1).inputs(1).outputs(1).shape(global_sh
 // The fused pool backward ops are linear in dY (MaxPool's given its argmax): second derivatives
 // are not needed.
 ONNXTRAIN_OP(MaxPoolGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(pool_grad_shape)
-    .cpu(pool_grad_kernel<true>).gradient_not_implemented("second derivatives of MaxPool are not needed");
+    .cpu_kernel<PoolGradKernel<true>>().gradient_not_implemented("second derivatives of MaxPool are not needed");
 ONNXTRAIN_OP(AveragePoolGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(pool_grad_shape)
-    .cpu(pool_grad_kernel<false>).gradient_not_implemented("second derivatives of AveragePool are not needed");
+    .cpu_kernel<PoolGradKernel<false>>().gradient_not_implemented("second derivatives of AveragePool are not needed");
 ONNXTRAIN_OP(GlobalPoolGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(pool_grad_shape)
     .cpu(global_pool_grad_kernel).gradient_not_implemented("second derivatives of global pools are not needed");
 

@@ -1,0 +1,107 @@
+#include "backends/cpu/pool_dnnl.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "backends/cpu/dnnl_utils.h"
+
+namespace onnxtrain::cpu {
+
+using dt = dnnl::memory::data_type;
+
+std::vector<int64_t> PoolSpec::key() const {
+  std::vector<int64_t> k{max, count_include_pad, int64_t(x.size())};
+  for (const auto* v : {&x, &kernel, &stride, &dilation, &pad_l, &pad_r, &out}) k.insert(k.end(), v->begin(), v->end());
+  return k;
+}
+
+struct DnnlPool::Impl {
+  std::string context;
+  dnnl::memory::desc src_md, dst_md;
+  dnnl::pooling_v2_forward forward;            // forward_inference
+  // Backward only: dX from dY; max pooling also reruns the forward in training mode for its
+  // workspace (the argmax of every window), into `y_scratch`.
+  dnnl::pooling_v2_forward forward_training;
+  dnnl::pooling_v2_backward backward;
+  dnnl::memory workspace, y_scratch;
+};
+
+std::optional<DnnlPool> DnnlPool::make(const PoolSpec& s, bool backward, const std::string& context) {
+  size_t nd = s.kernel.size();
+  if (nd < 1 || nd > 3 || s.x.size() != nd + 2) return std::nullopt;
+  // oneDNN derives out = floor((in + pl + pr - ek) / s) + 1, so ceil mode becomes extra right pad.
+  dnnl::memory::dims kernel(s.kernel.begin(), s.kernel.end()), strides(s.stride.begin(), s.stride.end()),
+      dil(nd), pl(s.pad_l.begin(), s.pad_l.end()), pr(nd);
+  for (size_t i = 0; i < nd; ++i) {
+    int64_t in = s.x[i + 2], ek = (s.kernel[i] - 1) * s.dilation[i] + 1;
+    int64_t reach = (s.out[i] - 1) * s.stride[i] + ek - in - s.pad_l[i];  // pad the last window needs
+    if (in < 1 || s.out[i] < 1 || s.pad_l[i] >= ek || reach >= ek) return std::nullopt;  // an all-pad window
+    if (!s.max && s.count_include_pad && reach > s.pad_r[i]) return std::nullopt;  // ONNX counts fewer taps
+    dil[i] = s.dilation[i] - 1;
+    pr[i] = std::max<int64_t>(reach, 0);
+  }
+  DnnlPool pool;
+  pool.impl_ = std::make_shared<Impl>();
+  Impl& p = *pool.impl_;
+  p.context = context;
+  dnnl::memory::dims dst_dims{s.x[0], s.x[1]};
+  dst_dims.insert(dst_dims.end(), s.out.begin(), s.out.end());
+  p.src_md = plain_md(to_dims(s.x), dt::f32);
+  p.dst_md = plain_md(dst_dims, dt::f32);
+  auto alg = s.max ? dnnl::algorithm::pooling_max
+                   : s.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
+                                         : dnnl::algorithm::pooling_avg_exclude_padding;
+  auto& eng = dnnl_engine();
+  try {
+    auto fwd_desc = [&](dnnl::prop_kind pk) {
+      return dnnl::pooling_v2_forward::desc(pk, alg, p.src_md, p.dst_md, strides, kernel, dil, pl, pr);
+    };
+    if (!backward) {
+      p.forward = dnnl::pooling_v2_forward({fwd_desc(dnnl::prop_kind::forward_inference), eng});
+      return pool;
+    }
+    dnnl::pooling_v2_forward::primitive_desc hint(fwd_desc(dnnl::prop_kind::forward_training), eng);
+    dnnl::pooling_v2_backward::primitive_desc bpd({alg, p.src_md, p.dst_md, strides, kernel, dil, pl, pr}, eng, hint);
+    p.backward = dnnl::pooling_v2_backward(bpd);
+    if (s.max) {
+      p.forward_training = dnnl::pooling_v2_forward(hint);
+      p.workspace = dnnl::memory(hint.workspace_desc(), eng);
+      p.y_scratch = dnnl::memory(p.dst_md, eng);
+    }
+  } catch (const dnnl::error& e) {
+    if (e.status == dnnl_unimplemented) return std::nullopt;  // the generic loop handles it
+    throw_dnnl_error(e, context, "create a pooling primitive");
+  }
+  return pool;
+}
+
+void DnnlPool::forward(const float* x, float* y) const {
+  const Impl& p = *impl_;
+  dnnl_guard(p.context, "run a pooling", [&] {
+    auto& strm = dnnl_stream();
+    auto& eng = dnnl_engine();
+    p.forward.execute(strm, {{DNNL_ARG_SRC, dnnl::memory(p.src_md, eng, const_cast<float*>(x))},
+                             {DNNL_ARG_DST, dnnl::memory(p.dst_md, eng, y)}});
+    strm.wait();
+  });
+}
+
+void DnnlPool::backward(const float* dy, const float* x, float* dx) const {
+  const Impl& p = *impl_;
+  dnnl_guard(p.context, "run a pooling backward", [&] {
+    auto& strm = dnnl_stream();
+    auto& eng = dnnl_engine();
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DIFF_DST, dnnl::memory(p.dst_md, eng, const_cast<float*>(dy))},
+                                               {DNNL_ARG_DIFF_SRC, dnnl::memory(p.src_md, eng, dx)}};
+    if (p.workspace) {
+      p.forward_training.execute(strm, {{DNNL_ARG_SRC, dnnl::memory(p.src_md, eng, const_cast<float*>(x))},
+                                        {DNNL_ARG_DST, p.y_scratch},
+                                        {DNNL_ARG_WORKSPACE, p.workspace}});
+      args.emplace(DNNL_ARG_WORKSPACE, p.workspace);
+    }
+    p.backward.execute(strm, args);
+    strm.wait();
+  });
+}
+
+}  // namespace onnxtrain::cpu

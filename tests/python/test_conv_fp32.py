@@ -1,0 +1,51 @@
+"""fp32 Conv and onnxtrain.ConvGrad (the oneDNN path: backward-data and backward-weights run side by
+side) against torch, across bias, groups, strides, dilations and the compute_dx / compute_dw flags."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from . import single_node
+
+# (x shape, out channels, kernel, stride, pad, dilation, group, bias)
+CASES = [
+    ((4, 3, 12, 12), 8, 3, 1, 1, 1, 1, True),
+    ((2, 16, 9, 9), 32, 3, 2, 1, 1, 1, False),     # the blocked layouts' channel multiple
+    ((2, 8, 10, 10), 12, 3, 1, 2, 2, 4, True),      # groups and dilation
+    ((3, 6, 11), 4, 5, 2, 2, 1, 2, True),           # 1-d
+    ((1, 4, 5, 6, 5), 6, 3, 1, 1, 1, 1, True),      # 3-d
+]
+
+
+def torch_conv_grads(x, w, b, dy, stride, pad, dilation, group):
+    conv = [F.conv1d, F.conv2d, F.conv3d][x.ndim - 3]
+    tx, tw = torch.tensor(x, requires_grad=True), torch.tensor(w, requires_grad=True)
+    tb = torch.tensor(b, requires_grad=True) if b is not None else None
+    y = conv(tx, tw, tb, stride, pad, dilation, group)
+    y.backward(torch.tensor(dy))
+    return y.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy() if tb is not None else None
+
+
+@pytest.mark.parametrize("need", ["both", "dx", "dw"])
+@pytest.mark.parametrize("shape,m,k,stride,pad,dilation,group,bias", CASES)
+def test_conv_grad_fp32_matches_torch(shape, m, k, stride, pad, dilation, group, bias, need):
+    rng = np.random.default_rng(0)
+    nd = len(shape) - 2
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((m, shape[1] // group) + (k,) * nd).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if bias else None
+    attrs = dict(kernel_shape=[k] * nd, strides=[stride] * nd, pads=[pad] * (2 * nd), dilations=[dilation] * nd,
+                 group=group)
+    y = single_node.run_node("Conv", [x, w] + ([b] if bias else []), attrs)[0]
+    dy = rng.standard_normal(y.shape).astype(np.float32)
+    ty, tdx, tdw, tdb = torch_conv_grads(x, w, b, dy, stride, pad, dilation, group)
+    np.testing.assert_allclose(y, ty, rtol=1e-4, atol=1e-4)
+    grad_attrs = dict(attrs, compute_dx=int(need != "dw"), compute_dw=int(need != "dx"))
+    grads = single_node.run_node("ConvGrad", [dy, x, w], grad_attrs, num_outputs=3 if bias else 2,
+                                 domain="onnxtrain")
+    if need != "dw":
+        np.testing.assert_allclose(grads[0], tdx, rtol=1e-4, atol=1e-4)
+    if need != "dx":
+        np.testing.assert_allclose(grads[1], tdw, rtol=1e-4, atol=1e-3)
+        if bias:
+            np.testing.assert_allclose(grads[2], tdb, rtol=1e-4, atol=1e-3)
