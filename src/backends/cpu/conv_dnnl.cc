@@ -172,8 +172,8 @@ struct DnnlConvBackward::Impl {
   Relayout data_dy, data_w, data_dx, weights_dy, weights_x, weights_dw;
   bool shared_dy = false;
   // On two threads the two primitives are single-threaded and run side by side when both
-  // gradients are wanted. oneDNN's multi-threaded backward-weights kernels reduce across threads through spin barriers,
-  // which stall for a whole scheduler tick (about 4 ms) whenever the partner thread is descheduled
+  // gradients are wanted. oneDNN's multi-threaded backward-weights kernels reduce across threads
+  // through spin barriers, which stall for a whole scheduler tick (about 4 ms) whenever the partner thread is descheduled
   // (OMP_WAIT_POLICY=passive on a shared machine); backward-data and backward-weights cost about
   // the same, so running them concurrently keeps both cores busy without any barrier.
   bool concurrent = false;
