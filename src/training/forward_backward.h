@@ -25,7 +25,7 @@ struct ForwardBackwardOptions {
   std::vector<std::string> bind;  // initializers owned by the host (parameters, buffers): become inputs
   std::vector<std::string> wrt;   // model inputs or bound initializers to differentiate; empty: forward only
   bool recompute = false;         // save only what cannot be recomputed (memory for time)
-  bool optimize = true;           // folding, CSE, DCE and fusions before the split
+  bool optimize = true;           // simplify before autodiff, every fusion on the built graph
   // torch's BatchNorm updates running_var with the unbiased batch variance (ONNX: the population
   // variance): n / (n - 1) times the ONNX statistic's batch term.
   bool unbiased_running_var = true;
