@@ -122,6 +122,11 @@ class CheckpointState {
   void fill_parameters_from_buffer(const Tensor& flat, bool trainable_only);
 
   // ---- properties (int, float, string)
+  // Reserved: the random stream of a training run (Dropout masks drawn from this seed and the
+  // number of train steps taken), written by generate_artifacts and Module, so that a run resumed
+  // from a checkpoint draws exactly what an uninterrupted one would.
+  static constexpr const char* kRandomSeedProperty = "onnxtrain.random_seed";
+  static constexpr const char* kTrainStepsProperty = "onnxtrain.train_steps";
   void add_property(const std::string& name, PropertyValue value);
   const PropertyValue& get_property(const std::string& name) const;
   bool has_property(const std::string& name) const { return properties_.count(name) > 0; }

@@ -23,6 +23,10 @@ class KernelContext {
   // True when input i is an initializer of the graph being run: its contents never change, so a
   // kernel may cache work derived from them (reordered weights) across runs.
   virtual bool input_is_constant(size_t) const { return false; }
+  // Random ops without a `seed` attribute draw from stream_key(random_seed(), <node>, run_index())
+  // (core/random.h): the executor's seed and the index of the current run.
+  uint64_t random_seed() const { return random_seed_; }
+  uint64_t run_index() const { return run_index_; }
 
   size_t num_outputs() const { return num_outputs_; }
   // False for an omitted optional output: the kernel may skip computing it.
@@ -37,6 +41,7 @@ class KernelContext {
   int64_t opset_ = 0;
   std::vector<const Tensor*> inputs_;
   size_t num_outputs_ = 0;
+  uint64_t random_seed_ = 0, run_index_ = 0;
 };
 
 // A kernel instance lives as long as the plan for one node and may cache per-shape state

@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include <chrono>
+#include <random>
 #include <numeric>
 
 #include "passes/shape_inference.h"
@@ -32,11 +33,14 @@ class StepContext final : public KernelContext {
  public:
   StepContext(const Node& node, int64_t opset, std::vector<Tensor>& values, std::vector<Tensor>& planned,
               const std::vector<int>& in_ids, const std::vector<int>& out_ids, size_t& dynamic_allocations,
-              std::vector<char>* set_output_flags, const std::vector<char>& is_constant)
+              std::vector<char>* set_output_flags, const std::vector<char>& is_constant, uint64_t random_seed,
+              uint64_t run_index)
       : values_(values), planned_(planned), in_ids_(in_ids), out_ids_(out_ids), dynamic_(dynamic_allocations),
         set_output_flags_(set_output_flags), is_constant_(is_constant) {
     node_ = &node;
     opset_ = opset;
+    random_seed_ = random_seed;
+    run_index_ = run_index;
     inputs_.reserve(in_ids.size());
     for (int id : in_ids) inputs_.push_back(id >= 0 ? &values[size_t(id)] : nullptr);
     num_outputs_ = out_ids.size();
@@ -94,7 +98,19 @@ struct UnionFind {
 }  // namespace
 
 Executor::Executor(const Model& model, ExecutorOptions options) : model_(model), options_(options) {
+  if (options_.random_seed) {
+    random_seed_ = *options_.random_seed;
+  } else {
+    std::random_device device;
+    random_seed_ = (uint64_t(device()) << 32) | device();
+  }
   compile();
+}
+
+void Executor::set_random_state(uint64_t seed, uint64_t next_run_index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  random_seed_ = seed;
+  next_run_index_ = next_run_index;
 }
 
 Executor::~Executor() = default;
@@ -216,13 +232,14 @@ std::unique_ptr<Executor::Plan> Executor::new_plan() {
   return plan;
 }
 
-void Executor::execute(Plan& plan, bool recording) {
+void Executor::execute(Plan& plan, bool recording, uint64_t run_index) {
   plan.dynamic_allocations = 0;
   for (size_t s = 0; s < steps_.size(); ++s) {
     const Step& step = steps_[s];
     const Node& node = *step.node;
     StepContext ctx(node, model_.opset(node.domain), plan.values, plan.planned, step.inputs, step.outputs,
-                    plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr, is_constant_);
+                    plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr, is_constant_, random_seed_,
+                    run_index);
     try {
       if (options_.profile) {
         auto start = std::chrono::steady_clock::now();
@@ -405,7 +422,8 @@ std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& feeds,
     ~ClearFeeds() { for (int id : ids) p.values[size_t(id)] = Tensor(); }
   } clear{plan, input_ids_};
 
-  execute(plan, recording);
+  execute(plan, recording, next_run_index_);
+  ++next_run_index_;  // a failed run draws nothing
   if (recording) {
     if (options_.check_shape_rules) check_shape_rules(plan);
     build_arena(plan);

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -34,6 +35,9 @@ struct MemoryReport {
 struct ExecutorOptions {
   bool check_shape_rules = false;   // compare every static shape rule with what kernels produce
   bool profile = false;             // time every kernel call (see Executor::profile)
+  // Seed of the random ops without a `seed` attribute (Dropout); drawn from std::random_device
+  // when unset. Run i draws from stream_key(seed, node, i): see set_random_state.
+  std::optional<uint64_t> random_seed;
 };
 
 
@@ -49,6 +53,11 @@ class Executor {
   MemoryReport memory_report() const;
   // Per-node kernel times in execution order (empty unless ExecutorOptions::profile).
   std::vector<NodeProfile> profile() const;
+  // The random state: the seed and the index the next run draws with (incremented per run).
+  // Restoring both (from a checkpoint) reproduces the random draws of an uninterrupted sequence.
+  void set_random_state(uint64_t seed, uint64_t next_run_index);
+  uint64_t random_seed() const { return random_seed_; }
+  uint64_t next_run_index() const { return next_run_index_; }
 
  private:
   struct Step {
@@ -64,7 +73,7 @@ class Executor {
   void validate_feeds(const std::map<std::string, Tensor>& feeds) const;
   std::string signature(const std::map<std::string, Tensor>& feeds) const;
   std::unique_ptr<Plan> new_plan();
-  void execute(Plan& plan, bool recording);
+  void execute(Plan& plan, bool recording, uint64_t run_index);
   void build_arena(Plan& plan);
   void check_shape_rules(const Plan& plan) const;
 
@@ -80,6 +89,7 @@ class Executor {
   mutable std::mutex mutex_;
   MemoryReport last_report_;
   std::vector<NodeProfile> profile_;  // per step, when profiling
+  uint64_t random_seed_ = 0, next_run_index_ = 0;
 };
 
 }  // namespace onnxtrain

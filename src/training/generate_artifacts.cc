@@ -1,6 +1,7 @@
 #include "training/generate_artifacts.h"
 
 #include <filesystem>
+#include <random>
 
 #include "onnx/model_io.h"
 #include "onnxtrain/training.h"
@@ -67,6 +68,9 @@ ArtifactPaths generate_artifacts(const Model& model, const ArtifactOptions& opti
   save_model(graphs.training, out.training_model);
   save_model(graphs.eval, out.eval_model);
   save_model(optimizer, out.optimizer_model);
+  // Every training run from these artifacts draws its Dropout masks from this seed (Module).
+  std::random_device device;
+  state.add_property(CheckpointState::kRandomSeedProperty, int64_t((uint64_t(device()) << 32) | device()));
   state.save(out.checkpoint, false);
   return out;
 }

@@ -71,6 +71,23 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
     graphs_->eval->model = std::move(*eval_model);
     bind(*graphs_->eval, state, "eval");
   }
+  // The training run's random stream continues from the checkpoint (a fresh seed when it has none).
+  auto int_property = [&](const char* name) -> std::optional<int64_t> {
+    if (!state.has_property(name)) return std::nullopt;
+    const int64_t* v = std::get_if<int64_t>(&state.get_property(name));
+    OT_CHECK(v, "Module: checkpoint property '", name, "' should be an int, got ",
+             property_type_name(state.get_property(name)));
+    return *v;
+  };
+  std::optional<int64_t> seed = int_property(CheckpointState::kRandomSeedProperty);
+  if (!seed) {
+    seed = int64_t(graphs_->training.executor->random_seed());
+    state.add_property(CheckpointState::kRandomSeedProperty, *seed);
+  }
+  std::optional<int64_t> steps = int_property(CheckpointState::kTrainStepsProperty);
+  OT_CHECK(!steps || *steps >= 0, "Module: checkpoint property '", CheckpointState::kTrainStepsProperty,
+           "' is negative: ", *steps);
+  graphs_->training.executor->set_random_state(uint64_t(*seed), uint64_t(steps.value_or(0)));
 }
 
 Module::~Module() = default;
@@ -103,6 +120,7 @@ std::vector<Tensor> Module::run(bool training, const std::vector<Tensor>& inputs
 
 std::vector<Tensor> Module::train_step(const std::vector<Tensor>& inputs) {
   std::vector<Tensor> outs = run(true, inputs);
+  state_.add_property(CheckpointState::kTrainStepsProperty, int64_t(graphs_->training.executor->next_run_index()));
   // Outputs come in graph order: classify by name.
   std::map<std::string, Tensor> by_name;
   for (size_t i = 0; i < outs.size(); ++i) by_name[graphs_->training.outputs[i]] = outs[i];

@@ -90,7 +90,14 @@ def test_mean_reduced_loss_follows_torch(tmp_path):
         assert ours == pytest.approx(theirs.item(), rel=1e-4), f"step {step}"
 
 
-def test_resume_is_bit_identical(tmp_path):
+def make_dropout_mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+
+
+@pytest.mark.parametrize("make_model", [make_mlp, make_dropout_mlp], ids=["mlp", "dropout"])
+def test_resume_is_bit_identical(tmp_path, make_model):
+    # Dropout masks come from the checkpoint's seed and step count: a resumed run redraws them.
     data = batches(10)
 
     def train(module, optimizer, steps):
@@ -99,11 +106,13 @@ def test_resume_is_bit_identical(tmp_path):
             optimizer.step()
             module.lazy_reset_grad()
 
-    paths, state, module, optimizer = build(tmp_path / "a", make_mlp(), artifacts.AdamW(lr=1e-2))
+    paths, state, module, optimizer = build(tmp_path, make_model(), artifacts.AdamW(lr=1e-2))
     train(module, optimizer, data)
     straight = module.get_contiguous_parameters()
 
-    paths, state, module, optimizer = build(tmp_path / "b", make_mlp(), artifacts.AdamW(lr=1e-2))
+    state = CheckpointState.load_checkpoint(paths[3])  # the same untrained artifacts, from the start
+    module = Module(paths[0], state, paths[1])
+    optimizer = Optimizer(paths[2], module)
     train(module, optimizer, data[:4])
     CheckpointState.save_checkpoint(state, tmp_path / "resume.ckpt", include_optimizer_state=True)
     state2 = CheckpointState.load_checkpoint(tmp_path / "resume.ckpt")
@@ -111,6 +120,12 @@ def test_resume_is_bit_identical(tmp_path):
     optimizer2 = Optimizer(paths[2], module2)
     train(module2, optimizer2, data[4:])
     np.testing.assert_array_equal(module2.get_contiguous_parameters(), straight)
+    if make_model is make_dropout_mlp:  # and the seed is what drives the masks
+        state3 = CheckpointState.load_checkpoint(paths[3])
+        state3.properties["onnxtrain.random_seed"] = state3.properties["onnxtrain.random_seed"] + 1
+        module3 = Module(paths[0], state3, paths[1])
+        train(module3, Optimizer(paths[2], module3), data)
+        assert not np.array_equal(module3.get_contiguous_parameters(), straight)
 
 
 def test_gradient_accumulation_matches_one_large_batch(tmp_path):

@@ -37,8 +37,8 @@ const Command kTrainCommand{
     },
     "Checkpoints hold the parameters, the optimizer state and the run's progress (train.* properties),\n"
     "and are written atomically. Resuming needs the same data, --batch-size, --shuffle, --seed and\n"
-    "--drop-last; then the parameters match an uninterrupted run bit for bit (unless the model draws\n"
-    "random numbers without a fixed seed, as Dropout does).\n\n"
+    "--drop-last; then the parameters match an uninterrupted run bit for bit, Dropout included (its\n"
+    "masks follow the checkpoint's onnxtrain.random_seed and onnxtrain.train_steps).\n\n"
     "example:\n"
     "  onnxtrain train out --data train.npz --inputs x --labels y --epochs 10 --batch-size 64 --shuffle \\\n"
     "      --lr-schedule cosine --warmup 100 --checkpoint-every 500 --eval-data val.npz\n"};

@@ -1,13 +1,16 @@
 // Dropout. Inference (every opset before 12, and training_mode false from 12): y = x and an
 // all-true mask. Training (opset 12+, training_mode true, ratio > 0): mask = u >= ratio with u
-// uniform in [0, 1), y = x * mask / (1 - ratio). u comes from an MT19937 stream seeded with the
-// `seed` attribute (drawn from std::random_device when absent) and advanced across runs, so
-// successive training steps get fresh masks; each u is built from two 32-bit draws as a 53-bit
-// double (the construction numpy's legacy uniform uses, so seeded results match numpy).
+// uniform in [0, 1), y = x * mask / (1 - ratio).
+// Without a `seed` attribute (what exporters write) u_i = uniform_at(stream_key(executor seed, node
+// name, run index), i) (core/random.h): counter-based, so elements are drawn in parallel, and a
+// training run restored from a checkpoint (seed and step) redraws the masks of an uninterrupted
+// one. With `seed`, an MT19937 stream seeded with it and advanced across runs, each u built from
+// two 32-bit draws as a 53-bit double: numpy's legacy uniform, which ONNX's reference tests use.
 #include <cstring>
 #include <random>
 
 #include "autodiff/gradient_builder.h"
+#include "core/random.h"
 #include "ops/common.h"
 #include "ops/reduce/grad_common.h"
 #include "ops/registry.h"
@@ -23,9 +26,9 @@ void shape_dropout(ShapeContext& ctx) {
 
 class DropoutKernel final : public Kernel {
  public:
-  explicit DropoutKernel(const Node& node) {
-    if (node.has_attr("seed")) gen_.seed(uint32_t(node.attr_int("seed", 0)));
-    else gen_.seed(std::random_device{}());
+  explicit DropoutKernel(const Node& node)
+      : seeded_(node.has_attr("seed")), stream_(hash_name(node.name.empty() ? node.outputs[0] : node.name)) {
+    if (seeded_) gen_.seed(uint32_t(node.attr_int("seed", 0)));
   }
 
   void compute(KernelContext& ctx) override {
@@ -77,17 +80,28 @@ class DropoutKernel final : public Kernel {
       const T* px = x.data<T>();
       T* py = y.data<T>();
       bool* pm = mask ? mask->data<bool>() : nullptr;
-      for (int64_t i = 0; i < n; ++i) {  // sequential: the stream order defines the mask
-        uint32_t a = gen_() >> 5, b = gen_() >> 6;
-        double u = (double(a) * 67108864.0 + double(b)) / 9007199254740992.0;
+      auto apply = [&](int64_t i, double u) {
         bool keep = u >= r;
         py[i] = keep ? T(C(px[i]) * scale) : T(C(0));
         if (pm) pm[i] = keep;
+      };
+      if (seeded_) {
+        for (int64_t i = 0; i < n; ++i) {  // sequential: the stream order defines the mask
+          uint32_t a = gen_() >> 5, b = gen_() >> 6;
+          apply(i, (double(a) * 67108864.0 + double(b)) / 9007199254740992.0);
+        }
+        return;
       }
+      const uint64_t key = stream_key(ctx.random_seed(), stream_, ctx.run_index());
+      parallel_for(n, kElementwiseGrain, [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) apply(i, uniform_at(key, uint64_t(i)));
+      });
     });
   }
 
  private:
+  bool seeded_;
+  uint64_t stream_;  // this node's stream id: its name's hash
   std::mt19937 gen_;
 };
 
