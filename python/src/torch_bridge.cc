@@ -8,6 +8,7 @@
 
 #include "bindings.h"
 #include "onnx/model_io.h"
+#include "passes/shape_inference.h"
 #include "runtime/executor.h"
 #include "training/forward_backward.h"
 
@@ -162,15 +163,22 @@ class TorchRunner {
     forward_ = std::make_unique<Executor>(fb_.forward);
     if (!fb_.gradients.empty()) backward_ = std::make_unique<Executor>(fb_.backward);
     for (const auto& out : fb_.forward.graph.outputs) forward_outputs_.push_back(out.name);
+    for (const auto& node : fb_.forward.graph.nodes)
+      random_ = random_ || (is_nondeterministic(node) && !node.has_attr("seed"));
   }
 
   const ForwardBackwardGraphs& graphs() const { return fb_; }
   const std::vector<std::string>& forward_outputs() const { return forward_outputs_; }
   const std::vector<std::string>& wrt() const { return wrt_; }
   bool has_backward() const { return backward_ != nullptr; }
+  // Whether the forward draws random numbers (Dropout): the host then passes a seed per call.
+  bool is_random() const { return random_; }
 
-  // feeds: fb.forward_feeds, in order. Returns every forward output as a capsule.
-  py::list forward(const py::sequence& feeds) {
+  // feeds: fb.forward_feeds, in order. Returns every forward output as a capsule. `random_seed`
+  // keys this call's random draws (the host takes it from its own generator: torch.manual_seed
+  // then reproduces the masks).
+  py::list forward(const py::sequence& feeds, std::optional<uint64_t> random_seed) {
+    if (random_seed) forward_->set_random_state(*random_seed, 0);
     std::map<std::string, Tensor> named;
     bind(named, feeds, fb_.forward_feeds, fb_.forward.graph, "forward feed");
     std::vector<Tensor> outs;
@@ -238,6 +246,7 @@ class TorchRunner {
   std::vector<std::string> forward_outputs_;
   std::vector<std::string> wrt_;  // what was differentiated, parallel to the gradients
   std::vector<DType> saved_dtypes_;
+  bool random_ = false;
 };
 
 }  // namespace
@@ -259,7 +268,8 @@ void bind_torch_bridge(py::module_& m) {
            }),
            py::arg("model"), py::arg("name"), py::arg("bind"), py::arg("wrt"), py::arg("recompute") = false,
            py::arg("optimize") = true)
-      .def("forward", &TorchRunner::forward, py::arg("feeds"))
+      .def("forward", &TorchRunner::forward, py::arg("feeds"), py::arg("random_seed") = py::none())
+      .def_property_readonly("is_random", &TorchRunner::is_random)
       .def("backward", &TorchRunner::backward, py::arg("seeds"), py::arg("saved"), py::arg("feeds"))
       .def_property_readonly("has_backward", &TorchRunner::has_backward)
       .def_property_readonly("inputs", [](const TorchRunner& r) { return r.graphs().inputs; })

@@ -264,6 +264,21 @@ def test_memory_levels_use_the_forward_dropout_mask(monkeypatch, memory_level):
     torch.testing.assert_close(x.grad, pre_grad.float() @ w)
 
 
+def test_torch_manual_seed_reproduces_dropout_masks():
+    def outputs(seed):
+        torch.manual_seed(0)
+        model = TrainModule(DropoutNet().train())
+        x = torch.randn(16, 8)
+        torch.manual_seed(seed)
+        return [model(x) for _ in range(3)]
+
+    first, again, other = outputs(1), outputs(1), outputs(2)
+    for a, b in zip(first, again):
+        assert torch.equal(a, b)
+    assert not torch.equal(first[0], first[1]), "each call draws a new mask"
+    assert not torch.equal(first[0], other[0]), "another torch seed, other masks"
+
+
 def test_recompute_follows_pytorch(monkeypatch):
     monkeypatch.setenv("ONNXTRAIN_MEMORY_LEVEL", "1")
     model, batches = model_and_batches("cnn", 5)

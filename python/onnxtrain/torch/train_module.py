@@ -269,7 +269,10 @@ class TrainModule(nn.Module):
             kind, where = graph.sources[i]
             return inputs[where] if kind == "input" else self._state(where)
 
-        outs = graph.runner.forward([_capsule(source(i)) for i in graph.forward_feeds])
+        # Random ops (Dropout) draw from a seed taken from torch's generator: torch.manual_seed
+        # reproduces a run, as it does for the plain module (the masks themselves differ from torch's).
+        seed = int(torch.randint(0, 2**62, (1,)).item()) if graph.runner.is_random else None
+        outs = graph.runner.forward([_capsule(source(i)) for i in graph.forward_feeds], seed)
         outputs = [_tensor(c, dt) for c, dt in zip(outs[: graph.n_outputs], graph.export.out_dtypes)]
         saved = [outputs[i] if i < graph.n_outputs else _tensor(outs[i]) for i in graph.saved]
         feeds = []
