@@ -169,3 +169,48 @@ def test_where_paths_match_numpy(x_shape, y_shape, dtype):
         x = rng.integers(1, 9, x_shape).astype(dtype)
         y = rng.integers(1, 9, y_shape).astype(dtype)
         np.testing.assert_array_equal(sess.run(None, {"c": c, "x": x, "y": y})[0], -np.where(c, -x, y))
+
+
+def test_profiler_times_every_node_per_run():
+    model = _mlp_like_model()
+    opts = onnxtrain.SessionOptions()
+    opts.enable_profiling = True
+    sess = onnxtrain.InferenceSession(model.SerializeToString(), opts)
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    for _ in range(3):
+        sess.run(None, {"x": x})
+    rows = sess.profile()
+    assert [r["op_type"] for r in rows] == [n.op_type for n in onnx.load_from_string(
+        onnxtrain._C.optimize_model(model.SerializeToString())).graph.node]
+    assert all(r["calls"] == 3 and r["total_us"] > 0 for r in rows)
+    report = sess.profile_report()
+    assert "FusedMatMul" in report and "3 run(s)" in report
+    plain = onnxtrain.InferenceSession(model.SerializeToString())
+    plain.run(None, {"x": x})
+    assert plain.profile() == [] and "profiling is off" in plain.profile_report()
+
+
+def _mlp_like_model():
+    """x @ W1 + b1 -> Relu -> x @ W2^T (Gemm, transB) with constant weights."""
+    rng = np.random.default_rng(1)
+    w1 = numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32), "w1")
+    b1 = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b1")
+    w2 = numpy_helper.from_array(rng.standard_normal((5, 16)).astype(np.float32), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("Gemm", ["r", "w2"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w1, b1, w2])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_constant_weights_packed_once_stay_correct_across_runs_and_shapes():
+    # MatMul/Gemm pack a constant B into oneDNN's layout on the first run and reuse it.
+    model = _mlp_like_model()
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    sess = onnxtrain.InferenceSession(model.SerializeToString())
+    rng = np.random.default_rng(2)
+    for batch in (4, 4, 7, 4):
+        x = rng.standard_normal((batch, 8)).astype(np.float32)
+        want = np.maximum(x @ inits["w1"] + inits["b1"], 0) @ inits["w2"].T
+        (got,) = sess.run(None, {"x": x})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
