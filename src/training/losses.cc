@@ -76,14 +76,19 @@ std::string add_loss(Model& model, LossType type, const std::string& p, const st
       Attrs attrs{{"reduction", Attribute::of(red)}, {"ignore_index", Attribute::of(o.ignore_index)}};
       std::vector<std::string> ins = {p, t};
       if (!o.class_weights.empty()) ins.push_back(o.class_weights);
+      // ai.onnx has these ops from opset 12; older models get onnxtrain's copies.
+      const std::string loss_domain = model.opset("") >= 12 ? "" : kOnnxTrainDomain;
+      if (loss_domain == kOnnxTrainDomain) model.opsets.emplace(kOnnxTrainDomain, 1);
       if (type == LossType::kNLL) {
-        result = b.emit_named(out, "NegativeLogLikelihoodLoss", ins, attrs);
+        result = b.emit_named(out, "NegativeLogLikelihoodLoss", ins, attrs, loss_domain);
         break;
       }
       if (o.label_smoothing == 0.0) {
-        result = b.emit_named(out, "SoftmaxCrossEntropyLoss", ins, attrs);
+        result = b.emit_named(out, "SoftmaxCrossEntropyLoss", ins, attrs, loss_domain);
         break;
       }
+      OT_CHECK(model.opset("") >= 13, "CrossEntropyLoss: label smoothing needs a model of ai.onnx opset 13 or ",
+               "newer (its LogSoftmax and Unsqueeze forms), got ", model.opset(""));
       // Label smoothing (torch): (1 - e) * nll + e * smooth, where smooth is the weighted mean over
       // classes of -log p, reduced like nll (for "mean", over the weights of the kept targets).
       OT_CHECK(o.label_smoothing > 0 && o.label_smoothing <= 1, "CrossEntropyLoss: label_smoothing must be in [0, 1]");

@@ -198,3 +198,26 @@ def test_artifact_generation_reports_bad_parameter_lists(tmp_path):
         artifacts.generate_artifacts(data, requires_grad=["nope"], loss=artifacts.LossType.CrossEntropyLoss,
                                      artifact_directory=tmp_path)
     assert not os.path.exists(tmp_path / "training_model.onnx")
+
+
+def test_models_older_than_opset_12_get_the_loss_ops_from_onnxtrain(tmp_path):
+    # SoftmaxCrossEntropyLoss is ai.onnx from opset 12: an opset-11 model trains the same.
+    model, data = make_mlp(), batches(5)
+    losses = {}
+    for opset in (11, 17):
+        f = io.BytesIO()
+        torch.onnx.export(model, (torch.randn(4, 6),), f, input_names=["x"], output_names=["logits"],
+                          opset_version=opset, do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING)
+        paths = artifacts.generate_artifacts(f.getvalue(), requires_grad=params_of(model),
+                                             loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.SGD(lr=0.1),
+                                             artifact_directory=tmp_path / str(opset))
+        state = CheckpointState.load_checkpoint(paths[3])
+        module = Module(paths[0], state, paths[1])
+        optimizer = Optimizer(paths[2], module)
+        losses[opset] = []
+        for x, y in data:
+            losses[opset].append(float(module(x.numpy(), y.numpy())))
+            optimizer.step()
+            module.lazy_reset_grad()
+    np.testing.assert_allclose(losses[11], losses[17], rtol=1e-6)
+    assert losses[17][-1] < losses[17][0]

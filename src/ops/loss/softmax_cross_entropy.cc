@@ -75,6 +75,10 @@ void sce_gradient(GradientBuilder& g) {
 
 ONNXTRAIN_OP(SoftmaxCrossEntropyLoss, kOnnxDomain, 12).inputs(2, 3).outputs(1, 2).shape(shape_sce)
     .cpu(sce_kernel).gradient(sce_gradient);
+// The same op for models whose ai.onnx opset predates it (< 12): losses attached by
+// generate_artifacts use this domain there (src/training/losses.cc).
+ONNXTRAIN_OP(SoftmaxCrossEntropyLoss, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1, 2).shape(shape_sce)
+    .cpu(sce_kernel).gradient(sce_gradient);
 // (dX, dW) = SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?); second derivatives are not needed.
 ONNXTRAIN_OP(SoftmaxCrossEntropyLossGrad, kOnnxTrainDomain, 1).inputs(3, 4).outputs(1, 2).shape(shape_loss_grad)
     .cpu(sce_grad_kernel).gradient_not_implemented("second derivatives are not needed");

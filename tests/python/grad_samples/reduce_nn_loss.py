@@ -1,6 +1,8 @@
 """Samples for the reductions (src/ops/reduce/), normalisations, softmax and dropout (src/ops/nn/)
 and losses (src/ops/loss/). The fused backward ops they emit (onnxtrain.SoftmaxGrad, ...) are
 marked gradient_not_implemented and are exercised through these samples."""
+import dataclasses
+
 import numpy as np
 
 from ..gradcheck import Sample
@@ -204,4 +206,9 @@ SAMPLES.update({
                outputs=(1,), name="gradient through log_prob only"),
     ],
     "NegativeLogLikelihoodLoss": _loss_samples(r),
+})
+# onnxtrain's copies of the two loss ops, for models older than ai.onnx opset 12.
+SAMPLES.update({
+    f"onnxtrain.{op}": [dataclasses.replace(s, domain="onnxtrain", opset=11) for s in _loss_samples(r)]
+    for op in ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss")
 })
