@@ -215,6 +215,17 @@ std::optional<std::vector<double>> constant_doubles(const Graph& g, const std::s
   return v;
 }
 
+// The Conv that produces node i's first input when node i is its only reader (and it is still in
+// the graph): what a fusion into that Conv may rewrite.
+Node* sole_feeding_conv(Graph& g, const Uses& uses, const std::unordered_map<std::string, size_t>& producers,
+                        const std::vector<char>& removed, size_t i) {
+  const std::string& x = g.nodes[i].inputs[0];
+  auto p = producers.find(x);
+  if (p == producers.end() || removed[p->second] || uses.sole_reader(x) != int(i)) return nullptr;
+  Node& conv = g.nodes[p->second];
+  return is_op(conv, "Conv") ? &conv : nullptr;
+}
+
 }  // namespace
 
 // Conv -> BatchNormalization (inference form, constant statistics) folds into the Conv:
@@ -229,10 +240,9 @@ int fuse_conv_batchnorm(Graph& g) {
     if (!is_op(bn, "BatchNormalization") || bn.outputs.size() != 1 || bn.attr_int("training_mode", 0) != 0 ||
         bn.inputs.size() != 5)
       continue;
-    auto p = producers.find(bn.inputs[0]);
-    if (p == producers.end() || removed[p->second] || uses.sole_reader(bn.inputs[0]) != int(b)) continue;
-    Node& conv = g.nodes[p->second];
-    if (!is_op(conv, "Conv") || conv.inputs.size() < 2) continue;
+    Node* producer = sole_feeding_conv(g, uses, producers, removed, b);
+    if (!producer || producer->inputs.size() < 2) continue;
+    Node& conv = *producer;
     auto wit = g.initializers.find(conv.inputs[1]);
     if (wit == g.initializers.end() || wit->second.rank() < 3 || wit->second.dtype() != DType::kFloat32) continue;
     const Tensor& w = wit->second;
@@ -296,10 +306,9 @@ int fuse_conv_activation(Graph& g) {
     } else if (act.op_type != "Relu" && act.op_type != "Sigmoid" && act.op_type != "Tanh") {
       continue;
     }
-    auto p = producers.find(act.inputs[0]);
-    if (p == producers.end() || removed[p->second] || uses.sole_reader(act.inputs[0]) != int(a)) continue;
-    Node& conv = g.nodes[p->second];
-    if (!is_op(conv, "Conv")) continue;
+    Node* producer = sole_feeding_conv(g, uses, producers, removed, a);
+    if (!producer) continue;
+    Node& conv = *producer;
     conv.op_type = "FusedConv";
     conv.domain = kOnnxTrainDomain;
     conv.attributes["activation"] = Attribute::of(act.op_type);
