@@ -11,8 +11,14 @@ setup: deps build
 deps:
 	./scripts/install_deps.sh
 
+# ccache (installed by scripts/install_deps.sh) makes rebuilds and other checkouts of the tree cheap;
+# base_dir lets checkouts in different directories share its entries.
+CCACHE     := $(shell command -v ccache 2>/dev/null)
+export CCACHE_BASEDIR ?= $(abspath $(CURDIR)/..)
+LAUNCHER   := $(if $(CCACHE),-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_C_COMPILER_LAUNCHER=ccache)
+
 $(BUILD_DIR)/build.ninja:
-	cmake -S . -B $(BUILD_DIR) -G Ninja -DPython3_EXECUTABLE=$(PYTHON)
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DPython3_EXECUTABLE=$(PYTHON) $(LAUNCHER)
 
 build: $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)

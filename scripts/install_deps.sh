@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(
-  build-essential cmake ninja-build pkg-config
+  build-essential cmake ninja-build pkg-config ccache
   libprotobuf-dev protobuf-compiler libonnx-dev   # ONNX protobuf messages
   libdnnl-dev                                     # GEMM and convolution
   zlib1g-dev                                      # deflate, for np.savez_compressed data

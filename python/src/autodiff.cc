@@ -4,6 +4,7 @@
 #include "autodiff/autodiff.h"
 #include "bindings.h"
 #include "onnx/model_io.h"
+#include "passes/passes.h"
 
 namespace py = pybind11;
 using namespace onnxtrain;
@@ -18,6 +19,7 @@ void bind_autodiff(py::module_& m) {
         {
           py::gil_scoped_release release;
           Model fwd = load_model_from_bytes(bytes);
+          fuse_for_training(fwd);  // the fused ops' gradient kernels, as artifacts get them
           out = save_model_to_bytes(build_gradient_graph(fwd, wrt, outputs, &info));
         }
         return py::make_tuple(py::bytes(out), info.gradient_outputs, info.seed_inputs);

@@ -4,10 +4,9 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "autodiff/gradient_builder.h"
-#include "ir/builder.h"
+#include "ops/gradient_builder.h"
+#include "ops/graph_builder.h"
 #include "ops/registry.h"
-#include "passes/passes.h"
 #include "passes/shape_inference.h"
 
 namespace onnxtrain {
@@ -54,7 +53,8 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
   Model model = forward;
   Graph& g = model.graph;
   const std::string where = "build_gradient_graph(" + forward.description + "): ";
-  fuse_for_training(model);  // sorts and infers shapes too
+  g.topological_sort();
+  infer_shapes(g, model.opsets);  // rules read operand dtypes and shapes
   if (!model.opsets.count(kOnnxTrainDomain)) model.opsets[kOnnxTrainDomain] = 1;
 
   std::unordered_set<std::string> names = collect_names(g);

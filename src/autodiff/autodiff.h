@@ -27,8 +27,8 @@ struct GradientGraphOptions {
 // get gradients; fan-out gradients are summed; broadcasting is reduced by sum_to. A scalar output
 // (one element) is seeded with 1; any other output gets an upstream-gradient input
 // "<output>_grad". The model's outputs are the forward outputs followed by "<wrt>_grad".
-// The forward is first rewritten by fuse_for_training (Gelu, FusedMatMul), so the backward uses
-// the fused ops' gradient kernels; initializers and graph inputs and outputs keep their names.
+// The forward is differentiated as given: callers that want the fused ops' gradient kernels run
+// fuse_for_training (src/passes) first. Initializers and graph inputs and outputs keep their names.
 //
 // Throws, naming op and node, when an op on the path has no gradient rule; throws when a `wrt`
 // value is not floating point or not in the graph.

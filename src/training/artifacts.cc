@@ -4,7 +4,7 @@
 #include <set>
 
 #include "autodiff/autodiff.h"
-#include "ir/builder.h"
+#include "ops/graph_builder.h"
 #include "ops/nn/norm_common.h"  // batch_norm_training
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
@@ -194,6 +194,7 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
 
   // Training graph: gradients of the loss w.r.t. the trainable parameters.
   GradientGraphInfo info;
+  fuse_for_training(m);  // Gelu, FusedMatMul: their fused gradient kernels beat the pieces'
   Model training = build_gradient_graph(m, out.trainable, {"loss"}, &info);
   out.gradient_outputs = info.gradient_outputs;
   for (const auto& [buffer, value] : buffer_updates) {

@@ -5,7 +5,7 @@
 #include <unordered_set>
 
 #include "autodiff/autodiff.h"
-#include "ir/builder.h"
+#include "ops/graph_builder.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 #include "training/artifacts.h"
@@ -208,10 +208,11 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
     return fb;
   }
 
-  // Simplify first; build_gradient_graph then fuses (GELU, MatMul with transposes and bias), whose
-  // fused gradient rules beat differentiating the pieces. Inference-only fusions (FusedConv, no
-  // gradient) wait until the whole graph is built.
+  // Simplify, then fuse GELU and MatMul with transposes and bias, whose fused gradient rules beat
+  // differentiating the pieces. Inference-only fusions (FusedConv, no gradient) wait until the
+  // whole graph is built.
   if (o.optimize) simplify_graph(m);
+  fuse_for_training(m);
   GradientGraphInfo info;
   GradientGraphOptions go;
   go.seed_scalars_with_one = false;  // the host passes every upstream gradient, a loss's too

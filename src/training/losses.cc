@@ -1,6 +1,6 @@
 #include "training/losses.h"
 
-#include "ir/builder.h"
+#include "ops/graph_builder.h"
 #include "passes/shape_inference.h"
 
 namespace onnxtrain {

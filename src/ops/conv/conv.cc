@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "backends/cpu/conv_dnnl.h"
 #include "backends/cpu/shape_cache.h"
 #include "ops/common.h"

@@ -1,7 +1,7 @@
 // ConvTranspose (1-d/2-d/3-d; group, strides, dilations, pads, output_padding, output_shape,
 // auto_pad, bias). fp32 through oneDNN deconvolution when the pads are non-negative; otherwise,
 // and for other float dtypes, the direct reference loop.
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "backends/cpu/conv_dnnl.h"
 #include "backends/cpu/shape_cache.h"
 #include "ops/common.h"

@@ -6,7 +6,7 @@
 #include <limits>
 #include <optional>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "backends/cpu/pool_dnnl.h"
 #include "backends/cpu/shape_cache.h"
 #include "ops/common.h"

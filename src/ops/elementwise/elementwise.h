@@ -7,7 +7,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
 

@@ -2,7 +2,7 @@
 // exporters emit, 0.5 * x * (1 + erf(x / sqrt(2))), five passes over memory, into one Gelu node.
 #include <cmath>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "core/fast_math.h"
 #include "ops/common.h"
 #include "ops/registry.h"

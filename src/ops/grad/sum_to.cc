@@ -1,6 +1,6 @@
 // onnxtrain.SumTo(X, shape): sums X down to `shape`, the inverse of numpy broadcasting. Every
 // gradient rule reduces broadcast dimensions through it (GradientBuilder::sum_to).
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
 

@@ -4,7 +4,7 @@
 #include <map>
 #include <set>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "backends/cpu/gemm.h"
 #include "ops/common.h"
 #include "ops/linalg/matmul_util.h"

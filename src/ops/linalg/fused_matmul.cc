@@ -3,7 +3,7 @@
 // broadcast as numpy.matmul, 1-D operands promoted (their trans flags ignored), bias a length-N
 // vector broadcast along the last dim (fused into the oneDNN primitive when alpha is 1).
 // The MatMul, Gemm and Einsum gradient rules emit it; a MatMul + Add(bias) fusion can too.
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "backends/cpu/gemm.h"
 #include "ops/common.h"
 #include "ops/linalg/matmul_util.h"

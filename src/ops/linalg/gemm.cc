@@ -1,5 +1,5 @@
 // Gemm: Y = alpha * op(A) op(B) + beta * C, C broadcast (unidirectionally) to [M, N].
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "backends/cpu/gemm.h"
 #include "ops/common.h"
 #include "ops/linalg/matmul_util.h"

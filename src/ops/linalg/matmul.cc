@@ -1,6 +1,6 @@
 // MatMul: numpy matmul semantics (batched, broadcast batch dims, 1-D operands promoted and the
 // added dim removed). fp32 through oneDNN (cached per shape), other dtypes through the reference.
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "backends/cpu/gemm.h"
 #include "ops/common.h"
 #include "ops/linalg/matmul_util.h"

@@ -3,7 +3,7 @@
 #pragma once
 
 #include "backends/cpu/gemm.h"
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ir/graph.h"
 
 namespace onnxtrain {

@@ -1,6 +1,6 @@
 // NegativeLogLikelihoodLoss: input holds log-probabilities [N, C, d1, ...]; see loss_common.h for
 // the gather, weights, ignore_index and reduction.
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/loss/loss_common.h"
 #include "ops/registry.h"
 

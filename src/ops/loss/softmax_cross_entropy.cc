@@ -1,7 +1,7 @@
 // SoftmaxCrossEntropyLoss: log_prob = log_softmax(scores, axis 1) over [N, C, d1, ...] (written
 // to the optional second output, or to scratch), then the NLL gather and reduction of
 // loss_common.h.
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/loss/loss_common.h"
 #include "ops/nn/softmax_rows.h"
 #include "ops/registry.h"

@@ -8,7 +8,7 @@
 // (N, C * D1 * ..., 1).
 #include <cmath>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/nn/norm_common.h"
 #include "ops/registry.h"
 

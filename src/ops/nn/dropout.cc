@@ -9,7 +9,7 @@
 #include <cstring>
 #include <random>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "core/random.h"
 #include "ops/common.h"
 #include "ops/reduce/grad_common.h"

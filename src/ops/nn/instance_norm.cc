@@ -3,7 +3,7 @@
 // three vectorised sweeps per row.
 #include <cmath>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/nn/norm_common.h"
 #include "ops/registry.h"
 

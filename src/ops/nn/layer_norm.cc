@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/nn/norm_common.h"
 #include "ops/registry.h"
 

@@ -4,7 +4,7 @@
 // (n, c) rows, vectorised over the spatial dims.
 #include <cmath>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
 

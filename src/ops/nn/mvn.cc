@@ -4,7 +4,7 @@
 // keepdims-shaped statistics.
 #include <cmath>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/reduce/reduce_plan.h"
 #include "ops/registry.h"
 

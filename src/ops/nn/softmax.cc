@@ -1,7 +1,7 @@
 // Softmax, LogSoftmax and Hardmax. Before opset 13 the input is coerced to 2D at `axis` (default
 // 1) and the op runs over the flattened trailing dims; from 13 it runs along the single `axis`
 // (default -1). Both are an (outer, n, inner) view, inner == 1 for the legacy form.
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/nn/softmax_rows.h"
 #include "ops/registry.h"
 

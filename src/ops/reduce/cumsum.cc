@@ -1,6 +1,6 @@
 // CumSum along the axis given as a scalar input, with the exclusive and reverse attributes. The
 // input is viewed as (outer, n, inner); for inner > 1 whole inner rows are added at a time.
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
 

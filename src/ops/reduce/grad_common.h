@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 
 namespace onnxtrain {
 

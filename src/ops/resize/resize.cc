@@ -4,7 +4,7 @@
 // are separable, so each resized axis is one pass of precomputed (index, weight) taps.
 #include <cmath>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
 

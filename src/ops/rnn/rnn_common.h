@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
 

@@ -1,7 +1,7 @@
 // Concat and Split: rows of [outer, axis * inner] are copied with one memcpy per input/output.
 #include <algorithm>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {

@@ -1,6 +1,6 @@
 // Expand and Tile: both are one strided_copy with stride-0 dims (Tile views its output as
 // [r0, d0, r1, d1, ...] over input strides [0, s0, 0, s1, ...]).
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {

@@ -7,7 +7,7 @@
 // ScatterElementsGrad splits dY between data and updates for reduction "none".
 #include <algorithm>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {

@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {

@@ -6,7 +6,7 @@
 // every output position adds its gradient to the input position it was read from.
 #include <algorithm>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {

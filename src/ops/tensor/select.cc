@@ -4,7 +4,7 @@
 #include <cmath>
 #include <numeric>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {

@@ -2,7 +2,7 @@
 // The view ops hand back the input's storage with a new shape (ctx.set_output), never a copy.
 #include <algorithm>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {

@@ -3,7 +3,7 @@
 
 #include "ops/tensor/tensor_ops.h"
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 
 namespace onnxtrain::tensor_ops {
 

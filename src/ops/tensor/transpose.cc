@@ -7,7 +7,7 @@
 #include <algorithm>
 #include <numeric>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {

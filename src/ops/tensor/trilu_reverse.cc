@@ -1,7 +1,7 @@
 // Trilu (keep the upper or lower triangle of the last two dims) and ReverseSequence.
 #include <algorithm>
 
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {

@@ -14,7 +14,7 @@
 // A rule that cannot handle an attribute combination throws kNotImplemented naming it.
 #pragma once
 
-#include "ir/builder.h"
+#include "ops/graph_builder.h"
 
 namespace onnxtrain {
 

@@ -1,4 +1,4 @@
-#include "ir/builder.h"
+#include "ops/graph_builder.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "autodiff/gradient_builder.h"
+#include "ops/gradient_builder.h"
 
 namespace onnxtrain {
 
