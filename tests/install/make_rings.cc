@@ -15,8 +15,8 @@ namespace {
 
 void make_points(std::mt19937_64& rng, int64_t n, Tensor& x, Tensor& y) {
   std::uniform_real_distribution<float> coordinate(-1.5f, 1.5f);
-  std::vector<float> xs(size_t(n) * 2);
-  std::vector<int64_t> ys(size_t(n));
+  std::vector<float> xs(static_cast<size_t>(n) * 2);
+  std::vector<int64_t> ys(static_cast<size_t>(n));
   for (size_t i = 0; i < ys.size(); ++i) {
     const float a = coordinate(rng), b = coordinate(rng), r = std::hypot(a, b);
     xs[2 * i] = a;

@@ -65,7 +65,7 @@ def test_import_reaches_submodules_and_torch_stays_lazy():
 USE_INSTALLED = textwrap.dedent("""
     import numpy as np
     import onnx
-    from onnx import TensorProto, helper
+    from onnx import TensorProto, helper, numpy_helper
     import onnxtrain, onnxtrain.autodiff
 
     w = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
@@ -73,7 +73,7 @@ USE_INSTALLED = textwrap.dedent("""
         [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("ReduceSum", ["y"], ["s"], keepdims=0)],
         "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
         [helper.make_tensor_value_info("s", TensorProto.FLOAT, [])],
-        [onnx.numpy_helper.from_array(w, "w")])
+        [numpy_helper.from_array(w, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     x = np.array([[1.0, -1.0]], dtype=np.float32)
     (s,) = onnxtrain.InferenceSession(model).run(None, {"x": x})
