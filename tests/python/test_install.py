@@ -141,6 +141,18 @@ def test_pip_without_build_tools_names_the_debian_packages(venv, tmp_path):
     assert "CMake Error" not in out
 
 
+def test_cmake_without_dependencies_names_the_debian_packages(tmp_path):
+    # The system header folder hidden from CMake's find_* calls: every header dependency is missing.
+    r = run(["cmake", "-S", ROOT, "-B", tmp_path / "build", "-G", "Ninja", "-DCMAKE_IGNORE_PATH=/usr/include"],
+            check=False)
+    assert r.returncode != 0
+    for expected in ("onnxtrain cannot be built", "header google/protobuf/message.h: Debian package libprotobuf-dev",
+                     "oneapi/dnnl/dnnl.hpp: Debian package libdnnl-dev", "pybind11-dev", "libgtest-dev",
+                     "scripts/install_deps.sh"):
+        assert expected in r.stderr, f"'{expected}' not in CMake's output:\n{r.stderr}"
+    assert "Could NOT find" not in r.stderr
+
+
 def test_missing_dependencies_are_named_with_their_packages():
     setup_py = load_setup_py()
     found = dict(which=lambda p: f"/usr/bin/{p}", has_header=lambda compiler, h: True, has_numpy=lambda: True,
