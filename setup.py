@@ -100,13 +100,16 @@ def missing_dependencies_message(missing: list) -> str:
 
 
 def run(cmd: list, env: dict) -> None:
-    print("+ " + " ".join(map(str, cmd)), flush=True)
-    subprocess.run([str(c) for c in cmd], check=True, env=env)
+    command = " ".join(map(str, cmd))
+    print(f"+ {command}", flush=True)
+    r = subprocess.run([str(c) for c in cmd], env=env)
+    if r.returncode != 0:  # its own output says why; no Python traceback on top
+        raise SystemExit(f"onnxtrain build: `{command}` exited with status {r.returncode}")
 
 
 def check_build_dependencies() -> None:
     """Stops the build with the Debian packages to install when something is missing."""
-    missing = missing_build_dependencies(headers_needed="ONNXTRAIN_CMAKE_BUILD_DIR" not in os.environ)
+    missing = missing_build_dependencies(headers_needed=not os.environ.get("ONNXTRAIN_CMAKE_BUILD_DIR"))
     if missing:
         raise SystemExit(missing_dependencies_message(missing))
 
@@ -122,6 +125,9 @@ def build_compiled_part(destination: Path) -> None:
         if not (build_dir / "CMakeCache.txt").is_file():
             raise SystemExit(f"ONNXTRAIN_CMAKE_BUILD_DIR={existing}: not a configured CMake build directory "
                              "(no CMakeCache.txt); run `make build` or unset it")
+        if "ONNXTRAIN_BUILD_PYTHON:BOOL=OFF" in (build_dir / "CMakeCache.txt").read_text():
+            raise SystemExit(f"ONNXTRAIN_CMAKE_BUILD_DIR={existing} was configured with ONNXTRAIN_BUILD_PYTHON=OFF: "
+                             "it has no Python extension; use a build with it ON, or unset the variable")
     else:
         build_dir = DEFAULT_BUILD_DIR
         configure = [cmake, "-S", ROOT, "-B", build_dir, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
