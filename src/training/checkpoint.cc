@@ -464,8 +464,10 @@ CheckpointState load_impl(const std::string& path) {
     if (*version != kFormatVersion)
       OT_THROW(kInvalidModel, "format version \"", *version, "\" is not supported (this build reads \"", kFormatVersion, "\")");
     // The format verified the checksums it found; ours must have both.
-    for (const char* key : {safetensors::kKeyHeaderCrc, safetensors::kKeyDataCrc})
-      if (!file.has_metadata_key(key)) OT_THROW(kInvalidModel, "metadata lacks the checksum \"", key, "\"");
+    if (!file.has_metadata_key(safetensors::kKeyHeaderCrc))
+      OT_THROW(kInvalidModel, "metadata lacks the header checksum \"", safetensors::kKeyHeaderCrc, "\"");
+    if (!file.has_metadata_key(safetensors::kKeyDataCrc))
+      OT_THROW(kInvalidModel, "metadata lacks the data checksum \"", safetensors::kKeyDataCrc, "\"");
   }
 
   CheckpointState state;
