@@ -41,6 +41,16 @@ std::optional<std::vector<std::string>> recorded_names(const Model& model, const
 // a trainable one is not floating point. Initializers in neither list are frozen.
 TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraphOptions& options);
 
+// The model with the Constant nodes whose outputs are named in `names` turned into initializers of
+// the same name (paddle2onnx stores weights that way). Throws naming the node when such a constant
+// is not floating point. Names that are initializers already, or nothing's, are left alone.
+Model promote_constant_parameters(const Model& model, const std::vector<std::string>& names);
+
+// What "train everything" means: floating-point initializers of rank >= 1 and floating-point
+// Constant node outputs of >= 2 elements, except BatchNorm running statistics and values read only
+// as shapes/scales (Resize, Upsample) or only by non-differentiable ops.
+std::vector<std::string> all_parameters(const Model& model);
+
 // BatchNormalization nodes in training mode output new running statistics: (initializer, value
 // holding its update) for each running mean and variance that is an initializer.
 std::vector<std::pair<std::string, std::string>> batchnorm_buffer_updates(const Model& model);
