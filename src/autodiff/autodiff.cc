@@ -4,9 +4,12 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ir/subgraph.h"
 #include "ops/gradient_builder.h"
 #include "ops/graph_builder.h"
 #include "ops/registry.h"
+#include "ops/subgraph.h"
+#include "passes/passes.h"
 #include "passes/shape_inference.h"
 
 namespace onnxtrain {
@@ -45,6 +48,54 @@ class GradientAccumulator {
   std::unordered_map<std::string, std::vector<std::string>> parts_;
 };
 
+// The gradient graph of a subgraph for control-flow rules (ops/subgraph.h): differentiated as a
+// graph whose inputs are the outer values it reads, then those inputs dropped again (they stay
+// reads by name) and the seeds renamed to the upstream gradients of the enclosing graph.
+Graph differentiate_subgraph(const Graph& sub, const std::vector<std::string>& output_grads,
+                             const std::vector<std::string>& wrt,
+                             const std::function<ValueInfo(const std::string&)>& outer_info,
+                             const std::map<std::string, int64_t>& opsets) {
+  const std::string where = "subgraph '" + sub.name + "': ";
+  OT_CHECK(sub.inputs.empty(), where, "only subgraphs without formal inputs (If branches) are differentiated");
+  Model m;
+  m.graph = sub;
+  m.opsets = opsets;
+  m.description = "'" + sub.name + "'";
+  std::vector<std::string> reads = free_values(sub);
+  std::unordered_set<std::string> read_set(reads.begin(), reads.end());
+  for (const auto& w : wrt)
+    if (!read_set.count(w)) reads.push_back(w);  // not read here: its gradient from this branch is 0
+  for (const auto& v : reads) m.graph.inputs.push_back({v, outer_info(v)});
+  std::vector<std::string> seeded;
+  std::map<std::string, std::string> grad_of_output;
+  for (size_t i = 0; i < sub.outputs.size() && i < output_grads.size(); ++i)
+    if (!output_grads[i].empty()) {
+      seeded.push_back(sub.outputs[i].name);
+      grad_of_output[sub.outputs[i].name] = output_grads[i];
+    }
+  GradientGraphOptions options;
+  options.seed_scalars_with_one = false;
+  options.skip_independent_outputs = true;
+  GradientGraphInfo info;
+  Model gm = build_gradient_graph(m, wrt, seeded, &info, options);
+  Graph& g = gm.graph;
+  std::unordered_set<std::string> defined;
+  for (const auto& n : g.nodes) for (const auto& o : n.outputs) defined.insert(o);
+  for (size_t j = 0; j < info.seed_inputs.size(); ++j) {
+    const std::string& dy = grad_of_output.at(info.seeded_outputs[j]);
+    OT_CHECK(!defined.count(dy), where, "its gradient graph defines '", dy,
+             "', the name of the upstream gradient it must read");
+    replace_uses(g, info.seed_inputs[j], dy);
+  }
+  g.inputs.clear();
+  g.outputs.clear();
+  for (const auto& name : info.gradient_outputs) g.outputs.push_back({name, ValueInfo{}});
+  eliminate_dead_code(g);
+  return g;
+}
+
+[[maybe_unused]] const bool kSubgraphDifferentiatorInstalled = (set_subgraph_differentiator(differentiate_subgraph), true);
+
 }  // namespace
 
 Model build_gradient_graph(const Model& forward, const std::vector<std::string>& wrt,
@@ -79,6 +130,7 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
     if (schema && schema->gradient_status == GradientStatus::kNotDifferentiable) continue;
     bool any = false;
     for (const auto& in : node.inputs) any = any || (!in.empty() && requires_grad.count(in));
+    for (const auto& in : outer_scope_reads(node)) any = any || requires_grad.count(in);  // read by a subgraph
     if (!any) continue;
     for (const auto& o : node.outputs) {
       DType dt = dtype_of(o);
@@ -132,6 +184,13 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
       needs.push_back(n);
       any_need = any_need || n;
     }
+    // Values the node's subgraphs read from this graph are inputs num_inputs() + k (ops/subgraph.h).
+    const std::vector<std::string> outer = outer_scope_reads(node);
+    for (const auto& in : outer) {
+      bool n = requires_grad.count(in) && is_floating(dtype_of(in) == DType::kUndefined ? DType::kFloat32 : dtype_of(in));
+      needs.push_back(n);
+      any_need = any_need || n;
+    }
     if (!any_need) continue;
     const OpSchema* schema = OpRegistry::global().find(node.domain, node.op_type, model.opset(node.domain));
     if (!schema) OT_THROW(kNotImplemented, where, node.context(), "unknown op");
@@ -148,10 +207,11 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
     for (size_t i = 0; i < needs.size(); ++i) {
       if (!needs[i]) continue;
       auto it = builder.results().find(i);
+      const std::string& input = i < node.inputs.size() ? node.inputs[i] : outer[i - node.inputs.size()];
       if (it == builder.results().end())
         OT_THROW(kRuntime, where, node.context(), "the gradient rule produced no gradient for input ", i,
-                 " ('", node.inputs[i], "')");
-      grads.add(node.inputs[i], it->second);
+                 " ('", input, "')");
+      grads.add(input, it->second);
     }
   }
 

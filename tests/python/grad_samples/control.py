@@ -1,0 +1,46 @@
+"""Samples for the control-flow ops in src/ops/control/. If's gradient flows to the values its
+branches read from the enclosing graph (o0, o1, ...), for either value of the condition; a branch
+that does not read a value gives it a zero gradient, and an If nested in a branch is
+differentiated through."""
+import numpy as np
+from onnx import TensorProto, helper
+
+from ..gradcheck import Sample
+
+rng = np.random.default_rng(31)
+D = TensorProto.DOUBLE
+
+
+def _vi(name):
+    return helper.make_tensor_value_info(name, D, None)
+
+
+# then: (tanh(o0 * o1), o0 + o1);  else: (exp(o0) * 2, If(o0 sum > 0): o0 * o0 else -o0)  (o1 unused)
+_THEN = helper.make_graph([helper.make_node("Mul", ["o0", "o1"], ["m"]), helper.make_node("Tanh", ["m"], ["t0"]),
+                           helper.make_node("Add", ["o0", "o1"], ["t1"])], "then", [], [_vi("t0"), _vi("t1")])
+_INNER = helper.make_node(
+    "If", ["pos"], ["e1"],
+    then_branch=helper.make_graph([helper.make_node("Mul", ["o0", "o0"], ["sq"])], "sq", [], [_vi("sq")]),
+    else_branch=helper.make_graph([helper.make_node("Neg", ["o0"], ["ng"])], "neg", [], [_vi("ng")]))
+_ELSE = helper.make_graph(
+    [helper.make_node("Exp", ["o0"], ["ex"]),
+     helper.make_node("Constant", [], ["two"], value=helper.make_tensor("two", D, [], [2.0])),
+     helper.make_node("Mul", ["ex", "two"], ["e0"]),
+     helper.make_node("ReduceSum", ["o0"], ["s"], keepdims=0),
+     helper.make_node("Constant", [], ["zero"], value=helper.make_tensor("zero", D, [], [0.0])),
+     helper.make_node("Greater", ["s", "zero"], ["pos"]), _INNER],
+    "else", [], [_vi("e0"), _vi("e1")])
+
+
+def _sample(cond, o0, name):
+    return Sample([np.array(cond)], {"then_branch": _THEN, "else_branch": _ELSE}, wrt=[], outputs=(0, 1),
+                  n_outputs=2, outer=[o0, rng.standard_normal((2, 3))], name=name)
+
+
+SAMPLES = {
+    "If": [
+        _sample(True, rng.standard_normal((2, 3)), "then branch"),
+        _sample(False, np.abs(rng.standard_normal((2, 3))) + 0.1, "else branch, nested If takes then"),
+        _sample(False, -np.abs(rng.standard_normal((2, 3))) - 0.1, "else branch, nested If takes else"),
+    ],
+}
