@@ -49,49 +49,49 @@ class GradientAccumulator {
 };
 
 // The gradient graph of a subgraph for control-flow rules (ops/subgraph.h): differentiated as a
-// graph whose inputs are the outer values it reads, then those inputs dropped again (they stay
-// reads by name) and the seeds renamed to the upstream gradients of the enclosing graph.
-Graph differentiate_subgraph(const Graph& sub, const std::vector<std::string>& output_grads,
-                             const std::vector<std::string>& wrt,
-                             const std::function<ValueInfo(const std::string&)>& outer_info,
-                             const std::map<std::string, int64_t>& opsets) {
-  const std::string where = "subgraph '" + sub.name + "': ";
-  OT_CHECK(sub.inputs.empty(), where, "only subgraphs without formal inputs (If branches) are differentiated");
+// graph whose inputs are its formal inputs and the outer values it reads, then those inputs dropped
+// again (the caller defines the formal inputs and seeds; outer values stay reads by name).
+SubgraphGradient differentiate_subgraph(const Graph& sub, const std::vector<bool>& seeded,
+                                        const std::vector<std::string>& wrt,
+                                        const std::function<ValueInfo(const std::string&)>& outer_info,
+                                        const std::map<std::string, int64_t>& opsets) {
   Model m;
   m.graph = sub;
   m.opsets = opsets;
   m.description = "'" + sub.name + "'";
+  for (auto& in : m.graph.inputs) {  // declared subgraph shapes are often loose: keep the dtype
+    in.info.shape.reset();
+    in.info.dim_params.clear();
+  }
   std::vector<std::string> reads = free_values(sub);
-  std::unordered_set<std::string> read_set(reads.begin(), reads.end());
+  std::unordered_set<std::string> present(reads.begin(), reads.end());
+  for (const auto& in : sub.inputs) present.insert(in.name);
   for (const auto& w : wrt)
-    if (!read_set.count(w)) reads.push_back(w);  // not read here: its gradient from this branch is 0
+    if (!present.count(w)) reads.push_back(w);  // not read here: its gradient is 0
   for (const auto& v : reads) m.graph.inputs.push_back({v, outer_info(v)});
-  std::vector<std::string> seeded;
-  std::map<std::string, std::string> grad_of_output;
-  for (size_t i = 0; i < sub.outputs.size() && i < output_grads.size(); ++i)
-    if (!output_grads[i].empty()) {
-      seeded.push_back(sub.outputs[i].name);
-      grad_of_output[sub.outputs[i].name] = output_grads[i];
-    }
+  std::vector<std::string> outputs;
+  for (size_t i = 0; i < sub.outputs.size(); ++i)
+    if (i < seeded.size() && seeded[i]) outputs.push_back(sub.outputs[i].name);
   GradientGraphOptions options;
   options.seed_scalars_with_one = false;
   options.skip_independent_outputs = true;
   GradientGraphInfo info;
-  Model gm = build_gradient_graph(m, wrt, seeded, &info, options);
-  Graph& g = gm.graph;
-  std::unordered_set<std::string> defined;
-  for (const auto& n : g.nodes) for (const auto& o : n.outputs) defined.insert(o);
-  for (size_t j = 0; j < info.seed_inputs.size(); ++j) {
-    const std::string& dy = grad_of_output.at(info.seeded_outputs[j]);
-    OT_CHECK(!defined.count(dy), where, "its gradient graph defines '", dy,
-             "', the name of the upstream gradient it must read");
-    replace_uses(g, info.seed_inputs[j], dy);
-  }
-  g.inputs.clear();
-  g.outputs.clear();
-  for (const auto& name : info.gradient_outputs) g.outputs.push_back({name, ValueInfo{}});
-  eliminate_dead_code(g);
-  return g;
+  Model gm = build_gradient_graph(m, wrt, outputs, &info, options);
+  SubgraphGradient out;
+  out.graph = std::move(gm.graph);
+  out.seeds.assign(sub.outputs.size(), "");
+  for (size_t j = 0; j < info.seed_inputs.size(); ++j)
+    for (size_t i = 0; i < sub.outputs.size(); ++i)
+      if (i < seeded.size() && seeded[i] && sub.outputs[i].name == info.seeded_outputs[j] && out.seeds[i].empty()) {
+        out.seeds[i] = info.seed_inputs[j];
+        break;
+      }
+  out.grads = info.gradient_outputs;
+  out.graph.inputs.clear();
+  out.graph.outputs.clear();
+  for (const auto& name : out.grads) out.graph.outputs.push_back({name, ValueInfo{}});
+  eliminate_dead_code(out.graph);
+  return out;
 }
 
 [[maybe_unused]] const bool kSubgraphDifferentiatorInstalled = (set_subgraph_differentiator(differentiate_subgraph), true);

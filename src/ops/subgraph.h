@@ -26,13 +26,18 @@ class SubgraphHost {
 SubgraphHost& subgraph_host(KernelContext& ctx);
 
 // Differentiates a subgraph for the gradient rules of control-flow ops; autodiff installs it (ops
-// never include autodiff/). From a subgraph with no formal inputs that reads outer values, the
-// upstream gradient of each of its outputs (an outer value's name, "" for none) and the outer
-// values to differentiate, it makes a graph with no formal inputs that reads the same outer values
-// and the upstream gradients by name and outputs one gradient per `wrt` value, in order.
-// `outer_info` gives the dtype and shape of an outer value.
-using SubgraphDifferentiator = std::function<Graph(
-    const Graph& subgraph, const std::vector<std::string>& output_grads, const std::vector<std::string>& wrt,
+// never include autodiff/). `seeded[i]` says which subgraph outputs receive an upstream gradient;
+// `wrt` names formal inputs of the subgraph or outer values it reads; `outer_info` gives the dtype
+// and shape of an outer value. The result's graph has no inputs: it reads the subgraph's formal
+// inputs, the seeds and outer values by name (the caller defines the first two) and outputs the
+// gradients.
+struct SubgraphGradient {
+  Graph graph;
+  std::vector<std::string> seeds;  // per subgraph output: the value its upstream gradient is read from, or ""
+  std::vector<std::string> grads;  // per wrt: its gradient (zeros when the seeded outputs do not depend on it)
+};
+using SubgraphDifferentiator = std::function<SubgraphGradient(
+    const Graph& subgraph, const std::vector<bool>& seeded, const std::vector<std::string>& wrt,
     const std::function<ValueInfo(const std::string&)>& outer_info, const std::map<std::string, int64_t>& opsets)>;
 void set_subgraph_differentiator(SubgraphDifferentiator fn);
 

@@ -170,6 +170,32 @@ def test_pytorch_scripted_loop_matches_torch():
         np.testing.assert_allclose(sess.run(None, {"x": x.numpy(), "h": h.numpy()})[0], want, rtol=1e-5, atol=1e-6)
 
 
+def test_gradients_through_the_scripted_loop_match_torch_autograd():
+    from onnxtrain import autodiff
+    torch.manual_seed(1)
+    module = ScriptedGRU()
+    scripted = torch.jit.script(module)
+    x, h = torch.randn(4, 2, 4), torch.randn(2, 5)
+    f = io.BytesIO()
+    torch.onnx.export(scripted, (x, h), f, input_names=["x", "h"], output_names=["y"], opset_version=13,
+                      dynamic_axes={"x": {0: "T"}}, do_constant_folding=False,
+                      training=torch.onnx.TrainingMode.TRAINING)
+    params = [n for n, _ in module.named_parameters()]
+    wrt = params + ["x", "h"]
+    grad_model = autodiff.build_gradient_graph(f.getvalue(), wrt, ["y"])
+    sess = onnxtrain.InferenceSession(grad_model)
+    for steps in (4, 1):
+        xs = torch.randn(steps, 2, 4, requires_grad=True)
+        hs = h.clone().requires_grad_(True)
+        seed = torch.randn(2, 5)
+        module.zero_grad()
+        scripted(xs, hs).backward(seed)
+        want = [p.grad for p in module.parameters()] + [xs.grad, hs.grad]
+        got = sess.run([f"{n}_grad" for n in wrt], {"x": xs.detach().numpy(), "h": h.numpy(), "y_grad": seed.numpy()})
+        for name, g, w in zip(wrt, got, want):
+            np.testing.assert_allclose(g, w.numpy(), rtol=1e-4, atol=1e-5, err_msg=f"{name}, {steps} steps")
+
+
 def test_if_with_a_constant_condition_is_inlined():
     # The branch not taken holds an op nothing implements: loading works only if the If was inlined.
     then_g = branch("then", [helper.make_node("Mul", ["x", "x"], ["t"])], [vi("t", F, [2])])
@@ -212,7 +238,7 @@ def test_bad_control_flow_models_name_the_node():
         onnxtrain.InferenceSession(data).run(None, {"x": np.ones(2, np.float32)})
 
 
-def test_training_through_if_and_the_loop_refusal(tmp_path):
+def test_training_through_if_and_the_scan_refusal(tmp_path):
     from onnxtrain import artifacts
     from onnxtrain.api import CheckpointState, Module, Optimizer
     # w is read only inside the then-branch: its gradient still flows (no silent zero).
@@ -229,11 +255,11 @@ def test_training_through_if_and_the_loop_refusal(tmp_path):
         module.lazy_reset_grad()
     assert losses[2] < losses[1] < losses[0]
     np.testing.assert_allclose(losses[0], np.mean((x * [2, 3, 4] - t) ** 2), rtol=1e-6)
-    # Loop: no backpropagation through iterations yet; the error names the node and says why.
-    loop = loop_model(with_cond=False)
-    m = onnx.load_from_string(loop)
-    m.graph.input.remove(m.graph.input[2])  # x becomes a trainable initializer read by the body
-    m.graph.initializer.append(numpy_helper.from_array(np.ones(2, np.float32), "x"))
-    with pytest.raises(onnxtrain.Error, match=r"\[Loop\] node 'the_loop'.*no gradient rule.*iterations"):
+    # Scan: no backpropagation through iterations yet; the error names the node and says why.
+    m = onnx.load_from_string(scan_model())
+    del m.graph.input[1:]  # x and s become initializers (s read by the body)
+    m.graph.initializer.append(numpy_helper.from_array(np.array(2, np.float32), "s"))
+    m.graph.initializer.append(numpy_helper.from_array(np.ones((2, 4), np.float32), "x"))
+    with pytest.raises(onnxtrain.Error, match=r"\[Scan\] node 'the_scan'.*no gradient rule.*iterations"):
         artifacts.generate_artifacts(m.SerializeToString(), requires_grad=["x"], loss=artifacts.LossType.MSELoss,
-                                     artifact_directory=tmp_path / "loop", loss_input_names=["acc"])
+                                     artifact_directory=tmp_path / "scan", loss_input_names=["ys"])

@@ -3,6 +3,8 @@
 // values it reads from enclosing scopes are bound by name.
 #include <climits>
 #include <cstring>
+#include <map>
+#include <unordered_set>
 
 #include "ir/subgraph.h"
 #include "ops/gradient_builder.h"
@@ -144,6 +146,63 @@ ValueInfo info_in(const Graph& g, const std::string& v) {
   return {};
 }
 
+// Fresh names for values added to a subgraph: apart from every name it uses and every outer
+// value the subgraph must keep reading.
+class Namer {
+ public:
+  explicit Namer(const Graph& g) {
+    for (const auto& in : g.inputs) used_.insert(in.name);
+    for (const auto& [name, t] : g.initializers) used_.insert(name);
+    for (const auto& n : g.nodes) {
+      used_.insert(n.name);
+      for (const auto& v : n.inputs) used_.insert(v);
+      for (const auto& v : n.outputs) used_.insert(v);
+    }
+  }
+  void reserve(const std::string& name) { used_.insert(name); }
+  std::string operator()(const std::string& base) {
+    std::string n = base;
+    for (int i = 1; used_.count(n); ++i) n = base + "_" + std::to_string(i);
+    used_.insert(n);
+    return n;
+  }
+
+ private:
+  std::unordered_set<std::string> used_;
+};
+
+// Fails when a gradient subgraph defines a value it must read from the enclosing graph.
+void check_not_shadowed(const Node& n, const Graph& g, const std::vector<std::string>& reads) {
+  std::unordered_set<std::string> defined;
+  for (const auto& node : g.nodes) for (const auto& o : node.outputs) defined.insert(o);
+  for (const auto& [name, t] : g.initializers) defined.insert(name);
+  for (const auto& r : reads)
+    OT_CHECK(r.empty() || !defined.count(r), n.context(), "the gradient subgraph defines '", r,
+             "', which it must read from the enclosing graph");
+}
+
+Node make_node(std::string name, std::string op, std::vector<std::string> inputs, std::vector<std::string> outputs,
+               std::map<std::string, Attribute> attrs = {}) {
+  Node n;
+  n.name = std::move(name);
+  n.op_type = std::move(op);
+  n.inputs = std::move(inputs);
+  n.outputs = std::move(outputs);
+  n.attributes = std::move(attrs);
+  return n;
+}
+
+Attribute graph_value(Graph g) {
+  Attribute a;
+  a.kind = Attribute::Kind::kGraph;
+  a.g = std::make_shared<Graph>(std::move(g));
+  return a;
+}
+
+std::map<std::string, int64_t> rule_opsets(const GradientBuilder& g) {
+  return {{kOnnxDomain, g.opset()}, {kOnnxTrainDomain, 1}};
+}
+
 // y = cond ? then(v) : else(v) over the outer values v the branches read.
 // dv = If(cond, then: dthen/dv^T dy, else: delse/dv^T dy): both branches' gradient graphs are built
 // (each recomputes its branch's forward), the one the condition takes runs.
@@ -160,17 +219,24 @@ void if_gradient(GradientBuilder& g) {
     }
   if (wrt.empty()) return;
   std::vector<std::string> dys;
-  for (size_t i = 0; i < n.outputs.size(); ++i) dys.push_back(g.dy(i));
+  std::vector<bool> seeded;
+  for (size_t i = 0; i < n.outputs.size(); ++i) {
+    dys.push_back(g.dy(i));
+    seeded.push_back(!dys.back().empty());
+  }
   Graph& graph = g.graph();
   auto outer_info = [&](const std::string& v) { return info_in(graph, v); };
-  const std::map<std::string, int64_t> opsets{{kOnnxDomain, g.opset()}, {kOnnxTrainDomain, 1}};
   GraphBuilder::Attrs attrs;
   for (const char* branch : {"then_branch", "else_branch"}) {
-    Attribute a;
-    a.kind = Attribute::Kind::kGraph;
-    a.g = std::make_shared<Graph>(differentiator()(graph_attr(n, branch), dys, wrt, outer_info, opsets));
-    a.g->name = std::string(branch) + "_grad";
-    attrs[branch] = std::move(a);
+    SubgraphGradient sg = differentiator()(graph_attr(n, branch), seeded, wrt, outer_info, rule_opsets(g));
+    check_not_shadowed(n, sg.graph, dys);
+    Namer fresh(sg.graph);
+    std::vector<Node> seeds;  // seed_i = Identity(dy_i): the upstream gradients come from outside
+    for (size_t i = 0; i < dys.size(); ++i)
+      if (!sg.seeds[i].empty()) seeds.push_back(make_node(fresh("seed"), "Identity", {dys[i]}, {sg.seeds[i]}));
+    sg.graph.nodes.insert(sg.graph.nodes.begin(), seeds.begin(), seeds.end());
+    sg.graph.name = std::string(branch) + "_grad";
+    attrs[branch] = graph_value(std::move(sg.graph));
   }
   std::vector<std::string> grads = g.emit_n("If", {g.x(0)}, wrt.size(), std::move(attrs));
   for (size_t j = 0; j < wrt.size(); ++j) g.set(index[j], grads[j]);
@@ -245,6 +311,133 @@ void loop_rule(ShapeContext& ctx) {
     DType dt = body.outputs[1 + s.carried + k].info.dtype;
     if (dt != DType::kUndefined) ctx.set_output(s.carried + k, dt);
   }
+}
+
+// Loop: (v_{t+1}, s_t) = body(t, c_t, v_t; W) for t < T; outputs v_T and the stacked s_t.
+// Backpropagation through the iterations: a Loop recomputes the forward keeping each iteration's
+// inputs (t, c_t, v_t), then a Loop runs t = T-1 .. 0 over them with the body's gradient graph:
+//   dv_t = (dbody/dv_t)^T (dv_{t+1}, ds_t),  dW += (dbody/dW)^T (dv_{t+1}, ds_t),
+// starting from dv_T = dy(v_T); the results are dv_0 (the initial values') and dW (outer values').
+void loop_gradient(GradientBuilder& g) {
+  const Node& n = g.node();
+  OT_CHECK(differentiator(), g.context(), "no subgraph differentiator is installed");
+  const LoopShape s = loop_shape(n);
+  const Graph& body = graph_attr(n, "body");
+  const std::vector<std::string> outer = outer_scope_reads(n);
+  Graph& graph = g.graph();
+  auto outer_info = [&](const std::string& v) { return info_in(graph, v); };
+  auto floating_value = [&](DType declared, const std::string& outside) {
+    DType dt = declared != DType::kUndefined ? declared : g.dtype(outside);
+    return dt == DType::kUndefined || is_floating(dt);
+  };
+
+  // What the body differentiates: its floating loop-carried inputs and the outer values wanted.
+  std::vector<std::string> wrt;
+  std::vector<int> carried_wrt(s.carried, -1);
+  for (size_t k = 0; k < s.carried; ++k)
+    if (floating_value(body.inputs[2 + k].info.dtype, n.inputs[2 + k])) {
+      carried_wrt[k] = int(wrt.size());
+      wrt.push_back(body.inputs[2 + k].name);
+    }
+  std::vector<std::string> outer_wrt;
+  std::vector<size_t> outer_index;
+  for (size_t k = 0; k < outer.size(); ++k)
+    if (g.needs(n.inputs.size() + k)) {
+      outer_wrt.push_back(outer[k]);
+      outer_index.push_back(n.inputs.size() + k);
+    }
+  const size_t first_outer = wrt.size();
+  wrt.insert(wrt.end(), outer_wrt.begin(), outer_wrt.end());
+
+  // 1. The forward again, also emitting each iteration's inputs as scan outputs.
+  Graph keeping = body;
+  Namer body_names(body);
+  for (const auto& in : body.inputs) {
+    std::string kept = body_names("kept_" + in.name);
+    keeping.nodes.push_back(make_node(body_names("keep_" + in.name), "Identity", {in.name}, {kept}));
+    keeping.outputs.push_back({kept, ValueInfo{in.info.dtype, std::nullopt, {}}});
+  }
+  GraphBuilder::Attrs forward_attrs = n.attributes;
+  forward_attrs["body"] = graph_value(std::move(keeping));
+  std::vector<std::string> forward =
+      g.emit_n("Loop", n.inputs, s.carried + s.scans + body.inputs.size(), std::move(forward_attrs));
+  std::vector<std::string> kept(forward.end() - long(body.inputs.size()), forward.end());
+  const std::string zero = g.constant(Tensor::scalar<int64_t>(0));
+  const std::string trips = g.emit("Gather", {g.shape(kept[0]), zero});  // T, a scalar
+  const std::string last = g.sub(trips, g.constant(Tensor::scalar<int64_t>(1)));
+
+  // 2. The body's gradient, seeded by the next iteration's dv and this iteration's ds.
+  std::vector<bool> seeded(body.outputs.size(), false);
+  for (size_t k = 0; k < s.carried; ++k) seeded[1 + k] = carried_wrt[k] >= 0;
+  for (size_t m = 0; m < s.scans; ++m) seeded[1 + s.carried + m] = !g.dy(s.carried + m).empty();
+  SubgraphGradient sg = differentiator()(body, seeded, wrt, outer_info, rule_opsets(g));
+  Graph back = std::move(sg.graph);
+  std::vector<std::string> reads = kept;
+  reads.push_back(last);
+  for (size_t m = 0; m < s.scans; ++m) reads.push_back(g.dy(s.carried + m));
+  check_not_shadowed(n, back, reads);
+  Namer fresh(back);
+  for (const auto& r : reads) fresh.reserve(r);
+  for (const auto& in : body.inputs) fresh.reserve(in.name);
+
+  // Backward body: (j, c, dv..., dW...) -> (c, dv..., dW...), at forward iteration t = T-1-j.
+  std::vector<Node> prologue;
+  std::vector<NamedValue> inputs{{fresh("bptt_j"), ValueInfo{DType::kInt64, Shape{}, {}}},
+                                 {fresh("bptt_cond"), ValueInfo{DType::kBool, Shape{}, {}}}};
+  const std::string t = fresh("bptt_t");
+  prologue.push_back(make_node(fresh("bptt_index"), "Sub", {last, inputs[0].name}, {t}));
+  for (size_t f = 0; f < body.inputs.size(); ++f)  // the forward body's inputs at iteration t
+    prologue.push_back(make_node(fresh("bptt_restore"), "Gather", {kept[f], t}, {body.inputs[f].name}));
+  for (size_t m = 0; m < s.scans; ++m) {
+    const std::string& seed = sg.seeds[1 + s.carried + m];
+    if (!seed.empty()) prologue.push_back(make_node(fresh("bptt_ds"), "Gather", {g.dy(s.carried + m), t}, {seed}));
+  }
+  std::vector<NamedValue> outputs{{fresh("bptt_cond_out"), ValueInfo{DType::kBool, Shape{}, {}}}};
+  std::vector<Node> epilogue{make_node(fresh("bptt_cond_id"), "Identity", {inputs[1].name}, {outputs[0].name})};
+  std::vector<std::string> initial;
+  for (size_t k = 0; k < s.carried; ++k) {
+    const std::string& seed = sg.seeds[1 + k];
+    std::string carried_in = seed.empty() ? fresh("bptt_dv") : seed;
+    inputs.push_back({carried_in, ValueInfo{}});
+    if (carried_wrt[k] >= 0) {
+      outputs.push_back({sg.grads[size_t(carried_wrt[k])], ValueInfo{}});
+      initial.push_back(g.dy(k).empty() ? g.zeros_like(g.y(k)) : g.dy(k));
+    } else {  // an integer counter: nothing flows, carry anything of the right kind
+      std::string through = fresh("bptt_pass");
+      epilogue.push_back(make_node(fresh("bptt_pass_id"), "Identity", {carried_in}, {through}));
+      outputs.push_back({through, ValueInfo{}});
+      initial.push_back(g.y(k));
+    }
+  }
+  for (size_t j = 0; j < outer_wrt.size(); ++j) {
+    std::string acc_in = fresh("bptt_dw"), acc_out = fresh("bptt_dw_next");
+    inputs.push_back({acc_in, ValueInfo{}});
+    epilogue.push_back(make_node(fresh("bptt_accumulate"), "Add", {acc_in, sg.grads[first_outer + j]}, {acc_out}));
+    outputs.push_back({acc_out, ValueInfo{}});
+    initial.push_back(g.zeros_like(outer_wrt[j]));
+  }
+  // A carried gradient that is also another output's name must not be listed twice.
+  for (size_t a = 1; a < outputs.size(); ++a)
+    for (size_t b = 1; b < a; ++b)
+      if (outputs[a].name == outputs[b].name) {
+        std::string copy = fresh("bptt_copy");
+        epilogue.push_back(make_node(fresh("bptt_copy_id"), "Identity", {outputs[a].name}, {copy}));
+        outputs[a].name = copy;
+      }
+  back.nodes.insert(back.nodes.begin(), prologue.begin(), prologue.end());
+  back.nodes.insert(back.nodes.end(), epilogue.begin(), epilogue.end());
+  back.inputs = std::move(inputs);
+  back.outputs = std::move(outputs);
+  back.name = body.name + "_grad";
+
+  std::vector<std::string> loop_inputs{trips, ""};
+  loop_inputs.insert(loop_inputs.end(), initial.begin(), initial.end());
+  GraphBuilder::Attrs back_attrs;
+  back_attrs["body"] = graph_value(std::move(back));
+  std::vector<std::string> result = g.emit_n("Loop", loop_inputs, s.carried + outer_wrt.size(), std::move(back_attrs));
+  for (size_t k = 0; k < s.carried; ++k)
+    if (carried_wrt[k] >= 0) g.set(2 + k, result[k]);
+  for (size_t j = 0; j < outer_wrt.size(); ++j) g.set(outer_index[j], result[s.carried + j]);
 }
 
 // ---- Scan (opset 9+) ----
@@ -338,8 +531,7 @@ void scan_rule(ShapeContext& ctx) {
 ONNXTRAIN_OP(If, kOnnxDomain, 1).inputs(1).outputs(1, INT_MAX).shape(if_rule).gradient(if_gradient)
     .cpu(if_kernel);
 ONNXTRAIN_OP(Loop, kOnnxDomain, 1).inputs(2, INT_MAX).outputs(1, INT_MAX).shape(loop_rule)
-    .gradient_not_implemented("backpropagation through iterations (keeping each iteration's values) is not built yet")
-    .cpu(loop_kernel);
+    .gradient(loop_gradient).cpu(loop_kernel);
 ONNXTRAIN_OP(Scan, kOnnxDomain, 9).inputs(1, INT_MAX).outputs(1, INT_MAX).shape(scan_rule)
     .gradient_not_implemented("backpropagation through iterations (keeping each iteration's values) is not built yet")
     .cpu(scan_kernel);

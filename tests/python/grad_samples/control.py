@@ -44,3 +44,31 @@ SAMPLES = {
         _sample(False, -np.abs(rng.standard_normal((2, 3))) - 0.1, "else branch, nested If takes else"),
     ],
 }
+
+
+def _loop_body(with_cond):
+    """(i, c, v) -> (c', tanh(v * o0 + i), tanh(v * o0 + i) * v); c' = sum(v) < 100 when with_cond."""
+    nodes = [helper.make_node("Cast", ["i"], ["fi"], to=D), helper.make_node("Mul", ["v", "o0"], ["vw"]),
+             helper.make_node("Add", ["vw", "fi"], ["pre"]), helper.make_node("Tanh", ["pre"], ["v_next"]),
+             helper.make_node("Mul", ["v_next", "v"], ["s"])]
+    if with_cond:
+        nodes += [helper.make_node("ReduceSum", ["v"], ["total"], keepdims=0),
+                  helper.make_node("Constant", [], ["limit"], value=helper.make_tensor("limit", D, [], [100.0])),
+                  helper.make_node("Less", ["total", "limit"], ["c_out"])]
+    else:
+        nodes.append(helper.make_node("Identity", ["c"], ["c_out"]))
+    return helper.make_graph(
+        nodes, "body", [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                        helper.make_tensor_value_info("c", TensorProto.BOOL, []), _vi("v")],
+        [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []), _vi("v_next"), _vi("s")])
+
+
+def _loop_sample(trips, with_cond, name):
+    cond = np.array(True) if with_cond else None
+    return Sample([np.array(trips, np.int64), cond, rng.standard_normal((2, 3)) * 0.5],
+                  {"body": _loop_body(with_cond)}, outputs=(0, 1), n_outputs=2,
+                  outer=[rng.standard_normal((2, 3)) * 0.5], name=name)
+
+
+SAMPLES["Loop"] = [_loop_sample(3, False, "trip count"), _loop_sample(2, True, "trip count and condition"),
+                   _loop_sample(0, False, "no iteration")]
