@@ -89,9 +89,11 @@ std::unordered_map<std::string, size_t> Graph::producers() const {
 
 std::unordered_map<std::string, int> Graph::use_counts() const {
   std::unordered_map<std::string, int> out;
-  for (const auto& n : nodes)
+  for (const auto& n : nodes) {
     for (const auto& in : n.inputs)
       if (!in.empty()) ++out[in];
+    for (const auto& in : outer_scope_reads(n)) ++out[in];  // read inside a subgraph
+  }
   for (const auto& o : outputs) ++out[o.name];
   return out;
 }

@@ -238,7 +238,7 @@ def test_bad_control_flow_models_name_the_node():
         onnxtrain.InferenceSession(data).run(None, {"x": np.ones(2, np.float32)})
 
 
-def test_training_through_if_and_the_scan_refusal(tmp_path):
+def test_training_through_if(tmp_path):
     from onnxtrain import artifacts
     from onnxtrain.api import CheckpointState, Module, Optimizer
     # w is read only inside the then-branch: its gradient still flows (no silent zero).
@@ -255,11 +255,3 @@ def test_training_through_if_and_the_scan_refusal(tmp_path):
         module.lazy_reset_grad()
     assert losses[2] < losses[1] < losses[0]
     np.testing.assert_allclose(losses[0], np.mean((x * [2, 3, 4] - t) ** 2), rtol=1e-6)
-    # Scan: no backpropagation through iterations yet; the error names the node and says why.
-    m = onnx.load_from_string(scan_model())
-    del m.graph.input[1:]  # x and s become initializers (s read by the body)
-    m.graph.initializer.append(numpy_helper.from_array(np.array(2, np.float32), "s"))
-    m.graph.initializer.append(numpy_helper.from_array(np.ones((2, 4), np.float32), "x"))
-    with pytest.raises(onnxtrain.Error, match=r"\[Scan\] node 'the_scan'.*no gradient rule.*iterations"):
-        artifacts.generate_artifacts(m.SerializeToString(), requires_grad=["x"], loss=artifacts.LossType.MSELoss,
-                                     artifact_directory=tmp_path / "scan", loss_input_names=["ys"])

@@ -526,6 +526,180 @@ void scan_rule(ShapeContext& ctx) {
   }
 }
 
+// Scan: (s_{t+1}, y_t) = body(s_t, x_t; W) over the slices x_t of the scan inputs.
+// Backpropagation through the iterations as for Loop: a Scan recomputes the forward keeping each
+// iteration's states, then a Loop runs t = L-1 .. 0 with the body's gradient graph:
+//   (ds_t, dx_t) = (dbody/d(s_t, x_t))^T (ds_{t+1}, dy_t),  dW += (dbody/dW)^T (ds_{t+1}, dy_t),
+// from ds_L = dy(s_L); dx_t are stacked back in the scan inputs' order and axis.
+void scan_gradient(GradientBuilder& g) {
+  const Node& n = g.node();
+  OT_CHECK(differentiator(), g.context(), "no subgraph differentiator is installed");
+  const ScanShape s = scan_shape(n);
+  const Graph& body = graph_attr(n, "body");
+  const std::vector<std::string> outer = outer_scope_reads(n);
+  Graph& graph = g.graph();
+  auto outer_info = [&](const std::string& v) { return info_in(graph, v); };
+  auto floating_value = [&](DType declared, const std::string& outside) {
+    DType dt = declared != DType::kUndefined ? declared : g.dtype(outside);
+    return dt == DType::kUndefined || is_floating(dt);
+  };
+  auto axis_attr = [](int64_t a) { return Attribute::of(a); };
+
+  std::vector<std::string> wrt;
+  std::vector<int> state_wrt(s.states, -1), input_wrt(s.inputs, -1);
+  for (size_t k = 0; k < s.states; ++k)
+    if (floating_value(body.inputs[k].info.dtype, n.inputs[k])) {
+      state_wrt[k] = int(wrt.size());
+      wrt.push_back(body.inputs[k].name);
+    }
+  for (size_t j = 0; j < s.inputs; ++j)
+    if (g.needs(s.states + j)) {
+      input_wrt[j] = int(wrt.size());
+      wrt.push_back(body.inputs[s.states + j].name);
+    }
+  std::vector<std::string> outer_wrt;
+  std::vector<size_t> outer_index;
+  for (size_t k = 0; k < outer.size(); ++k)
+    if (g.needs(n.inputs.size() + k)) {
+      outer_wrt.push_back(outer[k]);
+      outer_index.push_back(n.inputs.size() + k);
+    }
+  const size_t first_outer = wrt.size();
+  wrt.insert(wrt.end(), outer_wrt.begin(), outer_wrt.end());
+
+  // 1. The forward again, also emitting each iteration's states (along axis 0, forwards).
+  const std::string zero = g.constant(Tensor::scalar<int64_t>(0));
+  const std::string length = g.emit("Gather", {g.shape(n.inputs[s.states]), g.constant(Tensor::scalar<int64_t>(s.in_axes[0]))});
+  const std::string last = g.sub(length, g.constant(Tensor::scalar<int64_t>(1)));
+  std::vector<std::string> kept;
+  if (s.states > 0) {
+    Graph keeping = body;
+    Namer body_names(body);
+    for (size_t k = 0; k < s.states; ++k) {
+      const auto& in = body.inputs[k];
+      std::string name = body_names("kept_" + in.name);
+      keeping.nodes.push_back(make_node(body_names("keep_" + in.name), "Identity", {in.name}, {name}));
+      keeping.outputs.push_back({name, ValueInfo{in.info.dtype, std::nullopt, {}}});
+    }
+    GraphBuilder::Attrs attrs = n.attributes;
+    attrs["body"] = graph_value(std::move(keeping));
+    std::vector<int64_t> axes = s.out_axes, dirs = s.out_dirs;
+    axes.resize(s.outputs + s.states, 0);
+    dirs.resize(s.outputs + s.states, 0);
+    attrs["scan_output_axes"] = Attribute::of(axes);
+    attrs["scan_output_directions"] = Attribute::of(dirs);
+    std::vector<std::string> forward = g.emit_n("Scan", n.inputs, 2 * s.states + s.outputs, std::move(attrs));
+    kept.assign(forward.end() - long(s.states), forward.end());
+  }
+
+  // 2. The body's gradient, seeded by the next iteration's ds and this iteration's dy.
+  std::vector<bool> seeded(body.outputs.size(), false);
+  for (size_t k = 0; k < s.states; ++k) seeded[k] = state_wrt[k] >= 0;
+  for (size_t m = 0; m < s.outputs; ++m) seeded[s.states + m] = !g.dy(s.states + m).empty();
+  SubgraphGradient sg = differentiator()(body, seeded, wrt, outer_info, rule_opsets(g));
+  Graph back = std::move(sg.graph);
+  std::vector<std::string> reads = kept;
+  reads.push_back(last);
+  for (size_t j = 0; j < s.inputs; ++j) reads.push_back(n.inputs[s.states + j]);
+  for (size_t m = 0; m < s.outputs; ++m) reads.push_back(g.dy(s.states + m));
+  check_not_shadowed(n, back, reads);
+  Namer fresh(back);
+  for (const auto& r : reads) fresh.reserve(r);
+  for (const auto& in : body.inputs) fresh.reserve(in.name);
+
+  // Backward Loop body: (j, c, ds..., dW...) -> (c, ds..., dW..., dx...) at iteration t = L-1-j.
+  std::vector<Node> prologue;
+  std::vector<NamedValue> inputs{{fresh("bptt_j"), ValueInfo{DType::kInt64, Shape{}, {}}},
+                                 {fresh("bptt_cond"), ValueInfo{DType::kBool, Shape{}, {}}}};
+  const std::string& j_name = inputs[0].name;
+  const std::string t = fresh("bptt_t");
+  prologue.push_back(make_node(fresh("bptt_index"), "Sub", {last, j_name}, {t}));
+  for (size_t k = 0; k < s.states; ++k)
+    prologue.push_back(make_node(fresh("bptt_restore"), "Gather", {kept[k], t}, {body.inputs[k].name}));
+  for (size_t j = 0; j < s.inputs; ++j)  // slice index t forwards, L-1-t = j backwards
+    prologue.push_back(make_node(fresh("bptt_slice"), "Gather", {n.inputs[s.states + j], s.in_dirs[j] ? j_name : t},
+                                 {body.inputs[s.states + j].name}, {{"axis", axis_attr(s.in_axes[j])}}));
+  for (size_t m = 0; m < s.outputs; ++m) {
+    const std::string& seed = sg.seeds[s.states + m];
+    if (!seed.empty())
+      prologue.push_back(make_node(fresh("bptt_dy"), "Gather", {g.dy(s.states + m), s.out_dirs[m] ? j_name : t},
+                                   {seed}, {{"axis", axis_attr(s.out_axes[m])}}));
+  }
+  std::vector<NamedValue> outputs{{fresh("bptt_cond_out"), ValueInfo{DType::kBool, Shape{}, {}}}};
+  std::vector<Node> epilogue{make_node(fresh("bptt_cond_id"), "Identity", {inputs[1].name}, {outputs[0].name})};
+  std::vector<std::string> initial;
+  for (size_t k = 0; k < s.states; ++k) {
+    const std::string& seed = sg.seeds[k];
+    std::string carried_in = seed.empty() ? fresh("bptt_ds") : seed;
+    inputs.push_back({carried_in, ValueInfo{}});
+    if (state_wrt[k] >= 0) {
+      outputs.push_back({sg.grads[size_t(state_wrt[k])], ValueInfo{}});
+      initial.push_back(g.dy(k).empty() ? g.zeros_like(g.y(k)) : g.dy(k));
+    } else {
+      std::string through = fresh("bptt_pass");
+      epilogue.push_back(make_node(fresh("bptt_pass_id"), "Identity", {carried_in}, {through}));
+      outputs.push_back({through, ValueInfo{}});
+      initial.push_back(g.y(k));
+    }
+  }
+  for (size_t j = 0; j < outer_wrt.size(); ++j) {
+    std::string acc_in = fresh("bptt_dw"), acc_out = fresh("bptt_dw_next");
+    inputs.push_back({acc_in, ValueInfo{}});
+    epilogue.push_back(make_node(fresh("bptt_accumulate"), "Add", {acc_in, sg.grads[first_outer + j]}, {acc_out}));
+    outputs.push_back({acc_out, ValueInfo{}});
+    initial.push_back(g.zeros_like(outer_wrt[j]));
+  }
+  std::vector<size_t> dx_inputs;
+  for (size_t j = 0; j < s.inputs; ++j)
+    if (input_wrt[j] >= 0) {
+      outputs.push_back({sg.grads[size_t(input_wrt[j])], ValueInfo{}});
+      dx_inputs.push_back(j);
+    }
+  for (size_t a = 1; a < outputs.size(); ++a)
+    for (size_t b = 1; b < a; ++b)
+      if (outputs[a].name == outputs[b].name) {
+        std::string copy = fresh("bptt_copy");
+        epilogue.push_back(make_node(fresh("bptt_copy_id"), "Identity", {outputs[a].name}, {copy}));
+        outputs[a].name = copy;
+      }
+  back.nodes.insert(back.nodes.begin(), prologue.begin(), prologue.end());
+  back.nodes.insert(back.nodes.end(), epilogue.begin(), epilogue.end());
+  back.inputs = std::move(inputs);
+  back.outputs = std::move(outputs);
+  back.name = body.name + "_grad";
+
+  std::vector<std::string> loop_inputs{length, ""};
+  loop_inputs.insert(loop_inputs.end(), initial.begin(), initial.end());
+  GraphBuilder::Attrs back_attrs;
+  back_attrs["body"] = graph_value(std::move(back));
+  const size_t carried = s.states + outer_wrt.size();
+  std::vector<std::string> result = g.emit_n("Loop", loop_inputs, carried + dx_inputs.size(), std::move(back_attrs));
+  for (size_t k = 0; k < s.states; ++k)
+    if (state_wrt[k] >= 0) g.set(k, result[k]);
+  for (size_t j = 0; j < outer_wrt.size(); ++j) g.set(outer_index[j], result[s.states + j]);
+  for (size_t d = 0; d < dx_inputs.size(); ++d) {
+    const size_t j = dx_inputs[d];
+    // Row r of the stack is iteration L-1-r: the input's order already when it was read backwards.
+    std::string dx = result[carried + d];
+    if (!s.in_dirs[j])
+      dx = g.emit("Slice", {dx, g.ints({-1}), g.ints({INT64_MIN}), g.ints({0}), g.ints({-1})});
+    int64_t axis = s.in_axes[j];
+    if (axis != 0) {
+      std::optional<Shape> shape = g.static_shape(n.inputs[s.states + j]);
+      OT_CHECK(shape.has_value(), g.context(), "the gradient of scan input ", j, " along axis ", axis,
+               " needs the input's rank, which is not known statically");
+      const int64_t rank = int64_t(shape->size());
+      if (axis < 0) axis += rank;
+      std::vector<int64_t> perm;
+      for (int64_t d2 = 1; d2 <= axis; ++d2) perm.push_back(d2);
+      perm.push_back(0);
+      for (int64_t d2 = axis + 1; d2 < rank; ++d2) perm.push_back(d2);
+      dx = g.emit("Transpose", {dx}, {{"perm", Attribute::of(perm)}});
+    }
+    g.set(s.states + j, dx);
+  }
+}
+
 }  // namespace
 
 ONNXTRAIN_OP(If, kOnnxDomain, 1).inputs(1).outputs(1, INT_MAX).shape(if_rule).gradient(if_gradient)
@@ -533,7 +707,6 @@ ONNXTRAIN_OP(If, kOnnxDomain, 1).inputs(1).outputs(1, INT_MAX).shape(if_rule).gr
 ONNXTRAIN_OP(Loop, kOnnxDomain, 1).inputs(2, INT_MAX).outputs(1, INT_MAX).shape(loop_rule)
     .gradient(loop_gradient).cpu(loop_kernel);
 ONNXTRAIN_OP(Scan, kOnnxDomain, 9).inputs(1, INT_MAX).outputs(1, INT_MAX).shape(scan_rule)
-    .gradient_not_implemented("backpropagation through iterations (keeping each iteration's values) is not built yet")
-    .cpu(scan_kernel);
+    .gradient(scan_gradient).cpu(scan_kernel);
 
 }  // namespace onnxtrain

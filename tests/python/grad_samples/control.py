@@ -72,3 +72,23 @@ def _loop_sample(trips, with_cond, name):
 
 SAMPLES["Loop"] = [_loop_sample(3, False, "trip count"), _loop_sample(2, True, "trip count and condition"),
                    _loop_sample(0, False, "no iteration")]
+
+
+def _scan_body():
+    """(s, x_t) -> (tanh(s * o0 + x_t), tanh(s * o0 + x_t) * x_t)."""
+    return helper.make_graph(
+        [helper.make_node("Mul", ["s", "o0"], ["so"]), helper.make_node("Add", ["so", "xt"], ["pre"]),
+         helper.make_node("Tanh", ["pre"], ["s_next"]), helper.make_node("Mul", ["s_next", "xt"], ["y"])],
+        "body", [_vi("s"), _vi("xt")], [_vi("s_next"), _vi("y")])
+
+
+SAMPLES["Scan"] = [
+    Sample([rng.standard_normal(3) * 0.5, rng.standard_normal((4, 3)) * 0.5],
+           {"body": _scan_body(), "num_scan_inputs": 1}, outputs=(0, 1), n_outputs=2,
+           outer=[rng.standard_normal(3) * 0.5], opset=11, name="axis 0, forwards"),
+    Sample([rng.standard_normal(3) * 0.5, rng.standard_normal((3, 4)) * 0.5],
+           {"body": _scan_body(), "num_scan_inputs": 1, "scan_input_axes": [1], "scan_input_directions": [1],
+            "scan_output_axes": [-1], "scan_output_directions": [1]},
+           outputs=(0, 1), n_outputs=2, outer=[rng.standard_normal(3) * 0.5], opset=11,
+           name="axis 1, backwards, output axis -1 reversed"),
+]
