@@ -65,7 +65,6 @@ SKIP_REASONS = [
     (re.compile(r"^test_castlike_(FLOAT_to_BFLOAT16|BFLOAT16_to_FLOAT)(_expanded)?$"),
      "onnx 1.12's generator feeds 'like' with shape [1] while the model declares [3, 4]"),
     (re.compile(r"^test_bernoulli"), "random sampling: expected values come from numpy's generator stream"),
-    (re.compile(r"^test_scan_sum$"), "Scan-8 (a batch axis and sequence_lens) is not implemented; Scan-9+ is"),
     (re.compile(r"^test_adam_multiple$"), "bug in onnx 1.12's generator: expected values use epsilon=1e-2, "
                                           "but the node leaves epsilon at its default 1e-6"),
 ]

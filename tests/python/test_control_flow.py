@@ -255,3 +255,20 @@ def test_training_through_if(tmp_path):
         module.lazy_reset_grad()
     assert losses[2] < losses[1] < losses[0]
     np.testing.assert_allclose(losses[0], np.mean((x * [2, 3, 4] - t) ** 2), rtol=1e-6)
+
+
+def test_scan8_scans_each_batch_entry_over_its_own_length():
+    body = helper.make_graph([helper.make_node("Add", ["acc", "xt"], ["acc_out"]),
+                              helper.make_node("Identity", ["acc_out"], ["y"])], "body",
+                             [vi("acc", F, [2]), vi("xt", F, [2])], [vi("acc_out", F, [2]), vi("y", F, [2])])
+    node = helper.make_node("Scan", ["lens", "init", "x"], ["final", "ys"], name="scan8", body=body,
+                            num_scan_inputs=1, directions=[1])
+    data = model([node], [vi("lens", I64, [2]), vi("init", F, [2, 2]), vi("x", F, [2, 3, 2])],
+                 [vi("final", F, [2, 2]), vi("ys", F, [2, 3, 2])], opset=8)
+    x = np.arange(12, dtype=np.float32).reshape(2, 3, 2)
+    final, ys = run(data, {"lens": np.array([3, 2], np.int64), "init": np.zeros((2, 2), np.float32), "x": x})
+    want = np.zeros((2, 3, 2), np.float32)
+    want[0] = np.cumsum(x[0, ::-1], axis=0)          # reversed over all 3 steps
+    want[1, :2] = np.cumsum(x[1, 1::-1], axis=0)     # reversed over its 2 steps, then zero padding
+    np.testing.assert_array_equal(ys, want)
+    np.testing.assert_array_equal(final, [want[0, 2], want[1, 1]])

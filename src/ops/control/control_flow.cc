@@ -514,6 +514,77 @@ void scan_kernel(KernelContext& ctx) {
   }
 }
 
+// Scan-8: input 0 is sequence_lens (optional, [batch]); states [batch, ...] and scan inputs
+// [batch, sequence, ...] carry a batch axis the body does not see. Each batch entry is scanned on
+// its own over its first sequence_lens[b] steps; scan outputs are zero past a shorter sequence.
+void scan8_kernel(KernelContext& ctx) {
+  const Node& n = ctx.node();
+  const Graph& body = graph_attr(n, "body");
+  const int64_t m = n.attr_int("num_scan_inputs", -1);
+  OT_CHECK(m >= 1 && m <= int64_t(n.inputs.size()) - 1, n.context(), "attribute num_scan_inputs should be in [1, ",
+           int64_t(n.inputs.size()) - 1, "], got ", m);
+  const size_t inputs = size_t(m), states = n.inputs.size() - 1 - inputs;
+  OT_CHECK(body.inputs.size() == states + inputs, n.context(), "body should take ", states + inputs, " inputs, it takes ",
+           body.inputs.size());
+  OT_CHECK(body.outputs.size() >= states && n.outputs.size() == body.outputs.size(), n.context(),
+           "expected as many outputs as the body's ", body.outputs.size(), ", got ", n.outputs.size());
+  const size_t outputs = body.outputs.size() - states;
+  const std::vector<int64_t> dirs = n.attr_ints("directions", std::vector<int64_t>(inputs, 0));
+  OT_CHECK(dirs.size() == inputs, n.context(), "attribute directions should have ", inputs, " entries");
+  const Tensor& first = ctx.input(1 + states);
+  OT_CHECK(first.rank() >= 2, n.context(), "scan inputs should be [batch, sequence, ...], got ", shape_str(first.shape()));
+  const int64_t batch = first.dim(0), max_len = first.dim(1);
+  std::vector<int64_t> lens(size_t(batch), max_len);
+  if (ctx.has_input(0)) {
+    const Tensor& l = ctx.input(0);
+    OT_CHECK(l.numel() == batch, n.context(), "sequence_lens should have ", batch, " entries, got ", l.numel());
+    for (int64_t b = 0; b < batch; ++b) {
+      lens[size_t(b)] = l.item_as_int(b);
+      OT_CHECK(lens[size_t(b)] >= 0 && lens[size_t(b)] <= max_len, n.context(), "sequence_lens[", b, "] = ",
+               lens[size_t(b)], " is outside [0, ", max_len, "]");
+    }
+  }
+  std::vector<std::vector<Tensor>> final_states(states), stacked(outputs);
+  SubgraphHost& host = subgraph_host(ctx);
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<Tensor> st;
+    for (size_t i = 0; i < states; ++i) st.push_back(take(ctx.input(1 + i), 0, b));
+    std::vector<Tensor> seqs;
+    for (size_t j = 0; j < inputs; ++j) seqs.push_back(take(ctx.input(1 + states + j), 0, b));
+    std::vector<std::vector<Tensor>> per_step(outputs);
+    const int64_t len = lens[size_t(b)];
+    for (int64_t t = 0; t < len; ++t) {
+      std::vector<Tensor> in = st;
+      for (size_t j = 0; j < inputs; ++j) in.push_back(take(seqs[j], 0, dirs[j] ? len - 1 - t : t));
+      std::vector<Tensor> out = host.run_subgraph("body", in);
+      for (size_t i = 0; i < states; ++i) st[i] = std::move(out[i]);
+      for (size_t k = 0; k < outputs; ++k) per_step[k].push_back(std::move(out[states + k]));
+    }
+    for (size_t i = 0; i < states; ++i) final_states[i].push_back(st[i]);
+    for (size_t k = 0; k < outputs; ++k) {
+      const ValueInfo& decl = body.outputs[states + k].info;
+      DType dt = !per_step[k].empty() ? per_step[k][0].dtype() : decl.dtype == DType::kUndefined ? DType::kFloat32 : decl.dtype;
+      Shape part = !per_step[k].empty() ? per_step[k][0].shape() : decl.has_static_shape() ? *decl.shape : Shape{};
+      while (int64_t(per_step[k].size()) < max_len) per_step[k].push_back(Tensor::zeros(dt, part));  // padding
+      stacked[k].push_back(stack(n, per_step[k], 0, false, dt, part, "scan output " + std::to_string(k)));
+    }
+  }
+  for (size_t i = 0; i < states; ++i)
+    ctx.set_output(i, stack(n, final_states[i], 0, false, ctx.input(1 + i).dtype(), {}, "state " + std::to_string(i)));
+  for (size_t k = 0; k < outputs; ++k)
+    ctx.set_output(states + k, stack(n, stacked[k], 0, false, DType::kFloat32, {max_len}, "scan output " + std::to_string(k)));
+}
+
+void scan8_rule(ShapeContext& ctx) {
+  const Node& n = ctx.node();
+  const Graph& body = graph_attr(n, "body");
+  const size_t states = n.inputs.size() - 1 - size_t(std::max<int64_t>(n.attr_int("num_scan_inputs", 1), 0));
+  for (size_t i = 0; i < n.outputs.size() && i < body.outputs.size(); ++i) {
+    DType dt = i < states ? ctx.input_dtype(1 + i) : body.outputs[i].info.dtype;
+    if (dt != DType::kUndefined) ctx.set_output(i, dt);
+  }
+}
+
 void scan_rule(ShapeContext& ctx) {
   const Node& n = ctx.node();
   const ScanShape s = scan_shape(n);
@@ -706,6 +777,9 @@ ONNXTRAIN_OP(If, kOnnxDomain, 1).inputs(1).outputs(1, INT_MAX).shape(if_rule).gr
     .cpu(if_kernel);
 ONNXTRAIN_OP(Loop, kOnnxDomain, 1).inputs(2, INT_MAX).outputs(1, INT_MAX).shape(loop_rule)
     .gradient(loop_gradient).cpu(loop_kernel);
+ONNXTRAIN_OP(Scan, kOnnxDomain, 8).inputs(2, INT_MAX).outputs(1, INT_MAX).shape(scan8_rule)
+    .gradient_not_implemented("Scan-8 (batched, sequence_lens) has no gradient rule; Scan-9+ has")
+    .cpu(scan8_kernel);
 ONNXTRAIN_OP(Scan, kOnnxDomain, 9).inputs(1, INT_MAX).outputs(1, INT_MAX).shape(scan_rule)
     .gradient(scan_gradient).cpu(scan_kernel);
 
