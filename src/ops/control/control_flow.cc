@@ -270,8 +270,9 @@ void loop_kernel(KernelContext& ctx) {
            "has neither a trip count (input 0) nor a condition (input 1): the loop would never end");
   const LoopShape s = loop_shape(n);
   const Graph& body = graph_attr(n, "body");
+  OT_CHECK(!ctx.has_input(0) || ctx.input(0).numel() == 1, n.context(), "the trip count should hold one element, got shape ",
+           ctx.has_input(0) ? shape_str(ctx.input(0).shape()) : "");
   const int64_t trips = ctx.has_input(0) ? ctx.input(0).item_as_int(0) : INT64_MAX;
-  OT_CHECK(!ctx.has_input(0) || ctx.input(0).numel() == 1, n.context(), "the trip count should hold one element");
   bool cond = ctx.has_input(1) ? truth(n, ctx.input(1), "the condition") : true;
   std::vector<Tensor> carried;
   for (size_t i = 0; i < s.carried; ++i) {
