@@ -70,6 +70,15 @@ void bind_training(py::module_& m) {
       py::arg("optimizer"), py::arg("directory"), py::arg("prefix"), py::arg("additional_output_names"),
       py::arg("nominal_checkpoint"), py::arg("loss_input_names"), py::arg("loss_options"));
 
+  m.def(
+      "all_parameters",
+      [](py::object model) {
+        Model mdl = py::isinstance<py::bytes>(model) ? load_model_from_bytes(model.cast<std::string>(), "", "<model>")
+                                                     : load_model(py::str(model));
+        return all_parameters(mdl);
+      },
+      py::arg("model"));
+
   py::class_<Module>(m, "Module")
       .def(py::init([](const std::string& training, std::shared_ptr<CheckpointState> state, const std::string& eval) {
              py::gil_scoped_release release;

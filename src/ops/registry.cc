@@ -108,6 +108,11 @@ OpBuilder& OpBuilder::inplace(int output, int input) {
   return *this;
 }
 
+OpBuilder& OpBuilder::state_inputs(std::vector<int> inputs) {
+  schema_.state_inputs = std::move(inputs);
+  return *this;
+}
+
 OpBuilder& OpBuilder::state_updates(StateUpdatesFn fn) {
   schema_.state_updates = std::move(fn);
   return *this;

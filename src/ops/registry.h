@@ -62,6 +62,7 @@ struct OpSchema {
   GradientFn gradient;
   std::string gradient_note;
   std::vector<std::pair<int, int>> inplace;  // (output, input) pairs that may share one buffer
+  std::vector<int> state_inputs;             // inputs that are state, not parameters (running statistics)
   StateUpdatesFn state_updates;              // unset: the op updates no state
   InferenceFormFn inference_form;            // unset: the op runs the same in training and inference
   std::string source_file;
@@ -100,6 +101,7 @@ class OpBuilder {
   OpBuilder& not_differentiable();
   OpBuilder& gradient_not_implemented(std::string reason);
   OpBuilder& inplace(int output, int input);
+  OpBuilder& state_inputs(std::vector<int> inputs);
   OpBuilder& state_updates(StateUpdatesFn fn);
   OpBuilder& inference_form(InferenceFormFn fn);
   const OpSchema& schema() const { return schema_; }

@@ -5,6 +5,7 @@
 
 #include "autodiff/autodiff.h"
 #include "ops/graph_builder.h"
+#include "ops/kernel.h"     // run_node_once: a Constant node's value
 #include "ops/registry.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
@@ -116,7 +117,83 @@ void attach_loss(Model& m, const TrainingGraphOptions& o, std::vector<std::strin
   add_loss(m, type, preds[0], target_name, "loss", o.loss_options);
 }
 
+// Inputs whose values are sizes, scales or regions rather than data (never parameters).
+bool shape_like_slot(const Node& consumer, size_t slot) {
+  if (!consumer.domain.empty()) return false;
+  if (consumer.op_type == "Resize") return slot >= 1;    // roi, scales, sizes
+  if (consumer.op_type == "Upsample") return slot == 1;  // scales
+  return false;
+}
+
+// A value is a parameter candidate when some node reads it as data through an op with a gradient:
+// constants read only as shapes/scales or only by non-differentiable ops (comparisons, Shape, ...)
+// are not.
+bool read_as_data(const Model& model, const std::string& value) {
+  bool data = false;
+  for (const auto& n : model.graph.nodes)
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (n.inputs[i] != value || shape_like_slot(n, i)) continue;
+      const OpSchema* s = OpRegistry::global().find(n.domain, n.op_type, model.opset(n.domain));
+      if (!s || s->gradient_status != GradientStatus::kNotDifferentiable) data = true;
+    }
+  for (const auto& out : model.graph.outputs) data = data || out.name == value;
+  return data;
+}
+
+// The value of a Constant node (any of its value_* attributes).
+Tensor constant_node_value(const Model& model, const Node& n) {
+  std::vector<Tensor> v = run_node_once(n, model.opset(""), {});
+  return v.at(0);
+}
+
+bool is_constant_node(const Node& n) { return n.domain.empty() && n.op_type == "Constant" && n.outputs.size() == 1; }
+
 }  // namespace
+
+Model promote_constant_parameters(const Model& model, const std::vector<std::string>& names) {
+  Model m = model;
+  Graph& g = m.graph;
+  std::set<std::string> wanted;
+  for (const auto& name : names)
+    if (!g.is_initializer(name)) wanted.insert(name);
+  if (wanted.empty()) return m;
+  std::vector<Node> kept;
+  for (auto& n : g.nodes) {
+    if (!is_constant_node(n) || !wanted.count(n.outputs[0])) {
+      kept.push_back(std::move(n));
+      continue;
+    }
+    Tensor t = constant_node_value(m, n);
+    OT_CHECK(is_floating(t.dtype()), kWhere, n.context(), "'", n.outputs[0], "' is named as a parameter but is a ",
+             dtype_name(t.dtype()), " constant: only floating-point constants can be parameters");
+    g.initializers[n.outputs[0]] = t;
+  }
+  g.nodes = std::move(kept);
+  return m;
+}
+
+std::vector<std::string> all_parameters(const Model& model) {
+  std::set<std::string> buffers;  // state the ops declare (BatchNorm's running statistics)
+  for (const auto& n : model.graph.nodes)
+    if (const OpSchema* schema = OpRegistry::global().find(n.domain, n.op_type, model.opset(n.domain)))
+      for (int k : schema->state_inputs)
+        if (n.has_input(size_t(k))) buffers.insert(n.inputs[size_t(k)]);
+  std::vector<std::string> names;
+  for (const auto& [name, t] : model.graph.initializers)
+    if (is_floating(t.dtype()) && t.rank() > 0 && !buffers.count(name) && read_as_data(model, name))
+      names.push_back(name);
+  for (const auto& n : model.graph.nodes) {
+    if (!is_constant_node(n) || buffers.count(n.outputs[0]) || !read_as_data(model, n.outputs[0])) continue;
+    Tensor t;
+    try {
+      t = constant_node_value(model, n);
+    } catch (const Error&) {
+      continue;  // string or sparse constants: never parameters
+    }
+    if (is_floating(t.dtype()) && t.numel() >= 2) names.push_back(n.outputs[0]);
+  }
+  return names;
+}
 
 std::vector<BufferUpdate> buffer_updates(const Model& model) {
   const Graph& g = model.graph;
@@ -143,18 +220,22 @@ Model to_inference_mode(const Model& model) {
 
 TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraphOptions& o) {
   TrainingGraphs out;
-  Model m = inference;
+  std::vector<std::string> named = o.requires_grad;
+  named.insert(named.end(), o.frozen_params.begin(), o.frozen_params.end());
+  Model m = promote_constant_parameters(inference, named);
   Graph& g = m.graph;
   std::set<std::string> trainable(o.requires_grad.begin(), o.requires_grad.end());
   std::set<std::string> frozen(o.frozen_params.begin(), o.frozen_params.end());
   for (const auto& p : o.requires_grad) {
     OT_CHECK(!frozen.count(p), kWhere, "parameter '", p, "' is in both requires_grad and frozen_params");
-    OT_CHECK(g.is_initializer(p), kWhere, "requires_grad names '", p, "', which is not an initializer of the model");
+    OT_CHECK(g.is_initializer(p), kWhere, "requires_grad names '", p,
+             "', which is not an initializer or a Constant node's output of the model");
     OT_CHECK(is_floating(g.initializers.at(p).dtype()), kWhere, "parameter '", p, "' is ",
              dtype_name(g.initializers.at(p).dtype()), ": only floating-point parameters can be trained");
   }
   for (const auto& p : o.frozen_params)
-    OT_CHECK(g.is_initializer(p), kWhere, "frozen_params names '", p, "', which is not an initializer of the model");
+    OT_CHECK(g.is_initializer(p), kWhere, "frozen_params names '", p,
+             "', which is not an initializer or a Constant node's output of the model");
   OT_CHECK(!trainable.empty(), kWhere, "requires_grad is empty: nothing to train");
 
   std::vector<std::string> model_inputs;

@@ -52,6 +52,17 @@ struct BufferUpdate {
 };
 std::vector<BufferUpdate> buffer_updates(const Model& model);
 
+// The model with the Constant nodes whose outputs are named in `names` turned into initializers of
+// the same name (paddle2onnx stores weights that way). Throws naming the node when such a constant
+// is not floating point. Names that are initializers already, or nothing's, are left alone.
+Model promote_constant_parameters(const Model& model, const std::vector<std::string>& names);
+
+// What "train everything" means: floating-point initializers of rank >= 1 and floating-point
+// Constant node outputs of >= 2 elements, except the ops' declared state inputs (BatchNorm's running
+// statistics, OpSchema::state_inputs) and values read only
+// as shapes/scales (Resize, Upsample) or only by non-differentiable ops.
+std::vector<std::string> all_parameters(const Model& model);
+
 // The same graph with every op in its declared inference form (Dropout without training_mode,
 // BatchNorm with running statistics) and the training-only values nothing else reads removed.
 Model to_inference_mode(const Model& model);

@@ -245,7 +245,7 @@ void batch_norm_inference_form(Node& node, int64_t opset) {
 
 ONNXTRAIN_OP(BatchNormalization, kOnnxDomain, 1).inputs(5).outputs(1, 5).shape(shape_batch_norm).inplace(0, 0)
     .cpu(batch_norm_kernel).gradient(batch_norm_gradient)
-    .state_updates(batch_norm_state_updates).inference_form(batch_norm_inference_form);
+    .state_inputs({3, 4}).state_updates(batch_norm_state_updates).inference_form(batch_norm_inference_form);
 // (dX, dScale, dB, dMean, dVar) = BatchNormalizationGrad(dY, X, scale, mean, var); second derivatives are not needed.
 ONNXTRAIN_OP(BatchNormalizationGrad, kOnnxTrainDomain, 1).inputs(5).outputs(1, 5).shape(shape_batch_norm_grad)
     .inplace(0, 0).cpu(batch_norm_grad_kernel).gradient_not_implemented("second derivatives are not needed");
