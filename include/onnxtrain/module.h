@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "onnxtrain/distributed.h"
 #include "onnxtrain/optimizer_config.h"
 #include "onnxtrain/training.h"
 
@@ -96,6 +97,12 @@ class Optimizer {
   void set_learning_rate(double lr);
   double get_learning_rate() const;
   int64_t step_count() const;
+
+  // Data parallelism (onnxtrain/distributed.h): from now on step() first averages the gradients
+  // over the ranks of distributed_init()'s world. All ranks must call it together; it throws,
+  // naming the ranks, when their parameters or optimizer state differ.
+  void set_data_parallel(const DataParallelOptions& options);
+  DataParallelStats data_parallel_stats() const;
 
  private:
   struct Rule;  // the update kernels and their state (src/optim)

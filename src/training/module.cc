@@ -1,5 +1,6 @@
 #include "training/module.h"
 
+#include <cstdlib>
 #include <set>
 
 #include "onnx/model_io.h"
@@ -8,6 +9,7 @@
 #include "runtime/executor.h"
 #include "training/artifacts.h"
 #include "core/dispatch.h"
+#include "distributed/data_parallel.h"
 
 namespace onnxtrain {
 
@@ -200,10 +202,12 @@ Optimizer::Optimizer(const std::string& optimizer_model_path, Module& module)
 struct Optimizer::Rule {
   optim::MultiTensorOptimizer optimizer;
   optim::OptimizerState state;
+  DataParallelOptions data_parallel;
+  std::unique_ptr<distributed::GradientAllreducer> reducer;  // set when data parallel
 };
 
 Optimizer::Optimizer(OptimizerConfig config, Module& module)
-    : module_(module), rule_(std::make_unique<Rule>(Rule{optim::MultiTensorOptimizer(config), {}})) {
+    : module_(module), rule_(std::make_unique<Rule>(Rule{optim::MultiTensorOptimizer(config), {}, {}, nullptr})) {
   load_state();
 }
 
@@ -251,9 +255,49 @@ StepStats Optimizer::step() {
     params.push_back(p.data());
     grads.push_back(p.grad());
   }
+  if (rule_->reducer) rule_->reducer->average(grads);
   StepStats stats = rule_->optimizer.step(params, grads, rule_->state);
   store_state();
+  if (rule_->reducer && rule_->data_parallel.check_every > 0 && rule_->state.step % rule_->data_parallel.check_every == 0)
+    distributed::check_same_on_all_ranks(distributed::world(), distributed::checksum(params),
+                                         "the parameters after step " + std::to_string(rule_->state.step));
   return stats;
+}
+
+void Optimizer::set_data_parallel(const DataParallelOptions& o) {
+  if (!o.enabled) {
+    rule_->reducer.reset();
+    rule_->data_parallel = o;
+    return;
+  }
+  OT_CHECK(o.bucket_bytes > 0, "Optimizer.set_data_parallel: bucket_bytes must be > 0, got ", o.bucket_bytes);
+  OT_CHECK(o.check_every >= 0, "Optimizer.set_data_parallel: check_every must be >= 0, got ", o.check_every);
+  OT_CHECK(o.timeout_seconds > 0, "Optimizer.set_data_parallel: timeout_seconds must be > 0, got ", o.timeout_seconds);
+  distributed::Communicator& comm = distributed::world();
+  if (!std::getenv("ONNXTRAIN_DP_TIMEOUT")) comm.set_timeout(o.timeout_seconds);
+  // Every rank must start from the same parameters, optimizer state and settings.
+  CheckpointState& ckpt = module_.state();
+  std::vector<Tensor> held;
+  std::string names;
+  for (const auto& name : module_.trainable_parameters()) {
+    held.push_back(ckpt.parameter(name).data());
+    names += name + ";";
+  }
+  for (const auto& [state_name, tensors] : rule_->state.tensors) held.insert(held.end(), tensors.begin(), tensors.end());
+  uint64_t h = distributed::checksum(held, distributed::checksum_bytes(names.data(), names.size()));
+  const int64_t step = rule_->state.step;
+  const double lr = rule_->optimizer.lr();
+  const int32_t type = int32_t(rule_->optimizer.config().type);
+  h = distributed::checksum_bytes(&step, sizeof step, h);
+  h = distributed::checksum_bytes(&lr, sizeof lr, h);
+  h = distributed::checksum_bytes(&type, sizeof type, h);
+  distributed::check_same_on_all_ranks(comm, h, "the trainable parameters, optimizer state and settings");
+  rule_->data_parallel = o;
+  rule_->reducer = std::make_unique<distributed::GradientAllreducer>(comm, o.bucket_bytes);
+}
+
+DataParallelStats Optimizer::data_parallel_stats() const {
+  return rule_->reducer ? rule_->reducer->stats() : DataParallelStats{};
 }
 
 void Optimizer::set_learning_rate(double lr) {
