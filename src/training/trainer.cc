@@ -200,16 +200,16 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
       OT_CHECK(then == now, "resume: the checkpoint's run used ", name, " = ", then, ", this one ", now,
                "; resume with the same data and options");
     };
-    same(kProgressSeed, int64_t(o.seed));
-    same(kProgressShuffle, o.shuffle);
-    same(kProgressBatchSize, o.batch_size);
-    same(kProgressDropLast, o.drop_last);
-    same(kProgressExamples, train.size());
     const int64_t then_size =
         state_.has_property(kProgressWorldSize) ? progress_property<int64_t>(state_, kProgressWorldSize) : 1;
     OT_CHECK(then_size == ranks.size, who, "resume: the checkpoint's run had ", then_size,
              " rank(s) and this one has ", ranks.size, ": the data was sharded over ", then_size,
              " ranks, so the remaining batches differ; resume with mpirun -np ", then_size);
+    same(kProgressSeed, int64_t(o.seed));
+    same(kProgressShuffle, o.shuffle);
+    same(kProgressBatchSize, o.batch_size);
+    same(kProgressDropLast, o.drop_last);
+    same(kProgressExamples, train.size());
     epoch = progress_property<int64_t>(state_, kProgressEpoch);
     epoch_step = progress_property<int64_t>(state_, kProgressEpochStep);
     step = progress_property<int64_t>(state_, kProgressStep);
