@@ -130,6 +130,13 @@ void bind_training(py::module_& m) {
              o.set_data_parallel(d);
            },
            py::arg("enabled"), py::arg("bucket_bytes"), py::arg("check_every"), py::arg("timeout_seconds"))
+      .def("set_param_groups",
+           [](Optimizer& o, const std::vector<std::pair<std::vector<std::string>, OptimizerConfig>>& groups) {
+             std::vector<ParamGroup> gs;
+             for (const auto& [names, config] : groups) gs.push_back({names, config});
+             o.set_param_groups(gs);
+           },
+           py::arg("groups"))
       .def("data_parallel_stats", [](const Optimizer& o) {
         const DataParallelStats s = o.data_parallel_stats();
         py::dict d;
