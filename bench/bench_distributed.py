@@ -18,6 +18,7 @@ mean anything on a loaded machine.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import shutil
@@ -36,10 +37,14 @@ def prepare(workdir: str) -> None:
     import numpy as np
     sys.path.insert(0, HERE)
     import torch
-    from bench_training import build, export_training, parameter_names
+    from bench_training import build, parameter_names
     from onnxtrain import artifacts
     module, model, x, target = build("bert")
-    data = export_training(model, (x,), ["x"], ["logits"])
+    f = io.BytesIO()  # a free batch dimension: each rank takes half of the batch
+    torch.onnx.export(model, (x,), f, input_names=["x"], output_names=["logits"], opset_version=17,
+                      do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING,
+                      dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
+    data = f.getvalue()
     artifacts.generate_artifacts(data, requires_grad=parameter_names(model), loss=artifacts.LossType.CrossEntropyLoss,
                                  optimizer=artifacts.AdamW(lr=1e-4), artifact_directory=workdir)
     np.savez(os.path.join(workdir, "batch.npz"), x=x.numpy(), y=target.numpy())
