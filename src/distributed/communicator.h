@@ -5,8 +5,9 @@
 // Layering: distributed sits between optim and training. It includes core (tensors, errors) only;
 // training (Optimizer, Trainer) includes it, never the other way round.
 //
-// Every collective waits at most timeout() seconds for the other ranks and then throws an error
-// naming this rank and the collective: a rank that died or hangs never makes the others hang.
+// Every collective waits at most timeout() seconds for the other ranks; then the MPI communicator
+// prints an error naming this rank and the collective and ends the process (status 1), and
+// mpirun ends the job: a rank that died or hangs never makes the others hang.
 #pragma once
 
 #include <cstdint>

@@ -147,13 +147,12 @@ def test_killed_rank_then_exact_resume(work, tmp_path):
             "--checkpoint-out", ckpt]
     cmd = MPIRUN + ["-np", "2"] + [str(a) for a in args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    victim = rank_pid(proc.pid, 1)
     deadline = time.time() + 60
     while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+        time.sleep(0.01)
     assert ckpt.exists(), "no checkpoint appeared"
-    time.sleep(0.2)  # a few more checkpoints, so the kill lands in the middle of the run
-    victim = rank_pid(proc.pid, 1)
-    os.kill(victim, signal.SIGKILL)
+    os.kill(victim, signal.SIGKILL)  # mid-run: the job has 600000 updates to go
     t0 = time.time()
     out, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
@@ -209,11 +208,11 @@ def test_hung_rank_times_out_naming_the_rank(work, tmp_path):
         "--batch-size", 8, "--epochs", 100000, "--checkpoint-every", 20, "--progress", "none",
         "--checkpoint-out", ckpt, "--dp-timeout", 2]]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    victim = rank_pid(proc.pid, 1)
     deadline = time.time() + 60
     while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+        time.sleep(0.01)
     assert ckpt.exists()
-    victim = rank_pid(proc.pid, 1)
     os.kill(victim, signal.SIGSTOP)
     try:
         out, err = proc.communicate(timeout=60)
