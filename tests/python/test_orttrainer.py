@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import onnxtrain
+import onnxtrain.distributed
 from onnxtrain import _C, artifacts, optim, orttrainer
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.optim import lr_scheduler
@@ -210,3 +211,21 @@ def test_setup_with_mpi_outside_mpirun():
     if "OMPI_COMM_WORLD_SIZE" in os.environ:
         pytest.skip("running under mpirun")
     assert orttrainer.setup_with_mpi() == (0, 1, 0)
+
+
+def test_two_ranks_with_setup_with_mpi_equal_one_process(tmp_path):
+    from .test_distributed import MPIRUN, env
+    import shutil
+    import subprocess
+    if shutil.which("mpirun") is None or not onnxtrain.distributed.mpi_built():
+        pytest.skip("needs Open MPI and an onnxtrain built with MPI")
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "orttrainer_worker.py")
+    cmd = MPIRUN + ["-np", "2", "/usr/bin/python3", worker, str(tmp_path / "two.npz")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env())
+    assert r.returncode == 0, f"{r.stdout}\n{r.stderr}"
+    from .orttrainer_worker import train
+    one = train(*orttrainer.setup_with_mpi())  # this process: rank 0 of 1, whole batches
+    two = np.load(tmp_path / "two.npz")
+    assert sorted(one) == sorted(two.files) == ["0.bias", "0.weight", "2.bias", "2.weight"]
+    for k in one:
+        np.testing.assert_allclose(two[k], one[k], rtol=1e-5, atol=1e-7)
