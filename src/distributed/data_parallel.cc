@@ -17,6 +17,12 @@ void scale(T* p, int64_t n, T s) {
   for (int64_t i = 0; i < n; ++i) p[i] *= s;
 }
 
+template <typename T>
+void scaled_copy(T* dst, const char* src, int64_t n, T s) {
+  const T* from = reinterpret_cast<const T*>(src);
+  for (int64_t i = 0; i < n; ++i) dst[i] = from[i] * s;
+}
+
 void scale_tensor(void* data, int64_t n, DType dtype, double s) {
   if (dtype == DType::kFloat32) scale(static_cast<float*>(data), n, float(s));
   else scale(static_cast<double*>(data), n, s);
@@ -44,10 +50,10 @@ void GradientAllreducer::reduce_bucket(std::vector<Tensor*>& members, DType dtyp
     off += t->nbytes();
   }
   comm_.allreduce_sum(buffer_.data(), numel, dtype);
-  scale_tensor(buffer_.data(), numel, dtype, inv);
   off = 0;
-  for (Tensor* t : members) {
-    std::memcpy(t->data(), buffer_.data() + off, t->nbytes());
+  for (Tensor* t : members) {  // unpack and divide by the rank count in one pass
+    if (dtype == DType::kFloat32) scaled_copy(static_cast<float*>(t->data()), buffer_.data() + off, t->numel(), float(inv));
+    else scaled_copy(static_cast<double*>(t->data()), buffer_.data() + off, t->numel(), inv);
     off += t->nbytes();
   }
   members.clear();
