@@ -113,7 +113,7 @@ _DEFAULT_OPTIONS: Dict[str, Any] = {
 class _Section:
     def __init__(self, path: str, values: Dict[str, Any]):
         for k, v in values.items():
-            setattr(self, k, _Section(f"{path}.{k}", v) if isinstance(v, dict) and k != "mem_limit" else v)
+            setattr(self, k, _Section(f"{path}.{k}", v) if isinstance(v, dict) else v)
 
     def __repr__(self):
         return repr(self.__dict__)
@@ -130,8 +130,25 @@ def _merge(path: str, defaults: Dict[str, Any], given: Dict[str, Any]) -> Dict[s
 
 class ORTTrainerOptions:
     """Settings as a nested dict, read as attributes (``options.batch.gradient_accumulation_steps``).
-    Unknown keys raise. Sections: batch, device, distributed, lr_scheduler, mixed_precision, utils,
-    debug, _internal_use (see the module docstring for their meaning)."""
+    Unknown keys raise.
+
+    * batch.gradient_accumulation_steps: train_step calls per optimizer step (gradients summed).
+    * device.id: "cpu" (other devices raise: onnxtrain trains on the CPU).
+    * distributed.world_rank / world_size / local_rank: with world_size > 1 the optimizer averages
+      gradients over the MPI ranks (they must match :func:`setup_with_mpi`); bucket_size_mb and
+      timeout_seconds tune the allreduce. allreduce_post_accumulation: onnxtrain always reduces
+      once per optimizer step, after accumulation; False (reduce every micro-step, as ONNX Runtime
+      did) would give the same sum at K times the traffic, so both settings run the same way.
+    * lr_scheduler: one of onnxtrain.optim.lr_scheduler's (constant, cosine, linear, poly; warmup).
+    * mixed_precision.enabled: raises NotImplementedError until mixed precision exists.
+    * utils.frozen_weights: parameter names kept fixed; utils.grad_norm_clip: clip the global
+      gradient norm (AdamConfig.max_norm_clip; LAMB: 1.0, as apex).
+    * debug.deterministic_compute: accepted; onnxtrain's CPU kernels give the same results run to
+      run for a fixed thread count, with or without it.
+    * _internal_use.extra_postprocess: a function over the exported onnx.ModelProto (edit it in
+      place or return a new one), run before the training graphs are built; onnx_opset_version:
+      the export's opset (default 17).
+    """
 
     def __init__(self, options: Optional[Dict[str, Any]] = None):
         merged = _merge("", _DEFAULT_OPTIONS, dict(options or {}))
