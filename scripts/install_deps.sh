@@ -16,6 +16,7 @@ packages=(
   python3-torch python3-onnx                      # oracles: autograd, ONNX node-test generators
   python3-sklearn python3-tqdm python3-matplotlib # examples and demo
   libopenblas0-pthread                            # an optimised BLAS for numpy/torch, the benchmark peers
+  libopenmpi-dev openmpi-bin python3-mpi4py       # data-parallel training (src/distributed)
 )
 # node and npm run ONNX Runtime (npm onnxruntime-node, installed by bench/setup_peers.sh) for the
 # export test and the benchmarks. A node from elsewhere (nodesource bundles npm) is kept as it is.

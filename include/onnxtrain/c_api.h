@@ -263,6 +263,14 @@ OT_API OtStatus ot_optimizer_step(OtOptimizer* optimizer);
 OT_API OtStatus ot_optimizer_set_learning_rate(OtOptimizer* optimizer, double learning_rate);
 OT_API OtStatus ot_optimizer_get_learning_rate(const OtOptimizer* optimizer, double* learning_rate);
 OT_API OtStatus ot_optimizer_step_count(const OtOptimizer* optimizer, int64_t* count);
+/* Data parallelism: with enabled != 0 every ot_optimizer_step first averages the gradients over
+ * the ranks of the job (mpirun -np N). All ranks call it together; it fails, naming the ranks,
+ * when their parameters or optimizer state differ. bucket_bytes <= 0: 25 MB; check_every > 0
+ * compares a parameter checksum across ranks every N steps; timeout_seconds <= 0: 300. */
+OT_API OtStatus ot_optimizer_set_data_parallel(OtOptimizer* optimizer, int enabled, int64_t bucket_bytes,
+                                               int64_t check_every, double timeout_seconds);
+/* Joins the job's world (MPI when started by mpirun, else one rank); any output may be NULL. */
+OT_API OtStatus ot_distributed_init(int* rank, int* size, int* local_rank);
 
 /* ---- LR schedulers, with ONNX Runtime's semantics: lr = initial_lr * multiplier(step count of
  * the optimizer), set on the optimizer at creation and by every ot_lr_scheduler_step (call it

@@ -27,6 +27,7 @@
 #include <string>
 #include <vector>
 
+#include "onnxtrain/distributed.h"
 #include "onnxtrain/optimizer_config.h"
 #include "onnxtrain/training.h"
 
@@ -81,6 +82,13 @@ class Module {
   bool reset_grad_ = true;
 };
 
+// Parameters named here take their own hyperparameters (lr, weight decay, betas, ...); the
+// update rule (config.type) must be the optimizer's own.
+struct ParamGroup {
+  std::vector<std::string> params;
+  OptimizerConfig config;
+};
+
 class Optimizer {
  public:
   // The update rule and its hyperparameters come from the optimizer model's update node.
@@ -97,10 +105,24 @@ class Optimizer {
   double get_learning_rate() const;
   int64_t step_count() const;
 
+  // Data parallelism (onnxtrain/distributed.h): from now on step() first averages the gradients
+  // over the ranks of distributed_init()'s world. All ranks must call it together; it throws,
+  // naming the ranks, when their parameters or optimizer state differ.
+  void set_data_parallel(const DataParallelOptions& options);
+
+  // Per-parameter hyperparameters: every group's parameters are updated with its config, the
+  // rest with the optimizer's. Gradient clipping (the optimizer's max_grad_norm) stays global:
+  // with groups the gradients are scaled in place before the updates. Calling it again replaces
+  // the groups (the moments are kept); an empty list removes them.
+  void set_param_groups(const std::vector<ParamGroup>& groups);
+  const std::vector<ParamGroup>& param_groups() const;
+  DataParallelStats data_parallel_stats() const;
+
  private:
   struct Rule;  // the update kernels and their state (src/optim)
   void load_state();
   void store_state();
+  StepStats grouped_step(std::vector<Tensor>& params, std::vector<Tensor>& grads);
 
   Module& module_;
   std::unique_ptr<Rule> rule_;

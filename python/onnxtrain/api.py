@@ -354,11 +354,25 @@ class Optimizer:
     """Applies the optimizer model's update rule to the module's parameters: one fused
     multi-tensor pass per :meth:`step`. Moments and the step count live in the checkpoint."""
 
-    def __init__(self, optimizer_uri: PathLike, module: Module):
+    def __init__(self, optimizer_uri: PathLike, module: Module, data_parallel: bool = False,
+                 bucket_bytes: int = 25 << 20, check_every: int = 0, timeout_seconds: float = 300.0):
+        """With ``data_parallel=True`` every :meth:`step` first averages the gradients over the
+        ranks of :func:`onnxtrain.distributed.init` (allreduce in buckets of ``bucket_bytes``);
+        ``check_every`` N compares a parameter checksum across ranks every N steps (debug);
+        ``timeout_seconds`` bounds how long a rank waits for the others. All ranks must construct
+        it together from the same artifacts and checkpoint (a hash is compared)."""
         if not isinstance(module, Module):
             raise TypeError(f"expected a Module, got {type(module).__name__}")
         self._module = module
         self._optimizer = _C.Optimizer(_path(optimizer_uri), module._module)
+        if data_parallel:
+            from . import distributed
+            distributed.init()
+            self._optimizer.set_data_parallel(True, int(bucket_bytes), int(check_every), float(timeout_seconds))
+
+    def data_parallel_stats(self) -> dict:
+        """What the gradient allreduces cost so far: steps, calls, bytes (per rank), seconds."""
+        return self._optimizer.data_parallel_stats()
 
     def step(self) -> None:
         self._optimizer.step()

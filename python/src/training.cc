@@ -127,7 +127,46 @@ void bind_training(py::module_& m) {
       })
       .def("set_learning_rate", &Optimizer::set_learning_rate)
       .def("get_learning_rate", &Optimizer::get_learning_rate)
-      .def("step_count", &Optimizer::step_count);
+      .def("step_count", &Optimizer::step_count)
+      .def("set_data_parallel",
+           [](Optimizer& o, bool enabled, int64_t bucket_bytes, int64_t check_every, double timeout_seconds) {
+             DataParallelOptions d;
+             d.enabled = enabled;
+             d.bucket_bytes = bucket_bytes;
+             d.check_every = check_every;
+             d.timeout_seconds = timeout_seconds;
+             py::gil_scoped_release release;
+             o.set_data_parallel(d);
+           },
+           py::arg("enabled"), py::arg("bucket_bytes"), py::arg("check_every"), py::arg("timeout_seconds"))
+      .def("set_param_groups",
+           [](Optimizer& o, const std::vector<std::pair<std::vector<std::string>, OptimizerConfig>>& groups) {
+             std::vector<ParamGroup> gs;
+             for (const auto& [names, config] : groups) gs.push_back({names, config});
+             o.set_param_groups(gs);
+           },
+           py::arg("groups"))
+      .def("data_parallel_stats", [](const Optimizer& o) {
+        const DataParallelStats s = o.data_parallel_stats();
+        py::dict d;
+        d["steps"] = s.steps;
+        d["calls"] = s.calls;
+        d["bytes"] = s.bytes;
+        d["seconds"] = s.seconds;
+        return d;
+      });
+
+  // Data parallelism (onnxtrain/distributed.h), for python/onnxtrain/distributed.py.
+  m.def("distributed_init", [] {
+    DistributedWorld w;
+    {
+      py::gil_scoped_release release;
+      w = distributed_init();
+    }
+    return py::make_tuple(w.rank, w.size, w.local_rank, w.backend);
+  });
+  m.def("distributed_mpi_built", &distributed_mpi_built);
+  m.def("distributed_abort", [](int code) { distributed_abort(code); }, py::arg("code"));
 
   // LR schedulers read the optimizer's step count (a resumed run continues its schedule), as the
   // C++ and C ones do: this is the one implementation, bound.

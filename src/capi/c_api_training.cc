@@ -211,6 +211,27 @@ OtStatus ot_optimizer_step_count(const OtOptimizer* optimizer, int64_t* count) {
   });
 }
 
+OtStatus ot_optimizer_set_data_parallel(OtOptimizer* optimizer, int enabled, int64_t bucket_bytes, int64_t check_every,
+                                        double timeout_seconds) {
+  return guard(__func__, [&](Call& c) {
+    DataParallelOptions o;
+    o.enabled = enabled != 0;
+    if (bucket_bytes > 0) o.bucket_bytes = bucket_bytes;
+    o.check_every = check_every;
+    if (timeout_seconds > 0) o.timeout_seconds = timeout_seconds;
+    c.ref(optimizer, "optimizer").optimizer->set_data_parallel(o);
+  });
+}
+
+OtStatus ot_distributed_init(int* rank, int* size, int* local_rank) {
+  return guard(__func__, [&](Call&) {
+    const DistributedWorld w = distributed_init();
+    if (rank) *rank = w.rank;
+    if (size) *size = w.size;
+    if (local_rank) *local_rank = w.local_rank;
+  });
+}
+
 // ---- LR schedulers
 
 OtStatus ot_lr_scheduler_create_linear(OtOptimizer* optimizer, int64_t warmup_step_count, int64_t total_step_count,

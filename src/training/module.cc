@@ -1,5 +1,7 @@
 #include "training/module.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <set>
 
 #include "onnx/model_io.h"
@@ -8,6 +10,7 @@
 #include "runtime/executor.h"
 #include "training/artifacts.h"
 #include "core/dispatch.h"
+#include "distributed/data_parallel.h"
 
 namespace onnxtrain {
 
@@ -200,10 +203,14 @@ Optimizer::Optimizer(const std::string& optimizer_model_path, Module& module)
 struct Optimizer::Rule {
   optim::MultiTensorOptimizer optimizer;
   optim::OptimizerState state;
+  DataParallelOptions data_parallel;
+  std::unique_ptr<distributed::GradientAllreducer> reducer;  // set when data parallel
+  std::vector<ParamGroup> groups;
+  std::vector<int> group_of;  // per trainable parameter: its group, or -1 for the optimizer's config
 };
 
 Optimizer::Optimizer(OptimizerConfig config, Module& module)
-    : module_(module), rule_(std::make_unique<Rule>(Rule{optim::MultiTensorOptimizer(config), {}})) {
+    : module_(module), rule_(std::make_unique<Rule>(Rule{optim::MultiTensorOptimizer(config), {}, {}, nullptr, {}, {}})) {
   load_state();
 }
 
@@ -251,9 +258,107 @@ StepStats Optimizer::step() {
     params.push_back(p.data());
     grads.push_back(p.grad());
   }
-  StepStats stats = rule_->optimizer.step(params, grads, rule_->state);
+  if (rule_->reducer) rule_->reducer->average(grads);
+  StepStats stats = rule_->groups.empty() ? rule_->optimizer.step(params, grads, rule_->state) : grouped_step(params, grads);
   store_state();
+  if (rule_->reducer && rule_->data_parallel.check_every > 0 && rule_->state.step % rule_->data_parallel.check_every == 0)
+    distributed::check_same_on_all_ranks(distributed::world(), distributed::checksum(params),
+                                         "the parameters after step " + std::to_string(rule_->state.step));
   return stats;
+}
+
+StepStats Optimizer::grouped_step(std::vector<Tensor>& params, std::vector<Tensor>& grads) {
+  const OptimizerConfig& main = rule_->optimizer.config();
+  rule_->optimizer.init_state(params, rule_->state);
+  StepStats stats;
+  if (main.max_grad_norm > 0) {  // one global norm over every group, as without groups
+    stats.grad_norm = optim::global_l2_norm(grads);
+    stats.clip_coef = std::min(1.0, main.max_grad_norm / (stats.grad_norm + 1e-6));
+    if (stats.clip_coef < 1.0)
+      for (Tensor& g : grads)
+        dispatch_float(g.dtype(), [&]<typename T>() {
+          T* p = g.data<T>();
+          for (int64_t i = 0; i < g.numel(); ++i) p[i] = T(compute_t<T>(p[i]) * compute_t<T>(stats.clip_coef));
+        });
+  }
+  const int64_t step = rule_->state.step + 1;
+  const std::vector<std::string> names = main.state_names();
+  for (int g = -1; g < int(rule_->groups.size()); ++g) {
+    OptimizerConfig config = g < 0 ? main : rule_->groups[size_t(g)].config;
+    config.max_grad_norm = 0;  // clipped above
+    std::vector<Tensor> p, gr;
+    std::vector<std::vector<Tensor>> state(names.size());
+    for (size_t i = 0; i < params.size(); ++i) {
+      if (rule_->group_of[i] != g) continue;
+      p.push_back(params[i]);
+      gr.push_back(grads[i]);
+      for (size_t k = 0; k < names.size(); ++k) state[k].push_back(rule_->state.tensors.at(names[k])[i]);
+    }
+    if (!p.empty()) optim::apply_update(config, step, p, gr, state);
+  }
+  rule_->state.step = step;
+  return stats;
+}
+
+void Optimizer::set_param_groups(const std::vector<ParamGroup>& groups) {
+  const auto& trainable = module_.trainable_parameters();
+  std::vector<int> group_of(trainable.size(), -1);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const OptimizerConfig& c = groups[g].config;
+    OT_CHECK(c.type == rule_->optimizer.config().type, "Optimizer.set_param_groups: group ", g, " uses ",
+             optimizer_type_name(c.type), " but the optimizer is ", optimizer_type_name(rule_->optimizer.config().type));
+    OT_CHECK(c.state_names() == rule_->optimizer.config().state_names(), "Optimizer.set_param_groups: group ", g,
+             " keeps other state (amsgrad or momentum differ from the optimizer's)");
+    c.validate();
+    for (const auto& name : groups[g].params) {
+      auto it = std::find(trainable.begin(), trainable.end(), name);
+      OT_CHECK(it != trainable.end(), "Optimizer.set_param_groups: group ", g, " names '", name,
+               "', which is not a trainable parameter of the module");
+      int& slot = group_of[size_t(it - trainable.begin())];
+      OT_CHECK(slot < 0, "Optimizer.set_param_groups: '", name, "' is in groups ", slot, " and ", g);
+      slot = int(g);
+    }
+  }
+  rule_->groups = groups;
+  rule_->group_of = std::move(group_of);
+}
+
+const std::vector<ParamGroup>& Optimizer::param_groups() const { return rule_->groups; }
+
+void Optimizer::set_data_parallel(const DataParallelOptions& o) {
+  if (!o.enabled) {
+    rule_->reducer.reset();
+    rule_->data_parallel = o;
+    return;
+  }
+  OT_CHECK(o.bucket_bytes > 0, "Optimizer.set_data_parallel: bucket_bytes must be > 0, got ", o.bucket_bytes);
+  OT_CHECK(o.check_every >= 0, "Optimizer.set_data_parallel: check_every must be >= 0, got ", o.check_every);
+  OT_CHECK(o.timeout_seconds > 0, "Optimizer.set_data_parallel: timeout_seconds must be > 0, got ", o.timeout_seconds);
+  distributed::Communicator& comm = distributed::world();
+  if (!std::getenv("ONNXTRAIN_DP_TIMEOUT")) comm.set_timeout(o.timeout_seconds);
+  // Every rank must start from the same parameters, optimizer state and settings.
+  CheckpointState& ckpt = module_.state();
+  std::vector<Tensor> held;
+  std::string names;
+  for (const auto& name : module_.trainable_parameters()) {
+    held.push_back(ckpt.parameter(name).data());
+    names += name + ";";
+  }
+  for (const auto& [state_name, tensors] : rule_->state.tensors) held.insert(held.end(), tensors.begin(), tensors.end());
+  uint64_t h = distributed::checksum(held, distributed::checksum_bytes(names.data(), names.size()));
+  const int64_t step = rule_->state.step;
+  const double lr = rule_->optimizer.lr();
+  const int32_t type = int32_t(rule_->optimizer.config().type);
+  h = distributed::checksum_bytes(&step, sizeof step, h);
+  h = distributed::checksum_bytes(&lr, sizeof lr, h);
+  h = distributed::checksum_bytes(&type, sizeof type, h);
+  distributed::check_same_on_all_ranks(comm, h, "the trainable parameters, optimizer state and settings");
+  rule_->data_parallel = o;
+  rule_->reducer = std::make_unique<distributed::GradientAllreducer>(comm, o.bucket_bytes);
+}
+
+DataParallelStats Optimizer::data_parallel_stats() const {
+  return rule_->reducer ? rule_->reducer->stats() : DataParallelStats{};
 }
 
 void Optimizer::set_learning_rate(double lr) {

@@ -1,10 +1,14 @@
 #include "training/trainer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 
 #include "core/dispatch.h"
+#include "distributed/data_parallel.h"
 #include "onnx/model_io.h"
 #include "training/artifacts.h"
 
@@ -62,6 +66,23 @@ std::optional<std::pair<int64_t, int64_t>> count_correct(const Tensor& pred, con
       }
   });
   return std::pair{correct, counted};
+}
+
+// This rank's examples of an epoch, in order: DistributedSampler's split of the epoch order, padded
+// by wrapping around to a multiple of the world size. One rank: the order itself.
+std::vector<int64_t> shard_of(const std::vector<int64_t>& order, int rank, int size) {
+  if (size == 1) return order;
+  const int64_t n = int64_t(order.size()), per = (n + size - 1) / size;
+  std::vector<int64_t> shard(static_cast<size_t>(per));
+  for (int64_t i = 0; i < per; ++i) shard[size_t(i)] = order[size_t((i * size + rank) % n)];
+  return shard;
+}
+
+uint64_t file_checksum(const std::string& path, uint64_t seed) {
+  std::ifstream in(path, std::ios::binary);
+  OT_CHECK(in.good(), "cannot read '", path, "'");
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return distributed::checksum_bytes(bytes.data(), bytes.size(), seed);
 }
 
 }  // namespace
@@ -126,17 +147,48 @@ Dataset Trainer::load_dataset(const std::string& npz_path, const std::vector<std
 
 void Trainer::save(const std::string& path) { state_.save(path, /*include_optimizer_state=*/true); }
 
+namespace {
+
+// Data parallelism: the world, or a single rank when disabled.
+struct Ranks {
+  distributed::Communicator* comm = nullptr;
+  int rank = 0, size = 1;
+};
+
+}  // namespace
+
 FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Dataset* eval, const TrainCallbacks& cb) {
   OT_CHECK(o.epochs >= 1, "epochs must be >= 1, got ", o.epochs);
   OT_CHECK(o.checkpoint_every >= 0, "checkpoint_every must be >= 0, got ", o.checkpoint_every);
   OT_CHECK(o.max_steps >= 0, "max_steps must be >= 0, got ", o.max_steps);
   OT_CHECK(!o.checkpoint_out.empty(), "fit: no checkpoint_out path given");
   OT_CHECK(o.seed <= uint64_t(std::numeric_limits<int64_t>::max()), "seed must be at most 2^63 - 1, got ", o.seed);
-  const int64_t epoch_steps = train.num_batches(o.batch_size, o.drop_last);
-  OT_CHECK(epoch_steps > 0, train.description(), ": ", train.size(), " examples make no full batch of ", o.batch_size);
+  Ranks ranks;
+  std::string who;  // "rank 1 of 2: " in data-parallel runs
+  if (o.data_parallel.enabled) {
+    ranks.comm = &distributed::world();
+    ranks.rank = ranks.comm->rank();
+    ranks.size = ranks.comm->size();
+    who = ranks.comm->label() + ": ";
+    OT_CHECK(train.size() >= ranks.size, who, train.description(), " has ", train.size(),
+             " examples, fewer than the ", ranks.size, " ranks: every rank needs a shard");
+  }
+  // Each rank's share of an epoch (DistributedSampler: padded to a multiple of the world size).
+  const int64_t shard_size = (train.size() + ranks.size - 1) / ranks.size;
+  const int64_t epoch_steps = o.drop_last ? shard_size / o.batch_size : (shard_size + o.batch_size - 1) / o.batch_size;
+  OT_CHECK(epoch_steps > 0, who, train.description(), ": ", train.size(), " examples make no full batch of ",
+           o.batch_size, ranks.size > 1 ? " per rank" : "");
   OT_CHECK(o.epochs <= std::numeric_limits<int64_t>::max() / epoch_steps, "epochs ", o.epochs, " is too large");
   const int64_t total_steps = o.epochs * epoch_steps;
   if (!optimizer_) optimizer_ = std::make_unique<Optimizer>(artifacts_.optimizer_model, *module_);
+  if (ranks.comm) {
+    // The same graphs on every rank (the checkpoint is compared by set_data_parallel).
+    uint64_t h = 1469598103934665603ull;
+    for (const std::string& path : {artifacts_.training_model, artifacts_.eval_model, artifacts_.optimizer_model})
+      h = file_checksum(path, h);
+    distributed::check_same_on_all_ranks(*ranks.comm, h, "the training, eval and optimizer models");
+    optimizer_->set_data_parallel(o.data_parallel);
+  }
 
   // ---- where to start: a new run, or the progress the checkpoint recorded
   int64_t epoch = 0, epoch_step = 0, step = 0;
@@ -148,6 +200,11 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
       OT_CHECK(then == now, "resume: the checkpoint's run used ", name, " = ", then, ", this one ", now,
                "; resume with the same data and options");
     };
+    const int64_t then_size =
+        state_.has_property(kProgressWorldSize) ? progress_property<int64_t>(state_, kProgressWorldSize) : 1;
+    OT_CHECK(then_size == ranks.size, who, "resume: the checkpoint's run had ", then_size,
+             " rank(s) and this one has ", ranks.size, ": the data was sharded over ", then_size,
+             " ranks, so the remaining batches differ; resume with mpirun -np ", then_size);
     same(kProgressSeed, int64_t(o.seed));
     same(kProgressShuffle, o.shuffle);
     same(kProgressBatchSize, o.batch_size);
@@ -182,8 +239,10 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
     state_.add_property(kProgressBatchSize, o.batch_size);
     state_.add_property(kProgressDropLast, int64_t(o.drop_last));
     state_.add_property(kProgressExamples, train.size());
-    save(path);
-    if (cb.on_checkpoint) cb.on_checkpoint(path, step);
+    state_.add_property(kProgressWorldSize, int64_t(ranks.size));
+    if (ranks.rank == 0) save(path);  // atomic; the other ranks hold the same state
+    if (ranks.comm) ranks.comm->barrier();  // the file is complete before anyone goes on
+    if (cb.on_checkpoint && ranks.rank == 0) cb.on_checkpoint(path, step);
   };
   if (epoch >= o.epochs) {
     save_progress(o.checkpoint_out);
@@ -191,8 +250,10 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
   }
 
   int64_t saved_at = -1;
+  std::vector<int64_t> window(size_t(train.size()), 0);
   while (epoch < o.epochs) {
-    const std::vector<int64_t> order = epoch_order(train.size(), o.shuffle, o.seed, epoch);
+    const std::vector<int64_t> order =
+        shard_of(epoch_order(train.size(), o.shuffle, o.seed, epoch), ranks.rank, ranks.size);
     bool due = false;  // a checkpoint is due once the epoch's bookkeeping is done
     while (epoch_step < epoch_steps) {
       if (o.max_steps && step >= o.max_steps) {
@@ -201,9 +262,18 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
       }
       const double lr = schedule.value(step);
       optimizer_->set_learning_rate(lr);
-      const double loss = mean_of(module_->train_step(train.batch(order, epoch_step, o.batch_size))[0]);
+      // This rank's batch: rows order[epoch_step * B, ...) of its shard, put at the front of a
+      // window as long as the data (Dataset::batch reads a full-length order).
+      const int64_t first = epoch_step * o.batch_size;
+      const int64_t rows = std::min(o.batch_size, int64_t(order.size()) - first);
+      std::copy(order.begin() + first, order.begin() + first + rows, window.begin());
+      double loss = mean_of(module_->train_step(train.batch(window, 0, rows))[0]);
+      if (ranks.comm) {  // the loss of the global batch: the mean of the ranks' losses
+        ranks.comm->allreduce_sum(&loss, 1, DType::kFloat64);
+        loss /= double(ranks.size);
+      }
       if (!std::isfinite(loss))
-        OT_THROW(kRuntime, "the loss is ", loss, " at update ", step + 1, " (epoch ", epoch + 1, ", batch ",
+        OT_THROW(kRuntime, who, "the loss is ", loss, " at update ", step + 1, " (epoch ", epoch + 1, ", batch ",
                  epoch_step + 1, "): training diverged; try a lower learning rate");
       optimizer_->step();
       module_->lazy_reset_grad();

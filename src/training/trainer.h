@@ -42,6 +42,7 @@ inline constexpr const char* kProgressShuffle = "train.shuffle";
 inline constexpr const char* kProgressBatchSize = "train.batch_size";
 inline constexpr const char* kProgressDropLast = "train.drop_last";
 inline constexpr const char* kProgressExamples = "train.num_examples";
+inline constexpr const char* kProgressWorldSize = "train.world_size";  // data-parallel ranks (absent: 1)
 
 struct TrainOptions {
   int64_t epochs = 1;
@@ -58,6 +59,11 @@ struct TrainOptions {
   std::string checkpoint_out;         // required
   int64_t max_steps = 0;              // stop (and save) once this many updates are done; 0: no limit
   int64_t eval_batch_size = 256;
+  // Data parallelism over distributed_init()'s world (onnxtrain/distributed.h): each rank takes
+  // the examples rank, rank + N, ... of every epoch's order (torch's DistributedSampler: the order
+  // is padded by wrapping to a multiple of N), so an update sees batch_size x N examples; the
+  // gradients and the reported loss are averaged over ranks; rank 0 alone writes checkpoints.
+  DataParallelOptions data_parallel;
 };
 
 struct EvalResult {

@@ -109,6 +109,15 @@ int main(void) {
   rejects_null(ot_optimizer_set_learning_rate(NULL, 0.1), "ot_optimizer_set_learning_rate");
   rejects_null(ot_optimizer_get_learning_rate(NULL, &f64), "ot_optimizer_get_learning_rate");
   rejects_null(ot_optimizer_step_count(NULL, &i64), "ot_optimizer_step_count");
+  rejects_null(ot_optimizer_set_data_parallel(NULL, 1, 0, 0, 0), "ot_optimizer_set_data_parallel");
+  {
+    int rank = -1, size = 0;
+    if (ot_distributed_init(&rank, &size, NULL) != OT_OK || rank != 0 || size != 1) {
+      fprintf(stderr, "ot_distributed_init outside mpirun: expected rank 0 of 1, got %d of %d: '%s'\n", rank, size,
+              ot_last_error());
+      ++failures;
+    }
+  }
   ot_optimizer_release(NULL);
 
   rejects_null(ot_lr_scheduler_create_linear(NULL, 1, 10, 0.1, &scheduler), "ot_lr_scheduler_create_linear");

@@ -10,7 +10,7 @@ SRC = os.path.join(ROOT, "src")
 # layer are independent of each other.
 LAYERS = {
     "core": 0,
-    "backends": 1, "optim": 1, "data": 1,
+    "backends": 1, "optim": 1, "data": 1, "distributed": 1,
     "ir": 2,
     "onnx": 3,
     "ops": 4,

@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "commands.h"
+#include "onnxtrain/distributed.h"
 #include "progress.h"
 
 namespace onnxtrain::cli {
@@ -34,16 +35,48 @@ const Command kTrainCommand{
         {"--eval-batch-size", "B", "batch size for evaluation (default 256)"},
         {"--progress", "STYLE", "auto (a bar on a terminal, lines otherwise), bar, lines or none"},
         {"--log-every", "N", "with lines: one every N updates (default: about ten per epoch)"},
+        {"--bucket-mb", "MB", "under mpirun: gradient allreduce bucket size (default 25)"},
+        {"--dp-check-every", "N", "under mpirun: compare a parameter checksum across ranks every N updates"},
+        {"--dp-timeout", "S", "under mpirun: seconds a rank waits for the others before failing (default 300)"},
     },
     "Checkpoints hold the parameters, the optimizer state and the run's progress (train.* properties),\n"
     "and are written atomically. Resuming needs the same data, --batch-size, --shuffle, --seed and\n"
     "--drop-last; then the parameters match an uninterrupted run bit for bit, Dropout included (its\n"
     "masks follow the checkpoint's onnxtrain.random_seed and onnxtrain.train_steps).\n\n"
+    "Under `mpirun -np N` every rank trains on its shard of the data (DistributedSampler's split;\n"
+    "an update sees --batch-size x N examples) and the gradients are averaged over the ranks; rank 0\n"
+    "prints and writes the checkpoints, and a resumed run needs the same N.\n\n"
     "example:\n"
     "  onnxtrain train out --data train.npz --inputs x --labels y --epochs 10 --batch-size 64 --shuffle \\\n"
     "      --lr-schedule cosine --warmup 100 --checkpoint-every 500 --eval-data val.npz\n"};
 
+namespace {
+
+int train_with(const Args& a, const DistributedWorld& world);
+
+}  // namespace
+
 int run_train(const Args& a) {
+  const DistributedWorld world = distributed_init();
+  if (world.size == 1) return train_with(a, world);
+  try {
+    return train_with(a, world);
+  } catch (const UsageError&) {
+    if (world.rank == 0) throw;
+    distributed_abort(2);  // rank 0 reports the usage error
+  } catch (const std::exception& e) {
+    // Another rank may be waiting in a collective: end the whole job, naming this rank.
+    const std::string what = e.what(), label = "rank " + std::to_string(world.rank);
+    std::fprintf(stderr, "onnxtrain train: error: %s%s\n",
+                 what.rfind(label, 0) == 0 ? "" : (label + " of " + std::to_string(world.size) + ": ").c_str(),
+                 what.c_str());
+    distributed_abort(1);
+  }
+}
+
+namespace {
+
+int train_with(const Args& a, const DistributedWorld& world) {
   const std::string dir = a.positional(0);
   const std::string data = a.require("--data");
   if (a.has("--checkpoint") && a.has("--resume")) throw UsageError("give --checkpoint or --resume, not both");
@@ -71,7 +104,14 @@ int run_train(const Args& a) {
   o.eval_batch_size = a.get_int("--eval-batch-size", 256, 1);
   o.checkpoint_out = a.has("--checkpoint-out") ? a.require("--checkpoint-out")
                                                : (std::filesystem::path(dir) / "trained_checkpoint").string();
-  ProgressPrinter progress(progress_style(a.get_choice("--progress", {"auto", "bar", "lines", "none"}, "auto")),
+  o.data_parallel.enabled = world.size > 1;
+  o.data_parallel.bucket_bytes = int64_t(a.get_double("--bucket-mb", 25.0) * double(1 << 20));
+  if (o.data_parallel.bucket_bytes <= 0) throw UsageError("--bucket-mb must be > 0");
+  o.data_parallel.check_every = a.get_int("--dp-check-every", 0, 1);
+  o.data_parallel.timeout_seconds = a.get_double("--dp-timeout", 300.0);
+  if (o.data_parallel.timeout_seconds <= 0) throw UsageError("--dp-timeout must be > 0");
+  const std::string style = world.rank == 0 ? a.get_choice("--progress", {"auto", "bar", "lines", "none"}, "auto") : "none";
+  ProgressPrinter progress(progress_style(style),
                            a.get_int("--log-every", 0, 1));
   const std::vector<std::string> inputs = a.get_list("--inputs"), labels = a.get_list("--labels");
   const std::string eval_data = a.has("--eval-data") ? a.require("--eval-data") : "";
@@ -84,13 +124,16 @@ int run_train(const Args& a) {
   Dataset train = trainer.load_dataset(data, inputs, labels, &notes);
   std::optional<Dataset> eval;
   if (!eval_data.empty()) eval = trainer.load_dataset(eval_data, inputs, labels, &notes);
-  for (const auto& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
+  if (world.rank == 0)
+    for (const auto& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
 
   TrainCallbacks callbacks;
   callbacks.on_step = [&](const StepReport& r) { progress.step(r); };
   callbacks.on_epoch = [&](const EpochReport& r) { progress.epoch(r); };
   callbacks.on_checkpoint = [&](const std::string& path, int64_t step) { progress.checkpoint(path, step); };
-  switch (trainer.fit(train, o, eval ? &*eval : nullptr, callbacks)) {
+  const FitOutcome outcome = trainer.fit(train, o, eval ? &*eval : nullptr, callbacks);
+  if (world.rank != 0) return 0;
+  switch (outcome) {
     case FitOutcome::kFinished:
       std::printf("finished %lld epochs; checkpoint %s\n", (long long)o.epochs, o.checkpoint_out.c_str());
       break;
@@ -105,5 +148,7 @@ int run_train(const Args& a) {
   }
   return 0;
 }
+
+}  // namespace
 
 }  // namespace onnxtrain::cli
