@@ -6,6 +6,7 @@
 #include "autodiff/autodiff.h"
 #include "ops/graph_builder.h"
 #include "ops/nn/norm_common.h"  // batch_norm_training
+#include "passes/mixed_precision.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 #include "training/json.h"
@@ -160,6 +161,10 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   for (const auto& p : o.frozen_params)
     OT_CHECK(g.is_initializer(p), kWhere, "frozen_params names '", p, "', which is not an initializer of the model");
   OT_CHECK(!trainable.empty(), kWhere, "requires_grad is empty: nothing to train");
+  const DType low = mixed_precision_dtype(o.mixed_precision);
+  if (low == DType::kFloat16)
+    OT_THROW(kNotImplemented, kWhere, "mixed_precision \"fp16\" needs the dynamic loss scaler, which is not ",
+             "implemented yet; use \"bf16\" (same speed on CPUs, no loss scaling needed)");
 
   std::vector<std::string> model_inputs;
   for (const auto& in : g.inputs) model_inputs.push_back(in.name);
@@ -195,6 +200,9 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   // Training graph: gradients of the loss w.r.t. the trainable parameters.
   GradientGraphInfo info;
   fuse_for_training(m);  // Gelu, FusedMatMul: their fused gradient kernels beat the pieces'
+  if (low != DType::kUndefined) {  // GEMMs in bf16; parameters stay fp32 inputs, cast once per step
+    convert_to_mixed_precision(m, low, std::set<std::string>(param_order.begin(), param_order.end()));
+  }
   Model training = build_gradient_graph(m, out.trainable, {"loss"}, &info);
   out.gradient_outputs = info.gradient_outputs;
   for (const auto& [buffer, value] : buffer_updates) {
@@ -218,6 +226,7 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
     model->metadata[kMetaModelOutputs] = names_json(model_outputs);
     model->metadata[kMetaLossInputs] = names_json(predictions);
     model->metadata[kMetaTargets] = names_json(targets);
+    if (low != DType::kUndefined) model->metadata[kMetaMixedPrecision] = mixed_precision_name(low);
   }
   out.training = std::move(training);
   out.eval = std::move(eval);
