@@ -1,7 +1,10 @@
 // oneDNN matmul throughput in fp32, bf16 (bf16 inputs, fp32 accumulation, bf16 or fp32 output)
 // and f16 on this CPU: the ceiling a mixed-precision train step can reach.
 //
-//   build/bench/gemm_bf16_peak [n=2048] [runs=10]
+//   g++ -O2 -std=c++20 bench/gemm_bf16_peak.cc -ldnnl -o /tmp/gemm_bf16_peak && /tmp/gemm_bf16_peak [n=2048] [runs=10]
+//
+// (standalone: oneDNN alone, no onnxtrain; bench/bench_mixed_precision.py measures the same
+// through onnxtrain's MatMul in the run it reports)
 //
 // Prints one JSON object {"isa": ..., "n": ..., "f32": GFLOP/s, "bf16": ..., "bf16_f32out": ...,
 // "f16": ... or an error string}, each the median over `runs` after one warm-up (JIT) run.

@@ -23,7 +23,7 @@ OpClass classify(const Node& n) {
   static const std::set<std::string> follow{
       "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "LeakyRelu", "Gelu", "Tanh", "Sigmoid", "Dropout",
       "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split", "Slice",
-      "Gather", "Expand", "Where", "Tile", "Max", "Min"};
+      "Gather", "Expand", "Where", "Tile", "Max", "Min", "Softmax"};
   static const std::set<std::string> any{"Shape", "Size", "Cast"};
   if (low.count(n.op_type)) return OpClass::kLow;
   if (follow.count(n.op_type)) return OpClass::kFollow;

@@ -12,11 +12,12 @@
 // and ONNX Runtime's transformer, and why):
 //   low     MatMul, Gemm, onnxtrain.FusedMatMul: every float input in the low precision (oneDNN
 //           accumulates in fp32 inside the product).
-//   follow  elementwise arithmetic and activations, Dropout, data movement (Reshape, Transpose,
-//           Concat, Slice, Gather, ...): computed in the widest type of their float inputs, as
+//   follow  elementwise arithmetic and activations, Softmax (fp32 sums inside the kernel),
+//           Dropout, data movement (Reshape, Transpose, Concat, Slice, Gather, ...): computed in
+//           the widest type of their float inputs, as
 //           PyTorch promotes; constants (initializers that are not parameters, Constant nodes)
 //           adapt instead of widening.
-//   fp32    everything else: losses, Softmax/LogSoftmax, LayerNorm, BatchNorm and every other
+//   fp32    everything else: losses, LogSoftmax, LayerNorm, BatchNorm and every other
 //           normalisation, reductions, Exp/Log/Pow/Sqrt, Conv (no bf16 convolution kernel yet).
 //   any     Shape, Size, Cast: read any dtype, left alone.
 // Each value is cast at most once per dtype, whatever the number of readers (a parameter gets one

@@ -134,8 +134,10 @@ def test_bf16_training_graph_shape(bert_onnx, tmp_path):
         assert types[p + "_grad"] == TensorProto.FLOAT
     assert types["loss"] == TensorProto.FLOAT
     for n in g.node:
-        if n.op_type in ("LayerNormalization", "SoftmaxCrossEntropyLoss", "Softmax"):
+        if n.op_type in ("LayerNormalization", "SoftmaxCrossEntropyLoss"):
             assert types[n.input[0]] == TensorProto.FLOAT, n.name
+        if n.op_type in ("Softmax", "SoftmaxGrad"):  # attention: between two bf16 GEMMs
+            assert types[n.input[0]] == TensorProto.BFLOAT16, n.name
     # No cast reads the output of a cast back into the dtype it came from.
     producer = {o: n for n in g.node for o in n.output}
     for n in g.node:
@@ -225,3 +227,25 @@ def test_cli_mixed_precision_flag(bert_onnx, tmp_path):
                         "cross_entropy", "--mixed-precision", "bf17"], capture_output=True, text=True)
     assert r.returncode != 0 and "'bf17'" in r.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_bf16_resume_is_bit_identical(bert_onnx, tmp_path):
+    _, _, x, y = bert_onnx
+    paths = _artifacts(bert_onnx, tmp_path / "a", "bf16")
+
+    def run(state, steps):
+        module = Module(paths[0], state, paths[1])
+        optimizer = Optimizer(paths[2], module)
+        for _ in range(steps):
+            module(x, y)
+            optimizer.step()
+            module.lazy_reset_grad()
+        return module
+
+    straight = run(CheckpointState.load_checkpoint(paths[3]), 6).get_contiguous_parameters()
+    state = CheckpointState.load_checkpoint(paths[3])
+    run(state, 3)
+    CheckpointState.save_checkpoint(state, tmp_path / "resume.ckpt", include_optimizer_state=True)
+    resumed = run(CheckpointState.load_checkpoint(tmp_path / "resume.ckpt"), 3).get_contiguous_parameters()
+    assert resumed.dtype == np.float32  # fp32 masters
+    np.testing.assert_array_equal(resumed, straight)
