@@ -129,6 +129,8 @@ class Trainer:
                                              optimizer=artifacts.AdamW(lr=1e-3), artifact_directory=workdir,
                                              mixed_precision=mode)
         self.state = CheckpointState.load_checkpoint(paths[3])
+        # One Dropout seed for every mode, so curves differ by precision alone.
+        self.state.properties["onnxtrain.random_seed"] = 20261123
         self.module = Module(paths[0], self.state, paths[1])
         self.optimizer = Optimizer(paths[2], self.module)
         self.feeds = (x.numpy(), target.numpy())

@@ -107,6 +107,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="0: onnxtrain's default (all cores)")
     parser.add_argument("--out", default=OUT_DIR)
+    parser.add_argument("--mixed-precision", default=None, choices=["bf16"],
+                        help="GEMMs in bf16, the rest and the checkpoint in fp32 (default: fp32)")
     args = parser.parse_args(argv)
 
     from tqdm import tqdm
@@ -135,7 +137,7 @@ def main(argv=None) -> int:
     training_model, eval_model, optimizer_model, checkpoint = artifacts.generate_artifacts(
         model_path, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
         optimizer=artifacts.AdamW(lr=args.lr), artifact_directory=artifact_dir,
-        additional_output_names=["logits"])
+        additional_output_names=["logits"], mixed_precision=args.mixed_precision)
     timings["generate_artifacts"] = time.perf_counter() - t0
     print(f"artifacts for {len(params)} trainable parameters -> {artifact_dir}/")
 
@@ -204,9 +206,12 @@ def main(argv=None) -> int:
     print("timings: " + ", ".join(f"{k} {v:.2f} s" if v >= 0.1 else f"{k} {1e3 * v:.0f} ms"
                                   for k, v in timings.items()))
 
-    if not logits_err <= LOGITS_ATOL:
+    # bf16 logits carry 8 significant bits: the inference passes (folding, fusions) may round at
+    # other points than the eval graph, a few bf16 ulps of the largest logit.
+    atol = LOGITS_ATOL if not args.mixed_precision else 2.0 ** -6 * float(np.max(np.abs(eval_logits)))
+    if not logits_err <= atol:
         print(f"FAIL: the exported model's logits differ from module.eval()'s by {logits_err:.2e} "
-              f"(> {LOGITS_ATOL:g})")
+              f"(> {atol:g})")
         return 2
     if test_accuracy < MIN_ACCURACY:
         print(f"FAIL: held-out accuracy {100 * test_accuracy:.2f}% is below {100 * MIN_ACCURACY:.0f}%")
