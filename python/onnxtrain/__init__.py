@@ -5,9 +5,13 @@ The inference API mirrors ONNX Runtime's, so migrating is a change of imports::
     import onnxtrain
     sess = onnxtrain.InferenceSession("model.onnx")
     outputs = sess.run(None, {"input": x})
+
+The submodules ``onnxtrain.autodiff``, ``onnxtrain.artifacts`` and ``onnxtrain.api`` are imported with
+the package; ``onnxtrain.torch`` is imported on first use, since it imports torch.
 """
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -111,3 +115,13 @@ def cpu_features() -> Dict[str, Any]:
     ``vendor``, ``onednn_isa`` (what oneDNN dispatches to), and ``bf16_matmul_native`` /
     ``fp16_matmul_native`` (False: those products compute through fp32 on this CPU)."""
     return _C.cpu_features()
+
+
+# Imported last: they use the helpers above (_model_arg).
+from . import api, artifacts, autodiff  # noqa: E402
+
+
+def __getattr__(name: str) -> Any:
+    if name == "torch":
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -91,7 +91,7 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
   std::vector<Node> backward;
   GradientGraphInfo result;
   {
-    GraphBuilder b(g, "gradient_seed", &names, &backward);
+    GraphBuilder b(model, "gradient_seed", &names, &backward);
     for (const auto& out : outputs) {
       auto producers = g.producers();
       OT_CHECK(producers.count(out) || g.is_input(out) || g.is_initializer(out), where, "output '", out,
@@ -143,7 +143,7 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
       case GradientStatus::kUnstated:
         OT_THROW(kNotImplemented, where, node.context(), "no gradient rule");
     }
-    GradientBuilder builder(g, node, model.opset(node.domain), dys, needs, names, backward);
+    GradientBuilder builder(g, node, model.opset(node.domain), model.opset(kOnnxDomain), dys, needs, names, backward);
     schema->gradient(builder);
     for (size_t i = 0; i < needs.size(); ++i) {
       if (!needs[i]) continue;
@@ -158,7 +158,7 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
   // 4. Name the gradients "<wrt>_grad" and make them graph outputs.
   for (const auto& w : wrt) {
     std::string grad = grads.get(w, backward, names);
-    GraphBuilder b(g, w + "/grad", &names, &backward);
+    GraphBuilder b(model, w + "/grad", &names, &backward);
     if (grad.empty()) grad = b.zeros_like(w);  // the outputs do not depend on w: its gradient is 0
     std::string out = GradientAccumulator::unique(w + "_grad", names);
     Node id;

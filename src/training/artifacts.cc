@@ -5,7 +5,7 @@
 
 #include "autodiff/autodiff.h"
 #include "ops/graph_builder.h"
-#include "ops/nn/norm_common.h"  // batch_norm_training
+#include "ops/registry.h"
 #include "passes/mixed_precision.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
@@ -119,30 +119,26 @@ void attach_loss(Model& m, const TrainingGraphOptions& o, std::vector<std::strin
 
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> batchnorm_buffer_updates(const Model& model) {
+std::vector<BufferUpdate> buffer_updates(const Model& model) {
   const Graph& g = model.graph;
-  std::vector<std::pair<std::string, std::string>> updates;
-  for (const auto& n : g.nodes)
-    if (n.domain.empty() && n.op_type == "BatchNormalization" && batch_norm_training(n, model.opset("")))
-      for (size_t k : {size_t(1), size_t(2)})
-        if (n.has_output(k) && g.is_initializer(n.inputs[k + 2])) updates.emplace_back(n.inputs[k + 2], n.outputs[k]);
+  std::vector<BufferUpdate> updates;
+  for (const auto& n : g.nodes) {
+    const OpSchema* schema = OpRegistry::global().find(n.domain, n.op_type, model.opset(n.domain));
+    if (!schema || !schema->state_updates) continue;
+    for (const StateUpdate& u : schema->state_updates(n, model.opset(n.domain)))
+      if (n.has_input(size_t(u.input)) && g.is_initializer(n.inputs[size_t(u.input)]))
+        updates.push_back({n.inputs[size_t(u.input)], n.outputs[size_t(u.output)], n.name, u});
+  }
   return updates;
 }
 
 Model to_inference_mode(const Model& model) {
   Model m = model;
-  Graph& g = m.graph;
-  for (auto& n : g.nodes) {
-    if (!n.domain.empty()) continue;
-    if (n.op_type == "Dropout") {
-      if (n.inputs.size() > 2) n.inputs.resize(2);  // training_mode omitted: inference
-      if (n.outputs.size() > 1) n.outputs.resize(1);
-    } else if (n.op_type == "BatchNormalization" && batch_norm_training(n, m.opset(""))) {
-      n.attributes.erase("training_mode");
-      n.outputs.resize(1);
-    }
+  for (auto& n : m.graph.nodes) {
+    const OpSchema* schema = OpRegistry::global().find(n.domain, n.op_type, m.opset(n.domain));
+    if (schema && schema->inference_form) schema->inference_form(n, m.opset(n.domain));
   }
-  eliminate_dead_code(g);
+  eliminate_dead_code(m.graph);
   return m;
 }
 
@@ -181,8 +177,8 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   g.outputs.push_back({"loss", ValueInfo{}});
   for (const auto& name : o.additional_output_names) g.outputs.push_back({name, ValueInfo{}});
 
-  // BatchNorm running statistics updated by a training step.
-  const auto buffer_updates = batchnorm_buffer_updates(m);
+  // Buffers a training step updates (BatchNorm running statistics).
+  const std::vector<BufferUpdate> updates = buffer_updates(m);
 
   // Parameters become graph inputs: the checkpoint holds their values, Module binds them.
   std::vector<std::string> param_order;
@@ -192,22 +188,26 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
     if (!trainable.count(name) && is_floating(t.dtype()) && (frozen.count(name) || t.numel() > 1)) param_order.push_back(name);
   out.trainable.assign(param_order.begin(), param_order.begin() + long(trainable.size()));
   out.frozen.assign(param_order.begin() + long(trainable.size()), param_order.end());
-  for (const auto& [buffer, value] : buffer_updates) out.buffers.push_back(buffer);
+  for (const auto& u : updates) out.buffers.push_back(u.buffer);
 
   out.user_inputs = model_inputs;
   out.user_inputs.insert(out.user_inputs.end(), targets.begin(), targets.end());
 
   // Training graph: gradients of the loss w.r.t. the trainable parameters.
   GradientGraphInfo info;
-  fuse_for_training(m);  // Gelu, FusedMatMul: their fused gradient kernels beat the pieces'
-  if (low != DType::kUndefined) {  // GEMMs in bf16; parameters stay fp32 inputs, cast once per step
-    convert_to_mixed_precision(m, low, std::set<std::string>(param_order.begin(), param_order.end()));
-  }
-  Model training = build_gradient_graph(m, out.trainable, {"loss"}, &info);
+  // Gelu and FusedMatMul: their fused gradient kernels beat the pieces'. A copy: the eval graph
+  // below is made from `m` and stays in standard ops, so exported models run in any runtime.
+  // Mixed precision, likewise, is for the training graph: the eval graph and the models exported
+  // from it stay fp32 (ONNX Runtime's CPU has no bf16 MatMul).
+  Model fused = m;
+  fuse_for_training(fused);
+  if (low != DType::kUndefined)  // GEMMs in bf16; parameters stay fp32 inputs, cast once per step
+    convert_to_mixed_precision(fused, low, std::set<std::string>(param_order.begin(), param_order.end()));
+  Model training = build_gradient_graph(fused, out.trainable, {"loss"}, &info);
   out.gradient_outputs = info.gradient_outputs;
-  for (const auto& [buffer, value] : buffer_updates) {
-    std::string name = buffer + "_updated";
-    training.graph.nodes.push_back(Node{name + "/identity", "Identity", "", {value}, {name}, {}});
+  for (const auto& u : updates) {
+    std::string name = u.buffer + "_updated";
+    training.graph.nodes.push_back(Node{name + "/identity", "Identity", "", {u.value}, {name}, {}});
     training.graph.outputs.push_back({name, ValueInfo{}});
     out.buffer_outputs.push_back(name);
   }
@@ -226,7 +226,7 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
     model->metadata[kMetaModelOutputs] = names_json(model_outputs);
     model->metadata[kMetaLossInputs] = names_json(predictions);
     model->metadata[kMetaTargets] = names_json(targets);
-    if (low != DType::kUndefined) model->metadata[kMetaMixedPrecision] = mixed_precision_name(low);
+    if (low != DType::kUndefined && model == &training) model->metadata[kMetaMixedPrecision] = mixed_precision_name(low);
   }
   out.training = std::move(training);
   out.eval = std::move(eval);

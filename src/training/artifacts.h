@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ops/registry.h"
 #include "training/losses.h"
 
 namespace onnxtrain {
@@ -44,12 +45,18 @@ std::optional<std::vector<std::string>> recorded_names(const Model& model, const
 // a trainable one is not floating point. Initializers in neither list are frozen.
 TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraphOptions& options);
 
-// BatchNormalization nodes in training mode output new running statistics: (initializer, value
-// holding its update) for each running mean and variance that is an initializer.
-std::vector<std::pair<std::string, std::string>> batchnorm_buffer_updates(const Model& model);
+// A buffer (an initializer the loss does not train, such as BatchNorm's running mean) and the value
+// holding its new value after a training step, from the ops' declared state updates (OpSchema).
+struct BufferUpdate {
+  std::string buffer;
+  std::string value;
+  std::string node;               // the node that computes it
+  StateUpdate update;             // which of its inputs and outputs (ops/registry.h)
+};
+std::vector<BufferUpdate> buffer_updates(const Model& model);
 
-// The same graph with Dropout and BatchNormalization switched to inference mode and training-only
-// outputs (BatchNorm running statistics, Dropout masks) removed.
+// The same graph with every op in its declared inference form (Dropout without training_mode,
+// BatchNorm with running statistics) and the training-only values nothing else reads removed.
 Model to_inference_mode(const Model& model);
 
 }  // namespace onnxtrain

@@ -5,7 +5,7 @@
 
 #include "onnx/model_io.h"
 #include "onnxtrain/training.h"
-#include "optim/optimizer_ops.h"
+#include "ops/optimizer/optimizer_ops.h"
 
 namespace onnxtrain {
 

@@ -144,6 +144,10 @@ def test_bf16_training_graph_shape(bert_onnx, tmp_path):
         if n.op_type == "Cast" and n.input[0] in producer and producer[n.input[0]].op_type == "Cast":
             src = producer[n.input[0]].input[0]
             assert types.get(src) != helper.get_attribute_value(next(a for a in n.attribute if a.name == "to")), n.name
+    # The eval graph (and what is exported from it) stays fp32 and in standard ops.
+    ev = onnx.load(paths[1])
+    assert TensorProto.BFLOAT16 not in _dtypes(ev.graph).values()
+    assert "onnxtrain.mixed_precision" not in {p.key for p in ev.metadata_props}
     # The optimizer and the checkpoint hold fp32 masters.
     opt = onnx.load(paths[2])
     assert all(i.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.INT64) for i in opt.graph.input)
