@@ -107,6 +107,8 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="0: onnxtrain's default (all cores)")
     parser.add_argument("--out", default=OUT_DIR)
+    parser.add_argument("--mixed-precision", default=None, choices=["bf16"],
+                        help="GEMMs in bf16, the rest and the checkpoint in fp32 (default: fp32)")
     args = parser.parse_args(argv)
 
     from tqdm import tqdm
@@ -135,7 +137,7 @@ def main(argv=None) -> int:
     training_model, eval_model, optimizer_model, checkpoint = artifacts.generate_artifacts(
         model_path, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
         optimizer=artifacts.AdamW(lr=args.lr), artifact_directory=artifact_dir,
-        additional_output_names=["logits"])
+        additional_output_names=["logits"], mixed_precision=args.mixed_precision)
     timings["generate_artifacts"] = time.perf_counter() - t0
     print(f"artifacts for {len(params)} trainable parameters -> {artifact_dir}/")
 

@@ -22,7 +22,7 @@ from ._C import Error, InvalidArgument, InvalidModel, NotImplemented, SessionOpt
 
 __all__ = [
     "InferenceSession", "SessionOptions", "NodeArg", "Error", "InvalidArgument", "InvalidModel",
-    "NotImplemented", "set_num_threads", "registered_ops",
+    "NotImplemented", "set_num_threads", "registered_ops", "cpu_features",
 ]
 
 _ONNX_TYPE_NAMES = {
@@ -106,6 +106,15 @@ def set_num_threads(n: int) -> None:
 def registered_ops() -> List[Dict[str, Any]]:
     """Every registered op: domain, type, since-version, kernel, shape rule and gradient status."""
     return _C.registered_ops()
+
+
+def cpu_features() -> Dict[str, Any]:
+    """What this CPU offers for mixed precision and what the engine does with it: CPUID flags the
+    OS has enabled (``avx2``, ``fma``, ``f16c``, ``avx512f``, ``avx512bw``, ``avx512_vnni``,
+    ``avx512_bf16``, ``avx512_fp16``, ``amx_tile``, ``amx_bf16``, ``amx_int8``, ``amx_fp16``),
+    ``vendor``, ``onednn_isa`` (what oneDNN dispatches to), and ``bf16_matmul_native`` /
+    ``fp16_matmul_native`` (False: those products compute through fp32 on this CPU)."""
+    return _C.cpu_features()
 
 
 # Imported last: they use the helpers above (_model_arg).

@@ -78,6 +78,14 @@ def Adagrad(lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
                    initial_accumulator_value=initial_accumulator_value, eps=eps, max_grad_norm=max_grad_norm)
 
 
+def _mixed_precision_arg(value: Optional[str]) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(f"mixed_precision must be \"bf16\", \"fp16\" or None, got {type(value).__name__}")
+    return value
+
+
 def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None,
                        frozen_params: Optional[Sequence[str]] = None,
                        loss: Union[LossType, Any, None] = None,
@@ -85,7 +93,8 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                        artifact_directory: Union[str, os.PathLike, None] = None, prefix: str = "",
                        additional_output_names: Optional[Sequence[str]] = None,
                        nominal_checkpoint: bool = False, loss_input_names: Optional[Sequence[str]] = None,
-                       loss_options: Optional[Dict[str, Any]] = None) -> List[str]:
+                       loss_options: Optional[Dict[str, Any]] = None,
+                       mixed_precision: Optional[str] = None) -> List[str]:
     """Writes the training, eval and optimizer models and the checkpoint; returns their paths.
 
     ``model``: a path, bytes or ``onnx.ModelProto``; a model over 2 GB must be a path to a file
@@ -96,6 +105,9 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     or a configured one (``artifacts.AdamW(lr=...)``). ``loss_options``: reduction, ignore_index,
     label_smoothing, beta/delta, log_target. ``requires_grad``: initializer names or output
     names of floating-point ``Constant`` nodes (they become parameters), or ``"all"``.
+    ``mixed_precision``: ``"bf16"`` runs the GEMMs
+    and their gradients in bfloat16 (fp32 accumulation) with losses, normalisations, the optimizer
+    and the checkpoint's master parameters in fp32; None for fp32.
     """
     source = _model_arg(model)  # a path stays a path: its external data is found beside it
     if requires_grad == "all":  # every weight: initializers and Constant-node weights (not frozen ones)
@@ -122,4 +134,5 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     directory = os.fspath(artifact_directory) if artifact_directory is not None else os.getcwd()
     return _C.generate_artifacts(source, list(requires_grad), list(frozen_params or []), loss_name, custom, config,
                                  directory, prefix, list(additional_output_names or []), bool(nominal_checkpoint),
-                                 list(loss_input_names or []), dict(loss_options or {}))
+                                 list(loss_input_names or []), dict(loss_options or {}),
+                                 mixed_precision=_mixed_precision_arg(mixed_precision))

@@ -3,6 +3,7 @@
 
 #include "bindings.h"
 #include "onnx/model_io.h"
+#include "onnxtrain/cpu_features.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 
@@ -20,4 +21,14 @@ void bind_tools(py::module_& m) {
     infer_shapes(mdl.graph, mdl.opsets);
     return py::bytes(save_model_to_bytes(mdl));
   }, "Annotates value_info with onnxtrain's own shape rules.");
+  m.def("cpu_features", []() {
+    const CpuFeatures& f = cpu_features();
+    py::dict d;
+    d["vendor"] = f.vendor;
+    for (const auto& [name, on] : f.flags) d[py::str(name)] = on;
+    d["onednn_isa"] = f.onednn_isa;
+    d["bf16_matmul_native"] = f.bf16_matmul_native;
+    d["fp16_matmul_native"] = f.fp16_matmul_native;
+    return d;
+  }, "What the CPU offers for low precision (CPUID flags the OS enabled) and what the engine runs.");
 }

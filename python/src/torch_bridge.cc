@@ -256,8 +256,9 @@ void bind_torch_bridge(py::module_& m) {
 
   py::class_<TorchRunner>(t, "Runner")
       .def(py::init([](py::bytes model, const std::string& name, std::vector<std::string> bind,
-                       std::vector<std::string> wrt, bool recompute, bool optimize) {
+                       std::vector<std::string> wrt, bool recompute, bool optimize, std::string mixed_precision) {
              ForwardBackwardOptions o;
+             o.mixed_precision = std::move(mixed_precision);
              o.bind = std::move(bind);
              o.wrt = std::move(wrt);
              o.recompute = recompute;
@@ -267,7 +268,7 @@ void bind_torch_bridge(py::module_& m) {
              return std::make_unique<TorchRunner>(bytes, name, o);
            }),
            py::arg("model"), py::arg("name"), py::arg("bind"), py::arg("wrt"), py::arg("recompute") = false,
-           py::arg("optimize") = true)
+           py::arg("optimize") = true, py::arg("mixed_precision") = "")
       .def("forward", &TorchRunner::forward, py::arg("feeds"), py::arg("random_seed") = py::none())
       .def_property_readonly("is_random", &TorchRunner::is_random)
       .def("backward", &TorchRunner::backward, py::arg("seeds"), py::arg("saved"), py::arg("feeds"))

@@ -7,6 +7,7 @@
 #include "ops/graph_builder.h"
 #include "ops/kernel.h"     // run_node_once: a Constant node's value
 #include "ops/registry.h"
+#include "passes/mixed_precision.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 #include "training/json.h"
@@ -237,6 +238,10 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
     OT_CHECK(g.is_initializer(p), kWhere, "frozen_params names '", p,
              "', which is not an initializer or a Constant node's output of the model");
   OT_CHECK(!trainable.empty(), kWhere, "requires_grad is empty: nothing to train");
+  const DType low = mixed_precision_dtype(o.mixed_precision);
+  if (low == DType::kFloat16)
+    OT_THROW(kNotImplemented, kWhere, "mixed_precision \"fp16\" needs the dynamic loss scaler, which is not ",
+             "implemented yet; use \"bf16\" (same speed on CPUs, no loss scaling needed)");
 
   std::vector<std::string> model_inputs;
   for (const auto& in : g.inputs) model_inputs.push_back(in.name);
@@ -273,8 +278,12 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   GradientGraphInfo info;
   // Gelu and FusedMatMul: their fused gradient kernels beat the pieces'. A copy: the eval graph
   // below is made from `m` and stays in standard ops, so exported models run in any runtime.
+  // Mixed precision, likewise, is for the training graph: the eval graph and the models exported
+  // from it stay fp32 (ONNX Runtime's CPU has no bf16 MatMul).
   Model fused = m;
   fuse_for_training(fused);
+  if (low != DType::kUndefined)  // GEMMs in bf16; parameters stay fp32 inputs, cast once per step
+    convert_to_mixed_precision(fused, low, std::set<std::string>(param_order.begin(), param_order.end()));
   Model training = build_gradient_graph(fused, out.trainable, {"loss"}, &info);
   out.gradient_outputs = info.gradient_outputs;
   for (const auto& u : updates) {
@@ -298,6 +307,7 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
     model->metadata[kMetaModelOutputs] = names_json(model_outputs);
     model->metadata[kMetaLossInputs] = names_json(predictions);
     model->metadata[kMetaTargets] = names_json(targets);
+    if (low != DType::kUndefined && model == &training) model->metadata[kMetaMixedPrecision] = mixed_precision_name(low);
   }
   out.training = std::move(training);
   out.eval = std::move(eval);

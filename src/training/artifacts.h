@@ -34,6 +34,9 @@ struct TrainingGraphs {
 inline constexpr const char* kMetaModelOutputs = "onnxtrain.model_outputs";
 inline constexpr const char* kMetaLossInputs = "onnxtrain.loss_inputs";
 inline constexpr const char* kMetaTargets = "onnxtrain.targets";
+// "bf16" where the graphs run in mixed precision (absent for fp32); the checkpoint records the
+// same under the property of that name, and Module refuses a checkpoint of another mode.
+inline constexpr const char* kMetaMixedPrecision = "onnxtrain.mixed_precision";
 // The names recorded under key, or nullopt when the model has no such metadata (artifacts from
 // another generator); malformed metadata throws.
 std::optional<std::vector<std::string>> recorded_names(const Model& model, const std::string& key);

@@ -6,6 +6,7 @@
 
 #include "autodiff/autodiff.h"
 #include "ops/graph_builder.h"
+#include "passes/mixed_precision.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 #include "training/artifacts.h"
@@ -200,7 +201,12 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   for (const auto& w : o.wrt)
     OT_CHECK(feedable.count(w), kWhere, "'", w, "' to differentiate is neither a model input nor a bound initializer");
 
+  const DType low = mixed_precision_dtype(o.mixed_precision);
   if (o.wrt.empty()) {
+    if (low != DType::kUndefined) {
+      fuse_for_training(m);
+      convert_to_mixed_precision(m, low);
+    }
     if (o.optimize) optimize_for_inference(m);
     m.description += " (forward)";
     prune(g, {});
@@ -214,6 +220,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   // whole graph is built.
   if (o.optimize) simplify_graph(m);
   fuse_for_training(m);
+  if (low != DType::kUndefined) convert_to_mixed_precision(m, low);  // host values stay fp32 inputs
   GradientGraphInfo info;
   GradientGraphOptions go;
   go.seed_scalars_with_one = false;  // the host passes every upstream gradient, a loss's too

@@ -29,6 +29,9 @@ struct ForwardBackwardOptions {
   // torch's BatchNorm updates running_var with the unbiased batch variance (ONNX: the population
   // variance): n / (n - 1) times the ONNX statistic's batch term.
   bool unbiased_running_var = true;
+  // "bf16" / "fp16": convert_to_mixed_precision (src/passes/mixed_precision.h) before autodiff;
+  // host values and graph outputs keep their dtypes. "" for none.
+  std::string mixed_precision;
 };
 
 struct ForwardBackwardGraphs {

@@ -74,6 +74,9 @@ ArtifactPaths generate_artifacts(const Model& original, const ArtifactOptions& o
   // Every training run from these artifacts draws its Dropout masks from this seed (Module).
   std::random_device device;
   state.add_property(CheckpointState::kRandomSeedProperty, int64_t((uint64_t(device()) << 32) | device()));
+  if (!options.graphs.mixed_precision.empty())  // Module checks it against the graphs' mode
+    state.add_property(kMetaMixedPrecision, graphs.training.metadata.count(kMetaMixedPrecision)
+                                                ? graphs.training.metadata.at(kMetaMixedPrecision) : std::string());
   state.save(out.checkpoint, false);
   return out;
 }

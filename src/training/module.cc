@@ -48,6 +48,21 @@ Module::Module(const std::string& training_model_path, CheckpointState& state, c
 Module::Module(Model training_model, CheckpointState& state, std::optional<Model> eval_model)
     : state_(state), graphs_(std::make_unique<Graphs>()) {
   OT_CHECK(!state.is_nominal(), "Module: the checkpoint is nominal (shapes only); fill its parameters first");
+  {  // a checkpoint saved in one precision mode must not silently train graphs of another
+    auto mode = training_model.metadata.find(kMetaMixedPrecision);
+    std::string graph_mode = mode == training_model.metadata.end() ? "" : mode->second;
+    std::string ckpt_mode;
+    if (state.has_property(kMetaMixedPrecision)) {
+      const std::string* v = std::get_if<std::string>(&state.get_property(kMetaMixedPrecision));
+      OT_CHECK(v, "Module: checkpoint property '", kMetaMixedPrecision, "' should be a string, got ",
+               property_type_name(state.get_property(kMetaMixedPrecision)));
+      ckpt_mode = *v;
+    }
+    auto shown = [](const std::string& m) { return m.empty() ? std::string("fp32") : "mixed precision " + m; };
+    OT_CHECK(graph_mode == ckpt_mode, "Module: the checkpoint was saved for ", shown(ckpt_mode),
+             " training, the training model is ", shown(graph_mode),
+             "; generate the artifacts again with the checkpoint's mode");
+  }
   graphs_->training.model = std::move(training_model);
   bind(graphs_->training, state, "training");
   for (const auto& out : graphs_->training.outputs) {

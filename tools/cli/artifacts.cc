@@ -88,6 +88,7 @@ const Command kArtifactsCommand{
         {"--max-grad-norm", "NORM", "clip the global gradient norm to NORM first"},
         {"--prefix", "PREFIX", "prefix of the file names"},
         {"--nominal", "", "checkpoint with shapes and dtypes only (fill the parameters later)"},
+        {"--mixed-precision", "MODE", "bf16: GEMMs in bfloat16, the rest and the checkpoint in fp32 (default: fp32)"},
     },
     "example:\n  onnxtrain artifacts mlp.onnx --out out --all --loss cross_entropy --optimizer adamw --lr 1e-3\n"};
 
@@ -110,6 +111,7 @@ int run_artifacts(const Args& a) {
   o.graphs.additional_output_names = a.get_list("--additional-outputs");
   o.prefix = a.get("--prefix");
   o.nominal_checkpoint = a.flag("--nominal");
+  if (a.has("--mixed-precision")) o.graphs.mixed_precision = a.get("--mixed-precision");
 
   Model model = load_model(a.positional(0));
   if (custom) o.graphs.custom_loss = std::make_shared<const Model>(load_model(loss));

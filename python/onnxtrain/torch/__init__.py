@@ -14,12 +14,14 @@ from typing import Any
 # attribute -> submodule that defines it
 _LAZY = {
     "FusedAdam": "optim",
+    "FP16_Optimizer": "fp16_optimizer",
+    "DynamicLossScaler": "fp16_optimizer",
     "TrainModule": "train_module",
     "TrainModuleError": "train_module",
     "DebugOptions": "debug",
     "LogLevel": "debug",
 }
-_SUBMODULES = ("optim", "train_module", "debug")
+_SUBMODULES = ("optim", "train_module", "debug", "fp16_optimizer")
 
 __all__ = sorted(list(_LAZY) + list(_SUBMODULES))
 

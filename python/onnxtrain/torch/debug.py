@@ -1,5 +1,5 @@
 """Settings of TrainModule: ``DebugOptions`` and the ``ONNXTRAIN_*`` environment variables
-(LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_LEVEL), read when a TrainModule is
+(LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_LEVEL, MIXED_PRECISION), read when a TrainModule is
 made. Their table, with values and defaults, is in the README's TrainModule section. An explicit
 ``DebugOptions(...)`` argument wins over the environment for its own fields.
 """
@@ -81,6 +81,7 @@ class Settings:
     opset: int
     fallback: str       # "raise" or "warn"
     memory_level: int   # 0 or 1
+    mixed_precision: str = ""  # "", "bf16" or "fp16" (ONNXTRAIN_MIXED_PRECISION)
 
     @staticmethod
     def load(debug_options: "DebugOptions | None") -> "Settings":
@@ -88,7 +89,8 @@ class Settings:
                         save_path=_env("ONNXTRAIN_SAVE_ONNX_PATH", os.getcwd()),
                         opset=_env_int("ONNXTRAIN_OPSET", 17, range(7, 18)),
                         fallback=_env_choice("ONNXTRAIN_FALLBACK", "raise", {"raise", "warn"}),
-                        memory_level=_env_int("ONNXTRAIN_MEMORY_LEVEL", 0, {0, 1}))
+                        memory_level=_env_int("ONNXTRAIN_MEMORY_LEVEL", 0, {0, 1}),
+                        mixed_precision=_env_choice("ONNXTRAIN_MIXED_PRECISION", "", {"", "none", "bf16", "fp16"}))
 
     def log(self, level: LogLevel, message: str) -> None:
         if level < self.debug.log_level:

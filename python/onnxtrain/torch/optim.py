@@ -42,6 +42,9 @@ class FusedAdam(torch.optim.Optimizer):
         max_grad_norm: when > 0, clips the group's global gradient norm first, as
             torch.nn.utils.clip_grad_norm_ would (the .grad tensors are left unscaled).
         maximize: maximize the objective (torch's maximize).
+
+    float16/bfloat16 parameters get fp32 moments and an fp32 master copy (state "master_param")
+    that the update steps; the parameter holds its rounding after each step.
     """
 
     def __init__(self, params, lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
@@ -90,33 +93,41 @@ class FusedAdam(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if p.dtype not in (torch.float32, torch.float64):
-                    raise RuntimeError(f"FusedAdam: parameters must be float32 or float64, got {p.dtype}")
+                if p.dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+                    raise RuntimeError(f"FusedAdam: parameters must be float32, float64, float16 or bfloat16, "
+                                       f"got {p.dtype}")
                 if not p.is_contiguous():
                     raise RuntimeError("FusedAdam: parameters must be contiguous to be updated in place")
                 state = self.state[p]
-                if len(state) == 0:
+                # Half parameters: fp32 moments and an fp32 master copy ("master_param") that the
+                # update steps; the parameter is then its rounding.
+                half = p.dtype in (torch.float16, torch.bfloat16)
+                sdt = torch.float32 if half else p.dtype
+                if half and "master_param" not in state:
+                    state["master_param"] = p.detach().float().contiguous()
+                if "step" not in state:
                     state["step"] = torch.tensor(0.0)
-                    for name in names:
-                        state[name] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                else:
-                    for name in names:
-                        if name not in state:  # e.g. amsgrad switched on after a restore
-                            state[name] = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                        elif not state[name].is_contiguous() or state[name].dtype != p.dtype:
-                            state[name] = state[name].to(dtype=p.dtype).contiguous()
+                for name in names:
+                    if name not in state:  # fresh, or e.g. amsgrad switched on after a restore
+                        state[name] = torch.zeros_like(p, dtype=sdt, memory_format=torch.contiguous_format)
+                    elif not state[name].is_contiguous() or state[name].dtype != sdt:
+                        state[name] = state[name].to(dtype=sdt).contiguous()
                 step = int(state["step"].item()) if torch.is_tensor(state["step"]) else int(state["step"])
-                buckets.setdefault((step, p.dtype), []).append(p)
+                buckets.setdefault((step, sdt), []).append(p)
             if len(buckets) > 1 and config.max_grad_norm > 0:
                 # Clipping is over the whole group: scale the gradients here, as torch would.
                 torch.nn.utils.clip_grad_norm_([p for ps in buckets.values() for p in ps], config.max_grad_norm)
                 config.max_grad_norm = 0.0
             for (step, _), params in buckets.items():
-                arrays = [_as_numpy(p, "a parameter") for p in params]
-                grads = [_as_numpy(p.grad, "a gradient") for p in params]
+                masters = [self.state[p].get("master_param", p) for p in params]
+                arrays = [_as_numpy(m, "a parameter") for m in masters]
+                grads = [_as_numpy(p.grad if m is p else p.grad.float(), "a gradient") for p, m in zip(params, masters)]
                 moments = {name: [_as_numpy(self.state[p][name], f"state {name!r}") for p in params]
                            for name in names}
                 _C.optim.multi_tensor_step(config, step + 1, arrays, grads, moments)
+                for p, m in zip(params, masters):
+                    if m is not p:
+                        p.copy_(m)
                 for p in params:
                     s = self.state[p]
                     if torch.is_tensor(s["step"]):

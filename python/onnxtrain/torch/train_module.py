@@ -160,11 +160,18 @@ class TrainModule(nn.Module):
     Args:
         module: the torch module; its tensors must be on the CPU.
         debug_options: logging and graph dumps (default: from the ONNXTRAIN_* environment).
+        mixed_precision: "bf16" or "fp16": the GEMMs and their gradients run in that type (fp32
+            accumulation), losses, normalisations and the parameters stay fp32
+            (src/passes/mixed_precision.h). Default: ONNXTRAIN_MIXED_PRECISION, else the dtype of
+            an enclosing ``torch.autocast("cpu", ...)`` at each call, else fp32.
     """
 
-    def __init__(self, module: nn.Module, debug_options: Optional[DebugOptions] = None):
+    def __init__(self, module: nn.Module, debug_options: Optional[DebugOptions] = None,
+                 mixed_precision: Optional[str] = None):
         if not isinstance(module, nn.Module):
             raise TypeError(f"TrainModule wraps a torch.nn.Module, got {type(module).__name__}")
+        if mixed_precision not in (None, "bf16", "fp16"):
+            raise ValueError(f"TrainModule: mixed_precision must be \"bf16\", \"fp16\" or None, got {mixed_precision!r}")
         super().__init__()
         self.__dict__["_original_module"] = module  # not a child: the module's children are ours
         # One set of parameters, buffers and submodules, seen under the module's own names.
@@ -172,6 +179,8 @@ class TrainModule(nn.Module):
             self.__dict__[shared] = module.__dict__[shared]
         self.training = module.training
         self._settings = Settings.load(debug_options)
+        env_mode = "" if self._settings.mixed_precision == "none" else self._settings.mixed_precision
+        self.__dict__["_mixed_precision"] = mixed_precision or env_mode
         self._exports: Dict[Any, _Export] = {}
         self._graphs: Dict[Any, _Graph] = {}
         self._fallback_reason: Optional[str] = None
@@ -297,13 +306,15 @@ class TrainModule(nn.Module):
         grad = torch.is_grad_enabled()
         wrt_inputs = tuple(i for i, t in enumerate(inputs) if grad and t.requires_grad)
         wrt_params = tuple(n for n, p in self._original_module.named_parameters() if grad and p.requires_grad)
-        graph_key = (export_key, wrt_inputs, wrt_params)
+        mode = self._mixed_precision_now()
+        graph_key = (export_key, wrt_inputs, wrt_params, mode)
         graph = self._graphs.get(graph_key)
         if graph is None:
             export = self._exports.get(export_key)
             if export is None:
-                export = self._exports[export_key] = self._export(structure, inputs)
-            graph = self._graphs[graph_key] = self._build(export, wrt_inputs, wrt_params, len(self._graphs))
+                with torch.autocast("cpu", enabled=False):  # the export is fp32; the pass lowers it
+                    export = self._exports[export_key] = self._export(structure, inputs)
+            graph = self._graphs[graph_key] = self._build(export, wrt_inputs, wrt_params, len(self._graphs), mode)
         return graph
 
     def _export(self, structure: tuple, inputs: List[torch.Tensor]) -> _Export:
@@ -346,7 +357,16 @@ class TrainModule(nn.Module):
             raise TrainModuleError(f"TrainModule: torch.onnx.export did not run {name}'s forward")
         return _Export(f.getvalue(), wrapper.out_structure, wrapper.out_dtypes, time.perf_counter() - start)
 
-    def _build(self, export: _Export, wrt_inputs, wrt_params, index: int) -> _Graph:
+    def _mixed_precision_now(self) -> str:
+        """The precision mode of this call: the constructor's or the environment's, else that of an
+        enclosing torch.autocast on the CPU (bf16 or fp16), else "" (fp32)."""
+        if self._mixed_precision:
+            return self._mixed_precision
+        if torch.is_autocast_cpu_enabled():
+            return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(torch.get_autocast_cpu_dtype(), "")
+        return ""
+
+    def _build(self, export: _Export, wrt_inputs, wrt_params, index: int, mixed_precision: str = "") -> _Graph:
         module = self._original_module
         name = type(module).__name__
         state = module.state_dict(keep_vars=True)
@@ -356,7 +376,8 @@ class TrainModule(nn.Module):
         try:
             # Only what the export kept can be bound or differentiated (it drops unused values).
             runner = _C.torch_bridge.Runner(export.data, f"'TrainModule({name})'", list(state_names), wrt,
-                                            recompute=self._settings.memory_level == 1)
+                                            recompute=self._settings.memory_level == 1,
+                                            mixed_precision=mixed_precision)
         except _OnnxtrainError as exc:
             raise TrainModuleError(f"TrainModule: onnxtrain cannot build the graphs of {name}: {exc}") from exc
         graph = _Graph(export, runner, state_names)

@@ -18,7 +18,7 @@ Shape MatmulDims::out_batch() const {
 int64_t MatmulDims::batch_count() const { return numel(out_batch()); }
 
 std::vector<int64_t> MatmulDims::key() const {
-  std::vector<int64_t> key{m, n, k, trans_a, trans_b, bias, b_constant, int64_t(a_batch.size())};
+  std::vector<int64_t> key{m, n, k, trans_a, trans_b, bias, b_constant, int64_t(dtype), int64_t(a_batch.size())};
   key.insert(key.end(), a_batch.begin(), a_batch.end());
   key.insert(key.end(), b_batch.begin(), b_batch.end());
   uint32_t bits[2];
@@ -57,6 +57,15 @@ dnnl::memory::dims operand_strides(const Shape& batch, int64_t r, int64_t c, boo
   return s;
 }
 
+dt dnnl_type(DType d) {
+  switch (d) {
+    case DType::kFloat32: return dt::f32;
+    case DType::kBFloat16: return dt::bf16;
+    case DType::kFloat16: return dt::f16;
+    default: OT_THROW(kNotImplemented, "oneDNN matmul: no kernel for ", dtype_name(d));
+  }
+}
+
 dnnl::memory::dims cat(const Shape& batch, int64_t r, int64_t c) {
   dnnl::memory::dims d(batch.begin(), batch.end());
   d.push_back(r);
@@ -90,14 +99,15 @@ Matmul::Matmul(const MatmulDims& dims, const std::string& context) : impl_(std::
     po.append_sum(dims.beta);
     attr.set_post_ops(po);
   }
+  const dt type = dnnl_type(dims.dtype);
   auto build = [&](const Shape& a_b, const Shape& b_b, const Shape& o_b) {
-    p.a_md = strided_md(cat(a_b, m, dims.k), dt::f32, operand_strides(a_b, m, dims.k, dims.trans_a));
-    p.b_md = strided_md(cat(b_b, dims.k, dims.n), dt::f32, operand_strides(b_b, dims.k, dims.n, dims.trans_b));
-    p.c_md = plain_md(cat(o_b, m, dims.n), dt::f32);
-    if (dims.bias) p.bias_md = plain_md(cat(Shape(o_b.size(), 1), 1, dims.n), dt::f32);
+    p.a_md = strided_md(cat(a_b, m, dims.k), type, operand_strides(a_b, m, dims.k, dims.trans_a));
+    p.b_md = strided_md(cat(b_b, dims.k, dims.n), type, operand_strides(b_b, dims.k, dims.n, dims.trans_b));
+    p.c_md = plain_md(cat(o_b, m, dims.n), type);
+    if (dims.bias) p.bias_md = plain_md(cat(Shape(o_b.size(), 1), 1, dims.n), type);
     // A constant B may take whatever layout the primitive prefers: it is packed once.
     dnnl::memory::desc b_prim =
-        dims.b_constant ? dnnl::memory::desc(cat(b_b, dims.k, dims.n), dt::f32, dnnl::memory::format_tag::any) : p.b_md;
+        dims.b_constant ? dnnl::memory::desc(cat(b_b, dims.k, dims.n), type, dnnl::memory::format_tag::any) : p.b_md;
     auto desc = dims.bias ? dnnl::matmul::desc(p.a_md, b_prim, p.bias_md, p.c_md)
                           : dnnl::matmul::desc(p.a_md, b_prim, p.c_md);
     dnnl::matmul::primitive_desc pd(desc, attr, dnnl_engine());
@@ -137,26 +147,49 @@ Matmul::Matmul(const MatmulDims& dims, const std::string& context) : impl_(std::
 
 const MatmulDims& Matmul::dims() const { return impl_->dims; }
 
-void Matmul::run(const float* a, const float* b, float* c, const float* bias) const {
+void Matmul::run(const void* a, const void* b, void* c, const void* bias) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a matmul", [&] {
     auto& eng = dnnl_engine();
     auto& strm = dnnl_stream();
-    auto exec = [&](const float* ap, const float* bp, float* cp) {
+    const size_t es = dtype_size(p.dims.dtype);
+    auto exec = [&](const char* ap, const char* bp, char* cp) {
       std::unordered_map<int, dnnl::memory> args{
-          {DNNL_ARG_SRC, dnnl::memory(p.a_md, eng, const_cast<float*>(ap))},
+          {DNNL_ARG_SRC, dnnl::memory(p.a_md, eng, const_cast<char*>(ap))},
           {DNNL_ARG_WEIGHTS, p.dims.b_constant ? p.packed_b.read_constant(bp, strm) : p.packed_b.read(bp, strm)},
           {DNNL_ARG_DST, dnnl::memory(p.c_md, eng, cp)}};
-      if (p.dims.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, eng, const_cast<float*>(bias)));
+      if (p.dims.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, eng, const_cast<void*>(bias)));
       p.prim.execute(strm, args);
     };
+    const char* ab = static_cast<const char*>(a);
+    const char* bb = static_cast<const char*>(b);
+    char* cb = static_cast<char*>(c);
     if (p.a_off.empty()) {
-      exec(a, b, c);
+      exec(ab, bb, cb);
     } else {
-      for (size_t i = 0; i < p.a_off.size(); ++i) exec(a + p.a_off[i], b + p.b_off[i], c + p.c_off[i]);
+      for (size_t i = 0; i < p.a_off.size(); ++i)
+        exec(ab + p.a_off[i] * es, bb + p.b_off[i] * es, cb + p.c_off[i] * es);
     }
     strm.wait();
   });
+}
+
+bool matmul_native(DType dtype) {
+  auto probe = [](dt type) {
+    try {
+      dnnl::memory::desc md({16, 16}, type, dnnl::memory::format_tag::ab);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(md, md, md), dnnl_engine());
+      return true;
+    } catch (const dnnl::error&) {
+      return false;
+    }
+  };
+  switch (dtype) {
+    case DType::kFloat32: return true;
+    case DType::kBFloat16: { static const bool ok = probe(dt::bf16); return ok; }
+    case DType::kFloat16: { static const bool ok = probe(dt::f16); return ok; }
+    default: return false;
+  }
 }
 
 const Matmul& MatmulCache::get(const MatmulDims& dims, const std::string& context) {

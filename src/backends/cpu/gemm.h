@@ -3,9 +3,10 @@
 //
 //   C[b] = alpha * op(A[b]) * op(B[b]) + beta * C[b]   (+ bias row)
 //
-// with numpy broadcasting over the batch dims. fp32 runs through oneDNN's matmul primitive, built
-// once per MatmulDims (JIT, ~4 ms) and reused; transposed operands are read through strides, never
-// copied. Other dtypes use matmul_reference.
+// with numpy broadcasting over the batch dims. fp32, and bf16 / fp16 where the CPU has native
+// kernels for them (matmul_native), run through oneDNN's matmul primitive, built once per
+// MatmulDims (JIT, ~4 ms) and reused; the half types accumulate in fp32 inside the primitive.
+// Transposed operands are read through strides, never copied. Other dtypes use matmul_reference.
 #pragma once
 
 #include <cstdint>
@@ -29,17 +30,23 @@ struct MatmulDims {
   bool bias = false;       // add a length-n row vector to every output row (fp32: fused)
   bool b_constant = false; // B never changes at its address (an initializer): packed once into
                            // oneDNN's preferred layout and reused, as ONNX Runtime prepacks
+  DType dtype = DType::kFloat32;  // of A, B, C and bias: kFloat32, or a half type matmul_native() takes
 
   Shape out_batch() const;  // broadcast of a_batch and b_batch
   int64_t batch_count() const;
   std::vector<int64_t> key() const;
 };
 
-// One prepared fp32 matmul. Thread-compatible: run() may be called repeatedly with new pointers.
+// Whether oneDNN has a native matmul kernel for dtype on this CPU (fp32 always; bf16 with
+// AVX512-BF16 or AMX; fp16 with AVX512-FP16 or AMX-FP16). Probed once per dtype.
+bool matmul_native(DType dtype);
+
+// One prepared matmul in dims.dtype. Thread-compatible: run() may be called repeatedly with new
+// pointers (to elements of dims.dtype).
 class Matmul {
  public:
   Matmul(const MatmulDims& dims, const std::string& context);
-  void run(const float* a, const float* b, float* c, const float* bias = nullptr) const;
+  void run(const void* a, const void* b, void* c, const void* bias = nullptr) const;
   const MatmulDims& dims() const;
 
  private:

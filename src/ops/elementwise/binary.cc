@@ -1,5 +1,6 @@
 // Broadcasting binary arithmetic: Add, Sub, Mul, Div.
 #include "ops/elementwise/elementwise.h"
+#include "ops/half_round.h"
 
 namespace onnxtrain {
 namespace {
@@ -13,7 +14,7 @@ void arithmetic_kernel(KernelContext& ctx) {
   Tensor& out = ctx.output(0, a.dtype(), broadcast_shapes(ctx.node(), a.shape(), b.shape()));
   dispatch_numeric(a.dtype(), [&]<typename T>() {
     using C = compute_t<T>;
-    binary_broadcast<T, T, T>(a, b, out, [](T x, T y) { return T(Fn::apply(C(x), C(y))); });
+    binary_broadcast<T, T, T>(a, b, out, [](T x, T y) { return round_to<T>(Fn::apply(C(x), C(y))); });
   });
 }
 

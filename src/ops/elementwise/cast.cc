@@ -24,6 +24,22 @@ void cast_to(KernelContext& ctx, DType to) {
     if (x.data() != y.data() && x.numel() > 0) std::memcpy(y.data(), x.data(), x.nbytes());
     return;
   }
+  // fp32 <-> bf16, the casts mixed precision inserts: bit operations the compiler vectorises
+  // (round to nearest even, NaN kept quiet), the same results as bfloat16(float).
+  if (x.dtype() == DType::kFloat32 && to == DType::kBFloat16) {
+    const uint32_t* src = static_cast<const uint32_t*>(x.data());
+    uint16_t* dst = static_cast<uint16_t*>(y.data());
+    unary_map(src, dst, x.numel(), [](uint32_t b) {
+      const bool nan = (b & 0x7fffffffu) > 0x7f800000u;
+      return uint16_t(nan ? (b >> 16) | 0x40u : (b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+    });
+    return;
+  }
+  if (x.dtype() == DType::kBFloat16 && to == DType::kFloat32) {
+    unary_map(static_cast<const uint16_t*>(x.data()), static_cast<uint32_t*>(y.data()), x.numel(),
+              [](uint16_t b) { return uint32_t(b) << 16; });
+    return;
+  }
   dispatch_all(x.dtype(), [&]<typename From>() {
     dispatch_all(to, [&]<typename To>() {
       unary_map(x.data<From>(), y.data<To>(), x.numel(), [](From v) { return cast_value<To>(v); });

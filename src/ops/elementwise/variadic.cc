@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "ops/half_round.h"
 #include "ops/elementwise/elementwise.h"
 
 namespace onnxtrain {
@@ -58,7 +59,7 @@ void variadic_kernel(KernelContext& ctx) {
   Tensor& out = ctx.output(0, first.dtype(), shape);
   auto body = [&]<typename T>() {
     using C = compute_t<T>;
-    auto fn = [](T x, T y) { return T(Fn::apply(C(x), C(y))); };
+    auto fn = [](T x, T y) { return round_to<T>(Fn::apply(C(x), C(y))); };
     size_t next = 1;
     if (n >= 2 && (first.shape() == shape || ctx.input(1).shape() == shape)) {
       binary_broadcast<T, T, T>(first, ctx.input(1), out, fn);  // safe: one operand spans the output
@@ -71,7 +72,7 @@ void variadic_kernel(KernelContext& ctx) {
     if constexpr (kMean) {
       C scale = C(1) / C(double(n));
       T* po = out.data<T>();
-      unary_map(po, po, out.numel(), [scale](T v) { return T(C(v) * scale); });
+      unary_map(po, po, out.numel(), [scale](T v) { return round_to<T>(C(v) * scale); });
     }
   };
   if constexpr (kMean) dispatch_float(first.dtype(), body);

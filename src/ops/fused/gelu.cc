@@ -5,6 +5,7 @@
 #include "ops/gradient_builder.h"
 #include "core/fast_math.h"
 #include "ops/common.h"
+#include "ops/half_round.h"
 #include "ops/registry.h"
 
 namespace onnxtrain {
@@ -20,7 +21,7 @@ inline T gelu(T x) {
   using C = compute_t<T>;
   C v = C(x);
   C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_fast(float(v) * float(kInvSqrt2)));
-  return T(C(0.5) * v * (C(1) + e));
+  return round_to<T>(C(0.5) * v * (C(1) + e));
 }
 
 // d gelu / dx = Phi(x) + x phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
@@ -33,7 +34,7 @@ inline T gelu_grad(T dy, T x) {
   C pdf;
   if constexpr (std::is_same_v<C, float>) pdf = C(kInvSqrt2Pi) * exp_fast(C(-0.5) * v * v);
   else pdf = C(kInvSqrt2Pi) * std::exp(C(-0.5) * v * v);
-  return T(C(dy) * (cdf + v * pdf));
+  return round_to<T>(C(dy) * (cdf + v * pdf));
 }
 
 void gelu_kernel(KernelContext& ctx) {

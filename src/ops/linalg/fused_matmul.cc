@@ -45,7 +45,9 @@ class FusedMatMulKernel final : public Kernel {
                ", got ", dtype_name(bias->dtype()));
       OT_CHECK(bias->numel() == plan.dims.n && (bias->rank() == 0 || bias->dim(-1) == plan.dims.n), node.context(),
                "bias must be a vector of the output's last dim ", plan.dims.n, ", got ", shape_str(bias->shape()));
-      if (alpha_ == 1.0f || a.dtype() != DType::kFloat32) {
+      const bool via_onednn = a.dtype() == DType::kFloat32 || a.dtype() == DType::kBFloat16 ||
+                              a.dtype() == DType::kFloat16;
+      if (alpha_ == 1.0f || !via_onednn) {
         plan.dims.bias = true;  // fused: alpha * AB + bias in one pass
       } else {
         // oneDNN's output scale would also scale a fused bias: start from the broadcast bias instead.

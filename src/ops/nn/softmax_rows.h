@@ -15,6 +15,7 @@
 
 #include "core/fast_math.h"
 #include "ops/common.h"
+#include "ops/half_round.h"
 
 namespace onnxtrain {
 
@@ -52,10 +53,10 @@ inline void softmax_contiguous_row(const T* x, T* y, int64_t n) {
   if constexpr (kLog) {
     const C lse = m + std::log(s);
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) y[i] = T(C(x[i]) - lse);
+    for (int64_t i = 0; i < n; ++i) y[i] = round_to<T>(C(x[i]) - lse);
   } else {  // half types: recompute exp rather than round it twice
     const C inv = C(1) / s;
-    for (int64_t i = 0; i < n; ++i) y[i] = T(exp_shifted<C>(C(x[i]) - m) * inv);
+    for (int64_t i = 0; i < n; ++i) y[i] = round_to<T>(exp_shifted<C>(C(x[i]) - m) * inv);
   }
 }
 
@@ -80,14 +81,14 @@ inline void softmax_strided_block(const T* x, T* y, int64_t n, int64_t stride, i
     for (int64_t i = 0; i < n; ++i) {
       const T* row = x + i * stride;
       T* out = y + i * stride;
-      for (int64_t j = 0; j < len; ++j) out[j] = T(C(row[j]) - s[j]);
+      for (int64_t j = 0; j < len; ++j) out[j] = round_to<T>(C(row[j]) - s[j]);
     }
   } else {
     for (int64_t j = 0; j < len; ++j) s[j] = C(1) / s[j];
     for (int64_t i = 0; i < n; ++i) {
       const T* row = x + i * stride;
       T* out = y + i * stride;
-      for (int64_t j = 0; j < len; ++j) out[j] = T(exp_shifted<C>(C(row[j]) - m[j]) * s[j]);
+      for (int64_t j = 0; j < len; ++j) out[j] = round_to<T>(exp_shifted<C>(C(row[j]) - m[j]) * s[j]);
     }
   }
 }
@@ -130,12 +131,12 @@ inline void softmax_grad_contiguous_row(const T* dy, const T* y, T* dx, int64_t 
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; ++i) s += C(dy[i]);
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) dx[i] = T(C(dy[i]) - exp_shifted<C>(C(y[i])) * s);
+    for (int64_t i = 0; i < n; ++i) dx[i] = round_to<T>(C(dy[i]) - exp_shifted<C>(C(y[i])) * s);
   } else {
 #pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < n; ++i) s += C(dy[i]) * C(y[i]);
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) dx[i] = T(C(y[i]) * (C(dy[i]) - s));
+    for (int64_t i = 0; i < n; ++i) dx[i] = round_to<T>(C(y[i]) * (C(dy[i]) - s));
   }
 }
 
@@ -159,9 +160,9 @@ inline void softmax_grad_strided_block(const T* dy, const T* y, T* dx, int64_t n
     const T* yr = y + i * stride;
     T* out = dx + i * stride;
     if constexpr (kLog) {
-      for (int64_t j = 0; j < len; ++j) out[j] = T(C(dr[j]) - exp_shifted<C>(C(yr[j])) * s[j]);
+      for (int64_t j = 0; j < len; ++j) out[j] = round_to<T>(C(dr[j]) - exp_shifted<C>(C(yr[j])) * s[j]);
     } else {
-      for (int64_t j = 0; j < len; ++j) out[j] = T(C(yr[j]) * (C(dr[j]) - s[j]));
+      for (int64_t j = 0; j < len; ++j) out[j] = round_to<T>(C(yr[j]) * (C(dr[j]) - s[j]));
     }
   }
 }

@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Mixed-precision benchmark (issue 10): bf16 against fp32, onnxtrain against PyTorch, same threads.
+
+1. **GEMM peak** of this CPU through onnxtrain's own MatMul kernel, fp32 and bf16 (bf16 inputs,
+   fp32 accumulation, bf16 output), n x n x n, in this run: the ceiling for what follows.
+2. **Train step** (forward, backward, AdamW) of the BERT-style encoder (hidden 256, 4 layers,
+   seq 128, batch 8, cross-entropy head) from generate_artifacts in fp32 and with
+   ``mixed_precision="bf16"``, against PyTorch eager in fp32 and under
+   ``torch.autocast("cpu", dtype=torch.bfloat16)``, all interleaved round by round. Achieved
+   TFLOP/s counts the GEMM work of a step as 3x the forward's (bench/onnx_flops.py).
+   Targets: bf16 step >= 2x onnxtrain's fp32 step, >= 2.5x torch autocast.
+3. With ``--curves``: 200 steps of BERT-style, GPT-style and the digits CNN in fp32 and bf16 from
+   the same initial weights; the largest relative gap of the smoothed (10-step mean) loss curves
+   at every 10th step (target: within 2%).
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/bench_mixed_precision.py [--threads 2] [--curves]
+
+Prints a table and one JSON line. Only ratios measured in the same run mean anything on a shared
+machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from typing import Dict
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_training import export_training, interleaved_ms, parameter_names  # noqa: E402
+from common import import_onnxtrain  # noqa: E402
+
+TARGET_VS_FP32 = 2.0
+TARGET_VS_AUTOCAST = 2.5
+TARGET_CURVE_GAP = 0.02
+
+
+def gemm_peak(ot, n: int, rounds: int) -> Dict[str, float]:
+    """GFLOP/s of an n^3 MatMul in fp32 and bf16 through InferenceSession (median of interleaved
+    runs). The bf16 model casts its fp32 input once (n^2 work) and reduces the product to a scalar
+    (n^2): both under 0.2% of the n^3 product at n = 2048."""
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(0)
+    b = rng.standard_normal((n, n)).astype(np.float32)
+    x = rng.standard_normal((n, n)).astype(np.float32)
+    sessions = {}
+    for name, elem in (("fp32", TensorProto.FLOAT), ("bf16", TensorProto.BFLOAT16)):
+        w = numpy_helper.from_array(b, "w")
+        nodes = []
+        if elem != TensorProto.FLOAT:
+            nodes += [helper.make_node("Cast", ["x"], ["xl"], to=elem), helper.make_node("Cast", ["w"], ["wl"], to=elem)]
+            a_in, b_in = "xl", "wl"
+        else:
+            a_in, b_in = "x", "w"
+        nodes += [helper.make_node("MatMul", [a_in, b_in], ["y"]),
+                  helper.make_node("ReduceMax", ["y"], ["m"], keepdims=0),
+                  helper.make_node("Cast", ["m"], ["out"], to=TensorProto.FLOAT)]
+        # w is an input too, so nothing folds the product away at load time.
+        g = helper.make_graph(nodes, "gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, n]),
+                                              helper.make_tensor_value_info("w", TensorProto.FLOAT, [n, n])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [])])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        sessions[name] = ot.InferenceSession(m.SerializeToString())
+    del w
+    fns = {k: (lambda s=s: s.run(None, {"x": x, "w": b})) for k, s in sessions.items()}
+    ms = interleaved_ms(fns, rounds, 2, budget_s=30.0)
+    # the bf16 run also casts w (n^2) each call; it stays far below the product's cost
+    return {k: 2 * n ** 3 / (v["best"] * 1e-3) / 1e9 for k, v in ms.items()} | \
+        {f"{k}_median": 2 * n ** 3 / (v["median"] * 1e-3) / 1e9 for k, v in ms.items()}
+
+
+def build_model(name: str, seed: int = 0):
+    import torch
+    from torch import nn
+
+    import models
+
+    class WithLoss(nn.Module):
+        def __init__(self, model):
+            super().__init__()
+            self.model = model
+            self.loss = nn.CrossEntropyLoss()
+
+        def forward(self, x, target):
+            return self.loss(self.model(x), target)
+
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    if name == "bert":
+        model = models.BertClassifier(models.BertConfig(), num_classes=2)
+        x, t = torch.randint(0, 8192, (8, 128), generator=g), torch.randint(0, 2, (8,), generator=g)
+    elif name == "gpt":
+        cfg = models.BertConfig(vocab_size=512, hidden=128, layers=2, heads=4, ffn=512, max_len=64)
+        class ClassesSecond(nn.Module):  # [B, S, V] -> [B, V, S]: the layout CrossEntropy takes
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+
+            def forward(self, ids):
+                return self.inner(ids).transpose(1, 2)
+
+        model = ClassesSecond(models.GPTDecoder(cfg))
+        x = torch.randint(0, 512, (8, 64), generator=g)
+        t = torch.roll(x, -1, dims=1)
+    elif name == "digits":
+        model = models.DigitsCNN()
+        from sklearn.datasets import load_digits
+        d = load_digits()
+        x = torch.tensor(d.images[:256, None] / 16.0, dtype=torch.float32)
+        t = torch.tensor(d.target[:256], dtype=torch.int64)
+    else:
+        raise KeyError(name)
+    module = WithLoss(model)
+    module.train()
+    return module, model, x, t
+
+
+class Trainer:
+    def __init__(self, ot, model, x, target, workdir: str, mode):
+        from onnxtrain import artifacts
+        from onnxtrain.api import CheckpointState, Module, Optimizer
+        data = export_training(model, (x,), ["x"], ["logits"])
+        paths = artifacts.generate_artifacts(data, requires_grad=parameter_names(model),
+                                             loss=artifacts.LossType.CrossEntropyLoss,
+                                             optimizer=artifacts.AdamW(lr=1e-3), artifact_directory=workdir,
+                                             mixed_precision=mode)
+        self.state = CheckpointState.load_checkpoint(paths[3])
+        # One Dropout seed for every mode, so curves differ by precision alone.
+        self.state.properties["onnxtrain.random_seed"] = 20261123
+        self.module = Module(paths[0], self.state, paths[1])
+        self.optimizer = Optimizer(paths[2], self.module)
+        self.feeds = (x.numpy(), target.numpy())
+        self.onnx = data
+
+    def step(self) -> float:
+        loss = self.module(*self.feeds)
+        self.optimizer.step()
+        self.module.lazy_reset_grad()
+        return float(loss)
+
+
+class TorchTrainer:
+    def __init__(self, module, x, target, autocast: bool):
+        import torch
+        self.module, self.x, self.target, self.autocast = module, x, target, autocast
+        self.optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+
+    def step(self) -> float:
+        import torch
+        self.optimizer.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+            loss = self.module(self.x, self.target)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss)
+
+
+def step_flops(ot, onnx_bytes: bytes) -> int:
+    """3x the forward's GEMM FLOPs; shapes from onnxtrain's own inference (onnx's stops at the
+    attention reshapes of a training export)."""
+    import onnx
+
+    from onnx_flops import count_flops
+    annotated = ot._C.infer_shapes(onnx_bytes)
+    return 3 * count_flops(onnx.load_from_string(annotated))["total"]
+
+
+def bench_step(ot, args, workdir: str) -> dict:
+    import copy
+
+    import torch
+    module, model, x, t = build_model("bert")
+    fp32 = Trainer(ot, model, x, t, os.path.join(workdir, "fp32"), None)
+    bf16 = Trainer(ot, model, x, t, os.path.join(workdir, "bf16"), "bf16")
+    torch32 = TorchTrainer(copy.deepcopy(module), x, t, autocast=False)
+    torch_ac = TorchTrainer(copy.deepcopy(module), x, t, autocast=True)
+    flops = step_flops(ot, fp32.onnx)
+    first = {"onnxtrain fp32": fp32.step(), "onnxtrain bf16": bf16.step(), "torch fp32": torch32.step(),
+             "torch autocast bf16": torch_ac.step()}
+    ms = interleaved_ms({"onnxtrain fp32": fp32.step, "onnxtrain bf16": bf16.step, "torch fp32": torch32.step,
+                         "torch autocast bf16": torch_ac.step}, args.rounds, args.per_round, args.budget)
+    return {"first_loss": first, "step_ms": ms, "step_gflop": flops / 1e9,
+            "tflops": {k: flops / (v["best"] * 1e-3) / 1e12 for k, v in ms.items()}}
+
+
+def curves(ot, args, workdir: str) -> dict:
+    out = {}
+    for name in ("bert", "gpt", "digits"):
+        module, model, x, t = build_model(name)
+        losses = {}
+        for mode in (None, "bf16"):
+            tr = Trainer(ot, model, x, t, os.path.join(workdir, f"curve_{name}_{mode}"), mode)
+            losses[mode or "fp32"] = np.array([tr.step() for _ in range(args.steps)])
+        smooth = {k: np.convolve(v, np.ones(10) / 10, mode="valid") for k, v in losses.items()}
+        idx = np.arange(0, len(smooth["fp32"]), 10)
+        gap = np.abs(smooth["bf16"][idx] - smooth["fp32"][idx]) / np.abs(smooth["fp32"][idx])
+        out[name] = {"max_rel_gap": float(gap.max()), "fp32_first_last": [float(losses["fp32"][0]), float(losses["fp32"][-1])],
+                     "bf16_first_last": [float(losses["bf16"][0]), float(losses["bf16"][-1])]}
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--n", type=int, default=2048, help="GEMM peak size")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--per-round", type=int, default=2)
+    p.add_argument("--budget", type=float, default=120.0, help="seconds for the train-step timing at most")
+    p.add_argument("--curves", action="store_true", help="also the 200-step loss curves (minutes)")
+    p.add_argument("--steps", type=int, default=200)
+    args = p.parse_args(argv)
+    import torch
+    ot = import_onnxtrain()
+    torch.set_num_threads(args.threads)
+    ot.set_num_threads(args.threads)
+    result = {"cpu": ot.cpu_features(), "threads": args.threads}
+    result["gemm_gflops"] = gemm_peak(ot, args.n, 5)
+    with tempfile.TemporaryDirectory() as workdir:
+        result["bert_step"] = bench_step(ot, args, workdir)
+        if args.curves:
+            result["curves"] = curves(ot, args, workdir)
+    st = result["bert_step"]["step_ms"]
+    feats = result["cpu"]
+    print(f"CPU: {feats['vendor']}, oneDNN ISA {feats['onednn_isa']}, avx512_bf16={feats['avx512_bf16']}, "
+          f"amx_bf16={feats['amx_bf16']}, bf16 GEMM native={feats['bf16_matmul_native']}; {args.threads} threads")
+    g = result["gemm_gflops"]
+    print(f"GEMM {args.n}^3 through MatMul: fp32 {g['fp32']:.0f} GFLOP/s, bf16 {g['bf16']:.0f} GFLOP/s "
+          f"(best; medians {g['fp32_median']:.0f} / {g['bf16_median']:.0f}), bf16/fp32 {g['bf16'] / g['fp32']:.2f}x")
+    print(f"BERT-style train step ({result['bert_step']['step_gflop']:.1f} GFLOP of GEMMs), ms median (best):")
+    for k, v in st.items():
+        print(f"  {k:22s} {v['median']:8.1f} ({v['best']:.1f})  {result['bert_step']['tflops'][k]:.3f} TFLOP/s")
+    vs32 = st["onnxtrain fp32"]["best"] / st["onnxtrain bf16"]["best"]
+    vsac = st["torch autocast bf16"]["best"] / st["onnxtrain bf16"]["best"]
+    bf16_peak_frac = result["bert_step"]["tflops"]["onnxtrain bf16"] * 1e3 / g["bf16"]
+    print(f"  bf16 vs own fp32: {vs32:.2f}x (target {TARGET_VS_FP32}x); vs torch autocast: {vsac:.2f}x "
+          f"(target {TARGET_VS_AUTOCAST}x); bf16 step at {100 * bf16_peak_frac:.0f}% of the bf16 GEMM peak")
+    result["ratios"] = {"bf16_vs_fp32": vs32, "bf16_vs_torch_autocast": vsac, "bf16_fraction_of_peak": bf16_peak_frac}
+    if args.curves:
+        for name, c in result["curves"].items():
+            print(f"  {name}: {args.steps} steps, smoothed bf16 vs fp32 max gap {100 * c['max_rel_gap']:.2f}% "
+                  f"(target {100 * TARGET_CURVE_GAP:.0f}%); loss fp32 {c['fp32_first_last']}, bf16 {c['bf16_first_last']}")
+    print(json.dumps(result, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,213 @@
+#include "passes/mixed_precision.h"
+
+#include <map>
+#include <unordered_map>
+
+#include "core/dispatch.h"
+#include "passes/passes.h"
+#include "passes/shape_inference.h"
+
+namespace onnxtrain {
+namespace {
+
+enum class OpClass { kLow, kFollow, kFp32, kAny };
+
+OpClass classify(const Node& n) {
+  if (n.domain == kOnnxTrainDomain) {
+    if (n.op_type == "FusedMatMul") return OpClass::kLow;
+    if (n.op_type == "Gelu") return OpClass::kFollow;
+    return OpClass::kFp32;
+  }
+  if (!n.domain.empty()) return OpClass::kFp32;
+  static const std::set<std::string> low{"MatMul", "Gemm"};
+  static const std::set<std::string> follow{
+      "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "LeakyRelu", "Gelu", "Tanh", "Sigmoid", "Dropout",
+      "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split", "Slice",
+      "Gather", "Expand", "Where", "Tile", "Max", "Min", "Softmax"};
+  static const std::set<std::string> any{"Shape", "Size", "Cast"};
+  if (low.count(n.op_type)) return OpClass::kLow;
+  if (follow.count(n.op_type)) return OpClass::kFollow;
+  if (any.count(n.op_type)) return OpClass::kAny;
+  return OpClass::kFp32;
+}
+
+// Inputs a follow op reads as control rather than data: left in their own dtype.
+bool control_input(const Node& n, size_t i) { return n.domain.empty() && n.op_type == "Dropout" && i == 1; }
+
+Tensor converted(const Tensor& t, DType to) {
+  Tensor out = Tensor::empty(to, t.shape());
+  dispatch_float(t.dtype(), [&]<typename From>() {
+    dispatch_float(to, [&]<typename To>() {
+      const From* src = t.data<From>();
+      To* dst = out.data<To>();
+      for (int64_t i = 0; i < t.numel(); ++i) dst[i] = cast_value<To>(src[i]);
+    });
+  });
+  return out;
+}
+
+class Converter {
+ public:
+  Converter(Model& m, DType low, const std::set<std::string>& parameters)
+      : m_(m), g_(m.graph), low_(low), params_(parameters) {}
+
+  int run() {
+    infer_shapes(g_, m_.opsets);
+    for (const auto& in : g_.inputs) dtype_[in.name] = in.info.dtype;
+    for (const auto& [name, t] : g_.initializers) dtype_[name] = t.dtype();
+    for (const auto& [name, info] : g_.value_info)
+      if (!dtype_.count(name)) dtype_[name] = info.dtype;
+    // Named in graph order: inputs, initializers, then the first node output.
+    std::vector<std::string> order;
+    for (const auto& in : g_.inputs) order.push_back(in.name);
+    for (const auto& [name, t] : g_.initializers) order.push_back(name);
+    for (const auto& n : g_.nodes) order.insert(order.end(), n.outputs.begin(), n.outputs.end());
+    for (const auto& name : order) {
+      DType dt = dtype(name);
+      if (dt != DType::kFloat16 && dt != DType::kBFloat16) continue;
+      OT_THROW(kInvalidArgument, "mixed precision (", mixed_precision_name(low_), "): value '", name, "' is already ",
+               dtype_name(dt), "; the pass converts fp32 models (export the model in fp32)");
+    }
+    for (const auto& n : g_.nodes)
+      if (n.domain.empty() && n.op_type == "Constant")
+        for (const auto& o : n.outputs) constants_.insert(o);
+
+    // The rewritten list is built beside the original, so fresh names never clash with the
+    // values of nodes not visited yet.
+    for (const Node& n : g_.nodes) convert(Node(n));
+    g_.nodes = std::move(out_);
+    keep_output_dtypes();
+    for (const auto& v : changed_) g_.value_info.erase(v);
+    infer_shapes(g_, m_.opsets);
+    return inserted_;
+  }
+
+ private:
+  bool floating32(const std::string& v) const {
+    auto it = dtype_.find(v);
+    return it != dtype_.end() && (it->second == DType::kFloat32 || it->second == low_);
+  }
+  DType dtype(const std::string& v) const {
+    auto it = dtype_.find(v);
+    return it == dtype_.end() ? DType::kUndefined : it->second;
+  }
+  // Constants adapt to the op's precision instead of widening it (PyTorch's scalars do too).
+  bool weak(const std::string& v) const {
+    return (g_.is_initializer(v) && !params_.count(v)) || constants_.count(v);
+  }
+
+  // v in dtype `to`: one conversion per (value, dtype), wherever it is read.
+  std::string cast(const std::string& v, DType to) {
+    auto key = std::make_pair(v, to);
+    if (auto it = casts_.find(key); it != casts_.end()) return it->second;
+    if (auto src = source_.find(v); src != source_.end() && dtype(src->second) == to) return src->second;
+    std::string name = g_.unique_name(v + "/" + (to == DType::kFloat32 ? std::string("fp32") : mixed_precision_name(to)));
+    if (g_.is_initializer(v) && !params_.count(v)) {
+      g_.initializers[name] = converted(g_.initializers.at(v), to);  // a constant: converted once, here
+    } else {
+      Node c;
+      c.name = name + "/cast";
+      c.op_type = "Cast";
+      c.inputs = {v};
+      c.outputs = {name};
+      c.attributes["to"] = Attribute::of(int64_t(to));
+      out_.push_back(std::move(c));
+      ++inserted_;
+    }
+    casts_[key] = name;
+    source_[name] = v;
+    dtype_[name] = to;
+    return name;
+  }
+
+  void convert(Node n) {
+    OpClass cls = classify(n);
+    if (cls == OpClass::kAny) {
+      out_.push_back(std::move(n));
+      return;
+    }
+    std::vector<size_t> data;
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (n.has_input(i) && floating32(n.inputs[i]) && !control_input(n, i)) data.push_back(i);
+    DType target = DType::kFloat32;
+    if (cls == OpClass::kLow) {
+      target = low_;
+    } else if (cls == OpClass::kFollow) {
+      bool strong32 = false, any_low = false;
+      for (size_t i : data) {
+        strong32 = strong32 || (dtype(n.inputs[i]) == DType::kFloat32 && !weak(n.inputs[i]));
+        any_low = any_low || dtype(n.inputs[i]) == low_;
+      }
+      target = !strong32 && any_low ? low_ : DType::kFloat32;
+    }
+    for (size_t i : data)
+      if (dtype(n.inputs[i]) != target) n.inputs[i] = cast(n.inputs[i], target);
+    if (target == low_)
+      for (const auto& o : n.outputs)
+        if (!o.empty() && dtype(o) == DType::kFloat32) {
+          dtype_[o] = low_;
+          changed_.insert(o);
+        }
+    out_.push_back(std::move(n));
+  }
+
+  // A graph output that became low precision is computed under a new name and cast back.
+  void keep_output_dtypes() {
+    for (auto& out : g_.outputs) {
+      if (!changed_.count(out.name)) continue;
+      std::string lp = g_.unique_name(out.name + "/" + mixed_precision_name(low_));
+      for (auto& n : g_.nodes) {
+        for (auto& v : n.outputs) if (v == out.name) v = lp;
+        for (auto& v : n.inputs) if (v == out.name) v = lp;
+      }
+      Node c;
+      c.name = out.name + "/cast";
+      c.op_type = "Cast";
+      c.inputs = {lp};
+      c.outputs = {out.name};
+      c.attributes["to"] = Attribute::of(int64_t(DType::kFloat32));
+      g_.nodes.push_back(std::move(c));
+      ++inserted_;
+      dtype_[lp] = low_;
+      dtype_[out.name] = DType::kFloat32;
+      changed_.insert(lp);
+    }
+  }
+
+  Model& m_;
+  Graph& g_;
+  DType low_;
+  const std::set<std::string>& params_;
+  std::unordered_map<std::string, DType> dtype_;
+  std::vector<Node> out_;
+  std::set<std::string> constants_, changed_;
+  std::map<std::pair<std::string, DType>, std::string> casts_;
+  std::unordered_map<std::string, std::string> source_;  // cast output -> the value it converts
+  int inserted_ = 0;
+};
+
+}  // namespace
+
+DType mixed_precision_dtype(const std::string& name) {
+  if (name.empty() || name == "none") return DType::kUndefined;
+  if (name == "bf16" || name == "bfloat16") return DType::kBFloat16;
+  if (name == "fp16" || name == "float16") return DType::kFloat16;
+  OT_THROW(kInvalidArgument, "mixed_precision: unknown value '", name, "'; expected \"bf16\", \"fp16\" or none");
+}
+
+std::string mixed_precision_name(DType low) {
+  switch (low) {
+    case DType::kBFloat16: return "bf16";
+    case DType::kFloat16: return "fp16";
+    case DType::kUndefined: return "";
+    default: OT_THROW(kInvalidArgument, "mixed precision: ", dtype_name(low), " is not a low-precision type");
+  }
+}
+
+int convert_to_mixed_precision(Model& model, DType low, const std::set<std::string>& parameters) {
+  OT_CHECK(low == DType::kBFloat16 || low == DType::kFloat16, "mixed precision: the low precision is bf16 or fp16, got ",
+           dtype_name(low));
+  return Converter(model, low, parameters).run();
+}
+
+}  // namespace onnxtrain

@@ -1,0 +1,47 @@
+// Mixed precision: rewrites an fp32 forward graph so its GEMMs run in bf16 or fp16 while
+// everything precision-sensitive stays fp32. Run it after fuse_for_training and before autodiff:
+// the gradient rules then emit the backward of each op in that op's precision (the MatMul
+// gradients in the low precision, the loss and LayerNorm gradients in fp32) with no second pass.
+//
+//   Model m = ...;                      // fp32 forward + loss, parameters as initializers or inputs
+//   fuse_for_training(m);
+//   convert_to_mixed_precision(m, DType::kBFloat16, {"fc1.weight", ...});
+//   Model training = build_gradient_graph(m, ...);
+//
+// Op classes (DESIGN.md, "Mixed precision", says where they differ from PyTorch's CPU autocast
+// and ONNX Runtime's transformer, and why):
+//   low     MatMul, Gemm, onnxtrain.FusedMatMul: every float input in the low precision (oneDNN
+//           accumulates in fp32 inside the product).
+//   follow  elementwise arithmetic and activations, Softmax (fp32 sums inside the kernel),
+//           Dropout, data movement (Reshape, Transpose, Concat, Slice, Gather, ...): computed in
+//           the widest type of their float inputs, as
+//           PyTorch promotes; constants (initializers that are not parameters, Constant nodes)
+//           adapt instead of widening.
+//   fp32    everything else: losses, LogSoftmax, LayerNorm, BatchNorm and every other
+//           normalisation, reductions, Exp/Log/Pow/Sqrt, Conv (no bf16 convolution kernel yet).
+//   any     Shape, Size, Cast: read any dtype, left alone.
+// Each value is cast at most once per dtype, whatever the number of readers (a parameter gets one
+// Cast per step, not one per use); a cast back to a value's source dtype reuses the source.
+// Graph outputs keep their fp32 dtype (a Cast at the end where they became low precision).
+#pragma once
+
+#include <set>
+#include <string>
+
+#include "ir/graph.h"
+
+namespace onnxtrain {
+
+// "bf16"/"bfloat16" -> kBFloat16, "fp16"/"float16" -> kFloat16, "" / "none" -> kUndefined (off);
+// anything else throws kInvalidArgument naming the value and the choices.
+DType mixed_precision_dtype(const std::string& name);
+// "bf16", "fp16" or "" for kUndefined: the name artifacts and checkpoints record.
+std::string mixed_precision_name(DType low);
+
+// `low` is kBFloat16 or kFloat16. Initializers named in `parameters` are values a step feeds
+// (they get a Cast node); other fp32 initializers are constants, converted once in place. Throws
+// naming the value when the model already holds half-precision values (it converts fp32 models).
+// Returns the number of Cast nodes inserted.
+int convert_to_mixed_precision(Model& model, DType low, const std::set<std::string>& parameters = {});
+
+}  // namespace onnxtrain

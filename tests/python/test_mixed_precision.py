@@ -1,0 +1,255 @@
+"""Mixed precision (issue 10): cpu_features, bf16 GEMMs, the mixed-precision graph pass through
+generate_artifacts, and its bad-input errors. Quick: a tiny BERT-style classifier trained a few
+steps; the 200-step curves are bench/bench_mixed_precision.py's job."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import onnxtrain
+from onnxtrain import artifacts
+from onnxtrain.api import CheckpointState, Module, Optimizer
+
+from .build_paths import ONNXTRAIN
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import models  # noqa: E402  (the shared reference models)
+
+GEMMS = {"MatMul", "Gemm", "FusedMatMul"}
+
+
+def test_cpu_features_reports_flags_and_engine_choice():
+    f = onnxtrain.cpu_features()
+    for key in ("avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile"):
+        assert isinstance(f[key], bool), key
+    assert isinstance(f["onednn_isa"], str) and f["onednn_isa"]
+    # A native bf16 GEMM needs AVX512-BF16 or AMX (oneDNN 2.x has no other bf16 kernels).
+    assert not f["bf16_matmul_native"] or f["avx512_bf16"] or f["amx_bf16"]
+    assert not f["fp16_matmul_native"] or f["avx512_fp16"] or f["amx_fp16"]
+    with open("/proc/cpuinfo") as cpuinfo:
+        flags = next((line for line in cpuinfo if line.startswith("flags")), "").split()
+    if flags:  # the kernel's view of the same bits
+        assert f["avx512f"] == ("avx512f" in flags)
+        assert f["avx512_bf16"] == ("avx512_bf16" in flags)
+        assert f["f16c"] == ("f16c" in flags)
+
+
+def _bf16_round(x):
+    bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.view(np.float32)
+
+
+@pytest.mark.parametrize("low", [TensorProto.BFLOAT16, TensorProto.FLOAT16])
+@pytest.mark.parametrize("trans_b,bias", [(0, False), (1, True)])
+def test_half_gemm_matches_float64_on_rounded_inputs(low, trans_b, bias):
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 37, 64)).astype(np.float32)
+    b = rng.standard_normal((48, 64) if trans_b else (64, 48)).astype(np.float32)
+    c = rng.standard_normal(48).astype(np.float32)
+    rnd = _bf16_round if low == TensorProto.BFLOAT16 else (lambda v: v.astype(np.float16).astype(np.float32))
+    a, b, c = rnd(a), rnd(b), rnd(c)
+    names = ["a", "b"] + (["c"] if bias else [])
+    casts = [helper.make_node("Cast", [n], [n + "_lp"], to=low) for n in names]
+    mm = helper.make_node("FusedMatMul", [n + "_lp" for n in names], ["y_lp"], domain="onnxtrain", transB=trans_b,
+                          alpha=0.5)
+    back = helper.make_node("Cast", ["y_lp"], ["y"], to=TensorProto.FLOAT)
+    feeds = {"a": a, "b": b, "c": c}
+    graph = helper.make_graph(casts + [mm, back], "g",
+                              [helper.make_tensor_value_info(n, TensorProto.FLOAT, feeds[n].shape) for n in names],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("onnxtrain", 1)])
+    y = onnxtrain.InferenceSession(model.SerializeToString()).run(None, {n: feeds[n] for n in names})[0]
+    bt = b.astype(np.float64).T if trans_b else b.astype(np.float64)
+    ref = 0.5 * a.astype(np.float64) @ bt + (c if bias else 0)
+    # One rounding of the fp32-accumulated result: half an ulp of the output type.
+    rel = 2.0 ** -8 if low == TensorProto.BFLOAT16 else 2.0 ** -11
+    np.testing.assert_allclose(y, ref, rtol=rel, atol=rel * np.abs(ref).max() * 0.05)
+
+
+# --------------------------------------------------------------------------------------------------
+# The pass, through generate_artifacts
+
+def _tiny_bert(seed=0):
+    torch.manual_seed(seed)
+    cfg = models.BertConfig(vocab_size=64, hidden=32, layers=2, heads=2, ffn=64, max_len=16)
+    model = models.BertClassifier(cfg, num_classes=3)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 64, (4, 16), generator=g)
+    y = torch.randint(0, 3, (4,), generator=g)
+    return model, x, y
+
+
+@pytest.fixture(scope="module")
+def bert_onnx(tmp_path_factory):
+    model, x, y = _tiny_bert()
+    path = str(tmp_path_factory.mktemp("bert") / "bert.onnx")
+    models.export(model, (x,), path, ["x"], ["logits"], training=True)
+    params = [n for n, _ in model.named_parameters()]
+    return path, params, x.numpy(), y.numpy()
+
+
+def _artifacts(bert_onnx, directory, mode):
+    path, params, _, _ = bert_onnx
+    return artifacts.generate_artifacts(path, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
+                                        optimizer=artifacts.AdamW(lr=3e-3), artifact_directory=str(directory),
+                                        mixed_precision=mode)
+
+
+def _dtypes(graph):
+    types = {v.name: v.type.tensor_type.elem_type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+    types.update({t.name: t.data_type for t in graph.initializer})
+    return types
+
+
+def test_bf16_training_graph_shape(bert_onnx, tmp_path):
+    paths = _artifacts(bert_onnx, tmp_path, "bf16")
+    m = onnx.load(paths[0])
+    g = m.graph
+    types = _dtypes(g)
+    params = set(bert_onnx[1])
+    meta = {p.key: p.value for p in m.metadata_props}
+    assert meta["onnxtrain.mixed_precision"] == "bf16"
+    # Every GEMM (forward and backward) reads and writes bf16.
+    gemms = [n for n in g.node if n.op_type in GEMMS]
+    assert gemms
+    for n in gemms:
+        for v in list(n.input) + list(n.output):
+            if v:
+                assert types.get(v) == TensorProto.BFLOAT16, (n.name, v, types.get(v))
+    # One Cast per parameter, however many nodes read it.
+    casts_of = {}
+    for n in g.node:
+        if n.op_type == "Cast" and n.input[0] in params:
+            casts_of[n.input[0]] = casts_of.get(n.input[0], 0) + 1
+    assert casts_of and max(casts_of.values()) == 1, casts_of
+    # Parameters, gradients and the loss stay fp32; so do LayerNorm and the loss.
+    for p in params:
+        assert types[p] == TensorProto.FLOAT
+        assert types[p + "_grad"] == TensorProto.FLOAT
+    assert types["loss"] == TensorProto.FLOAT
+    for n in g.node:
+        if n.op_type in ("LayerNormalization", "SoftmaxCrossEntropyLoss"):
+            assert types[n.input[0]] == TensorProto.FLOAT, n.name
+        if n.op_type in ("Softmax", "SoftmaxGrad"):  # attention: between two bf16 GEMMs
+            assert types[n.input[0]] == TensorProto.BFLOAT16, n.name
+    # No cast reads the output of a cast back into the dtype it came from.
+    producer = {o: n for n in g.node for o in n.output}
+    for n in g.node:
+        if n.op_type == "Cast" and n.input[0] in producer and producer[n.input[0]].op_type == "Cast":
+            src = producer[n.input[0]].input[0]
+            assert types.get(src) != helper.get_attribute_value(next(a for a in n.attribute if a.name == "to")), n.name
+    # The eval graph (and what is exported from it) stays fp32 and in standard ops.
+    ev = onnx.load(paths[1])
+    assert TensorProto.BFLOAT16 not in _dtypes(ev.graph).values()
+    assert "onnxtrain.mixed_precision" not in {p.key for p in ev.metadata_props}
+    # The optimizer and the checkpoint hold fp32 masters.
+    opt = onnx.load(paths[2])
+    assert all(i.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.INT64) for i in opt.graph.input)
+    state = CheckpointState.load_checkpoint(paths[3])
+    for p in params:
+        assert state.parameters[p].data.dtype == np.float32
+
+
+def _train(paths, x, y, steps):
+    state = CheckpointState.load_checkpoint(paths[3])
+    module = Module(paths[0], state, paths[1])
+    optimizer = Optimizer(paths[2], module)
+    losses = []
+    for _ in range(steps):
+        losses.append(float(module(x, y)))
+        optimizer.step()
+        module.lazy_reset_grad()
+    module.eval()
+    return np.array(losses), module(x, y)
+
+
+def test_bf16_curve_follows_fp32(bert_onnx, tmp_path):
+    _, _, x, y = bert_onnx
+    fp32 = _artifacts(bert_onnx, tmp_path / "fp32", None)
+    bf16 = _artifacts(bert_onnx, tmp_path / "bf16", "bf16")
+    # The same initial weights: the checkpoints differ only in their recorded mode and seed.
+    l32, _ = _train(fp32, x, y, 25)
+    l16, eval16 = _train(bf16, x, y, 25)
+    assert np.isfinite(l16).all()
+    assert abs(l16[0] - l32[0]) < 0.02 * abs(l32[0])          # one bf16 forward
+    assert l16[-1] < 0.5 * l16[0] and l32[-1] < 0.5 * l32[0]  # both learn the batch
+    np.testing.assert_allclose(l16[::5], l32[::5], rtol=0.1, atol=0.05)
+    assert np.asarray(eval16).dtype == np.float32             # eval outputs keep their dtype
+
+
+def test_bad_mixed_precision_value_changes_nothing_on_disk(bert_onnx, tmp_path):
+    out = tmp_path / "never"
+    with pytest.raises(onnxtrain.InvalidArgument, match="'int8'"):
+        _artifacts(bert_onnx, out, "int8")
+    assert not out.exists()
+    with pytest.raises(TypeError, match="mixed_precision"):
+        _artifacts(bert_onnx, out, 16)
+    with pytest.raises(onnxtrain.NotImplemented, match="loss scaler"):
+        _artifacts(bert_onnx, out, "fp16")
+    assert not out.exists()
+
+
+def test_checkpoint_of_another_mode_is_refused(bert_onnx, tmp_path):
+    fp32 = _artifacts(bert_onnx, tmp_path / "fp32", None)
+    bf16 = _artifacts(bert_onnx, tmp_path / "bf16", "bf16")
+    before = open(fp32[3], "rb").read()
+    for ckpt, graph, msg in ((fp32[3], bf16[0], "saved for fp32 training, the training model is mixed precision bf16"),
+                             (bf16[3], fp32[0], "saved for mixed precision bf16 training, the training model is fp32")):
+        state = CheckpointState.load_checkpoint(ckpt)
+        with pytest.raises(onnxtrain.InvalidArgument, match=msg):
+            Module(graph, state)
+    assert open(fp32[3], "rb").read() == before
+
+
+def test_model_already_in_half_precision_is_named(tmp_path):
+    w = helper.make_tensor("w", TensorProto.FLOAT16, [4, 3], np.ones(12, np.float16).view(np.uint16).tolist(), raw=False)
+    node = helper.make_node("MatMul", ["x", "w"], ["y"])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 3])], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(onnxtrain.InvalidArgument, match="value 'x' is already float16"):
+        artifacts.generate_artifacts(model, requires_grad=["w"], loss=artifacts.LossType.MSELoss,
+                                     artifact_directory=str(tmp_path / "out"), mixed_precision="bf16")
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_mixed_precision_flag(bert_onnx, tmp_path):
+    cli = str(ONNXTRAIN)
+    out = tmp_path / "cli"
+    r = subprocess.run([cli, "artifacts", bert_onnx[0], "--out", str(out), "--all", "--loss", "cross_entropy",
+                        "--mixed-precision", "bf16"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    meta = {p.key: p.value for p in onnx.load(str(out / "training_model.onnx")).metadata_props}
+    assert meta["onnxtrain.mixed_precision"] == "bf16"
+    r = subprocess.run([cli, "artifacts", bert_onnx[0], "--out", str(tmp_path / "bad"), "--all", "--loss",
+                        "cross_entropy", "--mixed-precision", "bf17"], capture_output=True, text=True)
+    assert r.returncode != 0 and "'bf17'" in r.stderr
+    assert not (tmp_path / "bad").exists()
+
+
+def test_bf16_resume_is_bit_identical(bert_onnx, tmp_path):
+    _, _, x, y = bert_onnx
+    paths = _artifacts(bert_onnx, tmp_path / "a", "bf16")
+
+    def run(state, steps):
+        module = Module(paths[0], state, paths[1])
+        optimizer = Optimizer(paths[2], module)
+        for _ in range(steps):
+            module(x, y)
+            optimizer.step()
+            module.lazy_reset_grad()
+        return module
+
+    straight = run(CheckpointState.load_checkpoint(paths[3]), 6).get_contiguous_parameters()
+    state = CheckpointState.load_checkpoint(paths[3])
+    run(state, 3)
+    CheckpointState.save_checkpoint(state, tmp_path / "resume.ckpt", include_optimizer_state=True)
+    resumed = run(CheckpointState.load_checkpoint(tmp_path / "resume.ckpt"), 3).get_contiguous_parameters()
+    assert resumed.dtype == np.float32  # fp32 masters
+    np.testing.assert_array_equal(resumed, straight)
