@@ -12,6 +12,7 @@ writes ``training_model.onnx``, ``eval_model.onnx``, ``optimizer_model.onnx`` an
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -78,6 +79,18 @@ def Adagrad(lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
                    initial_accumulator_value=initial_accumulator_value, eps=eps, max_grad_norm=max_grad_norm)
 
 
+@dataclasses.dataclass
+class LoraConfig:
+    """LoRA adapters (include/onnxtrain/lora.h): for each targeted MatMul/Gemm/MatMulNBits weight,
+    y += alpha/rank (x A^T) B^T with A Kaiming-uniform (as PEFT) and B zero; only A and B train.
+    ``target``: module, node or weight name patterns (substring, or a glob with * ?)."""
+    rank: int = 8
+    alpha: float = 16.0
+    target: Sequence[str] = ()
+    dropout: float = 0.0
+    seed: int = 0
+
+
 def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None,
                        frozen_params: Optional[Sequence[str]] = None,
                        loss: Union[LossType, Any, None] = None,
@@ -85,7 +98,8 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                        artifact_directory: Union[str, os.PathLike, None] = None, prefix: str = "",
                        additional_output_names: Optional[Sequence[str]] = None,
                        nominal_checkpoint: bool = False, loss_input_names: Optional[Sequence[str]] = None,
-                       loss_options: Optional[Dict[str, Any]] = None) -> List[str]:
+                       loss_options: Optional[Dict[str, Any]] = None,
+                       lora: Optional[LoraConfig] = None) -> List[str]:
     """Writes the training, eval and optimizer models and the checkpoint; returns their paths.
 
     ``model``: a path, bytes or ``onnx.ModelProto``; a model over 2 GB must be a path to a file
@@ -94,9 +108,13 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     as an ONNX model (path, bytes or ModelProto) whose first inputs take the model's outputs and
     whose single output is the loss. ``optimizer``: an :class:`OptimType` (torch.optim defaults)
     or a configured one (``artifacts.AdamW(lr=...)``). ``loss_options``: reduction, ignore_index,
-    label_smoothing, beta/delta, log_target.
+    label_smoothing, beta/delta, log_target. ``lora``: a :class:`LoraConfig`; then only the
+    adapters train (``requires_grad`` may be empty), the base stays in the graphs and the
+    checkpoint holds the adapters and the base's hash.
     """
     source = _model_arg(model)  # a path stays a path: its external data is found beside it
+    if lora is not None and requires_grad is None:
+        requires_grad = []
     if requires_grad is None or isinstance(requires_grad, str):
         raise TypeError("requires_grad must be a sequence of parameter names")
     if loss is None:
@@ -118,4 +136,7 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     directory = os.fspath(artifact_directory) if artifact_directory is not None else os.getcwd()
     return _C.generate_artifacts(source, list(requires_grad), list(frozen_params or []), loss_name, custom, config,
                                  directory, prefix, list(additional_output_names or []), bool(nominal_checkpoint),
-                                 list(loss_input_names or []), dict(loss_options or {}))
+                                 list(loss_input_names or []), dict(loss_options or {}),
+                                 None if lora is None else {"rank": int(lora.rank), "alpha": float(lora.alpha),
+                                                            "target": list(lora.target), "dropout": float(lora.dropout),
+                                                            "seed": int(lora.seed)})

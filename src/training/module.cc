@@ -7,6 +7,7 @@
 #include "passes/passes.h"
 #include "runtime/executor.h"
 #include "training/artifacts.h"
+#include "training/lora.h"
 #include "core/dispatch.h"
 
 namespace onnxtrain {
@@ -45,6 +46,14 @@ Module::Module(const std::string& training_model_path, CheckpointState& state, c
 Module::Module(Model training_model, CheckpointState& state, std::optional<Model> eval_model)
     : state_(state), graphs_(std::make_unique<Graphs>()) {
   OT_CHECK(!state.is_nominal(), "Module: the checkpoint is nominal (shapes only); fill its parameters first");
+  // LoRA adapters belong to the base they were trained on: the checkpoint records its hash.
+  if (state.has_property(kLoraBaseHashProperty)) {
+    const auto* ck = std::get_if<std::string>(&state.get_property(kLoraBaseHashProperty));
+    std::string model_hash = lora_info(training_model).base_hash;
+    OT_CHECK(ck && !model_hash.empty() && *ck == model_hash, "Module: the checkpoint's LoRA adapters were trained on base "
+             "model ", ck ? *ck : "?", ", but this training model's base is ",
+             model_hash.empty() ? std::string("not a LoRA model") : model_hash, " (hash mismatch: a different base)");
+  }
   graphs_->training.model = std::move(training_model);
   bind(graphs_->training, state, "training");
   for (const auto& out : graphs_->training.outputs) {
