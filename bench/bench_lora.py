@@ -7,7 +7,8 @@
 2. Training tokens/s: onnxtrain int4 base + LoRA (rank 8 on q/k/v/o/gate/up/down) against PyTorch
    eager LoRA on the fp32 base (frozen base, the same adapters, the same threads).
 3. Peak memory of int4 + LoRA fine-tuning against full fp32 fine-tuning (AdamW), same batch and
-   sequence: each runs in a fresh process; peak RSS growth over the process's RSS after imports.
+   sequence: the artifacts are generated here, then a fresh process loads them and trains 3 steps;
+   its peak RSS growth over its RSS after imports is the figure.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_lora.py [--threads 2] [--quick]
 
@@ -140,33 +141,17 @@ def bench_tokens(args):
 
 
 CHILD = r"""
-import os, resource, sys, json
+import os, sys, json
 sys.path.insert(0, {examples!r}); sys.path.insert(0, {bench!r})
 import numpy as np
 from common import import_onnxtrain
 ot = import_onnxtrain()
-from onnxtrain import artifacts
 from onnxtrain.api import CheckpointState, Module, Optimizer
-from onnxtrain.quantize import quantize_model
-from tiny_llm import Config, build_model, init_weights, byte_windows
+from tiny_llm import byte_windows
 ot.set_num_threads({threads})
-cfg = Config()
-weights = init_weights(cfg)
-model = build_model(cfg, weights)
 d = {dir!r}
-if {lora}:
-    data, _ = quantize_model(model, 4, 32)
-    artifacts.generate_artifacts(data, loss=artifacts.LossType.CrossEntropyLoss, artifact_directory=d,
-                                 lora=artifacts.LoraConfig(rank=8, alpha=16, target={targets!r}))
-else:
-    artifacts.generate_artifacts(model, requires_grad=list(weights), loss=artifacts.LossType.CrossEntropyLoss,
-                                 artifact_directory=d)
-del model, weights
-import gc; gc.collect()
-def rss():
-    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-base = rss()
-open("/proc/self/clear_refs", "w").write("5")   # resets VmHWM to the current RSS
+open("/proc/self/clear_refs", "w").write("5")   # resets VmHWM (peak RSS) to the current RSS
+base = [int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith("VmRSS")][0]
 state = CheckpointState.load_checkpoint(os.path.join(d, "checkpoint"))
 module = Module(os.path.join(d, "training_model.onnx"), state)
 opt = Optimizer(os.path.join(d, "optimizer_model.onnx"), module)
@@ -179,23 +164,44 @@ print(json.dumps({{"peak_bytes": hwm - base}}))
 """
 
 
+def make_training_artifacts(d, lora):
+    """Artifacts of the example model: full fp32 fine-tuning (AdamW on every weight) or int4 + LoRA."""
+    import_onnxtrain()
+    from onnxtrain import artifacts
+    from onnxtrain.quantize import quantize_model
+    cfg = Config()
+    weights = init_weights(cfg)
+    model = build_model(cfg, weights)
+    if lora:
+        data, _ = quantize_model(model, 4, 32)
+        artifacts.generate_artifacts(data, loss=artifacts.LossType.CrossEntropyLoss, artifact_directory=d,
+                                     lora=artifacts.LoraConfig(rank=8, alpha=16, target=TARGETS))
+    else:
+        artifacts.generate_artifacts(model, requires_grad=list(weights), loss=artifacts.LossType.CrossEntropyLoss,
+                                     artifact_directory=d)
+
+
 def bench_memory(args):
-    results = {}
-    for lora in (False, True):
-        with tempfile.TemporaryDirectory() as d:
-            code = CHILD.format(examples=os.path.join(REPO, "examples"), bench=HERE, threads=args.threads, dir=d,
-                                lora=lora, targets=TARGETS, seq=args.seq, batch=args.batch)
-            env = dict(os.environ)
-            proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=900)
-            if proc.returncode != 0:
-                raise RuntimeError(proc.stderr)
-            results[lora] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]
-    full, lora = results[False], results[True]
-    print(f"\nPeak memory of a training step (module + optimizer + 3 steps), batch {args.batch} x seq {args.seq}:")
-    print(f"  full fp32 fine-tuning (AdamW)  {full / 2**20:8.1f} MiB")
-    print(f"  int4 + LoRA                    {lora / 2**20:8.1f} MiB")
-    print(f"  ratio {100 * lora / full:.1f}% (target <= 35%)")
-    return full, lora
+    """Peak RSS growth of a training step, in a fresh process per run, for each batch x seq."""
+    out = []
+    for batch, seq in [(1, args.seq), (args.batch, args.seq)]:
+        results = {}
+        for lora in (False, True):
+            with tempfile.TemporaryDirectory() as d:
+                make_training_artifacts(d, lora)  # here: the child process only loads and trains
+                code = CHILD.format(examples=os.path.join(REPO, "examples"), bench=HERE, threads=args.threads, dir=d,
+                                    seq=seq, batch=batch)
+                proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800)
+                if proc.returncode != 0:
+                    raise RuntimeError(proc.stderr)
+                results[lora] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_bytes"]
+        full, lora = results[False], results[True]
+        print(f"\nPeak memory of training (module + optimizer + 3 steps), batch {batch} x seq {seq}:")
+        print(f"  full fp32 fine-tuning (AdamW)  {full / 2**20:8.1f} MiB")
+        print(f"  int4 + LoRA                    {lora / 2**20:8.1f} MiB")
+        print(f"  ratio {100 * lora / full:.1f}% (target <= 35%)")
+        out.append((batch, seq, full, lora))
+    return out
 
 
 def main():

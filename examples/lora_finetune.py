@@ -98,8 +98,8 @@ def generate(ot, model_path, prompt, n, seed=0, temperature=0.7):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--pretrain-steps", type=int, default=150)
-    ap.add_argument("--lora-steps", type=int, default=80)
+    ap.add_argument("--pretrain-steps", type=int, default=100)
+    ap.add_argument("--lora-steps", type=int, default=60)
     ap.add_argument("--cli-steps", type=int, default=10, help="LoRA steps of the command-line run (0: skip it)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=64)
@@ -152,14 +152,14 @@ def main() -> int:
     m0 = Module(os.path.join(art, "training_model.onnx"), state0, os.path.join(art, "eval_model.onnx"))
     ppl_before = perplexity(m0, ft_held, args.seq)
     prompt = b"This License "
-    sample_before = generate(ot, int4, prompt, 100)
+    sample_before = generate(ot, int4, prompt, 60)
     state, module, tok_s = train(ot, art, ft_train, args.lora_steps, args.batch, args.seq, 2e-3, rng,
                                  "LoRA on int4", lora_losses)
     ppl_after = perplexity(module, ft_held, args.seq)
     adapted = os.path.join(args.out, "model_int4_lora.onnx")
     module.export_model_for_inferencing(adapted, ["logits"], merge_lora=True)  # int4 base: kept as base + adapters
     peft = module.export_adapters(os.path.join(args.out, "adapters"))
-    sample_after = generate(ot, adapted, prompt, 100)
+    sample_after = generate(ot, adapted, prompt, 60)
     n_adapter = sum(p.data.size for _, p in state.parameters.items())
     print(f"LoRA: {n_adapter} adapter parameters ({100 * n_adapter / count_params(cfg):.2f}% of the model), "
           f"{tok_s:.0f} tokens/s")

@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "ops/contrib/nbits_layout.h"
 #include "training/json.h"
 #include "training/quantize.h"
 
@@ -71,6 +72,18 @@ std::vector<Candidate> candidates(const Model& model) {
       in = tb ? w.dim(1) : w.dim(0), out_dim = tb ? w.dim(0) : w.dim(1);
     } else if (n.domain == "com.microsoft" && n.op_type == "MatMulNBits") {
       in = n.attr_int("K", 0), out_dim = n.attr_int("N", 0);
+      // The blobs must agree with K, N, bits and block_size before anything is built on them.
+      nbits::Layout l{in, out_dim, n.attr_int("bits", 4), n.attr_int("block_size", 0)};
+      OT_CHECK(in > 0 && out_dim > 0 && l.block_size >= 16 && (l.bits == 2 || l.bits == 4 || l.bits == 8), n.context(),
+               "expected K, N > 0, bits 2/4/8 and block_size >= 16, got K=", in, " N=", out_dim, " bits=", l.bits,
+               " block_size=", l.block_size);
+      OT_CHECK(w.dtype() == DType::kUint8 && w.numel() == l.n * l.row_bytes(), n.context(),
+               "expected B of uint8 [N, k_blocks, blob_size] = [", l.n, ", ", l.k_blocks(), ", ", l.blob_bytes(),
+               "], got ", dtype_name(w.dtype()), " ", shape_str(w.shape()));
+      if (n.inputs.size() > 2 && g.is_initializer(n.inputs[2]))
+        OT_CHECK(g.initializers.at(n.inputs[2]).numel() == l.n * l.k_blocks(), n.context(), "expected ",
+                 l.n * l.k_blocks(), " scales (N x k_blocks), got shape ",
+                 shape_str(g.initializers.at(n.inputs[2]).shape()));
     } else {
       continue;
     }

@@ -171,11 +171,40 @@ def test_lora_bad_input_is_refused_with_nothing_written(tmp_path):
     with pytest.raises(onnxtrain.Error, match="rank 20 exceeds min\\(K=16, N=32\\)"):
         make_artifacts(tmp_path, model_bytes, name="bad2", rank=20)
     assert not (tmp_path / "bad1").exists() and not (tmp_path / "bad2").exists()
+    # A MatMulNBits blob inconsistent with K, N, bits and block size.
+    q = onnx.load_from_string(quantize(export(Net()), bits=4, block_size=16)["model"])
+    blob = next(i for i in q.graph.initializer if i.name.endswith("_Q4"))
+    blob.dims[1] -= 1  # one k-block short per row
+    blob.raw_data = blob.raw_data[:blob.dims[0] * blob.dims[1] * blob.dims[2]]
+    with pytest.raises(onnxtrain.Error, match="expected B of uint8 \\[N, k_blocks, blob_size\\]"):
+        make_artifacts(tmp_path, q.SerializeToString(), name="bad3", targets=["*"])
+    assert not (tmp_path / "bad3").exists()
     # Adapters trained on one base, loaded with another base's artifacts: hash mismatch.
     d1 = make_artifacts(tmp_path, model_bytes, name="a1")
     d2 = make_artifacts(tmp_path, export(Net(seed=3)), name="a2")
     with pytest.raises(onnxtrain.Error, match="hash mismatch"):
         open_module(d2, checkpoint=os.path.join(d1, "checkpoint"))
+
+
+def test_lora_dropout_trains_and_is_off_in_eval(tmp_path):
+    model_bytes = export(Net())
+    d = str(tmp_path / "drop")
+    artifacts.generate_artifacts(model_bytes, loss=artifacts.LossType.MSELoss, artifact_directory=d,
+                                 additional_output_names=["y"],
+                                 lora=artifacts.LoraConfig(rank=4, alpha=8, target=TARGETS, dropout=0.5))
+    state, module, opt = open_module(d)
+    x, y = data(8, 1)
+    module.eval()
+    base_out = onnxtrain.InferenceSession(model_bytes).run(None, {"x": x.numpy()})[0]
+    np.testing.assert_array_equal(module(x.numpy(), y.numpy())[1], base_out)  # B = 0; eval has no dropout
+    module.train()
+    for _ in range(3):
+        module(x.numpy(), y.numpy())
+        opt.step()
+        module.lazy_reset_grad()
+    module.eval()
+    a = module(x.numpy(), y.numpy())[1]
+    np.testing.assert_array_equal(a, module(x.numpy(), y.numpy())[1])  # no dropout in eval
 
 
 def test_quantize_and_int4_lora_lowers_held_out_loss(tmp_path):

@@ -142,6 +142,24 @@ void gemm(int64_t m, int64_t n, int64_t k, bool trans_b, float beta, const T* a,
 
 void matmul_nbits_shape(ShapeContext& ctx) {
   const Node& node = ctx.node();
+  // Constant blobs are checked here, so inconsistent models fail when loaded or turned into
+  // artifacts, before anything is written.
+  if (node.has_attr("K") && node.has_attr("N") && node.has_attr("block_size")) {
+    nbits::Layout l = layout_of(node);
+    if (const Tensor* b = ctx.input_value(1))
+      OT_CHECK(b->dtype() == DType::kUint8 && b->numel() == l.n * l.row_bytes(), node.context(),
+               "expected B of uint8 [N, k_blocks, blob_size] = [", l.n, ", ", l.k_blocks(), ", ", l.blob_bytes(),
+               "] for K=", l.k, " N=", l.n, " bits=", l.bits, " block_size=", l.block_size, ", got ",
+               dtype_name(b->dtype()), " ", shape_str(b->shape()));
+    if (const Tensor* s = ctx.input_value(2))
+      OT_CHECK(s->numel() == l.n * l.k_blocks(), node.context(), "expected ", l.n * l.k_blocks(),
+               " scales (N x k_blocks), got shape ", shape_str(s->shape()));
+    if (const Tensor* z = ctx.has_input(3) ? ctx.input_value(3) : nullptr)
+      OT_CHECK(z->numel() == (z->dtype() == DType::kUint8 ? l.n * l.zp_row_bytes() : l.n * l.k_blocks()),
+               node.context(), "expected zero_points of ",
+               z->dtype() == DType::kUint8 ? l.n * l.zp_row_bytes() : l.n * l.k_blocks(), " values, got shape ",
+               shape_str(z->shape()));
+  }
   const auto& a = ctx.input_shape(0);
   if (!a || a->empty() || !node.has_attr("N")) {
     ctx.set_output(0, ctx.input_dtype(0));
