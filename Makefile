@@ -57,6 +57,7 @@ bench: setup
 	$(PYTHON) bench/bench_train_module.py
 	$(PYTHON) bench/bench_distributed.py
 	$(PYTHON) bench/bench_mixed_precision.py
+	$(PYTHON) bench/bench_lora.py
 
 # AddressSanitizer/UBSan build of the library and C++ tests.
 sanitize: deps

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "onnxtrain/lora.h"
 #include "onnxtrain/optimizer_config.h"
 
 namespace onnxtrain {
@@ -61,6 +62,7 @@ struct ArtifactOptions {
   std::string directory = ".";
   std::string prefix;
   bool nominal_checkpoint = false;  // shapes and dtypes only; fill parameters later from a buffer
+  std::optional<LoraConfig> lora;   // train LoRA adapters only (onnxtrain/lora.h); the base stays in the graphs
 };
 
 struct ArtifactPaths {

@@ -305,6 +305,7 @@ class Module:
         if not isinstance(state, CheckpointState):
             raise TypeError(f"expected a CheckpointState, got {type(state).__name__}")
         self._state = state
+        self._train_model_uri = _path(train_model_uri)
         self._module = _C.Module(_path(train_model_uri), state._state,
                                  _path(eval_model_uri) if eval_model_uri is not None else "")
         self._training = True
@@ -345,9 +346,35 @@ class Module:
         self._module.copy_buffer_to_parameters(np.ascontiguousarray(buffer), trainable_only)
 
     def export_model_for_inferencing(self, inference_model_uri: PathLike,
-                                     graph_output_names: Sequence[str]) -> None:
-        """Writes the eval graph with the current parameters as initializers and these outputs."""
+                                     graph_output_names: Sequence[str], merge_lora: bool = False) -> None:
+        """Writes the eval graph with the current parameters as initializers and these outputs.
+        With LoRA artifacts and ``merge_lora``, adapters on fp32 weights are folded in
+        (W += alpha/rank (B A)^T); adapters on an int4 (MatMulNBits) base are kept as base + adapter
+        branch, since re-quantizing would add the quantization error to the trained update."""
         self._module.export_model_for_inferencing(_path(inference_model_uri), list(graph_output_names))
+        if merge_lora:
+            _C.merge_lora_file(_path(inference_model_uri))
+
+    def export_adapters(self, path: PathLike) -> str:
+        """Writes the LoRA adapters with PEFT's key names (``base_model.model.<module>.lora_A.weight``).
+        A path ending in ``.safetensors`` is that file; any other path is a directory that gets
+        PEFT's ``adapter_model.safetensors`` and ``adapter_config.json``. Returns the file written."""
+        import json
+        path = _path(path)
+        info = _C.lora_info(self._train_model_uri)
+        if path.endswith(".safetensors"):
+            file = path
+        else:
+            os.makedirs(path, exist_ok=True)
+            file = os.path.join(path, "adapter_model.safetensors")
+            modules = sorted({a["module"].split(".")[-1] for a in info["adapters"]})
+            config = {"peft_type": "LORA", "r": info["rank"], "lora_alpha": info["alpha"], "lora_dropout": 0.0,
+                      "target_modules": modules, "bias": "none", "fan_in_fan_out": False,
+                      "base_model_name_or_path": None, "task_type": None, "inference_mode": True}
+            with open(os.path.join(path, "adapter_config.json"), "w") as f:
+                json.dump(config, f, indent=2)
+        _C.export_lora_adapters(self._train_model_uri, self._state._state, file)
+        return file
 
 
 class Optimizer:

@@ -12,6 +12,7 @@ writes ``training_model.onnx``, ``eval_model.onnx``, ``optimizer_model.onnx`` an
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -86,6 +87,18 @@ def _mixed_precision_arg(value: Optional[str]) -> str:
     return value
 
 
+@dataclasses.dataclass
+class LoraConfig:
+    """LoRA adapters (include/onnxtrain/lora.h): for each targeted MatMul/Gemm/MatMulNBits weight,
+    y += alpha/rank (x A^T) B^T with A Kaiming-uniform (as PEFT) and B zero; only A and B train.
+    ``target``: module, node or weight name patterns (substring, or a glob with * ?)."""
+    rank: int = 8
+    alpha: float = 16.0
+    target: Sequence[str] = ()
+    dropout: float = 0.0
+    seed: int = 0
+
+
 def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None,
                        frozen_params: Optional[Sequence[str]] = None,
                        loss: Union[LossType, Any, None] = None,
@@ -94,7 +107,7 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                        additional_output_names: Optional[Sequence[str]] = None,
                        nominal_checkpoint: bool = False, loss_input_names: Optional[Sequence[str]] = None,
                        loss_options: Optional[Dict[str, Any]] = None,
-                       mixed_precision: Optional[str] = None) -> List[str]:
+                       mixed_precision: Optional[str] = None, lora: Optional["LoraConfig"] = None) -> List[str]:
     """Writes the training, eval and optimizer models and the checkpoint; returns their paths.
 
     ``model``: a path, bytes or ``onnx.ModelProto``; a model over 2 GB must be a path to a file
@@ -107,12 +120,16 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     names of floating-point ``Constant`` nodes (they become parameters), or ``"all"``.
     ``mixed_precision``: ``"bf16"`` runs the GEMMs
     and their gradients in bfloat16 (fp32 accumulation) with losses, normalisations, the optimizer
-    and the checkpoint's master parameters in fp32; None for fp32.
+    and the checkpoint's master parameters in fp32; None for fp32. ``lora``: a :class:`LoraConfig`;
+    then only the adapters train (``requires_grad`` may be empty), the base stays in the graphs and
+    the checkpoint holds the adapters and the base's hash.
     """
     source = _model_arg(model)  # a path stays a path: its external data is found beside it
     if requires_grad == "all":  # every weight: initializers and Constant-node weights (not frozen ones)
         frozen = set(frozen_params or [])
         requires_grad = [n for n in _C.all_parameters(source) if n not in frozen]
+    if lora is not None and requires_grad is None:
+        requires_grad = []
     if requires_grad is None or isinstance(requires_grad, str):
         raise TypeError('requires_grad must be a sequence of parameter names or "all"')
     if loss is None:
@@ -135,4 +152,7 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     return _C.generate_artifacts(source, list(requires_grad), list(frozen_params or []), loss_name, custom, config,
                                  directory, prefix, list(additional_output_names or []), bool(nominal_checkpoint),
                                  list(loss_input_names or []), dict(loss_options or {}),
-                                 mixed_precision=_mixed_precision_arg(mixed_precision))
+                                 mixed_precision=_mixed_precision_arg(mixed_precision),
+                                 lora=None if lora is None else {"rank": int(lora.rank), "alpha": float(lora.alpha),
+                                                                 "target": list(lora.target),
+                                                                 "dropout": float(lora.dropout), "seed": int(lora.seed)})

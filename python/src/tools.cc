@@ -6,6 +6,9 @@
 #include "onnxtrain/cpu_features.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
+#include "training/lora.h"
+#include "training/quantize.h"
+#include "onnxtrain/training.h"
 
 namespace py = pybind11;
 using namespace onnxtrain;
@@ -31,4 +34,43 @@ void bind_tools(py::module_& m) {
     d["fp16_matmul_native"] = f.fp16_matmul_native;
     return d;
   }, "What the CPU offers for low precision (CPUID flags the OS enabled) and what the engine runs.");
+  m.def("quantize_model", [](py::bytes model, int bits, int block_size, bool symmetric, std::vector<std::string> exclude) {
+    Model mdl = load_model_from_bytes(std::string(model));
+    QuantizeOptions o{bits, block_size, symmetric, std::move(exclude)};
+    QuantizeReport r = quantize_model(mdl, o);
+    py::list layers;
+    for (const auto& l : r.layers)
+      layers.append(py::dict(py::arg("node") = l.node, py::arg("weight") = l.weight, py::arg("K") = l.k,
+                             py::arg("N") = l.n, py::arg("relative_error") = l.relative_error));
+    py::dict report(py::arg("layers") = layers, py::arg("skipped") = r.skipped,
+                    py::arg("weight_bytes_before") = r.weight_bytes_before,
+                    py::arg("weight_bytes_after") = r.weight_bytes_after, py::arg("table") = r.table());
+    return py::make_tuple(py::bytes(save_model_to_bytes(mdl)), report);
+  }, "MatMul/Gemm fp32 weights -> com.microsoft.MatMulNBits; returns (model bytes, report).");
+  m.def("lora_info", [](const std::string& path) {
+    LoraInfo info = lora_info(load_model(path));
+    py::list adapters;
+    for (const auto& a : info.adapters)
+      adapters.append(py::dict(py::arg("node") = a.node, py::arg("module") = a.module, py::arg("weight") = a.weight,
+                               py::arg("A") = a.a, py::arg("B") = a.b, py::arg("in") = a.in, py::arg("out") = a.out));
+    return py::dict(py::arg("rank") = info.rank, py::arg("alpha") = info.alpha, py::arg("base_hash") = info.base_hash,
+                    py::arg("adapters") = adapters);
+  }, "The LoRA adapters recorded in a training/eval/exported model (empty adapters when none).");
+  m.def("export_lora_adapters", [](const std::string& model_path, std::shared_ptr<CheckpointState> state,
+                                   const std::string& out) {
+    LoraInfo info = lora_info(load_model(model_path));
+    OT_CHECK(!info.adapters.empty(), "export_adapters: '", model_path, "' has no LoRA adapters");
+    std::map<std::string, Tensor> tensors;
+    for (const auto& a : info.adapters) {
+      tensors["base_model.model." + a.a] = state->parameter(a.a).data();
+      tensors["base_model.model." + a.b] = state->parameter(a.b).data();
+    }
+    write_safetensors(out, tensors, {{"format", "pt"}, {"onnxtrain.lora.base_hash", info.base_hash}});
+  }, "Writes the adapters as safetensors with PEFT's key names.");
+  m.def("merge_lora_file", [](const std::string& path) {
+    Model mdl = load_model(path);
+    int merged = merge_lora(mdl);
+    save_model(mdl, path);
+    return merged;
+  }, "Folds fp32-base adapters into their weights in place; returns how many were merged.");
 }

@@ -33,9 +33,18 @@ void bind_training(py::module_& m) {
          std::optional<std::string> loss, std::optional<py::bytes> custom_loss, const optim::OptimizerConfig& optimizer,
          std::string directory, std::string prefix, std::vector<std::string> additional_output_names,
          bool nominal_checkpoint, std::vector<std::string> loss_input_names, py::dict loss_options,
-         std::string mixed_precision) {
+         std::string mixed_precision, std::optional<py::dict> lora) {
         ArtifactOptions o;
         o.graphs.mixed_precision = std::move(mixed_precision);
+        if (lora) {  // artifacts.LoraConfig as a dict
+          LoraConfig c;
+          c.rank = (*lora)["rank"].cast<int64_t>();
+          c.alpha = (*lora)["alpha"].cast<double>();
+          c.target = (*lora)["target"].cast<std::vector<std::string>>();
+          c.dropout = (*lora)["dropout"].cast<double>();
+          c.seed = (*lora)["seed"].cast<uint64_t>();
+          o.lora = c;
+        }
         o.graphs.requires_grad = std::move(requires_grad);
         o.graphs.frozen_params = std::move(frozen_params);
         if (loss) o.graphs.loss = loss_type_from_name(*loss);
@@ -71,7 +80,7 @@ void bind_training(py::module_& m) {
       py::arg("model"), py::arg("requires_grad"), py::arg("frozen_params"), py::arg("loss"), py::arg("custom_loss"),
       py::arg("optimizer"), py::arg("directory"), py::arg("prefix"), py::arg("additional_output_names"),
       py::arg("nominal_checkpoint"), py::arg("loss_input_names"), py::arg("loss_options"),
-      py::arg("mixed_precision") = "");
+      py::arg("mixed_precision") = "", py::arg("lora") = std::nullopt);
 
   m.def(
       "all_parameters",

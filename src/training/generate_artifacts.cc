@@ -1,11 +1,14 @@
 #include "training/generate_artifacts.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <set>
 #include <random>
 
 #include "onnx/model_io.h"
 #include "onnxtrain/training.h"
 #include "ops/optimizer/optimizer_ops.h"
+#include "training/lora.h"
 
 namespace onnxtrain {
 
@@ -48,12 +51,48 @@ ArtifactPaths artifact_paths(const std::string& directory, const std::string& pr
   return {path("training_model.onnx"), path("eval_model.onnx"), path("optimizer_model.onnx"), path("checkpoint")};
 }
 
-ArtifactPaths generate_artifacts(const Model& original, const ArtifactOptions& options) {
+namespace {
+
+// LoRA: the frozen base goes back into the graphs as initializers, so the checkpoint holds only
+// the adapters (BatchNorm-style buffers, updated by training, stay parameters).
+void keep_base_in_graphs(TrainingGraphs& graphs, const Model& source) {
+  std::set<std::string> buffers(graphs.buffers.begin(), graphs.buffers.end()), inlined;
+  for (Model* m : {&graphs.training, &graphs.eval}) {
+    std::vector<NamedValue> inputs;
+    for (auto& in : m->graph.inputs) {
+      bool frozen = std::find(graphs.frozen.begin(), graphs.frozen.end(), in.name) != graphs.frozen.end();
+      if (frozen && !buffers.count(in.name)) {
+        m->graph.initializers[in.name] = source.graph.initializers.at(in.name);
+        inlined.insert(in.name);
+      } else {
+        inputs.push_back(in);
+      }
+    }
+    m->graph.inputs = std::move(inputs);
+    m->metadata[kMetaLora] = source.metadata.at(kMetaLora);
+  }
+  std::vector<std::string> frozen;
+  for (const auto& p : graphs.frozen)
+    if (!inlined.count(p)) frozen.push_back(p);
+  graphs.frozen = std::move(frozen);
+}
+
+}  // namespace
+
+ArtifactPaths generate_artifacts(const Model& original, const ArtifactOptions& input_options) {
   namespace fs = std::filesystem;
+  ArtifactOptions options = input_options;
   std::vector<std::string> named = options.graphs.requires_grad;
   named.insert(named.end(), options.graphs.frozen_params.begin(), options.graphs.frozen_params.end());
-  const Model model = promote_constant_parameters(original, named);  // Constant-node weights
+  Model model = promote_constant_parameters(original, named);  // Constant-node weights
+  const bool adapted = options.lora.has_value();
+  if (adapted)
+    for (const auto& a : apply_lora(model, *options.lora)) {
+      options.graphs.requires_grad.push_back(a.a);
+      options.graphs.requires_grad.push_back(a.b);
+    }
   TrainingGraphs graphs = build_training_graphs(model, options.graphs);
+  if (adapted) keep_base_in_graphs(graphs, model);
   Model optimizer = build_optimizer_model(graphs, options.optimizer);
 
   // The checkpoint holds every parameter the graphs take as inputs.
@@ -77,6 +116,7 @@ ArtifactPaths generate_artifacts(const Model& original, const ArtifactOptions& o
   if (!options.graphs.mixed_precision.empty())  // Module checks it against the graphs' mode
     state.add_property(kMetaMixedPrecision, graphs.training.metadata.count(kMetaMixedPrecision)
                                                 ? graphs.training.metadata.at(kMetaMixedPrecision) : std::string());
+  if (adapted) state.add_property(kLoraBaseHashProperty, lora_info(model).base_hash);
   state.save(out.checkpoint, false);
   return out;
 }

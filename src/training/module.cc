@@ -9,6 +9,7 @@
 #include "passes/passes.h"
 #include "runtime/executor.h"
 #include "training/artifacts.h"
+#include "training/lora.h"
 #include "core/dispatch.h"
 #include "distributed/data_parallel.h"
 
@@ -62,6 +63,14 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
     OT_CHECK(graph_mode == ckpt_mode, "Module: the checkpoint was saved for ", shown(ckpt_mode),
              " training, the training model is ", shown(graph_mode),
              "; generate the artifacts again with the checkpoint's mode");
+  }
+  // LoRA adapters belong to the base they were trained on: the checkpoint records its hash.
+  if (state.has_property(kLoraBaseHashProperty)) {
+    const auto* ck = std::get_if<std::string>(&state.get_property(kLoraBaseHashProperty));
+    std::string model_hash = lora_info(training_model).base_hash;
+    OT_CHECK(ck && !model_hash.empty() && *ck == model_hash, "Module: the checkpoint's LoRA adapters were trained on base "
+             "model ", ck ? *ck : "?", ", but this training model's base is ",
+             model_hash.empty() ? std::string("not a LoRA model") : model_hash, " (hash mismatch: a different base)");
   }
   graphs_->training.model = std::move(training_model);
   bind(graphs_->training, state, "training");

@@ -164,7 +164,7 @@ def test_inspect(work):
     (["train", "d", "e"], "unexpected argument 'e'"),
     (["eval", "d", "--data", "x.npz", "--inputs", "a,,b"], "comma-separated list of names"),
     (["export", "d", "--checkpoint", "c"], "missing required option --out"),
-    (["artifacts", "m.onnx", "--out", "o", "--loss", "mse"], "give either --requires-grad NAMES or --all"),
+    (["artifacts", "m.onnx", "--out", "o", "--loss", "mse"], "give either --requires-grad NAMES, --all or --lora-target PATTERNS"),
     (["artifacts", "m.onnx", "--out", "o", "--all", "--loss", "hinge"], "--loss must be one of mse, cross_entropy"),
     (["artifacts", "m.onnx", "--out", "o", "--all", "--loss", "mse", "--momentum", "0.9"],
      "--momentum applies to sgd only, not adamw"),

@@ -4,6 +4,7 @@
 
 #include "commands.h"
 #include "onnx/model_io.h"
+#include "onnxtrain/training.h"
 #include "training/generate_artifacts.h"
 
 namespace onnxtrain::cli {
@@ -89,13 +90,31 @@ const Command kArtifactsCommand{
         {"--prefix", "PREFIX", "prefix of the file names"},
         {"--nominal", "", "checkpoint with shapes and dtypes only (fill the parameters later)"},
         {"--mixed-precision", "MODE", "bf16: GEMMs in bfloat16, the rest and the checkpoint in fp32 (default: fp32)"},
+        {"--lora-target", "PATTERNS", "train LoRA adapters on these layers only (module/node/weight names, "
+                                      "substring or glob), instead of --all/--requires-grad"},
+        {"--lora-rank", "R", "LoRA rank (default 8)"},
+        {"--lora-alpha", "A", "LoRA alpha: the update is scaled by alpha/rank (default 16)"},
+        {"--lora-dropout", "P", "dropout on the adapters' input while training (default 0)"},
     },
     "example:\n  onnxtrain artifacts mlp.onnx --out out --all --loss cross_entropy --optimizer adamw --lr 1e-3\n"};
 
 int run_artifacts(const Args& a) {
   ArtifactOptions o;
   o.directory = a.require("--out");
-  if (a.flag("--all") == a.has("--requires-grad")) throw UsageError("give either --requires-grad NAMES or --all");
+  const bool lora = a.has("--lora-target");
+  if (!lora && a.flag("--all") == a.has("--requires-grad"))
+    throw UsageError("give either --requires-grad NAMES, --all or --lora-target PATTERNS");
+  if (lora && a.flag("--all")) throw UsageError("--lora-target trains adapters only: drop --all");
+  if (!lora && (a.has("--lora-rank") || a.has("--lora-alpha") || a.has("--lora-dropout")))
+    throw UsageError("--lora-rank/--lora-alpha/--lora-dropout need --lora-target");
+  if (lora) {
+    LoraConfig c;
+    c.target = a.get_list("--lora-target");
+    c.rank = a.get_int("--lora-rank", 8, 1);
+    c.alpha = a.get_double("--lora-alpha", 16.0);
+    c.dropout = a.get_double("--lora-dropout", 0.0);
+    o.lora = c;
+  }
   const std::string loss = a.require("--loss");
   bool known = false;
   for (const auto& [cli, name] : kLosses)
@@ -119,14 +138,22 @@ int run_artifacts(const Args& a) {
     std::set<std::string> frozen(o.graphs.frozen_params.begin(), o.graphs.frozen_params.end());
     for (const auto& name : all_parameters(model))
       if (!frozen.count(name)) o.graphs.requires_grad.push_back(name);
-  } else {
+  } else if (a.has("--requires-grad")) {
     o.graphs.requires_grad = a.get_list("--requires-grad");
   }
   ArtifactPaths p = generate_artifacts(model, o);
-  const Model promoted = promote_constant_parameters(model, o.graphs.requires_grad);
-  int64_t elements = 0;
-  for (const auto& name : o.graphs.requires_grad) elements += promoted.graph.initializers.at(name).numel();
-  std::printf("trainable: %zu parameters (%lld elements)\n", o.graphs.requires_grad.size(), (long long)elements);
+  if (lora) {  // the adapters are the checkpoint's parameters
+    CheckpointState st = CheckpointState::load(p.checkpoint);
+    int64_t n = 0, count = 0;
+    for (const auto& name : st.parameter_names()) n += st.parameter(name).data().numel(), ++count;
+    std::printf("LoRA: %lld adapter tensors (%lld elements), rank %lld, alpha %g\n", (long long)count, (long long)n,
+                (long long)o.lora->rank, o.lora->alpha);
+  } else {
+    const Model promoted = promote_constant_parameters(model, o.graphs.requires_grad);
+    int64_t elements = 0;
+    for (const auto& name : o.graphs.requires_grad) elements += promoted.graph.initializers.at(name).numel();
+    std::printf("trainable: %zu parameters (%lld elements)\n", o.graphs.requires_grad.size(), (long long)elements);
+  }
   std::printf("optimizer: %s, lr %g\n", optim::optimizer_type_name(o.optimizer.type), o.optimizer.lr);
   for (const auto& f : {p.training_model, p.eval_model, p.optimizer_model, p.checkpoint})
     std::printf("wrote %s\n", f.c_str());

@@ -10,13 +10,15 @@ struct Subcommand {
   int (*run)(const Args& args);
 };
 
-extern const Command kOpsCommand, kInspectCommand, kArtifactsCommand, kTrainCommand, kEvalCommand, kExportCommand;
+extern const Command kOpsCommand, kInspectCommand, kArtifactsCommand, kTrainCommand, kEvalCommand, kExportCommand,
+    kQuantizeCommand;
 int run_ops(const Args& args);
 int run_inspect(const Args& args);
 int run_artifacts(const Args& args);
 int run_train(const Args& args);
 int run_eval(const Args& args);
 int run_export(const Args& args);
+int run_quantize(const Args& args);
 
 // Shared by train and eval: where the data's arrays go.
 inline const Option kInputsOption{"--inputs", "KEYS",

@@ -6,6 +6,7 @@
 #include "ops/gradient_builder.h"
 #include "backends/cpu/gemm.h"
 #include "ops/common.h"
+#include "ops/contrib/contrib.h"
 #include "ops/linalg/matmul_util.h"
 #include "ops/registry.h"
 
@@ -28,7 +29,10 @@ class FusedMatMulKernel final : public Kernel {
  public:
   explicit FusedMatMulKernel(const Node& node)
       : trans_a_(node.attr_int("transA", 0) != 0), trans_b_(node.attr_int("transB", 0) != 0),
-        alpha_(node.attr_float("alpha", 1.0f)) {}
+        alpha_(node.attr_float("alpha", 1.0f)) {
+    OT_CHECK(node.attr_int("transBatchA", 0) == 0 && node.attr_int("transBatchB", 0) == 0, node.context(),
+             "transBatchA/transBatchB are not supported");
+  }
 
   void compute(KernelContext& ctx) override {
     const Node& node = ctx.node();
@@ -80,6 +84,16 @@ ONNXTRAIN_OP(FusedMatMul, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1).shape(fus
       matmul_gradient(g, 0, 1, n.attr_int("transA", 0) != 0, n.attr_int("transB", 0) != 0,
                       n.attr_float("alpha", 1.0f));
       if (g.has_input(2) && g.needs(2)) g.set(2, g.sum_to(g.dy(0), g.x(2)));
+    });
+
+// ONNX Runtime's com.microsoft.FusedMatMul (what its optimizer writes into saved models): the same
+// op, imported as is; its transBatchA/transBatchB (batch-dim transposes) are refused by name.
+ONNXTRAIN_OP(FusedMatMul, kMsDomain, 1).inputs(2).outputs(1).shape(fused_matmul_shape)
+    .cpu_kernel<FusedMatMulKernel>()
+    .gradient([](GradientBuilder& g) {
+      const Node& n = g.node();
+      matmul_gradient(g, 0, 1, n.attr_int("transA", 0) != 0, n.attr_int("transB", 0) != 0,
+                      n.attr_float("alpha", 1.0f));
     });
 
 }  // namespace onnxtrain

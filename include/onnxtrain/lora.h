@@ -1,0 +1,25 @@
+// LoRA adapters for on-device fine-tuning (ArtifactOptions::lora): for each targeted MatMul, Gemm
+// or com.microsoft.MatMulNBits with weight W (K inputs, N outputs) the artifacts compute
+//   y = x W + (alpha / rank) (x A^T) B^T,   A [rank, K] Kaiming-uniform as PEFT, B [N, rank] zero,
+// train only A and B (the base stays frozen, and quantized if it was), and checkpoint only the
+// adapters plus a hash of the base. Adapter parameters are named "<module>.lora_A.weight" and
+// "<module>.lora_B.weight", <module> being the layer's PyTorch path (the weight name without
+// ".weight", or the node name with '/' as '.' and the op suffix dropped), so exported adapters
+// carry PEFT's key names.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace onnxtrain {
+
+struct LoraConfig {
+  int64_t rank = 8;
+  double alpha = 16;
+  std::vector<std::string> target;  // module, node or weight name patterns: substring, or a glob with * ?
+  double dropout = 0.0;             // on the adapter's input during training (needs ai.onnx opset >= 12)
+  uint64_t seed = 0;                // for A's initialisation
+};
+
+}  // namespace onnxtrain
