@@ -7,6 +7,7 @@
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 #include "training/lora.h"
+#include "training/safetensors.h"
 #include "training/quantize.h"
 #include "onnxtrain/training.h"
 
@@ -60,12 +61,12 @@ void bind_tools(py::module_& m) {
                                    const std::string& out) {
     LoraInfo info = lora_info(load_model(model_path));
     OT_CHECK(!info.adapters.empty(), "export_adapters: '", model_path, "' has no LoRA adapters");
-    std::map<std::string, Tensor> tensors;
+    safetensors::NamedTensors tensors;  // PEFT's key names
     for (const auto& a : info.adapters) {
-      tensors["base_model.model." + a.a] = state->parameter(a.a).data();
-      tensors["base_model.model." + a.b] = state->parameter(a.b).data();
+      tensors.emplace_back("base_model.model." + a.a, state->parameter(a.a).data());
+      tensors.emplace_back("base_model.model." + a.b, state->parameter(a.b).data());
     }
-    write_safetensors(out, tensors, {{"format", "pt"}, {"onnxtrain.lora.base_hash", info.base_hash}});
+    safetensors::write(out, {{"format", "pt"}, {"onnxtrain.lora.base_hash", info.base_hash}}, tensors);
   }, "Writes the adapters as safetensors with PEFT's key names.");
   m.def("merge_lora_file", [](const std::string& path) {
     Model mdl = load_model(path);

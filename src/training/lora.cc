@@ -289,44 +289,4 @@ int merge_lora(Model& model) {
   return merged;
 }
 
-void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
-  json::Value header = json::Value::object();
-  if (!metadata.empty()) {
-    json::Value m = json::Value::object();
-    for (const auto& [k, v] : metadata) m.set(k, json::Value::string(v));
-    header.set("__metadata__", std::move(m));
-  }
-  size_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    OT_CHECK(t.dtype() == DType::kFloat32, "write_safetensors: '", name, "' is not float32");
-    json::Value e = json::Value::object();
-    e.set("dtype", json::Value::string("F32"));
-    json::Value shape = json::Value::array();
-    for (int64_t d : t.shape()) shape.push_back(json::Value::integer(d));
-    e.set("shape", std::move(shape));
-    json::Value offs = json::Value::array();
-    offs.push_back(json::Value::integer(int64_t(offset)));
-    offs.push_back(json::Value::integer(int64_t(offset + t.nbytes())));
-    e.set("data_offsets", std::move(offs));
-    header.set(name, std::move(e));
-    offset += t.nbytes();
-  }
-  std::string h = json::dump(header);
-  h.append((8 - h.size() % 8) % 8, ' ');
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    OT_CHECK(f.good(), "write_safetensors: cannot write '", path, "'");
-    uint64_t n = h.size();
-    unsigned char len[8];
-    for (int i = 0; i < 8; ++i) len[i] = (unsigned char)(n >> (8 * i));
-    f.write(reinterpret_cast<const char*>(len), 8);
-    f.write(h.data(), std::streamsize(h.size()));
-    for (const auto& [name, t] : tensors) f.write(static_cast<const char*>(t.data()), std::streamsize(t.nbytes()));
-    OT_CHECK(f.good(), "write_safetensors: write to '", path, "' failed");
-  }
-  std::filesystem::rename(tmp, path);
-}
-
 }  // namespace onnxtrain

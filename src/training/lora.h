@@ -43,8 +43,4 @@ LoraInfo lora_info(const Model& model);
 // would add the quantization error to the trained update). Returns how many were merged.
 int merge_lora(Model& model);
 
-// safetensors file of tensors (names sorted), e.g. PEFT adapters; written atomically.
-void write_safetensors(const std::string& path, const std::map<std::string, Tensor>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
-
 }  // namespace onnxtrain
