@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "onnxtrain/memory_options.h"
 #include "onnxtrain/optimizer_config.h"
 
 namespace onnxtrain {
@@ -57,6 +58,7 @@ struct ArtifactOptions {
   std::string directory = ".";
   std::string prefix;
   bool nominal_checkpoint = false;  // shapes and dtypes only; fill parameters later from a buffer
+  MemoryOptimizerOptions memory;    // recompute plans applied to the training graph
 };
 
 struct ArtifactPaths {

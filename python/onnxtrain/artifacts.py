@@ -85,7 +85,8 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                        artifact_directory: Union[str, os.PathLike, None] = None, prefix: str = "",
                        additional_output_names: Optional[Sequence[str]] = None,
                        nominal_checkpoint: bool = False, loss_input_names: Optional[Sequence[str]] = None,
-                       loss_options: Optional[Dict[str, Any]] = None) -> List[str]:
+                       loss_options: Optional[Dict[str, Any]] = None, memory_opt_level: int = 0,
+                       memory_opt_config: str = "") -> List[str]:
     """Writes the training, eval and optimizer models and the checkpoint; returns their paths.
 
     ``model``: a path, bytes or ``onnx.ModelProto``; a model over 2 GB must be a path to a file
@@ -94,7 +95,9 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     as an ONNX model (path, bytes or ModelProto) whose first inputs take the model's outputs and
     whose single output is the loss. ``optimizer``: an :class:`OptimType` (torch.optim defaults)
     or a configured one (``artifacts.AdamW(lr=...)``). ``loss_options``: reduction, ignore_index,
-    label_smoothing, beta/delta, log_target.
+    label_smoothing, beta/delta, log_target. ``memory_opt_level`` (0, 1: layer-wise recompute, 2:
+    plus compromised plans) and ``memory_opt_config`` (``"cluster:strategy:count,..."``) set the
+    memory optimizer; ``onnxtrain inspect`` prints the training model's plan table.
     """
     source = _model_arg(model)  # a path stays a path: its external data is found beside it
     if requires_grad is None or isinstance(requires_grad, str):
@@ -118,4 +121,5 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     directory = os.fspath(artifact_directory) if artifact_directory is not None else os.getcwd()
     return _C.generate_artifacts(source, list(requires_grad), list(frozen_params or []), loss_name, custom, config,
                                  directory, prefix, list(additional_output_names or []), bool(nominal_checkpoint),
-                                 list(loss_input_names or []), dict(loss_options or {}))
+                                 list(loss_input_names or []), dict(loss_options or {}), int(memory_opt_level),
+                                 str(memory_opt_config))

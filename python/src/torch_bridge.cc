@@ -256,17 +256,20 @@ void bind_torch_bridge(py::module_& m) {
 
   py::class_<TorchRunner>(t, "Runner")
       .def(py::init([](py::bytes model, const std::string& name, std::vector<std::string> bind,
-                       std::vector<std::string> wrt, bool recompute, bool optimize) {
+                       std::vector<std::string> wrt, int memory_opt_level, std::string memory_opt_config,
+                       bool optimize) {
              ForwardBackwardOptions o;
              o.bind = std::move(bind);
              o.wrt = std::move(wrt);
-             o.recompute = recompute;
+             o.memory.level = memory_opt_level;
+             o.memory.config = std::move(memory_opt_config);
              o.optimize = optimize;
              std::string bytes = model;
              py::gil_scoped_release release;
              return std::make_unique<TorchRunner>(bytes, name, o);
            }),
-           py::arg("model"), py::arg("name"), py::arg("bind"), py::arg("wrt"), py::arg("recompute") = false,
+           py::arg("model"), py::arg("name"), py::arg("bind"), py::arg("wrt"), py::arg("memory_opt_level") = 0,
+           py::arg("memory_opt_config") = "",
            py::arg("optimize") = true)
       .def("forward", &TorchRunner::forward, py::arg("feeds"), py::arg("random_seed") = py::none())
       .def_property_readonly("is_random", &TorchRunner::is_random)
@@ -286,5 +289,6 @@ void bind_torch_bridge(py::module_& m) {
       .def("backward_model", [](const TorchRunner& r) {
         return r.has_backward() ? py::object(py::bytes(save_model_to_bytes(r.graphs().backward))) : py::object(py::none());
       })
-      .def("memory_report", &TorchRunner::memory_report);
+      .def("memory_report", &TorchRunner::memory_report)
+      .def_property_readonly("memory_plan", [](const TorchRunner& r) { return plan_table(r.graphs().memory_plan); });
 }

@@ -32,7 +32,8 @@ void bind_training(py::module_& m) {
       [](py::object model, std::vector<std::string> requires_grad, std::vector<std::string> frozen_params,
          std::optional<std::string> loss, std::optional<py::bytes> custom_loss, const optim::OptimizerConfig& optimizer,
          std::string directory, std::string prefix, std::vector<std::string> additional_output_names,
-         bool nominal_checkpoint, std::vector<std::string> loss_input_names, py::dict loss_options) {
+         bool nominal_checkpoint, std::vector<std::string> loss_input_names, py::dict loss_options,
+         int memory_opt_level, std::string memory_opt_config) {
         ArtifactOptions o;
         o.graphs.requires_grad = std::move(requires_grad);
         o.graphs.frozen_params = std::move(frozen_params);
@@ -56,6 +57,8 @@ void bind_training(py::module_& m) {
         o.directory = std::move(directory);
         o.prefix = std::move(prefix);
         o.nominal_checkpoint = nominal_checkpoint;
+        o.memory.level = memory_opt_level;
+        o.memory.config = std::move(memory_opt_config);
         // A path keeps external data (models over 2 GB) resolvable next to the file.
         std::optional<std::string> bytes, path;
         if (py::isinstance<py::bytes>(model)) bytes = model.cast<std::string>();
@@ -68,7 +71,8 @@ void bind_training(py::module_& m) {
       },
       py::arg("model"), py::arg("requires_grad"), py::arg("frozen_params"), py::arg("loss"), py::arg("custom_loss"),
       py::arg("optimizer"), py::arg("directory"), py::arg("prefix"), py::arg("additional_output_names"),
-      py::arg("nominal_checkpoint"), py::arg("loss_input_names"), py::arg("loss_options"));
+      py::arg("nominal_checkpoint"), py::arg("loss_input_names"), py::arg("loss_options"),
+      py::arg("memory_opt_level") = 0, py::arg("memory_opt_config") = "");
 
   py::class_<Module>(m, "Module")
       .def(py::init([](const std::string& training, std::shared_ptr<CheckpointState> state, const std::string& eval) {

@@ -102,6 +102,8 @@ const Command kArtifactsCommand{
         {"--max-grad-norm", "NORM", "clip the global gradient norm to NORM first"},
         {"--prefix", "PREFIX", "prefix of the file names"},
         {"--nominal", "", "checkpoint with shapes and dtypes only (fill the parameters later)"},
+        {"--memory-opt-level", "N", "memory optimizer: 0 (default), 1 layer-wise recompute, 2 plus compromised plans"},
+        {"--memory-opt-config", "CFG", "recompute plans cluster:strategy:count,... (clusters: onnxtrain inspect)"},
     },
     "example:\n  onnxtrain artifacts mlp.onnx --out out --all --loss cross_entropy --optimizer adamw --lr 1e-3\n"};
 
@@ -124,6 +126,12 @@ int run_artifacts(const Args& a) {
   o.graphs.additional_output_names = a.get_list("--additional-outputs");
   o.prefix = a.get("--prefix");
   o.nominal_checkpoint = a.flag("--nominal");
+  if (a.has("--memory-opt-level")) {
+    const std::string level = a.get("--memory-opt-level");
+    if (level != "0" && level != "1" && level != "2") throw UsageError("--memory-opt-level must be 0, 1 or 2, got " + level);
+    o.memory.level = std::stoi(level);
+  }
+  o.memory.config = a.get("--memory-opt-config");
 
   Model model = load_model(a.positional(0));
   if (custom) o.graphs.custom_loss = std::make_shared<const Model>(load_model(loss));

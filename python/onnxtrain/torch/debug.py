@@ -1,5 +1,5 @@
 """Settings of TrainModule: ``DebugOptions`` and the ``ONNXTRAIN_*`` environment variables
-(LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_LEVEL), read when a TrainModule is
+(LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_OPT_LEVEL, MEMORY_OPT_CONFIG), read when a TrainModule is
 made. Their table, with values and defaults, is in the README's TrainModule section. An explicit
 ``DebugOptions(...)`` argument wins over the environment for its own fields.
 """
@@ -47,6 +47,14 @@ def _env_int(name: str, default: int, allowed=None) -> int:
     return value
 
 
+def _memory_opt_level() -> int:
+    # ONNXTRAIN_MEMORY_LEVEL=1 (whole-forward recompute, before the memory optimizer) now means
+    # level 1; the new name wins when both are set.
+    if "ONNXTRAIN_MEMORY_OPT_LEVEL" not in os.environ and "ONNXTRAIN_MEMORY_LEVEL" in os.environ:
+        return _env_int("ONNXTRAIN_MEMORY_LEVEL", 0, {0, 1})
+    return _env_int("ONNXTRAIN_MEMORY_OPT_LEVEL", 0, {0, 1, 2})
+
+
 def _env_log_level() -> LogLevel:
     name = _env_choice("ONNXTRAIN_LOG_LEVEL", "WARNING", {lvl.name.lower() for lvl in LogLevel})
     return LogLevel[name.upper()]
@@ -80,7 +88,8 @@ class Settings:
     save_path: str
     opset: int
     fallback: str       # "raise" or "warn"
-    memory_level: int   # 0 or 1
+    memory_opt_level: int   # 0, 1 (layer-wise recompute) or 2 (plus compromised plans)
+    memory_opt_config: str  # "cluster:strategy:count,...", checked against the model's clusters
 
     @staticmethod
     def load(debug_options: "DebugOptions | None") -> "Settings":
@@ -88,7 +97,8 @@ class Settings:
                         save_path=_env("ONNXTRAIN_SAVE_ONNX_PATH", os.getcwd()),
                         opset=_env_int("ONNXTRAIN_OPSET", 17, range(7, 18)),
                         fallback=_env_choice("ONNXTRAIN_FALLBACK", "raise", {"raise", "warn"}),
-                        memory_level=_env_int("ONNXTRAIN_MEMORY_LEVEL", 0, {0, 1}))
+                        memory_opt_level=_memory_opt_level(),
+                        memory_opt_config=_env("ONNXTRAIN_MEMORY_OPT_CONFIG", ""))
 
     def log(self, level: LogLevel, message: str) -> None:
         if level < self.debug.log_level:

@@ -356,7 +356,8 @@ class TrainModule(nn.Module):
         try:
             # Only what the export kept can be bound or differentiated (it drops unused values).
             runner = _C.torch_bridge.Runner(export.data, f"'TrainModule({name})'", list(state_names), wrt,
-                                            recompute=self._settings.memory_level == 1)
+                                            memory_opt_level=self._settings.memory_opt_level,
+                                            memory_opt_config=self._settings.memory_opt_config)
         except _OnnxtrainError as exc:
             raise TrainModuleError(f"TrainModule: onnxtrain cannot build the graphs of {name}: {exc}") from exc
         graph = _Graph(export, runner, state_names)
@@ -365,6 +366,8 @@ class TrainModule(nn.Module):
                            f"TrainModule({name}) schema {index}: export {export.seconds:.2f} s, build "
                            f"{graph.build_seconds:.2f} s, {'forward + backward' if runner.has_backward else 'forward only'}"
                            f", {len(graph.saved)} saved values")
+        if self._settings.memory_opt_level or self._settings.memory_opt_config:
+            self._settings.log(LogLevel.INFO, f"TrainModule({name}) schema {index}: {runner.memory_plan}")
         if self._settings.debug.save_onnx:
             self._save(index, export.data, runner)
         return graph
