@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <set>
 
 #include "bindings.h"
 #include "onnx/model_io.h"
@@ -216,7 +217,8 @@ class TorchRunner {
   std::string memory_report() const {
     auto line = [](const char* what, const MemoryReport& r) {
       return std::string(what) + " arena " + std::to_string(r.planned_arena_bytes) + " bytes (naive " +
-             std::to_string(r.naive_bytes) + "), " + std::to_string(r.dynamic_allocations) + " allocations";
+             std::to_string(r.naive_bytes) + ", peak live " + std::to_string(r.peak_live_bytes) + "), " +
+             std::to_string(r.dynamic_allocations) + " allocations";
     };
     std::string s = line("forward", forward_->memory_report());
     if (backward_) s += "; " + line("backward", backward_->memory_report());
@@ -290,5 +292,13 @@ void bind_torch_bridge(py::module_& m) {
         return r.has_backward() ? py::object(py::bytes(save_model_to_bytes(r.graphs().backward))) : py::object(py::none());
       })
       .def("memory_report", &TorchRunner::memory_report)
-      .def_property_readonly("memory_plan", [](const TorchRunner& r) { return plan_table(r.graphs().memory_plan); });
+      .def_property_readonly("memory_plan", [](const TorchRunner& r) { return plan_table(r.graphs().memory_plan); })
+      .def_property_readonly("saved_bytes", [](const TorchRunner& r) {  // activations held from forward to backward
+        int64_t bytes = 0;
+        std::set<std::string> saved(r.graphs().saved.begin(), r.graphs().saved.end());
+        for (const auto& out : r.graphs().forward.graph.outputs)
+          if (saved.erase(out.name) && out.info.has_static_shape() && out.info.dtype != DType::kUndefined)
+            bytes += numel(*out.info.shape) * int64_t(dtype_size(out.info.dtype));
+        return bytes;
+      });
 }

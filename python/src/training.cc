@@ -101,6 +101,7 @@ void bind_training(py::module_& m) {
         return to_numpy_list(out);
       })
       .def("lazy_reset_grad", &Module::lazy_reset_grad)
+      .def("memory_report", &Module::memory_report)
       .def("input_names", &Module::input_names, py::arg("training") = true)
       .def("output_names", &Module::output_names, py::arg("training") = true)
       .def("get_parameters_size", &Module::get_parameters_size, py::arg("trainable_only") = true)

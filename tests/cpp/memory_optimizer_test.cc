@@ -90,6 +90,7 @@ struct TrainRun {
   std::vector<float> losses;
   std::map<std::string, Tensor> params;
   size_t arena = 0;
+  MemoryReport report;
 };
 
 // 20 SGD steps through the training graph, Dropout seeded alike.
@@ -111,7 +112,8 @@ TrainRun train(const Model& inference, const TrainingGraphs& graphs, int steps =
       for (int64_t k = 0; k < r[i + 1].numel(); ++k) p[k] -= 0.05f * gr[k];
     }
   }
-  run.arena = exec.memory_report().planned_arena_bytes;
+  run.report = exec.memory_report();
+  run.arena = run.report.planned_arena_bytes;
   return run;
 }
 
@@ -172,6 +174,12 @@ TEST(MemoryOptimizer, RecomputeTrainsBitIdenticallyWithLessMemory) {
   const TrainRun level1 = train(m, layerwise);
   expect_bit_identical(dense, level1, "level 1");
   EXPECT_LT(level1.arena, dense.arena) << "recomputed values live only from recompute to last use";
+  // The executor's own account: stashed buffers shrink, the peak's stashed part too.
+  EXPECT_GT(dense.report.stashed_bytes, 0u);
+  EXPECT_LT(level1.report.stashed_bytes, dense.report.stashed_bytes);
+  EXPECT_LT(level1.report.stashed_at_peak_bytes, dense.report.stashed_at_peak_bytes);
+  EXPECT_LE(dense.report.peak_live_bytes, dense.report.planned_arena_bytes);
+  EXPECT_LE(dense.report.stashed_at_peak_bytes, dense.report.peak_live_bytes);
 
   TrainingGraphs configured = training_graphs(m);
   optimize_memory(configured.training, {}, {0, "Gelu+:1:-1,Dropout+:1:1"});

@@ -224,7 +224,8 @@ class TrainModule(nn.Module):
     def build_stats(self) -> List[Dict[str, Any]]:
         """Per built graph: the seconds spent exporting and building it (the first-call cost)."""
         return [{"schema": i, "export_s": g.export.seconds, "build_s": g.build_seconds,
-                 "backward": g.runner.has_backward, "memory": g.runner.memory_report()}
+                 "backward": g.runner.has_backward, "memory": g.runner.memory_report(),
+                 "memory_plan": g.runner.memory_plan, "saved_bytes": g.runner.saved_bytes}
                 for i, g in enumerate(self._graphs.values())]
 
     # ---- forward ----------------------------------------------------------------------------
