@@ -142,3 +142,25 @@ def test_artifacts_level1_trains_like_level0(tmp_path):
             module.lazy_reset_grad()
         results.append(losses)
     np.testing.assert_allclose(results[1], results[0], rtol=1e-5)
+
+
+def test_ortmodule_aliases(monkeypatch):
+    from onnxtrain.torch.debug import Settings
+    for name in ("ONNXTRAIN_OPSET", "ONNXTRAIN_FALLBACK", "ONNXTRAIN_MEMORY_OPT_LEVEL", "ONNXTRAIN_MEMORY_OPT_CONFIG",
+                 "ONNXTRAIN_MEMORY_LEVEL", "ONNXTRAIN_LOG_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ORTMODULE_ONNX_OPSET_VERSION", "15")
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_DEVICE|FALLBACK_UNSUPPORTED_DATA")
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "1")
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_CONFIG", "Gelu+:1:-1")
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    s = Settings.load(None)
+    assert (s.opset, s.fallback, s.memory_opt_level, s.memory_opt_config) == (15, "warn", 1, "Gelu+:1:-1")
+    assert s.debug.log_level.name == "INFO"
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    monkeypatch.setenv("ONNXTRAIN_OPSET", "16")  # the onnxtrain name wins
+    s = Settings.load(None)
+    assert (s.opset, s.fallback) == (16, "raise")
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "5")
+    with pytest.raises(ValueError, match="ORTMODULE_MEMORY_OPT_LEVEL=5"):
+        Settings.load(None)

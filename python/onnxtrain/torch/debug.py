@@ -25,14 +25,39 @@ _PY_LEVELS = {LogLevel.VERBOSE: logging.DEBUG, LogLevel.INFO: logging.INFO, LogL
               LogLevel.ERROR: logging.ERROR, LogLevel.FATAL: logging.CRITICAL}
 
 
+# ONNX Runtime's ORTModule names of the same settings, read when the ONNXTRAIN_* name is unset
+# (the README's TrainModule table lists them).
+ORTMODULE_ALIASES = {
+    "ONNXTRAIN_LOG_LEVEL": "ORTMODULE_LOG_LEVEL",
+    "ONNXTRAIN_SAVE_ONNX_PATH": "ORTMODULE_SAVE_ONNX_PATH",
+    "ONNXTRAIN_OPSET": "ORTMODULE_ONNX_OPSET_VERSION",
+    "ONNXTRAIN_FALLBACK": "ORTMODULE_FALLBACK_POLICY",
+    "ONNXTRAIN_MEMORY_OPT_LEVEL": "ORTMODULE_MEMORY_OPT_LEVEL",
+    "ONNXTRAIN_MEMORY_OPT_CONFIG": "ORTMODULE_MEMORY_OPT_CONFIG",
+}
+
+
+def _source(name: str) -> str:
+    """The variable that sets `name`: itself, else its ORTMODULE_* alias when that one is set."""
+    alias = ORTMODULE_ALIASES.get(name)
+    if name not in os.environ and alias and alias in os.environ:
+        return alias
+    return name
+
+
 def _env(name: str, default: str) -> str:
-    return os.environ.get(name, default).strip()
+    value = os.environ.get(_source(name), default).strip()
+    if _source(name) == "ORTMODULE_FALLBACK_POLICY":
+        # ORTModule's policies: FALLBACK_DISABLE raises; any fallback policy falls back, warning.
+        value = "raise" if value.upper() == "FALLBACK_DISABLE" else "warn"
+    return value
 
 
 def _env_choice(name: str, default: str, choices) -> str:
     value = _env(name, default).lower()
     if value not in choices:
-        raise ValueError(f"{name}={os.environ.get(name)!r}: expected one of {', '.join(sorted(choices))}")
+        source = _source(name)
+        raise ValueError(f"{source}={os.environ.get(source)!r}: expected one of {', '.join(sorted(choices))}")
     return value
 
 
@@ -41,16 +66,16 @@ def _env_int(name: str, default: int, allowed=None) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected an integer") from None
+        raise ValueError(f"{_source(name)}={raw!r}: expected an integer") from None
     if allowed is not None and value not in allowed:
-        raise ValueError(f"{name}={value}: expected one of {sorted(allowed)}")
+        raise ValueError(f"{_source(name)}={value}: expected one of {sorted(allowed)}")
     return value
 
 
 def _memory_opt_level() -> int:
     # ONNXTRAIN_MEMORY_LEVEL=1 (whole-forward recompute, before the memory optimizer) now means
     # level 1; the new name wins when both are set.
-    if "ONNXTRAIN_MEMORY_OPT_LEVEL" not in os.environ and "ONNXTRAIN_MEMORY_LEVEL" in os.environ:
+    if _source("ONNXTRAIN_MEMORY_OPT_LEVEL") not in os.environ and "ONNXTRAIN_MEMORY_LEVEL" in os.environ:
         return _env_int("ONNXTRAIN_MEMORY_LEVEL", 0, {0, 1})
     return _env_int("ONNXTRAIN_MEMORY_OPT_LEVEL", 0, {0, 1, 2})
 
