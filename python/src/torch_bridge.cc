@@ -259,20 +259,21 @@ void bind_torch_bridge(py::module_& m) {
   py::class_<TorchRunner>(t, "Runner")
       .def(py::init([](py::bytes model, const std::string& name, std::vector<std::string> bind,
                        std::vector<std::string> wrt, int memory_opt_level, std::string memory_opt_config,
-                       bool optimize) {
+                       bool optimize, bool compute_optimizer) {
              ForwardBackwardOptions o;
              o.bind = std::move(bind);
              o.wrt = std::move(wrt);
              o.memory.level = memory_opt_level;
              o.memory.config = std::move(memory_opt_config);
              o.optimize = optimize;
+             o.compute_optimizer = compute_optimizer;
              std::string bytes = model;
              py::gil_scoped_release release;
              return std::make_unique<TorchRunner>(bytes, name, o);
            }),
            py::arg("model"), py::arg("name"), py::arg("bind"), py::arg("wrt"), py::arg("memory_opt_level") = 0,
            py::arg("memory_opt_config") = "",
-           py::arg("optimize") = true)
+           py::arg("optimize") = true, py::arg("compute_optimizer") = true)
       .def("forward", &TorchRunner::forward, py::arg("feeds"), py::arg("random_seed") = py::none())
       .def_property_readonly("is_random", &TorchRunner::is_random)
       .def("backward", &TorchRunner::backward, py::arg("seeds"), py::arg("saved"), py::arg("feeds"))

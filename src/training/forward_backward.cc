@@ -6,6 +6,7 @@
 
 #include "autodiff/autodiff.h"
 #include "ops/graph_builder.h"
+#include "passes/compute_optimizer.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 #include "training/artifacts.h"
@@ -195,6 +196,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
     OT_CHECK(feedable.count(w), kWhere, "'", w, "' to differentiate is neither a model input nor a bound initializer");
 
   if (o.wrt.empty()) {
+    if (o.compute_optimizer) move_gathers_upstream(m);
     if (o.optimize) optimize_for_inference(m);
     m.description += " (forward)";
     prune(g, {});
@@ -207,6 +209,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   // differentiating the pieces. Inference-only fusions (FusedConv, no gradient) wait until the
   // whole graph is built.
   if (o.optimize) simplify_graph(m);
+  if (o.compute_optimizer) move_gathers_upstream(m);
   fuse_for_training(m);
   GradientGraphInfo info;
   GradientGraphOptions go;

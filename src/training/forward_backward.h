@@ -27,6 +27,7 @@ struct ForwardBackwardOptions {
   std::vector<std::string> wrt;   // model inputs or bound initializers to differentiate; empty: forward only
   MemoryOptimizerOptions memory;  // recompute plans (memory for time); level 0 and no config: none
   bool optimize = true;           // simplify before autodiff, every fusion on the built graph
+  bool compute_optimizer = true;  // move Gathers of a few rows upstream (src/passes/compute_optimizer.h)
   // torch's BatchNorm updates running_var with the unbiased batch variance (ONNX: the population
   // variance): n / (n - 1) times the ONNX statistic's batch term.
   bool unbiased_running_var = true;

@@ -34,6 +34,7 @@ ORTMODULE_ALIASES = {
     "ONNXTRAIN_FALLBACK": "ORTMODULE_FALLBACK_POLICY",
     "ONNXTRAIN_MEMORY_OPT_LEVEL": "ORTMODULE_MEMORY_OPT_LEVEL",
     "ONNXTRAIN_MEMORY_OPT_CONFIG": "ORTMODULE_MEMORY_OPT_CONFIG",
+    "ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER": "ORTMODULE_ENABLE_COMPUTE_OPTIMIZER",
 }
 
 
@@ -115,6 +116,7 @@ class Settings:
     fallback: str       # "raise" or "warn"
     memory_opt_level: int   # 0, 1 (layer-wise recompute) or 2 (plus compromised plans)
     memory_opt_config: str  # "cluster:strategy:count,...", checked against the model's clusters
+    compute_optimizer: bool  # Gathers of a few rows move upstream (on by default)
 
     @staticmethod
     def load(debug_options: "DebugOptions | None") -> "Settings":
@@ -123,7 +125,8 @@ class Settings:
                         opset=_env_int("ONNXTRAIN_OPSET", 17, range(7, 18)),
                         fallback=_env_choice("ONNXTRAIN_FALLBACK", "raise", {"raise", "warn"}),
                         memory_opt_level=_memory_opt_level(),
-                        memory_opt_config=_env("ONNXTRAIN_MEMORY_OPT_CONFIG", ""))
+                        memory_opt_config=_env("ONNXTRAIN_MEMORY_OPT_CONFIG", ""),
+                        compute_optimizer=_env_int("ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER", 1, {0, 1}) == 1)
 
     def log(self, level: LogLevel, message: str) -> None:
         if level < self.debug.log_level:

@@ -358,7 +358,8 @@ class TrainModule(nn.Module):
             # Only what the export kept can be bound or differentiated (it drops unused values).
             runner = _C.torch_bridge.Runner(export.data, f"'TrainModule({name})'", list(state_names), wrt,
                                             memory_opt_level=self._settings.memory_opt_level,
-                                            memory_opt_config=self._settings.memory_opt_config)
+                                            memory_opt_config=self._settings.memory_opt_config,
+                                            compute_optimizer=self._settings.compute_optimizer)
         except _OnnxtrainError as exc:
             raise TrainModuleError(f"TrainModule: onnxtrain cannot build the graphs of {name}: {exc}") from exc
         graph = _Graph(export, runner, state_names)
