@@ -56,7 +56,7 @@ Model transformer(bool symbolic_batch, int64_t batch = 2) {
       return &g.nodes.back();
     };
     n("LayerNormalization", {cur, "$ln1_g", "$ln1_b"}, {"h"});
-    for (const char* w : {"q", "k", "v"}) n("MatMul", {"$h", std::string("$W") + char(w[0] - 32)}, {w});
+    for (const char* w : {"q", "k", "v"}) n("MatMul", {"$h", std::string("$W") + w}, {w});
     n("Transpose", {"$k"}, {"kt"})->attributes["perm"] = Attribute::of(std::vector<int64_t>{0, 2, 1});
     n("MatMul", {"$q", "$kt"}, {"s"});
     n("Mul", {"$s", "scale"}, {"ss"});
