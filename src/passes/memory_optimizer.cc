@@ -274,7 +274,8 @@ Subgraph collect(const Analysis& a, const std::string& v, int probe, const std::
 
 std::string cluster_name(const Analysis& a, const Subgraph& s) {
   std::string name;
-  for (size_t idx : s.nodes) name += a.g->nodes[idx].op_type + "+";
+  for (size_t idx : s.nodes)  // Constant nodes are copied along but do not name the pattern
+    if (a.g->nodes[idx].op_type != "Constant") name += a.g->nodes[idx].op_type + "+";
   return name;
 }
 
@@ -422,6 +423,7 @@ MemoryPlan plan_clusters(const Analysis& a) {
   auto stashed = [&](const std::string& u) { return a.stashed_set.count(u) > 0; };
   for (const auto& v : a.stashed) {
     if (int64_t b = a.bytes(v); b > 0) plan.stashed_bytes_before += b;
+    if (a.g->nodes[a.producer.at(v)].op_type == "Constant") continue;  // a constant: nothing to recompute
     Subgraph full = collect(a, v, 2, stashed);
     if (!full.ok || full.nodes.empty()) continue;
     std::string name = cluster_name(a, full);

@@ -19,7 +19,7 @@ from onnxtrain.torch import TrainModule
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import models  # noqa: E402
 
-from build_paths import ONNXTRAIN  # noqa: E402
+from .build_paths import ONNXTRAIN  # noqa: E402
 
 onnxtrain.set_num_threads(1)
 
