@@ -55,6 +55,7 @@ bench: setup
 	$(PYTHON) bench/bench_inference.py
 	$(PYTHON) bench/bench_training.py
 	$(PYTHON) bench/bench_train_module.py
+	$(PYTHON) bench/bench_memory.py
 
 # AddressSanitizer/UBSan build of the library and C++ tests.
 sanitize: deps

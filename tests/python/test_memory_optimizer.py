@@ -164,3 +164,17 @@ def test_ortmodule_aliases(monkeypatch):
     monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "5")
     with pytest.raises(ValueError, match="ORTMODULE_MEMORY_OPT_LEVEL=5"):
         Settings.load(None)
+
+
+def test_cli_memory_options(tmp_path):
+    path = export_model("gpt", str(tmp_path))
+    run = lambda *a: subprocess.run([str(ONNXTRAIN), *a], capture_output=True, text=True)  # noqa: E731
+    out = run("artifacts", path, "--out", str(tmp_path / "cli"), "--all", "--loss", "mse",
+              "--memory-opt-level", "0", "--memory-opt-config", "Gelu+:1:-1")
+    assert out.returncode == 0, out.stderr
+    table = inspect(str(tmp_path / "cli" / "training_model.onnx"))
+    assert f"Gelu+ | {cfg().layers} | " in table and " | 1:2\n" in table, table
+    bad = run("artifacts", path, "--out", str(tmp_path / "bad"), "--all", "--loss", "mse", "--memory-opt-level", "3")
+    assert bad.returncode != 0 and "--memory-opt-level must be 0, 1 or 2" in bad.stderr
+    bad = run("artifacts", path, "--out", str(tmp_path / "bad"), "--all", "--loss", "mse", "--memory-opt-config", "X:1")
+    assert bad.returncode != 0 and "is not cluster:strategy:count" in bad.stderr and "Gelu+" in bad.stderr
