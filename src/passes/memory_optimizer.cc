@@ -152,6 +152,29 @@ std::string poly_str(const Poly& p, const std::vector<std::string>& syms) {
   return out.empty() ? "0" : out;
 }
 
+bool is_gemm(const Node& n) {
+  return expensive_op(n) && (n.op_type == "MatMul" || n.op_type == "Gemm" || n.op_type == "FusedMatMul");
+}
+
+// The reduction length of a GEMM node (0 when unknown).
+int64_t gemm_k(const Node& n, const std::unordered_map<std::string, ValueInfo>& info) {
+  auto it = info.find(n.inputs[0]);
+  if (it == info.end() || !it->second.shape || it->second.shape->empty()) return 0;
+  const Shape& a = *it->second.shape;
+  const bool trans_a = n.attr_int("transA", 0) != 0;
+  return std::max<int64_t>(a.size() == 1 ? a[0] : (trans_a ? a[a.size() - 2] : a.back()), 0);
+}
+
+// A GEMM whose output rows are wider than its reduction (a transformer's FFN up-projection):
+// recomputing it costs the most FLOPs of a layer, so level 1 keeps its output.
+bool expanding_gemm(const Node& n, const std::unordered_map<std::string, ValueInfo>& info) {
+  if (!is_gemm(n) || !n.has_output(0)) return false;
+  auto it = info.find(n.outputs[0]);
+  if (it == info.end() || !it->second.shape || it->second.shape->empty()) return false;
+  const int64_t k = gemm_k(n, info);
+  return k > 0 && it->second.shape->back() > k;
+}
+
 int64_t flops_of(const Node& n, const std::unordered_map<std::string, ValueInfo>& info) {
   auto numel_of = [&](const std::string& v) -> int64_t {
     auto it = info.find(v);
@@ -161,14 +184,7 @@ int64_t flops_of(const Node& n, const std::unordered_map<std::string, ValueInfo>
   };
   if (!n.has_output(0)) return 0;
   const int64_t out = numel_of(n.outputs[0]);
-  if (expensive_op(n) && (n.op_type == "MatMul" || n.op_type == "Gemm" || n.op_type == "FusedMatMul")) {
-    auto it = info.find(n.inputs[0]);
-    if (it == info.end() || !it->second.shape || it->second.shape->empty()) return 0;
-    const Shape& a = *it->second.shape;
-    const bool trans_a = n.attr_int("transA", 0) != 0;
-    int64_t k = a.size() == 1 ? a[0] : (trans_a ? a[a.size() - 2] : a.back());
-    return 2 * out * std::max<int64_t>(k, 0);
-  }
+  if (is_gemm(n)) return 2 * out * gemm_k(n, info);
   if (n.op_type == "LayerNormalization") return 8 * out;
   if (n.op_type == "Softmax" || n.op_type == "Gelu") return 8 * out;
   static const std::unordered_set<std::string> kMoves = {"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten",
@@ -550,7 +566,13 @@ MemoryPlan optimize_memory(Model& model, const std::vector<std::string>& forward
     plan.layer_boundaries = int(layers.checkpoints.size());
     if (layers.checkpoints.empty()) plan.notes.push_back("level " + std::to_string(options.level) +
         ": no residual connection (Add(x, f(x))) found, so no transformer layer to recompute");
-    auto keep = [&](const std::string& u) { return layers.checkpoints.count(u) || excluded.count(u); };
+    // Kept: the residual boundaries, what the config excludes, and the outputs of expanding GEMMs
+    // inside the layers (a config entry with strategy 1 still recomputes those).
+    auto keep = [&](const std::string& u) {
+      if (layers.checkpoints.count(u) || excluded.count(u)) return true;
+      auto it = a.producer.find(u);
+      return layers.inside.count(u) && it != a.producer.end() && expanding_gemm(a.g->nodes[it->second], a.values.info);
+    };
     for (const auto& v : a.stashed) {
       if (!layers.inside.count(v) || keep(v)) continue;
       Subgraph s = collect(a, v, 2, keep);
