@@ -165,10 +165,11 @@ int64_t gemm_k(const Node& n, const std::unordered_map<std::string, ValueInfo>& 
   return std::max<int64_t>(a.size() == 1 ? a[0] : (trans_a ? a[a.size() - 2] : a.back()), 0);
 }
 
-// A GEMM whose output rows are wider than its reduction (a transformer's FFN up-projection):
-// recomputing it costs the most FLOPs of a layer, so level 1 keeps its output.
-bool expanding_gemm(const Node& n, const std::unordered_map<std::string, ValueInfo>& info) {
-  if (!is_gemm(n) || !n.has_output(0)) return false;
+// A projection (GEMM by a parameter) whose output rows are wider than its reduction (a
+// transformer's FFN up-projection): recomputing it costs the most FLOPs of a layer, so level 1
+// keeps its output. Products of two activations (attention scores) are not projections.
+bool expanding_projection(const Graph& g, const Node& n, const std::unordered_map<std::string, ValueInfo>& info) {
+  if (!is_gemm(n) || !n.has_output(0) || !(g.is_input(n.inputs[1]) || g.is_initializer(n.inputs[1]))) return false;
   auto it = info.find(n.outputs[0]);
   if (it == info.end() || !it->second.shape || it->second.shape->empty()) return false;
   const int64_t k = gemm_k(n, info);
@@ -571,7 +572,8 @@ MemoryPlan optimize_memory(Model& model, const std::vector<std::string>& forward
     auto keep = [&](const std::string& u) {
       if (layers.checkpoints.count(u) || excluded.count(u)) return true;
       auto it = a.producer.find(u);
-      return layers.inside.count(u) && it != a.producer.end() && expanding_gemm(a.g->nodes[it->second], a.values.info);
+      return layers.inside.count(u) && it != a.producer.end() &&
+             expanding_projection(*a.g, a.g->nodes[it->second], a.values.info);
     };
     for (const auto& v : a.stashed) {
       if (!layers.inside.count(v) || keep(v)) continue;
