@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "onnxtrain/artifacts.h"
 #include "passes/memory_optimizer.h"
@@ -164,6 +165,7 @@ TEST(MemoryOptimizer, RecomputeTrainsBitIdenticallyWithLessMemory) {
   const Model m = transformer(false);
   TrainingGraphs base = training_graphs(m);
   const TrainRun dense = train(m, base);
+  const TrainingGraphs& dense_graphs = base;
 
   TrainingGraphs layerwise = training_graphs(m);
   MemoryPlan plan = optimize_memory(layerwise.training, default_forward_outputs(layerwise.training.graph), {1, ""});
@@ -180,6 +182,33 @@ TEST(MemoryOptimizer, RecomputeTrainsBitIdenticallyWithLessMemory) {
   EXPECT_LT(level1.report.stashed_at_peak_bytes, dense.report.stashed_at_peak_bytes);
   EXPECT_LE(dense.report.peak_live_bytes, dense.report.planned_arena_bytes);
   EXPECT_LE(dense.report.stashed_at_peak_bytes, dense.report.peak_live_bytes);
+
+  // Level 1 keeps the FFN up-projection's output (an expanding projection); a config entry on top
+  // recomputes it as well.
+  auto backward_reads = [](const Model& model, const std::string& v) {  // a node outside the forward reads v
+    const Graph& g = model.graph;
+    const auto producers = g.producers();
+    std::set<size_t> forward;
+    std::vector<std::string> pending = default_forward_outputs(g);
+    while (!pending.empty()) {
+      auto it = producers.find(pending.back());
+      pending.pop_back();
+      if (it == producers.end() || !forward.insert(it->second).second) continue;
+      for (const auto& in : g.nodes[it->second].inputs) pending.push_back(in);
+    }
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+      if (!forward.count(i))
+        for (const auto& in : g.nodes[i].inputs) if (in == v) return true;
+    return false;
+  };
+  EXPECT_TRUE(backward_reads(dense_graphs.training, "L0_h")) << "the dense backward reads the LayerNorm output";
+  EXPECT_TRUE(backward_reads(layerwise.training, "L0_f1")) << to_string(layerwise.training.graph);
+  EXPECT_FALSE(backward_reads(layerwise.training, "L0_h")) << "the attention's LayerNorm output is recomputed";
+  TrainingGraphs all = training_graphs(m);
+  MemoryPlan all_plan = optimize_memory(all.training, {}, {1, "MatMul+:1:-1"});
+  EXPECT_FALSE(backward_reads(all.training, "L0_f1")) << plan_table(all_plan);
+  EXPECT_LT(all_plan.stashed_bytes_after, plan.stashed_bytes_after);
+  expect_bit_identical(dense, train(m, all), "level 1 + config");
 
   TrainingGraphs configured = training_graphs(m);
   optimize_memory(configured.training, {}, {0, "Gelu+:1:-1,Dropout+:1:1"});
