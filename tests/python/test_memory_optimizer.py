@@ -127,7 +127,7 @@ def test_artifacts_level1_trains_like_level0(tmp_path):
     g = np.random.default_rng(0)
     data = [(g.integers(0, 40, (BATCH, SEQ)).astype(np.int64), g.standard_normal((BATCH, SEQ, 40)).astype(np.float32))
             for _ in range(20)]
-    results = []
+    results, stashed = [], []
     for level in (0, 1):
         d = str(tmp_path / f"a{level}")
         artifacts.generate_artifacts(path, requires_grad=params, loss=artifacts.LossType.MSELoss,
@@ -141,7 +141,10 @@ def test_artifacts_level1_trains_like_level0(tmp_path):
             optimizer.step()
             module.lazy_reset_grad()
         results.append(losses)
+        report = module.memory_report()  # "... (all stashed: X MiB) ..."
+        stashed.append(float(report.split("all stashed: ")[1].split(" MiB")[0]))
     np.testing.assert_allclose(results[1], results[0], rtol=1e-5)
+    assert 0 < stashed[1] < 0.6 * stashed[0], stashed
 
 
 def test_ortmodule_aliases(monkeypatch):
