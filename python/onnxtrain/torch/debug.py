@@ -1,5 +1,6 @@
 """Settings of TrainModule: ``DebugOptions`` and the ``ONNXTRAIN_*`` environment variables
-(LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_OPT_LEVEL, MEMORY_OPT_CONFIG), read when a TrainModule is
+(LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_OPT_LEVEL, MEMORY_OPT_CONFIG,
+ENABLE_COMPUTE_OPTIMIZER; ORTMODULE_* aliases), read when a TrainModule is
 made. Their table, with values and defaults, is in the README's TrainModule section. An explicit
 ``DebugOptions(...)`` argument wins over the environment for its own fields.
 """
