@@ -11,6 +11,7 @@ packages=(
   libgtest-dev                                    # C++ tests
   pybind11-dev python3-dev python3-numpy          # Python bindings
   libdlpack-dev                                   # zero-copy tensor exchange with torch (TrainModule)
+  python3-setuptools python3-wheel python3-build python3-venv  # pip install ., wheels (setup.py)
   python3-pytest python3-hypothesis               # Python tests
   python3-torch python3-onnx                      # oracles: autograd, ONNX node-test generators
   python3-sklearn python3-tqdm python3-matplotlib # examples and demo

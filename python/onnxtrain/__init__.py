@@ -5,9 +5,13 @@ The inference API mirrors ONNX Runtime's, so migrating is a change of imports::
     import onnxtrain
     sess = onnxtrain.InferenceSession("model.onnx")
     outputs = sess.run(None, {"input": x})
+
+The submodules ``onnxtrain.autodiff``, ``onnxtrain.artifacts`` and ``onnxtrain.api`` are imported with
+the package; ``onnxtrain.torch`` is imported on first use, since it imports torch.
 """
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -102,3 +106,13 @@ def set_num_threads(n: int) -> None:
 def registered_ops() -> List[Dict[str, Any]]:
     """Every registered op: domain, type, since-version, kernel, shape rule and gradient status."""
     return _C.registered_ops()
+
+
+# Imported last: they use the helpers above (_model_arg).
+from . import api, artifacts, autodiff  # noqa: E402
+
+
+def __getattr__(name: str) -> Any:
+    if name == "torch":
+        return importlib.import_module(".torch", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

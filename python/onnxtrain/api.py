@@ -376,14 +376,22 @@ class Optimizer:
 
 
 class _Scheduler:
-    def __init__(self, optimizer: Optimizer, native: Any):
-        self._optimizer = optimizer
-        self._native = native
-        optimizer.set_learning_rate(native.lr)
+    """Sets the optimizer's learning rate from the schedule at the optimizer's step count, as
+    ONNX Runtime's schedulers do: a run resumed from a checkpoint continues its schedule."""
 
-    def step(self) -> None:
-        """Advances one step and sets the optimizer's learning rate."""
-        self._optimizer.set_learning_rate(self._native.step())
+    def __init__(self, optimizer: Optimizer, native_class: Any, *args: Any):
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError(f"expected an Optimizer, got {type(optimizer).__name__}")
+        self._optimizer = optimizer
+        self._native = native_class(optimizer._optimizer, *args)  # sets the learning rate
+
+    def step(self) -> float:
+        """Call after ``Optimizer.step()``: sets and returns the learning rate of the next update."""
+        return self._native.step()
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate after ``step`` optimizer steps."""
+        return self._native.lr_at(step)
 
 
 class LinearLRScheduler(_Scheduler):
@@ -391,7 +399,7 @@ class LinearLRScheduler(_Scheduler):
     ``warmup_step_count`` steps, then linear decay to 0 at ``total_step_count``."""
 
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float):
-        super().__init__(optimizer, _C.optim.LinearLRScheduler(warmup_step_count, total_step_count, initial_lr))
+        super().__init__(optimizer, _C.LinearLRScheduler, warmup_step_count, total_step_count, initial_lr)
 
 
 class CosineLRScheduler(_Scheduler):
@@ -399,18 +407,19 @@ class CosineLRScheduler(_Scheduler):
 
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, total_step_count: int, initial_lr: float,
                  num_cycles: float = 0.5):
-        super().__init__(optimizer, _C.optim.CosineLRScheduler(warmup_step_count, total_step_count, initial_lr, num_cycles))
+        super().__init__(optimizer, _C.CosineLRScheduler, warmup_step_count, total_step_count, initial_lr,
+                         num_cycles)
 
 
 class StepLRScheduler(_Scheduler):
     """torch.optim.lr_scheduler.StepLR: multiply by ``gamma`` every ``step_size`` steps."""
 
     def __init__(self, optimizer: Optimizer, step_size: int, gamma: float, initial_lr: float):
-        super().__init__(optimizer, _C.optim.StepLRScheduler(step_size, gamma, initial_lr))
+        super().__init__(optimizer, _C.StepLRScheduler, step_size, gamma, initial_lr)
 
 
 class ConstantLRScheduler(_Scheduler):
     """Linear warmup, then constant ``initial_lr``."""
 
     def __init__(self, optimizer: Optimizer, warmup_step_count: int, initial_lr: float):
-        super().__init__(optimizer, _C.optim.ConstantLRScheduler(warmup_step_count, initial_lr))
+        super().__init__(optimizer, _C.ConstantLRScheduler, warmup_step_count, initial_lr)

@@ -95,13 +95,18 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     as an ONNX model (path, bytes or ModelProto) whose first inputs take the model's outputs and
     whose single output is the loss. ``optimizer``: an :class:`OptimType` (torch.optim defaults)
     or a configured one (``artifacts.AdamW(lr=...)``). ``loss_options``: reduction, ignore_index,
-    label_smoothing, beta/delta, log_target. ``memory_opt_level`` (0, 1: layer-wise recompute, 2:
-    plus compromised plans) and ``memory_opt_config`` (``"cluster:strategy:count,..."``) set the
-    memory optimizer; ``onnxtrain inspect`` prints the training model's plan table.
+    label_smoothing, beta/delta, log_target. ``requires_grad``: initializer names or output
+    names of floating-point ``Constant`` nodes (they become parameters), or ``"all"``.
+    ``memory_opt_level`` (0, 1: layer-wise recompute, 2: plus compromised plans) and
+    ``memory_opt_config`` (``"cluster:strategy:count,..."``) set the memory optimizer;
+    ``onnxtrain inspect`` prints the training model's plan table.
     """
     source = _model_arg(model)  # a path stays a path: its external data is found beside it
+    if requires_grad == "all":  # every weight: initializers and Constant-node weights (not frozen ones)
+        frozen = set(frozen_params or [])
+        requires_grad = [n for n in _C.all_parameters(source) if n not in frozen]
     if requires_grad is None or isinstance(requires_grad, str):
-        raise TypeError("requires_grad must be a sequence of parameter names")
+        raise TypeError('requires_grad must be a sequence of parameter names or "all"')
     if loss is None:
         raise ValueError("loss is required: a LossType or a custom loss ONNX model")
     loss_name, custom = None, None

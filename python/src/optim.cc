@@ -261,19 +261,13 @@ void bind_optim(pybind11::module_& root) {
   m.def("step_lr", &step_lr, py::arg("step"), py::arg("step_size"), py::arg("gamma"), py::arg("initial_lr"));
   m.def("constant_lr", &constant_lr, py::arg("step"), py::arg("warmup_step_count"), py::arg("initial_lr"));
 
-  py::class_<LRScheduler>(m, "LRScheduler")
-      .def_property_readonly("lr", &LRScheduler::lr)
-      .def_property("step_count", &LRScheduler::step_count, &LRScheduler::set_step_count)
-      .def("step", &LRScheduler::step, "advance one step and return the new learning rate")
-      .def("value", [](const LRScheduler& s, int64_t step) { return s.schedule().value(step); }, py::arg("step"));
-  py::class_<LinearLRScheduler, LRScheduler>(m, "LinearLRScheduler")
-      .def(py::init<int64_t, int64_t, double>(), py::arg("warmup_step_count"), py::arg("total_step_count"),
-           py::arg("initial_lr"));
-  py::class_<CosineLRScheduler, LRScheduler>(m, "CosineLRScheduler")
-      .def(py::init<int64_t, int64_t, double, double>(), py::arg("warmup_step_count"), py::arg("total_step_count"),
-           py::arg("initial_lr"), py::arg("num_cycles") = 0.5);
-  py::class_<StepLRScheduler, LRScheduler>(m, "StepLRScheduler")
-      .def(py::init<int64_t, double, double>(), py::arg("step_size"), py::arg("gamma"), py::arg("initial_lr"));
-  py::class_<ConstantLRScheduler, LRScheduler>(m, "ConstantLRScheduler")
-      .def(py::init<int64_t, double>(), py::arg("warmup_step_count"), py::arg("initial_lr"));
+  // A schedule's values; the schedulers that drive an Optimizer are onnxtrain._C.*LRScheduler.
+  py::class_<LRSchedule>(m, "LRSchedule")
+      .def_static("linear", &LRSchedule::linear, py::arg("warmup_step_count"), py::arg("total_step_count"),
+                  py::arg("initial_lr"))
+      .def_static("cosine", &LRSchedule::cosine, py::arg("warmup_step_count"), py::arg("total_step_count"),
+                  py::arg("initial_lr"), py::arg("num_cycles") = 0.5)
+      .def_static("stepped", &LRSchedule::stepped, py::arg("step_size"), py::arg("gamma"), py::arg("initial_lr"))
+      .def_static("constant", &LRSchedule::constant, py::arg("warmup_step_count"), py::arg("initial_lr"))
+      .def("value", &LRSchedule::value, py::arg("step"), "the learning rate after `step` optimizer steps");
 }

@@ -74,6 +74,15 @@ void bind_training(py::module_& m) {
       py::arg("nominal_checkpoint"), py::arg("loss_input_names"), py::arg("loss_options"),
       py::arg("memory_opt_level") = 0, py::arg("memory_opt_config") = "");
 
+  m.def(
+      "all_parameters",
+      [](py::object model) {
+        Model mdl = py::isinstance<py::bytes>(model) ? load_model_from_bytes(model.cast<std::string>(), "", "<model>")
+                                                     : load_model(py::str(model));
+        return all_parameters(mdl);
+      },
+      py::arg("model"));
+
   py::class_<Module>(m, "Module")
       .def(py::init([](const std::string& training, std::shared_ptr<CheckpointState> state, const std::string& eval) {
              py::gil_scoped_release release;
@@ -124,4 +133,23 @@ void bind_training(py::module_& m) {
       .def("set_learning_rate", &Optimizer::set_learning_rate)
       .def("get_learning_rate", &Optimizer::get_learning_rate)
       .def("step_count", &Optimizer::step_count);
+
+  // LR schedulers read the optimizer's step count (a resumed run continues its schedule), as the
+  // C++ and C ones do: this is the one implementation, bound.
+  py::class_<LRScheduler>(m, "LRScheduler")
+      .def("step", &LRScheduler::step, "sets the optimizer's learning rate for its step count and returns it")
+      .def("lr_at", &LRScheduler::lr_at, py::arg("step"));
+  py::class_<LinearLRScheduler, LRScheduler>(m, "LinearLRScheduler")
+      .def(py::init<Optimizer&, int64_t, int64_t, double>(), py::arg("optimizer"), py::arg("warmup_step_count"),
+           py::arg("total_step_count"), py::arg("initial_lr"), py::keep_alive<1, 2>());
+  py::class_<CosineLRScheduler, LRScheduler>(m, "CosineLRScheduler")
+      .def(py::init<Optimizer&, int64_t, int64_t, double, double>(), py::arg("optimizer"),
+           py::arg("warmup_step_count"), py::arg("total_step_count"), py::arg("initial_lr"),
+           py::arg("num_cycles") = 0.5, py::keep_alive<1, 2>());
+  py::class_<StepLRScheduler, LRScheduler>(m, "StepLRScheduler")
+      .def(py::init<Optimizer&, int64_t, double, double>(), py::arg("optimizer"), py::arg("step_size"),
+           py::arg("gamma"), py::arg("initial_lr"), py::keep_alive<1, 2>());
+  py::class_<ConstantLRScheduler, LRScheduler>(m, "ConstantLRScheduler")
+      .def(py::init<Optimizer&, int64_t, double>(), py::arg("optimizer"), py::arg("warmup_step_count"),
+           py::arg("initial_lr"), py::keep_alive<1, 2>());
 }

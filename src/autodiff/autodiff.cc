@@ -4,9 +4,12 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ir/subgraph.h"
 #include "ops/gradient_builder.h"
 #include "ops/graph_builder.h"
 #include "ops/registry.h"
+#include "ops/subgraph.h"
+#include "passes/passes.h"
 #include "passes/shape_inference.h"
 
 namespace onnxtrain {
@@ -45,6 +48,54 @@ class GradientAccumulator {
   std::unordered_map<std::string, std::vector<std::string>> parts_;
 };
 
+// The gradient graph of a subgraph for control-flow rules (ops/subgraph.h): differentiated as a
+// graph whose inputs are its formal inputs and the outer values it reads, then those inputs dropped
+// again (the caller defines the formal inputs and seeds; outer values stay reads by name).
+SubgraphGradient differentiate_subgraph(const Graph& sub, const std::vector<bool>& seeded,
+                                        const std::vector<std::string>& wrt,
+                                        const std::function<ValueInfo(const std::string&)>& outer_info,
+                                        const std::map<std::string, int64_t>& opsets) {
+  Model m;
+  m.graph = sub;
+  m.opsets = opsets;
+  m.description = "'" + sub.name + "'";
+  for (auto& in : m.graph.inputs) {  // declared subgraph shapes are often loose: keep the dtype
+    in.info.shape.reset();
+    in.info.dim_params.clear();
+  }
+  std::vector<std::string> reads = free_values(sub);
+  std::unordered_set<std::string> present(reads.begin(), reads.end());
+  for (const auto& in : sub.inputs) present.insert(in.name);
+  for (const auto& w : wrt)
+    if (!present.count(w)) reads.push_back(w);  // not read here: its gradient is 0
+  for (const auto& v : reads) m.graph.inputs.push_back({v, outer_info(v)});
+  std::vector<std::string> outputs;
+  for (size_t i = 0; i < sub.outputs.size(); ++i)
+    if (i < seeded.size() && seeded[i]) outputs.push_back(sub.outputs[i].name);
+  GradientGraphOptions options;
+  options.seed_scalars_with_one = false;
+  options.skip_independent_outputs = true;
+  GradientGraphInfo info;
+  Model gm = build_gradient_graph(m, wrt, outputs, &info, options);
+  SubgraphGradient out;
+  out.graph = std::move(gm.graph);
+  out.seeds.assign(sub.outputs.size(), "");
+  for (size_t j = 0; j < info.seed_inputs.size(); ++j)
+    for (size_t i = 0; i < sub.outputs.size(); ++i)
+      if (i < seeded.size() && seeded[i] && sub.outputs[i].name == info.seeded_outputs[j] && out.seeds[i].empty()) {
+        out.seeds[i] = info.seed_inputs[j];
+        break;
+      }
+  out.grads = info.gradient_outputs;
+  out.graph.inputs.clear();
+  out.graph.outputs.clear();
+  for (const auto& name : out.grads) out.graph.outputs.push_back({name, ValueInfo{}});
+  eliminate_dead_code(out.graph);
+  return out;
+}
+
+[[maybe_unused]] const bool kSubgraphDifferentiatorInstalled = (set_subgraph_differentiator(differentiate_subgraph), true);
+
 }  // namespace
 
 Model build_gradient_graph(const Model& forward, const std::vector<std::string>& wrt,
@@ -79,6 +130,7 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
     if (schema && schema->gradient_status == GradientStatus::kNotDifferentiable) continue;
     bool any = false;
     for (const auto& in : node.inputs) any = any || (!in.empty() && requires_grad.count(in));
+    for (const auto& in : outer_scope_reads(node)) any = any || requires_grad.count(in);  // read by a subgraph
     if (!any) continue;
     for (const auto& o : node.outputs) {
       DType dt = dtype_of(o);
@@ -91,7 +143,7 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
   std::vector<Node> backward;
   GradientGraphInfo result;
   {
-    GraphBuilder b(g, "gradient_seed", &names, &backward);
+    GraphBuilder b(model, "gradient_seed", &names, &backward);
     for (const auto& out : outputs) {
       auto producers = g.producers();
       OT_CHECK(producers.count(out) || g.is_input(out) || g.is_initializer(out), where, "output '", out,
@@ -132,6 +184,13 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
       needs.push_back(n);
       any_need = any_need || n;
     }
+    // Values the node's subgraphs read from this graph are inputs num_inputs() + k (ops/subgraph.h).
+    const std::vector<std::string> outer = outer_scope_reads(node);
+    for (const auto& in : outer) {
+      bool n = requires_grad.count(in) && is_floating(dtype_of(in) == DType::kUndefined ? DType::kFloat32 : dtype_of(in));
+      needs.push_back(n);
+      any_need = any_need || n;
+    }
     if (!any_need) continue;
     const OpSchema* schema = OpRegistry::global().find(node.domain, node.op_type, model.opset(node.domain));
     if (!schema) OT_THROW(kNotImplemented, where, node.context(), "unknown op");
@@ -143,22 +202,23 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
       case GradientStatus::kUnstated:
         OT_THROW(kNotImplemented, where, node.context(), "no gradient rule");
     }
-    GradientBuilder builder(g, node, model.opset(node.domain), dys, needs, names, backward);
+    GradientBuilder builder(g, node, model.opset(node.domain), model.opset(kOnnxDomain), dys, needs, names, backward);
     schema->gradient(builder);
     for (size_t i = 0; i < needs.size(); ++i) {
       if (!needs[i]) continue;
       auto it = builder.results().find(i);
+      const std::string& input = i < node.inputs.size() ? node.inputs[i] : outer[i - node.inputs.size()];
       if (it == builder.results().end())
         OT_THROW(kRuntime, where, node.context(), "the gradient rule produced no gradient for input ", i,
-                 " ('", node.inputs[i], "')");
-      grads.add(node.inputs[i], it->second);
+                 " ('", input, "')");
+      grads.add(input, it->second);
     }
   }
 
   // 4. Name the gradients "<wrt>_grad" and make them graph outputs.
   for (const auto& w : wrt) {
     std::string grad = grads.get(w, backward, names);
-    GraphBuilder b(g, w + "/grad", &names, &backward);
+    GraphBuilder b(model, w + "/grad", &names, &backward);
     if (grad.empty()) grad = b.zeros_like(w);  // the outputs do not depend on w: its gradient is 0
     std::string out = GradientAccumulator::unique(w + "_grad", names);
     Node id;

@@ -6,6 +6,8 @@
 // executor prefixes with the op and node name.
 #pragma once
 
+#include <cmath>
+#include <limits>
 #include <type_traits>
 
 #include "onnxtrain/tensor.h"
@@ -109,7 +111,23 @@ decltype(auto) dispatch_by_size(DType dt, F&& f) {
 
 #undef OT_DISPATCH_CASE
 
-// Converts between any two element types, through float for the half types.
+// Float to integer with defined behaviour (a plain static_cast is undefined out of range): NaN
+// gives 0, values beyond the type's range saturate to its limits.
+template <typename To, typename From>
+inline To saturate_to_int(From v) {
+  static_assert(std::is_integral_v<To> && std::is_floating_point_v<From>);
+  if (std::isnan(v)) return To(0);
+  // lowest is 0 or -2^digits and max + 1 is 2^digits: both exact in From (max itself may round up).
+  constexpr From lo = From(std::numeric_limits<To>::lowest());
+  constexpr From hi = From(std::numeric_limits<To>::max()) + From(1);
+  if (v <= lo) return std::numeric_limits<To>::lowest();
+  if (v >= hi) return std::numeric_limits<To>::max();
+  return static_cast<To>(v);
+}
+
+// The one element conversion (Cast, Pad values, scalar reads, kernels writing statistics):
+// integers wrap (two's complement, as ONNX Runtime and numpy do), floats saturate into integers
+// (NaN -> 0), nonzero -> true, half types go through float.
 template <typename To, typename From>
 inline To cast_value(From v) {
   if constexpr (std::is_same_v<To, From>) {
@@ -117,11 +135,14 @@ inline To cast_value(From v) {
   } else if constexpr (std::is_same_v<From, float16> || std::is_same_v<From, bfloat16>) {
     return cast_value<To>(float(v));
   } else if constexpr (std::is_same_v<To, float16> || std::is_same_v<To, bfloat16>) {
-    return To(float(v));
+    if constexpr (std::is_same_v<From, bool>) return To(v ? 1.0f : 0.0f);
+    else return To(float(v));
   } else if constexpr (std::is_same_v<To, bool>) {
     return v != From(0);
+  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
+    return saturate_to_int<To>(v);
   } else {
-    return static_cast<To>(v);
+    return static_cast<To>(v);  // int -> int wraps (C++20), int -> float rounds
   }
 }
 

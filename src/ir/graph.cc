@@ -5,6 +5,8 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "ir/subgraph.h"
+
 namespace onnxtrain {
 
 const char* attribute_kind_name(Attribute::Kind kind) {
@@ -87,9 +89,11 @@ std::unordered_map<std::string, size_t> Graph::producers() const {
 
 std::unordered_map<std::string, int> Graph::use_counts() const {
   std::unordered_map<std::string, int> out;
-  for (const auto& n : nodes)
+  for (const auto& n : nodes) {
     for (const auto& in : n.inputs)
       if (!in.empty()) ++out[in];
+    for (const auto& in : outer_scope_reads(n)) ++out[in];  // read inside a subgraph
+  }
   for (const auto& o : outputs) ++out[o.name];
   return out;
 }
@@ -100,16 +104,18 @@ void Graph::topological_sort() {
   std::vector<std::vector<size_t>> consumers(nodes.size());
   for (size_t i = 0; i < nodes.size(); ++i) {
     std::unordered_set<size_t> deps;
-    for (const auto& in : nodes[i].inputs) {
-      if (in.empty()) continue;
+    auto depend_on = [&](const std::string& in, const char* what) {
       auto it = producer.find(in);
       if (it != producer.end()) {
         deps.insert(it->second);
       } else if (!is_initializer(in) && !is_input(in)) {
-        OT_THROW(kInvalidModel, nodes[i].context(), "input '", in,
+        OT_THROW(kInvalidModel, nodes[i].context(), what, " '", in,
                  "' is not a graph input, an initializer or any node's output");
       }
-    }
+    };
+    for (const auto& in : nodes[i].inputs)
+      if (!in.empty()) depend_on(in, "input");
+    for (const auto& in : outer_scope_reads(nodes[i])) depend_on(in, "a subgraph reads");
     pending[i] = int(deps.size());
     for (size_t d : deps) consumers[d].push_back(i);
   }

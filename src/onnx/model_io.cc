@@ -30,7 +30,8 @@ std::string read_file(const std::string& path) {
 
 ValueInfo value_info_from_proto(const onnx::ValueInfoProto& v, const std::string& where) {
   ValueInfo info;
-  if (!v.has_type()) return info;
+  // An empty type (exporters such as spox write one for values of unknown type) says nothing.
+  if (!v.has_type() || v.type().value_case() == onnx::TypeProto::VALUE_NOT_SET) return info;
   if (!v.type().has_tensor_type())
     OT_THROW(kNotImplemented, where, "value '", v.name(),
              "' is not a tensor (sequence, map and optional types are not supported)");

@@ -2,10 +2,10 @@
 
 namespace onnxtrain {
 
-GradientBuilder::GradientBuilder(Graph& graph, const Node& node, int64_t opset, std::vector<std::string> output_grads,
-                                 std::vector<bool> input_needs, std::unordered_set<std::string>& names,
-                                 std::vector<Node>& backward)
-    : GraphBuilder(graph, node.name + "/grad", &names, &backward), node_(node), opset_(opset),
+GradientBuilder::GradientBuilder(Graph& graph, const Node& node, int64_t opset, int64_t onnx_opset,
+                                 std::vector<std::string> output_grads, std::vector<bool> input_needs,
+                                 std::unordered_set<std::string>& names, std::vector<Node>& backward)
+    : GraphBuilder(graph, onnx_opset, node.name + "/grad", &names, &backward), node_(node), opset_(opset),
       output_grads_(std::move(output_grads)), needs_(std::move(input_needs)) {}
 
 std::string GradientBuilder::x(size_t i) const {

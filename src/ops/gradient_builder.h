@@ -20,11 +20,14 @@ namespace onnxtrain {
 
 class GradientBuilder : public GraphBuilder {
  public:
-  GradientBuilder(Graph& graph, const Node& node, int64_t opset, std::vector<std::string> output_grads,
-                  std::vector<bool> input_needs, std::unordered_set<std::string>& names, std::vector<Node>& backward);
+  // `opset`: the version of the node's own domain; `onnx_opset`: the model's ai.onnx version, in
+  // whose form emitted ops are written.
+  GradientBuilder(Graph& graph, const Node& node, int64_t opset, int64_t onnx_opset,
+                  std::vector<std::string> output_grads, std::vector<bool> input_needs,
+                  std::unordered_set<std::string>& names, std::vector<Node>& backward);
 
   const Node& node() const { return node_; }
-  int64_t opset() const { return opset_; }
+  int64_t opset() const { return opset_; }  // the node's domain version (GraphBuilder::onnx_opset: ai.onnx)
   std::string x(size_t i) const;                       // forward input i
   std::string y(size_t i) const;                       // forward output i
   std::string dy(size_t i) const;                      // gradient flowing into output i, "" if none

@@ -1,6 +1,7 @@
 #include "ops/graph_builder.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include "ops/registry.h"
 
@@ -18,9 +19,13 @@ std::unordered_set<std::string> collect_names(const Graph& g) {
   return names;
 }
 
-GraphBuilder::GraphBuilder(Graph& graph, std::string prefix, std::unordered_set<std::string>* names,
+GraphBuilder::GraphBuilder(Model& model, std::string prefix, std::unordered_set<std::string>* names,
                            std::vector<Node>* sink)
-    : graph_(graph), prefix_(std::move(prefix)), own_names_(names ? std::unordered_set<std::string>{} : collect_names(graph)),
+    : GraphBuilder(model.graph, model.opset(kOnnxDomain), std::move(prefix), names, sink) {}
+
+GraphBuilder::GraphBuilder(Graph& graph, int64_t onnx_opset, std::string prefix, std::unordered_set<std::string>* names,
+                           std::vector<Node>* sink)
+    : graph_(graph), onnx_opset_(onnx_opset > 0 ? onnx_opset : INT32_MAX), prefix_(std::move(prefix)), own_names_(names ? std::unordered_set<std::string>{} : collect_names(graph)),
       names_(names ? *names : own_names_), sink_(sink ? *sink : pending_) {}
 
 void GraphBuilder::commit() {
@@ -60,7 +65,9 @@ std::vector<std::string> GraphBuilder::append(const std::string& op_type, std::v
 void GraphBuilder::infer(const Node& n) {
   // The op's own shape rule gives emitted values a dtype (and a shape when it can), so later
   // builder calls (scalar_like, sum_to) see static facts instead of emitting run-time fallbacks.
-  const OpSchema* schema = OpRegistry::global().find(n.domain, n.op_type, INT32_MAX);
+  // Our own domain's ops are all version 1; ai.onnx ops follow the model's opset.
+  const int64_t opset = n.domain == kOnnxDomain ? onnx_opset_ : INT32_MAX;
+  const OpSchema* schema = OpRegistry::global().find(n.domain, n.op_type, opset);
   if (!schema || !schema->shape) return;
   std::vector<ValueInfo> infos(n.inputs.size());
   std::vector<const ValueInfo*> ptrs;
@@ -73,7 +80,7 @@ void GraphBuilder::infer(const Node& n) {
     infos[i] = ValueInfo{dtype(in), static_shape(in), {}};
     ptrs.push_back(&infos[i]);
   }
-  ShapeContext ctx(n, INT32_MAX, ptrs, values);
+  ShapeContext ctx(n, opset, ptrs, values);
   try {
     schema->shape(ctx);
   } catch (const Error&) {
@@ -137,14 +144,40 @@ std::string GraphBuilder::transpose(const std::string& a, const std::vector<int6
   return emit("Transpose", {a}, {{"perm", Attribute::of(perm)}});
 }
 
+namespace {
+// Ops whose axes moved from an attribute to an input: ReduceSum, Squeeze and Unsqueeze in opset 13,
+// the other reductions in 18. Empty axes: every axis (the reductions) or every unit axis (Squeeze).
+constexpr int64_t axes_input_since(const std::string_view op) {
+  return op == "ReduceSum" || op == "Squeeze" || op == "Unsqueeze" ? 13 : 18;
+}
+}  // namespace
+
+std::string GraphBuilder::emit_with_axes(const std::string& op_type, const std::string& a,
+                                         const std::vector<int64_t>& axes, Attrs attrs) {
+  if (onnx_opset_ >= axes_input_since(op_type)) {
+    std::vector<std::string> inputs{a};
+    if (!axes.empty()) inputs.push_back(ints(axes));
+    return emit(op_type, std::move(inputs), std::move(attrs));
+  }
+  if (!axes.empty()) attrs["axes"] = Attribute::of(axes);
+  return emit(op_type, {a}, std::move(attrs));
+}
+
 std::string GraphBuilder::reduce_sum(const std::string& a, const std::vector<int64_t>& axes, bool keepdims) {
-  return emit("ReduceSum", {a, ints(axes)}, {{"keepdims", Attribute::of(int64_t(keepdims))}});
+  return emit_with_axes("ReduceSum", a, axes, {{"keepdims", Attribute::of(int64_t(keepdims))}});
 }
 
 std::string GraphBuilder::reduce_mean(const std::string& a, const std::vector<int64_t>& axes, bool keepdims) {
-  Attrs attrs{{"keepdims", Attribute::of(int64_t(keepdims))}};
-  if (!axes.empty()) attrs["axes"] = Attribute::of(axes);  // attribute form: valid through opset 17
-  return emit("ReduceMean", {a}, attrs);
+  return emit_with_axes("ReduceMean", a, axes, {{"keepdims", Attribute::of(int64_t(keepdims))}});
+}
+
+std::string GraphBuilder::squeeze(const std::string& a, const std::vector<int64_t>& axes) {
+  return emit_with_axes("Squeeze", a, axes, {});
+}
+
+std::string GraphBuilder::unsqueeze(const std::string& a, const std::vector<int64_t>& axes) {
+  OT_CHECK(!axes.empty(), "GraphBuilder::unsqueeze: axes must not be empty");
+  return emit_with_axes("Unsqueeze", a, axes, {});
 }
 
 std::string GraphBuilder::zeros_like(const std::string& like) { return expand_like(scalar_like(0.0, like), like); }

@@ -108,6 +108,21 @@ OpBuilder& OpBuilder::inplace(int output, int input) {
   return *this;
 }
 
+OpBuilder& OpBuilder::state_inputs(std::vector<int> inputs) {
+  schema_.state_inputs = std::move(inputs);
+  return *this;
+}
+
+OpBuilder& OpBuilder::state_updates(StateUpdatesFn fn) {
+  schema_.state_updates = std::move(fn);
+  return *this;
+}
+
+OpBuilder& OpBuilder::inference_form(InferenceFormFn fn) {
+  schema_.inference_form = std::move(fn);
+  return *this;
+}
+
 OpRegistration::OpRegistration(const OpBuilder& builder) { OpRegistry::global().add(builder.schema()); }
 
 }  // namespace onnxtrain

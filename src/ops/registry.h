@@ -23,7 +23,7 @@
 
 namespace onnxtrain {
 
-class GradientBuilder;  // src/autodiff: the graph-builder that gradient rules are written with
+class GradientBuilder;  // ops/gradient_builder.h: the graph builder gradient rules are written with
 
 enum class GradientStatus {
   kUnstated,          // the op has not said yet; autodiff treats it as "no gradient rule"
@@ -35,6 +35,20 @@ const char* gradient_status_name(GradientStatus s);
 
 using ShapeFn = std::function<void(ShapeContext&)>;
 using GradientFn = std::function<void(GradientBuilder&)>;
+
+// An output that is, in training mode, the op's new value of one of its inputs (BatchNorm's
+// running mean and variance). Artifacts bind it back to the checkpoint buffer, TrainModule to the
+// torch buffer; `running_variance` marks a biased variance, which torch keeps unbiased.
+struct StateUpdate {
+  int input = 0;
+  int output = 0;
+  bool running_variance = false;
+};
+// The state updates a node makes (none when it runs in inference mode).
+using StateUpdatesFn = std::function<std::vector<StateUpdate>(const Node&, int64_t opset)>;
+// Rewrites a node into its inference form (Dropout without training_mode, BatchNorm with running
+// statistics): the eval graph of a training model.
+using InferenceFormFn = std::function<void(Node&, int64_t opset)>;
 
 struct OpSchema {
   std::string domain;
@@ -48,6 +62,9 @@ struct OpSchema {
   GradientFn gradient;
   std::string gradient_note;
   std::vector<std::pair<int, int>> inplace;  // (output, input) pairs that may share one buffer
+  std::vector<int> state_inputs;             // inputs that are state, not parameters (running statistics)
+  StateUpdatesFn state_updates;              // unset: the op updates no state
+  InferenceFormFn inference_form;            // unset: the op runs the same in training and inference
   std::string source_file;
 };
 
@@ -84,6 +101,9 @@ class OpBuilder {
   OpBuilder& not_differentiable();
   OpBuilder& gradient_not_implemented(std::string reason);
   OpBuilder& inplace(int output, int input);
+  OpBuilder& state_inputs(std::vector<int> inputs);
+  OpBuilder& state_updates(StateUpdatesFn fn);
+  OpBuilder& inference_form(InferenceFormFn fn);
   const OpSchema& schema() const { return schema_; }
 
  private:

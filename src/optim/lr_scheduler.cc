@@ -59,53 +59,29 @@ void LRSchedule::validate() const {
   if (kind == LRScheduleKind::kCosine) OT_CHECK(std::isfinite(num_cycles), "LR scheduler: invalid num_cycles ", num_cycles);
 }
 
-LRScheduler::LRScheduler(LRSchedule schedule) : schedule_(schedule) { schedule_.validate(); }
-
-void LRScheduler::set_step_count(int64_t step) {
-  OT_CHECK(step >= 0, "LR scheduler: step count must be >= 0, got ", step);
-  step_ = step;
-}
-
 namespace {
-LRSchedule make(LRScheduleKind kind, double initial_lr) {
-  LRSchedule s;
-  s.kind = kind;
-  s.initial_lr = initial_lr;
-  return s;
-}
-LRSchedule linear(int64_t warmup, int64_t total, double lr) {
-  LRSchedule s = make(LRScheduleKind::kLinear, lr);
-  s.warmup_step_count = warmup;
-  s.total_step_count = total;
-  return s;
-}
-LRSchedule cosine(int64_t warmup, int64_t total, double lr, double cycles) {
-  LRSchedule s = make(LRScheduleKind::kCosine, lr);
-  s.warmup_step_count = warmup;
-  s.total_step_count = total;
-  s.num_cycles = cycles;
-  return s;
-}
-LRSchedule stepped(int64_t step_size, double gamma, double lr) {
-  LRSchedule s = make(LRScheduleKind::kStep, lr);
-  s.step_size = step_size;
-  s.gamma = gamma;
-  return s;
-}
-LRSchedule constant(int64_t warmup, double lr) {
-  LRSchedule s = make(LRScheduleKind::kConstant, lr);
-  s.warmup_step_count = warmup;
+LRSchedule validated(LRSchedule s) {
+  s.validate();
   return s;
 }
 }  // namespace
 
-LinearLRScheduler::LinearLRScheduler(int64_t warmup, int64_t total, double initial_lr)
-    : LRScheduler(linear(warmup, total, initial_lr)) {}
-CosineLRScheduler::CosineLRScheduler(int64_t warmup, int64_t total, double initial_lr, double num_cycles)
-    : LRScheduler(cosine(warmup, total, initial_lr, num_cycles)) {}
-StepLRScheduler::StepLRScheduler(int64_t step_size, double gamma, double initial_lr)
-    : LRScheduler(stepped(step_size, gamma, initial_lr)) {}
-ConstantLRScheduler::ConstantLRScheduler(int64_t warmup, double initial_lr)
-    : LRScheduler(constant(warmup, initial_lr)) {}
+LRSchedule LRSchedule::linear(int64_t warmup, int64_t total, double lr) {
+  return validated({.kind = LRScheduleKind::kLinear, .initial_lr = lr, .warmup_step_count = warmup,
+                    .total_step_count = total});
+}
+
+LRSchedule LRSchedule::cosine(int64_t warmup, int64_t total, double lr, double cycles) {
+  return validated({.kind = LRScheduleKind::kCosine, .initial_lr = lr, .warmup_step_count = warmup,
+                    .total_step_count = total, .num_cycles = cycles});
+}
+
+LRSchedule LRSchedule::stepped(int64_t step_size, double gamma, double lr) {
+  return validated({.kind = LRScheduleKind::kStep, .initial_lr = lr, .step_size = step_size, .gamma = gamma});
+}
+
+LRSchedule LRSchedule::constant(int64_t warmup, double lr) {
+  return validated({.kind = LRScheduleKind::kConstant, .initial_lr = lr, .warmup_step_count = warmup});
+}
 
 }  // namespace onnxtrain::optim

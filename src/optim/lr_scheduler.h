@@ -1,4 +1,4 @@
-// Learning-rate schedules: pure functions of the step, plus a small stateful wrapper.
+// Learning-rate schedules: pure functions of the step.
 //
 // `step` is the number of scheduler steps taken so far (0 before the first update), the
 // convention of torch.optim.lr_scheduler (last_epoch), transformers' LambdaLR schedules and ONNX
@@ -29,7 +29,10 @@ double constant_lr(int64_t step, int64_t warmup_step_count, double initial_lr);
 
 enum class LRScheduleKind { kLinear, kCosine, kStep, kConstant };
 
-// One schedule's parameters; value(step) evaluates it.
+// One schedule's parameters; value(step) evaluates it. Built by the named constructors, which
+// validate. There is no step counter here: the schedulers that drive an optimizer
+// (include/onnxtrain/module.h, bound to C and Python) read the optimizer's step count, so a
+// resumed run continues its schedule.
 struct LRSchedule {
   LRScheduleKind kind = LRScheduleKind::kConstant;
   double initial_lr = 1e-3;
@@ -38,39 +41,15 @@ struct LRSchedule {
   double num_cycles = 0.5;        // kCosine
   int64_t step_size = 1;          // kStep
   double gamma = 0.1;             // kStep
+
+  static LRSchedule linear(int64_t warmup_step_count, int64_t total_step_count, double initial_lr);
+  static LRSchedule cosine(int64_t warmup_step_count, int64_t total_step_count, double initial_lr,
+                           double num_cycles = 0.5);
+  static LRSchedule stepped(int64_t step_size, double gamma, double initial_lr);
+  static LRSchedule constant(int64_t warmup_step_count, double initial_lr);
+
   double value(int64_t step) const;
   void validate() const;          // throws on negative counts, total < warmup, step_size < 1, ...
-};
-
-// Counts steps and tracks the current learning rate.
-//
-//   LinearLRScheduler sched(warmup, total, 1e-3);
-//   for (...) { optimizer.set_lr(sched.lr()); optimizer.step(...); sched.step(); }
-class LRScheduler {
- public:
-  explicit LRScheduler(LRSchedule schedule);
-  double lr() const { return schedule_.value(step_); }  // the learning rate for the next update
-  int64_t step_count() const { return step_; }
-  double step() { ++step_; return lr(); }                // advances and returns the new lr
-  void set_step_count(int64_t step);                     // resume from a checkpoint
-  const LRSchedule& schedule() const { return schedule_; }
-
- private:
-  LRSchedule schedule_;
-  int64_t step_ = 0;
-};
-
-struct LinearLRScheduler : LRScheduler {
-  LinearLRScheduler(int64_t warmup_step_count, int64_t total_step_count, double initial_lr);
-};
-struct CosineLRScheduler : LRScheduler {
-  CosineLRScheduler(int64_t warmup_step_count, int64_t total_step_count, double initial_lr, double num_cycles = 0.5);
-};
-struct StepLRScheduler : LRScheduler {
-  StepLRScheduler(int64_t step_size, double gamma, double initial_lr);
-};
-struct ConstantLRScheduler : LRScheduler {  // constant after an optional linear warmup
-  ConstantLRScheduler(int64_t warmup_step_count, double initial_lr);
 };
 
 }  // namespace onnxtrain::optim

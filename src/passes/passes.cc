@@ -4,6 +4,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ir/subgraph.h"
 #include "ops/kernel.h"
 #include "ops/registry.h"
 #include "passes/shape_inference.h"
@@ -11,9 +12,11 @@
 namespace onnxtrain {
 
 void replace_uses(Graph& graph, const std::string& from, const std::string& to) {
-  for (auto& node : graph.nodes)
+  for (auto& node : graph.nodes) {
     for (auto& in : node.inputs)
       if (in == from) in = to;
+    if (has_subgraphs(node)) rename_outer_reads(node, from, to);
+  }
 }
 
 namespace {
@@ -26,11 +29,73 @@ const ValueInfo* static_info(const Graph& g, const std::string& value) {
 }
 }  // namespace
 
+namespace {
+// An If whose condition is a constant is replaced by the nodes of the branch it takes (their values
+// renamed apart from the graph's), then Identity nodes onto the If's outputs.
+int inline_constant_ifs(Graph& g) {
+  std::unordered_set<std::string> names;
+  for (const auto& [name, t] : g.initializers) names.insert(name);
+  for (const auto& in : g.inputs) names.insert(in.name);
+  for (const auto& n : g.nodes) {
+    names.insert(n.name);
+    for (const auto& o : n.outputs) names.insert(o);
+  }
+  auto fresh = [&](const std::string& base) {
+    std::string n = base;
+    for (int i = 1; names.count(n); ++i) n = base + "_" + std::to_string(i);
+    names.insert(n);
+    return n;
+  };
+  int inlined = 0;
+  std::vector<Node> nodes;
+  for (const auto& node : g.nodes) {
+    const Tensor* cond = node.domain.empty() && node.op_type == "If" && node.has_input(0) &&
+                                 g.is_initializer(node.inputs[0]) ? &g.initializers.at(node.inputs[0]) : nullptr;
+    const Attribute* a = cond && cond->numel() == 1
+                             ? node.attr(cond->item_as_double(0) != 0 ? "then_branch" : "else_branch") : nullptr;
+    if (!a || a->kind != Attribute::Kind::kGraph || !a->g || !a->g->inputs.empty() ||
+        a->g->outputs.size() != node.outputs.size()) {
+      nodes.push_back(node);
+      continue;
+    }
+    const Graph& branch = *a->g;
+    std::map<std::string, std::string> rename;
+    for (const auto& [name, t] : branch.initializers) {
+      rename[name] = fresh(node.name + "/" + name);
+      g.initializers[rename[name]] = t;
+    }
+    for (const auto& n : branch.nodes)
+      for (const auto& o : n.outputs)
+        if (!o.empty()) rename[o] = fresh(node.name + "/" + o);
+    auto mapped = [&](const std::string& v) {
+      auto it = rename.find(v);
+      return it == rename.end() ? v : it->second;
+    };
+    for (const auto& bn : branch.nodes) {
+      Node c = bn;
+      c.name = fresh(node.name + "/" + (bn.name.empty() ? bn.op_type : bn.name));
+      for (auto& v : c.inputs) v = mapped(v);
+      for (auto& v : c.outputs) v = mapped(v);
+      if (has_subgraphs(c))
+        for (const auto& [from, to] : rename) rename_outer_reads(c, from, to);
+      nodes.push_back(std::move(c));
+    }
+    for (size_t i = 0; i < node.outputs.size(); ++i)
+      if (node.has_output(i))
+        nodes.push_back(Node{fresh(node.name + "/output"), "Identity", "", {mapped(branch.outputs[i].name)},
+                             {node.outputs[i]}, {}});
+    ++inlined;
+  }
+  g.nodes = std::move(nodes);
+  return inlined;
+}
+}  // namespace
+
 int fold_constants(Model& model) {
   Graph& g = model.graph;
+  int folded = inline_constant_ifs(g);
   // Static shapes let Shape/Size of inputs with fixed dims fold too.
   infer_shapes(g, model.opsets);
-  int folded = 0;
   std::vector<Node> kept;
   for (auto& node : g.nodes) {
     int64_t opset = model.opset(node.domain);
@@ -90,11 +155,7 @@ int eliminate_dead_code(Graph& g) {
     if (!used) continue;
     keep[i] = 1;
     for (const auto& in : n.inputs) if (!in.empty()) live.insert(in);
-    for (const auto& [k, a] : n.attributes)  // subgraphs may read outer values by name
-      if (a.kind == Attribute::Kind::kGraph) {
-        for (const auto& sn : a.g->nodes) for (const auto& in : sn.inputs) live.insert(in);
-        for (const auto& so : a.g->outputs) live.insert(so.name);
-      }
+    for (const auto& in : outer_scope_reads(n)) live.insert(in);  // subgraphs read outer values by name
   }
   int removed = 0;
   std::vector<Node> kept;

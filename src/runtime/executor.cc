@@ -4,6 +4,8 @@
 #include <random>
 #include <numeric>
 
+#include "ir/subgraph.h"
+#include "ops/subgraph.h"
 #include "passes/memory_optimizer.h"
 #include "passes/shape_inference.h"
 #include "runtime/memory_planner.h"
@@ -29,22 +31,31 @@ struct Executor::Plan {
 
 namespace {
 
-// Hands kernels their inputs and outputs for one step.
-class StepContext final : public KernelContext {
+using SubgraphRunFn = std::function<std::vector<Tensor>(const std::string&, const std::vector<Tensor>&)>;
+
+// Hands kernels their inputs and outputs for one step (and, to control-flow kernels, their subgraphs).
+class StepContext final : public KernelContext, public SubgraphHost {
  public:
   StepContext(const Node& node, int64_t opset, std::vector<Tensor>& values, std::vector<Tensor>& planned,
               const std::vector<int>& in_ids, const std::vector<int>& out_ids, size_t& dynamic_allocations,
               std::vector<char>* set_output_flags, const std::vector<char>& is_constant, uint64_t random_seed,
-              uint64_t run_index)
+              uint64_t run_index, const SubgraphRunFn* subgraphs)
       : values_(values), planned_(planned), in_ids_(in_ids), out_ids_(out_ids), dynamic_(dynamic_allocations),
-        set_output_flags_(set_output_flags), is_constant_(is_constant) {
+        set_output_flags_(set_output_flags), is_constant_(is_constant), subgraphs_(subgraphs) {
     node_ = &node;
     opset_ = opset;
     random_seed_ = random_seed;
     run_index_ = run_index;
-    inputs_.reserve(in_ids.size());
-    for (int id : in_ids) inputs_.push_back(id >= 0 ? &values[size_t(id)] : nullptr);
+    // Kernels see the node's own inputs; outer-scope reads of subgraphs are bound by run_subgraph.
+    size_t formal = std::min(in_ids.size(), node.inputs.size());
+    inputs_.reserve(formal);
+    for (size_t i = 0; i < formal; ++i) inputs_.push_back(in_ids[i] >= 0 ? &values[size_t(in_ids[i])] : nullptr);
     num_outputs_ = out_ids.size();
+  }
+
+  std::vector<Tensor> run_subgraph(const std::string& attribute, const std::vector<Tensor>& inputs) override {
+    OT_CHECK(subgraphs_, node_->context(), "has no subgraph '", attribute, "'");
+    return (*subgraphs_)(attribute, inputs);
   }
 
   Tensor& output(size_t i, DType dtype, const Shape& shape) override {
@@ -86,6 +97,7 @@ class StepContext final : public KernelContext {
   size_t& dynamic_;
   std::vector<char>* set_output_flags_;
   const std::vector<char>& is_constant_;
+  const SubgraphRunFn* subgraphs_;
   std::vector<Tensor> scratch_;
 };
 
@@ -153,6 +165,7 @@ void Executor::compile() {
                step.schema->min_outputs, " to ", step.schema->max_outputs, " outputs, got ", n_out);
     for (const auto& in : node.inputs) step.inputs.push_back(in.empty() ? -1 : id_of(in));
     for (const auto& out : node.outputs) step.outputs.push_back(out.empty() ? -1 : id_of(out));
+    if (has_subgraphs(node)) compile_subgraphs(step, id_of);
     steps_.push_back(std::move(step));
     if (options_.profile) profile_.push_back({node.name, node.op_type, 0, 0.0});
   }
@@ -190,6 +203,53 @@ void Executor::compile() {
   for (auto& [id, t] : constants_) keep[size_t(id)] = 1;
   for (size_t id = 0; id < last_use.size(); ++id)
     if (last_use[id] >= 0 && !keep[id]) steps_[size_t(last_use[id])].release.push_back(int(id));
+}
+
+void Executor::compile_subgraphs(Step& step, const std::function<int(const std::string&)>& id_of) {
+  const Node& node = *step.node;
+  for (const auto& [attribute, a] : node.attributes) {
+    if (a.kind != Attribute::Kind::kGraph || !a.g) continue;
+    Subgraph sub;
+    sub.attribute = attribute;
+    Model child;
+    child.graph = *a.g;
+    child.opsets = model_.opsets;
+    child.ir_version = model_.ir_version;
+    child.description = model_.description + ", " + node.context() + "subgraph '" + attribute + "'";
+    sub.formal_inputs = child.graph.inputs.size();
+    for (auto& in : child.graph.inputs) {
+      in.info.shape.reset();  // declared subgraph shapes are often loose (loop-carried values grow)
+      in.info.dim_params.clear();
+      sub.input_names.push_back(in.name);
+    }
+    for (const auto& name : free_values(child.graph)) {  // read from this graph by name
+      child.graph.inputs.push_back({name, ValueInfo{}});
+      sub.input_names.push_back(name);
+      int id = id_of(name);
+      sub.outer_ids.push_back(id);
+      step.inputs.push_back(id);  // keeps the value alive until the node has run
+    }
+    ExecutorOptions options = options_;
+    options.random_seed = random_seed_;
+    options.profile = false;
+    sub.executor = std::make_shared<Executor>(child, options);
+    step.subgraphs.push_back(std::move(sub));
+  }
+}
+
+std::vector<Tensor> Executor::run_subgraph(const Step& step, const Plan& plan, const std::string& attribute,
+                                           const std::vector<Tensor>& inputs) {
+  for (const auto& sub : step.subgraphs) {
+    if (sub.attribute != attribute) continue;
+    OT_CHECK(inputs.size() == sub.formal_inputs, step.node->context(), "subgraph '", attribute, "' takes ",
+             sub.formal_inputs, " inputs, given ", inputs.size());
+    std::map<std::string, Tensor> feeds;
+    for (size_t i = 0; i < inputs.size(); ++i) feeds[sub.input_names[i]] = inputs[i];
+    for (size_t i = 0; i < sub.outer_ids.size(); ++i)
+      feeds[sub.input_names[sub.formal_inputs + i]] = plan.values[size_t(sub.outer_ids[i])];
+    return sub.executor->run(feeds);
+  }
+  OT_THROW(kInvalidModel, step.node->context(), "has no graph attribute '", attribute, "'");
 }
 
 void Executor::validate_feeds(const std::map<std::string, Tensor>& feeds) const {
@@ -251,9 +311,14 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index) {
   for (size_t s = 0; s < steps_.size(); ++s) {
     const Step& step = steps_[s];
     const Node& node = *step.node;
+    SubgraphRunFn subgraphs;
+    if (!step.subgraphs.empty())
+      subgraphs = [&](const std::string& attribute, const std::vector<Tensor>& inputs) {
+        return run_subgraph(step, plan, attribute, inputs);
+      };
     StepContext ctx(node, model_.opset(node.domain), plan.values, plan.planned, step.inputs, step.outputs,
                     plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr, is_constant_, random_seed_,
-                    run_index);
+                    run_index, step.subgraphs.empty() ? nullptr : &subgraphs);
     try {
       if (options_.profile) {
         auto start = std::chrono::steady_clock::now();

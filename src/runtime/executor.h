@@ -9,6 +9,7 @@
 // buffers each run, since they are handed to the caller.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -64,14 +65,28 @@ class Executor {
   uint64_t next_run_index() const { return next_run_index_; }
 
  private:
+  // A graph attribute of a node (If's branches, Loop's and Scan's body), compiled once into an
+  // executor of its own whose inputs are its formal inputs followed by the values it reads from
+  // this graph (bound from `outer_ids` at each call).
+  struct Subgraph {
+    std::string attribute;
+    std::shared_ptr<Executor> executor;
+    std::vector<std::string> input_names;  // formal inputs, then outer-scope reads
+    std::vector<int> outer_ids;
+    size_t formal_inputs = 0;
+  };
   struct Step {
     const Node* node = nullptr;
     const OpSchema* schema = nullptr;
-    std::vector<int> inputs;   // value ids, -1 for omitted
+    std::vector<int> inputs;   // value ids, -1 for omitted; then the subgraphs' outer-scope reads
     std::vector<int> outputs;  // value ids, -1 for omitted
     std::vector<int> release;  // dynamic values whose last reader is this step
+    std::vector<Subgraph> subgraphs;
   };
   struct Plan;
+  void compile_subgraphs(Step& step, const std::function<int(const std::string&)>& id_of);
+  std::vector<Tensor> run_subgraph(const Step& step, const Plan& plan, const std::string& attribute,
+                                   const std::vector<Tensor>& inputs);
 
   void compile();
   void validate_feeds(const std::map<std::string, Tensor>& feeds) const;

@@ -5,7 +5,8 @@
 
 #include "autodiff/autodiff.h"
 #include "ops/graph_builder.h"
-#include "ops/nn/norm_common.h"  // batch_norm_training
+#include "ops/kernel.h"     // run_node_once: a Constant node's value
+#include "ops/registry.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 #include "training/json.h"
@@ -116,49 +117,125 @@ void attach_loss(Model& m, const TrainingGraphOptions& o, std::vector<std::strin
   add_loss(m, type, preds[0], target_name, "loss", o.loss_options);
 }
 
+// Inputs whose values are sizes, scales or regions rather than data (never parameters).
+bool shape_like_slot(const Node& consumer, size_t slot) {
+  if (!consumer.domain.empty()) return false;
+  if (consumer.op_type == "Resize") return slot >= 1;    // roi, scales, sizes
+  if (consumer.op_type == "Upsample") return slot == 1;  // scales
+  return false;
+}
+
+// A value is a parameter candidate when some node reads it as data through an op with a gradient:
+// constants read only as shapes/scales or only by non-differentiable ops (comparisons, Shape, ...)
+// are not.
+bool read_as_data(const Model& model, const std::string& value) {
+  bool data = false;
+  for (const auto& n : model.graph.nodes)
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (n.inputs[i] != value || shape_like_slot(n, i)) continue;
+      const OpSchema* s = OpRegistry::global().find(n.domain, n.op_type, model.opset(n.domain));
+      if (!s || s->gradient_status != GradientStatus::kNotDifferentiable) data = true;
+    }
+  for (const auto& out : model.graph.outputs) data = data || out.name == value;
+  return data;
+}
+
+// The value of a Constant node (any of its value_* attributes).
+Tensor constant_node_value(const Model& model, const Node& n) {
+  std::vector<Tensor> v = run_node_once(n, model.opset(""), {});
+  return v.at(0);
+}
+
+bool is_constant_node(const Node& n) { return n.domain.empty() && n.op_type == "Constant" && n.outputs.size() == 1; }
+
 }  // namespace
 
-std::vector<std::pair<std::string, std::string>> batchnorm_buffer_updates(const Model& model) {
+Model promote_constant_parameters(const Model& model, const std::vector<std::string>& names) {
+  Model m = model;
+  Graph& g = m.graph;
+  std::set<std::string> wanted;
+  for (const auto& name : names)
+    if (!g.is_initializer(name)) wanted.insert(name);
+  if (wanted.empty()) return m;
+  std::vector<Node> kept;
+  for (auto& n : g.nodes) {
+    if (!is_constant_node(n) || !wanted.count(n.outputs[0])) {
+      kept.push_back(std::move(n));
+      continue;
+    }
+    Tensor t = constant_node_value(m, n);
+    OT_CHECK(is_floating(t.dtype()), kWhere, n.context(), "'", n.outputs[0], "' is named as a parameter but is a ",
+             dtype_name(t.dtype()), " constant: only floating-point constants can be parameters");
+    g.initializers[n.outputs[0]] = t;
+  }
+  g.nodes = std::move(kept);
+  return m;
+}
+
+std::vector<std::string> all_parameters(const Model& model) {
+  std::set<std::string> buffers;  // state the ops declare (BatchNorm's running statistics)
+  for (const auto& n : model.graph.nodes)
+    if (const OpSchema* schema = OpRegistry::global().find(n.domain, n.op_type, model.opset(n.domain)))
+      for (int k : schema->state_inputs)
+        if (n.has_input(size_t(k))) buffers.insert(n.inputs[size_t(k)]);
+  std::vector<std::string> names;
+  for (const auto& [name, t] : model.graph.initializers)
+    if (is_floating(t.dtype()) && t.rank() > 0 && !buffers.count(name) && read_as_data(model, name))
+      names.push_back(name);
+  for (const auto& n : model.graph.nodes) {
+    if (!is_constant_node(n) || buffers.count(n.outputs[0]) || !read_as_data(model, n.outputs[0])) continue;
+    Tensor t;
+    try {
+      t = constant_node_value(model, n);
+    } catch (const Error&) {
+      continue;  // string or sparse constants: never parameters
+    }
+    if (is_floating(t.dtype()) && t.numel() >= 2) names.push_back(n.outputs[0]);
+  }
+  return names;
+}
+
+std::vector<BufferUpdate> buffer_updates(const Model& model) {
   const Graph& g = model.graph;
-  std::vector<std::pair<std::string, std::string>> updates;
-  for (const auto& n : g.nodes)
-    if (n.domain.empty() && n.op_type == "BatchNormalization" && batch_norm_training(n, model.opset("")))
-      for (size_t k : {size_t(1), size_t(2)})
-        if (n.has_output(k) && g.is_initializer(n.inputs[k + 2])) updates.emplace_back(n.inputs[k + 2], n.outputs[k]);
+  std::vector<BufferUpdate> updates;
+  for (const auto& n : g.nodes) {
+    const OpSchema* schema = OpRegistry::global().find(n.domain, n.op_type, model.opset(n.domain));
+    if (!schema || !schema->state_updates) continue;
+    for (const StateUpdate& u : schema->state_updates(n, model.opset(n.domain)))
+      if (n.has_input(size_t(u.input)) && g.is_initializer(n.inputs[size_t(u.input)]))
+        updates.push_back({n.inputs[size_t(u.input)], n.outputs[size_t(u.output)], n.name, u});
+  }
   return updates;
 }
 
 Model to_inference_mode(const Model& model) {
   Model m = model;
-  Graph& g = m.graph;
-  for (auto& n : g.nodes) {
-    if (!n.domain.empty()) continue;
-    if (n.op_type == "Dropout") {
-      if (n.inputs.size() > 2) n.inputs.resize(2);  // training_mode omitted: inference
-      if (n.outputs.size() > 1) n.outputs.resize(1);
-    } else if (n.op_type == "BatchNormalization" && batch_norm_training(n, m.opset(""))) {
-      n.attributes.erase("training_mode");
-      n.outputs.resize(1);
-    }
+  for (auto& n : m.graph.nodes) {
+    const OpSchema* schema = OpRegistry::global().find(n.domain, n.op_type, m.opset(n.domain));
+    if (schema && schema->inference_form) schema->inference_form(n, m.opset(n.domain));
   }
-  eliminate_dead_code(g);
+  eliminate_dead_code(m.graph);
   return m;
 }
 
 TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraphOptions& o) {
   TrainingGraphs out;
-  Model m = inference;
+  std::vector<std::string> named = o.requires_grad;
+  named.insert(named.end(), o.frozen_params.begin(), o.frozen_params.end());
+  Model m = promote_constant_parameters(inference, named);
   Graph& g = m.graph;
   std::set<std::string> trainable(o.requires_grad.begin(), o.requires_grad.end());
   std::set<std::string> frozen(o.frozen_params.begin(), o.frozen_params.end());
   for (const auto& p : o.requires_grad) {
     OT_CHECK(!frozen.count(p), kWhere, "parameter '", p, "' is in both requires_grad and frozen_params");
-    OT_CHECK(g.is_initializer(p), kWhere, "requires_grad names '", p, "', which is not an initializer of the model");
+    OT_CHECK(g.is_initializer(p), kWhere, "requires_grad names '", p,
+             "', which is not an initializer or a Constant node's output of the model");
     OT_CHECK(is_floating(g.initializers.at(p).dtype()), kWhere, "parameter '", p, "' is ",
              dtype_name(g.initializers.at(p).dtype()), ": only floating-point parameters can be trained");
   }
   for (const auto& p : o.frozen_params)
-    OT_CHECK(g.is_initializer(p), kWhere, "frozen_params names '", p, "', which is not an initializer of the model");
+    OT_CHECK(g.is_initializer(p), kWhere, "frozen_params names '", p,
+             "', which is not an initializer or a Constant node's output of the model");
   OT_CHECK(!trainable.empty(), kWhere, "requires_grad is empty: nothing to train");
 
   std::vector<std::string> model_inputs;
@@ -176,8 +253,8 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   g.outputs.push_back({"loss", ValueInfo{}});
   for (const auto& name : o.additional_output_names) g.outputs.push_back({name, ValueInfo{}});
 
-  // BatchNorm running statistics updated by a training step.
-  const auto buffer_updates = batchnorm_buffer_updates(m);
+  // Buffers a training step updates (BatchNorm running statistics).
+  const std::vector<BufferUpdate> updates = buffer_updates(m);
 
   // Parameters become graph inputs: the checkpoint holds their values, Module binds them.
   std::vector<std::string> param_order;
@@ -187,19 +264,22 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
     if (!trainable.count(name) && is_floating(t.dtype()) && (frozen.count(name) || t.numel() > 1)) param_order.push_back(name);
   out.trainable.assign(param_order.begin(), param_order.begin() + long(trainable.size()));
   out.frozen.assign(param_order.begin() + long(trainable.size()), param_order.end());
-  for (const auto& [buffer, value] : buffer_updates) out.buffers.push_back(buffer);
+  for (const auto& u : updates) out.buffers.push_back(u.buffer);
 
   out.user_inputs = model_inputs;
   out.user_inputs.insert(out.user_inputs.end(), targets.begin(), targets.end());
 
   // Training graph: gradients of the loss w.r.t. the trainable parameters.
   GradientGraphInfo info;
-  fuse_for_training(m);  // Gelu, FusedMatMul: their fused gradient kernels beat the pieces'
-  Model training = build_gradient_graph(m, out.trainable, {"loss"}, &info);
+  // Gelu and FusedMatMul: their fused gradient kernels beat the pieces'. A copy: the eval graph
+  // below is made from `m` and stays in standard ops, so exported models run in any runtime.
+  Model fused = m;
+  fuse_for_training(fused);
+  Model training = build_gradient_graph(fused, out.trainable, {"loss"}, &info);
   out.gradient_outputs = info.gradient_outputs;
-  for (const auto& [buffer, value] : buffer_updates) {
-    std::string name = buffer + "_updated";
-    training.graph.nodes.push_back(Node{name + "/identity", "Identity", "", {value}, {name}, {}});
+  for (const auto& u : updates) {
+    std::string name = u.buffer + "_updated";
+    training.graph.nodes.push_back(Node{name + "/identity", "Identity", "", {u.value}, {name}, {}});
     training.graph.outputs.push_back({name, ValueInfo{}});
     out.buffer_outputs.push_back(name);
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ops/registry.h"
 #include "training/losses.h"
 
 namespace onnxtrain {
@@ -41,12 +42,29 @@ std::optional<std::vector<std::string>> recorded_names(const Model& model, const
 // a trainable one is not floating point. Initializers in neither list are frozen.
 TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraphOptions& options);
 
-// BatchNormalization nodes in training mode output new running statistics: (initializer, value
-// holding its update) for each running mean and variance that is an initializer.
-std::vector<std::pair<std::string, std::string>> batchnorm_buffer_updates(const Model& model);
+// A buffer (an initializer the loss does not train, such as BatchNorm's running mean) and the value
+// holding its new value after a training step, from the ops' declared state updates (OpSchema).
+struct BufferUpdate {
+  std::string buffer;
+  std::string value;
+  std::string node;               // the node that computes it
+  StateUpdate update;             // which of its inputs and outputs (ops/registry.h)
+};
+std::vector<BufferUpdate> buffer_updates(const Model& model);
 
-// The same graph with Dropout and BatchNormalization switched to inference mode and training-only
-// outputs (BatchNorm running statistics, Dropout masks) removed.
+// The model with the Constant nodes whose outputs are named in `names` turned into initializers of
+// the same name (paddle2onnx stores weights that way). Throws naming the node when such a constant
+// is not floating point. Names that are initializers already, or nothing's, are left alone.
+Model promote_constant_parameters(const Model& model, const std::vector<std::string>& names);
+
+// What "train everything" means: floating-point initializers of rank >= 1 and floating-point
+// Constant node outputs of >= 2 elements, except the ops' declared state inputs (BatchNorm's running
+// statistics, OpSchema::state_inputs) and values read only
+// as shapes/scales (Resize, Upsample) or only by non-differentiable ops.
+std::vector<std::string> all_parameters(const Model& model);
+
+// The same graph with every op in its declared inference form (Dropout without training_mode,
+// BatchNorm with running statistics) and the training-only values nothing else reads removed.
 Model to_inference_mode(const Model& model);
 
 }  // namespace onnxtrain

@@ -20,8 +20,8 @@ const std::string kWhere = "build_forward_backward: ";
 // torch updates running_var = m * rv + (1 - m) * var_unbiased; ONNX's r = m * rv + (1 - m) * var
 // uses the population variance, and var_unbiased = var * n / (n - 1), so torch's value is
 // r + (r - m * rv) / (n - 1). Returns the corrected value.
-std::string unbiased_running_var(Graph& g, const Node& bn) {
-  GraphBuilder b(g, bn.name + "/unbiased_running_var");
+std::string unbiased_running_var(Model& m, const Node& bn, const StateUpdate& update) {
+  GraphBuilder b(m, bn.name + "/unbiased_running_var");
   std::optional<Shape> x = b.static_shape(bn.inputs[0]);
   bool known = x && x->size() >= 2;
   for (size_t d = 0; known && d < x->size(); ++d) known = (*x)[d] >= 0;
@@ -30,8 +30,8 @@ std::string unbiased_running_var(Graph& g, const Node& bn) {
   const int64_t n = numel(*x) / std::max<int64_t>((*x)[1], 1);
   OT_CHECK(n > 1, bn.context(), "expected more than 1 value per channel when training, got input shape ",
            shape_str(*x));
-  const std::string& running_var = bn.inputs[4];
-  const std::string& onnx_update = bn.outputs[2];
+  const std::string& running_var = bn.inputs[size_t(update.input)];
+  const std::string& onnx_update = bn.outputs[size_t(update.output)];
   const double momentum = bn.attr_float("momentum", 0.9f);
   std::string batch_term = b.sub(onnx_update, b.mul(running_var, b.scalar_like(momentum, running_var)));
   std::string result = b.add(onnx_update, b.mul(batch_term, b.scalar_like(1.0 / double(n - 1), running_var)));
@@ -39,22 +39,23 @@ std::string unbiased_running_var(Graph& g, const Node& bn) {
   return result;
 }
 
-// Makes "<buffer>_updated" graph outputs for the BatchNorm statistics of bound initializers.
+// Makes "<buffer>_updated" graph outputs for the state updates (BatchNorm statistics) of bound
+// initializers; `unbiased` corrects running variances to torch's unbiased form.
 void add_buffer_outputs(Model& m, const std::set<std::string>& bound, bool unbiased, ForwardBackwardGraphs& fb) {
   Graph& g = m.graph;
-  for (auto [buffer, value] : batchnorm_buffer_updates(m)) {
-    if (!bound.count(buffer)) continue;  // a constant of the export: nothing to write back
-    if (unbiased)
+  for (BufferUpdate u : buffer_updates(m)) {
+    if (!bound.count(u.buffer)) continue;  // a constant of the export: nothing to write back
+    if (unbiased && u.update.running_variance)
       for (size_t i = 0; i < g.nodes.size(); ++i)
-        if (g.nodes[i].op_type == "BatchNormalization" && g.nodes[i].has_output(2) && g.nodes[i].outputs[2] == value) {
-          const Node bn = g.nodes[i];  // a copy: the builder appends to g.nodes
-          value = unbiased_running_var(g, bn);
+        if (g.nodes[i].name == u.node) {
+          const Node producer = g.nodes[i];  // a copy: the builder appends to g.nodes
+          u.value = unbiased_running_var(m, producer, u.update);
           break;
         }
-    std::string name = g.unique_name(buffer + "_updated");
-    g.nodes.push_back(Node{name + "/identity", "Identity", "", {value}, {name}, {}});
+    std::string name = g.unique_name(u.buffer + "_updated");
+    g.nodes.push_back(Node{name + "/identity", "Identity", "", {u.value}, {name}, {}});
     g.outputs.push_back({name, ValueInfo{}});
-    fb.buffers.push_back(buffer);
+    fb.buffers.push_back(u.buffer);
     fb.buffer_outputs.push_back(name);
   }
   g.topological_sort();

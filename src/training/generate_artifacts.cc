@@ -6,7 +6,7 @@
 
 #include "onnx/model_io.h"
 #include "onnxtrain/training.h"
-#include "optim/optimizer_ops.h"
+#include "ops/optimizer/optimizer_ops.h"
 #include "passes/memory_optimizer.h"
 
 namespace onnxtrain {
@@ -50,8 +50,11 @@ ArtifactPaths artifact_paths(const std::string& directory, const std::string& pr
   return {path("training_model.onnx"), path("eval_model.onnx"), path("optimizer_model.onnx"), path("checkpoint")};
 }
 
-ArtifactPaths generate_artifacts(const Model& model, const ArtifactOptions& options) {
+ArtifactPaths generate_artifacts(const Model& original, const ArtifactOptions& options) {
   namespace fs = std::filesystem;
+  std::vector<std::string> named = options.graphs.requires_grad;
+  named.insert(named.end(), options.graphs.frozen_params.begin(), options.graphs.frozen_params.end());
+  const Model model = promote_constant_parameters(original, named);  // Constant-node weights
   TrainingGraphs graphs = build_training_graphs(model, options.graphs);
   Model optimizer = build_optimizer_model(graphs, options.optimizer);
   if (options.memory.level != 0 || !options.memory.config.empty()) {

@@ -44,7 +44,7 @@ std::string add_loss(Model& model, LossType type, const std::string& p, const st
                      const std::string& out, const LossOptions& o) {
   Graph& g = model.graph;
   infer_shapes(g, model.opsets);  // dtypes for the constants below
-  GraphBuilder b(g, loss_type_name(type));
+  GraphBuilder b(model, loss_type_name(type));
   const std::string& red = o.reduction;
   std::string result;
   switch (type) {
@@ -103,7 +103,7 @@ std::string add_loss(Model& model, LossType type, const std::string& p, const st
         OT_CHECK(rank.has_value(), "CrossEntropyLoss with label smoothing and class weights needs a known rank");
         std::vector<int64_t> tail;
         for (int64_t d = 1; d + 1 < int64_t(rank->size()); ++d) tail.push_back(d);
-        std::string w = tail.empty() ? o.class_weights : b.emit("Unsqueeze", {o.class_weights, b.ints(tail)});
+        std::string w = tail.empty() ? o.class_weights : b.unsqueeze(o.class_weights, tail);
         weighted = b.mul(logp, w);
       }
       std::string smooth = b.neg(b.reduce_sum(weighted, {1}, false));  // [N, ...]
@@ -161,7 +161,7 @@ std::string add_loss(Model& model, LossType type, const std::string& p, const st
       if (red == "batchmean") {
         Attrs k0{{"keepdims", Attribute::of(int64_t(0))}};
         std::string n = b.emit("CastLike", {b.emit("Gather", {b.shape(p), b.ints({0})}), p});
-        result = b.emit_named(out, "Div", {b.emit("ReduceSum", {l}, k0), b.emit("Squeeze", {n, b.ints({0})})});
+        result = b.emit_named(out, "Div", {b.emit("ReduceSum", {l}, k0), b.squeeze(n, {0})});
       } else {
         result = reduce(b, l, red, out);
       }

@@ -22,20 +22,18 @@ double LRScheduler::step() {
 
 double LRScheduler::lr_at(int64_t step) const { return schedule_->value(step); }
 
-// The optim schedulers validate their parameters; their schedule is what the public ones drive.
 LinearLRScheduler::LinearLRScheduler(Optimizer& optimizer, int64_t warmup_step_count, int64_t total_step_count,
                                      double initial_lr)
-    : LRScheduler(optimizer, {optim::LinearLRScheduler(warmup_step_count, total_step_count, initial_lr).schedule()}) {}
+    : LRScheduler(optimizer, {optim::LRSchedule::linear(warmup_step_count, total_step_count, initial_lr)}) {}
 
 CosineLRScheduler::CosineLRScheduler(Optimizer& optimizer, int64_t warmup_step_count, int64_t total_step_count,
                                      double initial_lr, double num_cycles)
-    : LRScheduler(optimizer, {optim::CosineLRScheduler(warmup_step_count, total_step_count, initial_lr, num_cycles)
-                                  .schedule()}) {}
+    : LRScheduler(optimizer, {optim::LRSchedule::cosine(warmup_step_count, total_step_count, initial_lr, num_cycles)}) {}
 
 StepLRScheduler::StepLRScheduler(Optimizer& optimizer, int64_t step_size, double gamma, double initial_lr)
-    : LRScheduler(optimizer, {optim::StepLRScheduler(step_size, gamma, initial_lr).schedule()}) {}
+    : LRScheduler(optimizer, {optim::LRSchedule::stepped(step_size, gamma, initial_lr)}) {}
 
 ConstantLRScheduler::ConstantLRScheduler(Optimizer& optimizer, int64_t warmup_step_count, double initial_lr)
-    : LRScheduler(optimizer, {optim::ConstantLRScheduler(warmup_step_count, initial_lr).schedule()}) {}
+    : LRScheduler(optimizer, {optim::LRSchedule::constant(warmup_step_count, initial_lr)}) {}
 
 }  // namespace onnxtrain

@@ -3,7 +3,7 @@
 #include <set>
 
 #include "onnx/model_io.h"
-#include "optim/optimizer_ops.h"
+#include "ops/optimizer/optimizer_ops.h"
 #include "passes/passes.h"
 #include "runtime/executor.h"
 #include "training/artifacts.h"

@@ -51,7 +51,7 @@ ReduceMax ReduceMean ReduceMin ReduceProd ReduceSum ReduceSumSquare Relu Reshape
 Sigmoid Sign Sin Sinh Size Slice Softmax Softplus Softsign SpaceToDepth Split Sqrt Squeeze Sub Sum Tan
 Tanh ThresholdedRelu Tile TopK Transpose Trilu Unsqueeze Where Xor CastLike ScatterElements ScatterND
 Compress Unique Shrink Celu MeanVarianceNormalization ReverseSequence BitShift QuantizeLinear
-DequantizeLinear DynamicQuantizeLinear RNN GRU LSTM SoftmaxCrossEntropyLoss NegativeLogLikelihoodLoss
+DequantizeLinear DynamicQuantizeLinear RNN GRU LSTM If Loop Scan SoftmaxCrossEntropyLoss NegativeLogLikelihoodLoss
 Adam Adagrad Momentum""".split()
 
 # Multi-node cases named after an op by abbreviation.

@@ -23,7 +23,7 @@ namespace onnxtrain {
 namespace {
 
 namespace fs = std::filesystem;
-using checkpoint::TensorEntry;
+using safetensors::TensorEntry;
 using test::error_of;
 
 class CheckpointTest : public test::TempDirTest {};
@@ -79,21 +79,21 @@ CheckpointState sample_state() {
 
 TEST(CheckpointCrc, KnownVectorsAndSplits) {
   const char* s = "123456789";
-  EXPECT_EQ(checkpoint::crc32c(0, s, 9), 0xE3069283u);
-  EXPECT_EQ(checkpoint::crc32c_portable(0, s, 9), 0xE3069283u);
-  EXPECT_EQ(checkpoint::crc32c(0, s, 0), 0u);
+  EXPECT_EQ(safetensors::crc32c(0, s, 9), 0xE3069283u);
+  EXPECT_EQ(safetensors::crc32c_portable(0, s, 9), 0xE3069283u);
+  EXPECT_EQ(safetensors::crc32c(0, s, 0), 0u);
   std::vector<uint8_t> zeros(32, 0);
-  EXPECT_EQ(checkpoint::crc32c(0, zeros.data(), 32), 0x8A9136AAu);  // RFC 3720 B.4
+  EXPECT_EQ(safetensors::crc32c(0, zeros.data(), 32), 0x8A9136AAu);  // RFC 3720 B.4
   std::mt19937 rng(1);
   std::vector<uint8_t> buf(1000);
   for (auto& b : buf) b = uint8_t(rng());
-  uint32_t whole = checkpoint::crc32c_portable(0, buf.data(), buf.size());
-  EXPECT_EQ(checkpoint::crc32c(0, buf.data(), buf.size()), whole);
+  uint32_t whole = safetensors::crc32c_portable(0, buf.data(), buf.size());
+  EXPECT_EQ(safetensors::crc32c(0, buf.data(), buf.size()), whole);
   for (size_t cut : {0, 1, 7, 8, 9, 500, 999}) {
-    uint32_t c = checkpoint::crc32c(0, buf.data(), cut);
-    EXPECT_EQ(checkpoint::crc32c(c, buf.data() + cut, buf.size() - cut), whole) << cut;
+    uint32_t c = safetensors::crc32c(0, buf.data(), cut);
+    EXPECT_EQ(safetensors::crc32c(c, buf.data() + cut, buf.size() - cut), whole) << cut;
   }
-  EXPECT_EQ(checkpoint::hex32(0xE3069283u), "e3069283");
+  EXPECT_EQ(safetensors::hex32(0xE3069283u), "e3069283");
 }
 
 TEST(CheckpointJson, RoundTripAndStrictness) {
@@ -489,24 +489,24 @@ TEST(CheckpointLayout, SixtyFourBitOffsets) {
   const uint64_t G = uint64_t(1) << 30;
   std::vector<TensorEntry> ok = {{"b", DType::kFloat32, {int64_t(G)}, 4 * G, 8 * G},
                                  {"a", DType::kFloat32, {int64_t(G)}, 0, 4 * G}};
-  EXPECT_NO_THROW(checkpoint::validate_layout(ok, 8 * G));
+  EXPECT_NO_THROW(safetensors::validate_layout(ok, 8 * G));
   std::vector<TensorEntry> overlap = {{"a", DType::kFloat32, {int64_t(G)}, 0, 4 * G},
                                       {"b", DType::kFloat32, {int64_t(G)}, 4 * G - 4, 8 * G - 4}};
-  std::string e = error_of([&] { checkpoint::validate_layout(overlap, 8 * G); });
+  std::string e = error_of([&] { safetensors::validate_layout(overlap, 8 * G); });
   EXPECT_NE(e.find("[4294967292, 8589934588)"), std::string::npos) << e;
-  e = error_of([&] { checkpoint::validate_layout(ok, 8 * G + 1); });
+  e = error_of([&] { safetensors::validate_layout(ok, 8 * G + 1); });
   EXPECT_NE(e.find("8589934593"), std::string::npos) << e;
 
   // Sizes over 4 GiB from the header, without the data.
   auto header = json::parse(R"({"big":{"dtype":"F32","shape":[2147483653],"data_offsets":[0,8589934612]}})");
-  auto entries = checkpoint::parse_tensor_entries(header, 8589934612ull);
+  auto entries = safetensors::parse_tensor_entries(header, 8589934612ull);
   ASSERT_EQ(entries.size(), 1u);
   EXPECT_EQ(entries[0].end, 8589934612ull);
-  e = error_of([&] { checkpoint::parse_tensor_entries(header, 8589934611ull); });
+  e = error_of([&] { safetensors::parse_tensor_entries(header, 8589934611ull); });
   EXPECT_NE(e.find("run past the data section (8589934611 bytes)"), std::string::npos) << e;
   auto overflow = json::parse(R"({"x":{"dtype":"F64","shape":[4611686018427387904,4],"data_offsets":[0,0]}})");
-  EXPECT_NE(error_of([&] { checkpoint::parse_tensor_entries(overflow, 0); }).find("overflows"), std::string::npos);
-  EXPECT_EQ(checkpoint::checked_nbytes(DType::kFloat64, {int64_t(G), 3}, "t"), 24 * G);
+  EXPECT_NE(error_of([&] { safetensors::parse_tensor_entries(overflow, 0); }).find("overflows"), std::string::npos);
+  EXPECT_EQ(safetensors::checked_nbytes(DType::kFloat64, {int64_t(G), 3}, "t"), 24 * G);
 }
 
 TEST_F(CheckpointTest, SparseFileOverFourGigabytes) {

@@ -11,7 +11,7 @@
 #include "ops/registry.h"
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
-#include "optim/optimizer_ops.h"
+#include "ops/optimizer/optimizer_ops.h"
 #include "test_util.h"
 
 namespace onnxtrain::optim {
@@ -494,23 +494,17 @@ TEST(LRSchedule, CosineStepConstant) {
   EXPECT_DOUBLE_EQ(constant_lr(400, 4, lr), 2.0);
 }
 
-TEST(LRSchedule, StatefulWrapper) {
-  LinearLRScheduler s(2, 4, 1.0);
-  EXPECT_EQ(s.step_count(), 0);
-  EXPECT_DOUBLE_EQ(s.lr(), 0.0);
-  EXPECT_DOUBLE_EQ(s.step(), 0.5);
-  EXPECT_DOUBLE_EQ(s.step(), 1.0);
-  EXPECT_DOUBLE_EQ(s.step(), 0.5);
-  EXPECT_DOUBLE_EQ(s.step(), 0.0);
-  s.set_step_count(1);
-  EXPECT_DOUBLE_EQ(s.lr(), 0.5);
-  StepLRScheduler st(2, 0.1, 1.0);
-  st.step();
-  st.step();
-  EXPECT_NEAR(st.lr(), 0.1, 1e-16);
-  EXPECT_THROW(LinearLRScheduler(5, 3, 1.0), Error);  // total < warmup
-  EXPECT_THROW(StepLRScheduler(0, 0.1, 1.0), Error);
-  EXPECT_THROW(s.set_step_count(-1), Error);
+TEST(LRSchedule, NamedConstructorsValidate) {
+  LRSchedule s = LRSchedule::linear(2, 4, 1.0);
+  EXPECT_DOUBLE_EQ(s.value(0), 0.0);
+  EXPECT_DOUBLE_EQ(s.value(1), 0.5);
+  EXPECT_DOUBLE_EQ(s.value(2), 1.0);
+  EXPECT_DOUBLE_EQ(s.value(3), 0.5);
+  EXPECT_DOUBLE_EQ(s.value(4), 0.0);
+  EXPECT_NEAR(LRSchedule::stepped(2, 0.1, 1.0).value(2), 0.1, 1e-16);
+  EXPECT_THROW(LRSchedule::linear(5, 3, 1.0), Error);  // total < warmup
+  EXPECT_THROW(LRSchedule::stepped(0, 0.1, 1.0), Error);
+  EXPECT_THROW(LRSchedule::constant(-1, 1.0), Error);
 }
 
 }  // namespace

@@ -63,6 +63,40 @@ TEST(BFloat16, RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(float(bfloat16(std::nanf("")))));
 }
 
+// cast_value is the one element conversion: its edges are defined, never UB (UBSan checks this
+// test in the sanitizer build, where a plain static_cast of 1e20f to int32 is reported).
+TEST(CastValue, FloatToIntegerSaturatesAndNaNIsZero) {
+  constexpr float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(cast_value<int32_t>(nan), 0);
+  EXPECT_EQ(cast_value<int32_t>(inf), std::numeric_limits<int32_t>::max());
+  EXPECT_EQ(cast_value<int32_t>(-inf), std::numeric_limits<int32_t>::lowest());
+  EXPECT_EQ(cast_value<int32_t>(1e20f), std::numeric_limits<int32_t>::max());
+  EXPECT_EQ(cast_value<int8_t>(-1e20), std::numeric_limits<int8_t>::lowest());
+  EXPECT_EQ(cast_value<uint8_t>(300.7f), 255);
+  EXPECT_EQ(cast_value<uint8_t>(-1.0), 0);
+  EXPECT_EQ(cast_value<uint64_t>(-0.5), 0u);
+  EXPECT_EQ(cast_value<int64_t>(9.3e18), std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(cast_value<int64_t>(-9.3e18), std::numeric_limits<int64_t>::lowest());
+  // In range: truncation toward zero, as static_cast.
+  EXPECT_EQ(cast_value<int32_t>(-2.9f), -2);
+  EXPECT_EQ(cast_value<int16_t>(32767.9), 32767);
+  EXPECT_EQ(cast_value<int32_t>(float16(-7.5f)), -7);
+  EXPECT_EQ(cast_value<uint8_t>(bfloat16(inf)), 255);
+}
+
+TEST(CastValue, IntegersWrapBoolsAndHalfTypes) {
+  EXPECT_EQ(cast_value<int8_t>(int32_t(200)), int8_t(-56));
+  EXPECT_EQ(cast_value<uint16_t>(int64_t(-1)), 65535);
+  EXPECT_TRUE(cast_value<bool>(0.25f));
+  EXPECT_FALSE(cast_value<bool>(int64_t(0)));
+  EXPECT_TRUE(cast_value<bool>(std::numeric_limits<double>::quiet_NaN()));  // nonzero
+  EXPECT_EQ(float(cast_value<float16>(true)), 1.0f);
+  EXPECT_EQ(float(cast_value<bfloat16>(int64_t(3))), 3.0f);
+  EXPECT_TRUE(std::isinf(float(cast_value<float16>(1e6))));  // beyond half's range: inf, as IEEE rounding
+  EXPECT_EQ(cast_value<double>(float16(0.5f)), 0.5);
+}
+
 TEST(Dispatch, CallsWithTheMatchingType) {
   EXPECT_EQ(dispatch_all(DType::kInt16, []<typename T>() { return sizeof(T); }), 2u);
   EXPECT_TRUE((dispatch_float(DType::kBFloat16, []<typename T>() { return std::is_same_v<T, bfloat16>; })));

@@ -37,6 +37,9 @@ class Sample:
     rtol: float = 1e-5
     atol: float = 1e-6
     eps: float = 1e-6  # finite-difference step; larger where a float32 intermediate rounds
+    # Graph inputs o0, o1, ... that are not the node's inputs: values its subgraphs read by name
+    # (If branches). Float64 ones are differentiated too.
+    outer: Sequence[np.ndarray] = ()
 
 
 def _model(op: str, s: Sample):
@@ -52,6 +55,9 @@ def _model(op: str, s: Sample):
             initializers.append(numpy_helper.from_array(arr, name))
         else:
             inputs.append(helper.make_tensor_value_info(name, _NP_TO_ONNX[arr.dtype], list(arr.shape)))
+    for j, value in enumerate(s.outer):
+        arr = np.asarray(value)
+        inputs.append(helper.make_tensor_value_info(f"o{j}", _NP_TO_ONNX[arr.dtype], list(arr.shape)))
     outs = [f"y{k}" for k in range(s.n_outputs)]
     node = helper.make_node(op, names, outs, name=f"{op}_under_test", domain=s.domain, **s.attrs)
     graph = helper.make_graph([node], "gradcheck", inputs,
@@ -69,11 +75,13 @@ def check(op: str, s: Sample, seed: int = 0) -> None:
         i for i, v in enumerate(s.inputs)
         if v is not None and np.asarray(v).dtype == np.float64 and i not in s.constants]
     feeds = {f"x{i}": np.asarray(v) for i, v in enumerate(s.inputs) if v is not None and i not in s.constants}
+    feeds.update({f"o{j}": np.asarray(v) for j, v in enumerate(s.outer)})
+    wrt_names = [f"x{i}" for i in wrt] + [f"o{j}" for j, v in enumerate(s.outer) if np.asarray(v).dtype == np.float64]
     out_names = [f"y{k}" for k in s.outputs]
     forward = onnxtrain.InferenceSession(model)
     ys = forward.run(out_names, feeds)
 
-    data, grad_names, seed_names = _C.build_gradient_graph(model.SerializeToString(), [f"x{i}" for i in wrt], out_names)
+    data, grad_names, seed_names = _C.build_gradient_graph(model.SerializeToString(), wrt_names, out_names)
     rng = np.random.default_rng(seed)
     weights = {}
     for name, y in zip(out_names, ys):
@@ -90,17 +98,17 @@ def check(op: str, s: Sample, seed: int = 0) -> None:
         return float(sum(np.sum(weights[n] * o) for n, o in zip(out_names, outs)))
 
     eps = s.eps
-    for i, grad in zip(wrt, analytic):
-        x = feeds[f"x{i}"]
+    for i, grad in zip(wrt_names, analytic):
+        x = feeds[i]
         assert grad.shape == x.shape, f"{op}: gradient of input {i} has shape {grad.shape}, input {x.shape}"
         numeric = np.zeros_like(x)
         for idx in np.ndindex(x.shape):
             plus, minus = x.copy(), x.copy()
             plus[idx] += eps
             minus[idx] -= eps
-            numeric[idx] = (objective({**feeds, f"x{i}": plus}) - objective({**feeds, f"x{i}": minus})) / (2 * eps)
+            numeric[idx] = (objective({**feeds, i: plus}) - objective({**feeds, i: minus})) / (2 * eps)
         np.testing.assert_allclose(grad, numeric, rtol=s.rtol, atol=s.atol,
-                                   err_msg=f"{op} sample {s.name or s.attrs}: gradient of input {i} (seed {seed})")
+                                   err_msg=f"{op} sample {s.name or s.attrs}: gradient of {i} (seed {seed})")
 
 
 def collect_samples() -> Dict[str, List[Sample]]:

@@ -1,15 +1,16 @@
 """build_gradient_graph: loud failures, seeds, fan-out accumulation."""
 import numpy as np
 import pytest
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
 from onnxtrain.autodiff import build_gradient_graph
 
 
-def model(nodes, inputs, outputs, inits=()):
+def model(nodes, inputs, outputs, inits=(), opset=17):
     graph = helper.make_graph(nodes, "g", inputs, outputs, initializer=list(inits))
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
 
 
 def test_integer_wrt_and_missing_rule_fail_naming_the_value_and_node():
@@ -37,3 +38,37 @@ def test_fan_out_gradients_are_summed_and_scalar_loss_is_seeded():
     value, grad = sess.run(["loss", "w_grad"], {"x": xv})
     np.testing.assert_allclose(grad, xv + 1)
     assert value == pytest.approx(float(np.sum(np.arange(1, 5) * xv + np.arange(1, 5))))
+
+
+@pytest.mark.parametrize("opset", [11, 13, 18])
+def test_gradient_ops_are_written_in_the_models_opset(opset):
+    # Axes moved from an attribute to an input: ReduceSum/Squeeze/Unsqueeze in opset 13, the other
+    # reductions in 18. What the rules emit must be valid in the model's own opset.
+    def axes(op, values):
+        since = 13 if op in ("ReduceSum", "Squeeze", "Unsqueeze") else 18
+        return ({}, [helper.make_tensor(f"{op}_axes", TensorProto.INT64, [len(values)], values)]) \
+            if opset >= since else ({"axes": values}, [])
+
+    sum_attrs, sum_inits = axes("ReduceSum", [1])
+    mean_attrs, mean_inits = axes("ReduceMean", [0, 1])
+    nodes = [helper.make_node("ReduceSum", ["x"] + [t.name for t in sum_inits], ["s"], keepdims=0, **sum_attrs),
+             helper.make_node("ReduceMean", ["s"] + [t.name for t in mean_inits], ["loss"], keepdims=0,
+                              **mean_attrs)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])
+    loss = helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])
+    graph = onnx.load_from_string(build_gradient_graph(model(nodes, [x], [loss], sum_inits + mean_inits, opset),
+                                                       ["x"], ["loss"]))
+    checked = 0
+    for node in graph.graph.node:
+        if node.domain not in ("", "ai.onnx") or not (node.op_type.startswith("Reduce") or "queeze" in node.op_type):
+            continue
+        since = 13 if node.op_type in ("ReduceSum", "Squeeze", "Unsqueeze") else 18
+        has_input = len(node.input) > 1 and node.input[1] != ""
+        has_attribute = any(a.name == "axes" for a in node.attribute)
+        assert has_input == (opset >= since and (has_input or has_attribute)), \
+            f"{node.op_type} '{node.name}' in an opset-{opset} model: axes input {has_input}, attribute {has_attribute}"
+        assert not (has_attribute and opset >= since), f"{node.op_type} '{node.name}': axes attribute at opset {opset}"
+        checked += 1
+    assert checked > 2, "the backward emitted no op with axes"  # the forward's two plus the backward's
+    (grad,) = onnxtrain.InferenceSession(graph.SerializeToString()).run(["x_grad"], {"x": np.ones((2, 3, 4), np.float32)})
+    np.testing.assert_allclose(grad, np.full((2, 3, 4), 1 / 8, np.float32))  # mean over 8 sums of 3

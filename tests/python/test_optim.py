@@ -297,12 +297,8 @@ def lambda_lrs(fn, n, base=0.1):
     return out
 
 
-def ours_lrs(sched, n):
-    out = []
-    for _ in range(n):
-        out.append(sched.lr)
-        sched.step()
-    return out
+def ours_lrs(schedule, n):
+    return [schedule.value(step) for step in range(n)]
 
 
 def test_linear_schedule_matches_onnxruntime_and_transformers():
@@ -313,7 +309,7 @@ def test_linear_schedule_matches_onnxruntime_and_transformers():
             return step / max(1, warmup)
         return max(0.0, (total - step) / max(1, total - warmup))
 
-    got = ours_lrs(optim.LinearLRScheduler(warmup, total, 0.1), 16)
+    got = ours_lrs(optim.LRSchedule.linear(warmup, total, 0.1), 16)
     assert np.allclose(got, lambda_lrs(ort, 16), rtol=1e-12, atol=1e-15)
     assert got[0] == 0.0 and got[warmup] == pytest.approx(0.1) and got[total] == 0.0
     assert [optim.linear_lr(s, warmup, total, 0.1) for s in range(16)] == got
@@ -331,11 +327,11 @@ def test_cosine_and_constant_schedules_match_transformers_formulas():
     def constant(step):
         return step / max(1.0, warmup) if step < warmup else 1.0
 
-    assert np.allclose(ours_lrs(optim.CosineLRScheduler(warmup, total, 0.1), 25), lambda_lrs(cosine, 25),
+    assert np.allclose(ours_lrs(optim.LRSchedule.cosine(warmup, total, 0.1), 25), lambda_lrs(cosine, 25),
                        rtol=1e-12, atol=1e-15)
-    assert np.allclose(ours_lrs(optim.CosineLRScheduler(warmup, total, 0.1, num_cycles=1.5), 25),
+    assert np.allclose(ours_lrs(optim.LRSchedule.cosine(warmup, total, 0.1, num_cycles=1.5), 25),
                        lambda_lrs(lambda s: cosine(s, 1.5), 25), rtol=1e-12, atol=1e-15)
-    assert np.allclose(ours_lrs(optim.ConstantLRScheduler(warmup, 0.1), 10), lambda_lrs(constant, 10),
+    assert np.allclose(ours_lrs(optim.LRSchedule.constant(warmup, 0.1), 10), lambda_lrs(constant, 10),
                        rtol=1e-12, atol=1e-15)
 
 
@@ -343,13 +339,12 @@ def test_step_schedule_matches_torch_steplr():
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=0.3)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
-    ours = optim.StepLRScheduler(3, 0.5, 0.3)
-    for _ in range(12):
-        assert ours.lr == pytest.approx(opt.param_groups[0]["lr"], rel=1e-12)
+    ours = optim.LRSchedule.stepped(3, 0.5, 0.3)
+    for step in range(12):
+        assert ours.value(step) == pytest.approx(opt.param_groups[0]["lr"], rel=1e-12)
         opt.step()
         sched.step()
-        ours.step()
-    ours.step_count = 0
-    assert ours.lr == 0.3
     with pytest.raises(onnxtrain.InvalidArgument):
-        optim.LinearLRScheduler(10, 5, 0.1)
+        optim.LRSchedule.linear(10, 5, 0.1)
+    with pytest.raises(onnxtrain.InvalidArgument):
+        optim.LRSchedule.stepped(0, 0.5, 0.1)

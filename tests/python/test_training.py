@@ -128,6 +128,40 @@ def test_resume_is_bit_identical(tmp_path, make_model):
         assert not np.array_equal(module3.get_contiguous_parameters(), straight)
 
 
+def test_scheduler_resumed_from_a_checkpoint_continues_its_schedule(tmp_path):
+    # The schedule reads the optimizer's step count (in the checkpoint), as ONNX Runtime's does: a
+    # resumed run neither restarts its warmup nor drifts from an uninterrupted one.
+    data = batches(8)
+
+    def train(module, optimizer, scheduler, steps):
+        lrs = []
+        for x, y in steps:
+            lrs.append(optimizer.get_learning_rate())
+            module(x.numpy(), y.numpy())
+            optimizer.step()
+            scheduler.step()
+            module.lazy_reset_grad()
+        return lrs
+
+    paths, state, module, optimizer = build(tmp_path, make_mlp(), artifacts.AdamW(lr=1e-2))
+    straight_lrs = train(module, optimizer, LinearLRScheduler(optimizer, 4, 8, 1e-2), data)
+    straight = module.get_contiguous_parameters()
+    assert straight_lrs == pytest.approx([1e-2 * m for m in (0, .25, .5, .75, 1, .75, .5, .25)], rel=1e-12)
+
+    state = CheckpointState.load_checkpoint(paths[3])
+    module = Module(paths[0], state, paths[1])
+    optimizer = Optimizer(paths[2], module)
+    first_lrs = train(module, optimizer, LinearLRScheduler(optimizer, 4, 8, 1e-2), data[:3])
+    CheckpointState.save_checkpoint(state, tmp_path / "resume.ckpt", include_optimizer_state=True)
+    state2 = CheckpointState.load_checkpoint(tmp_path / "resume.ckpt")
+    module2 = Module(paths[0], state2, paths[1])
+    optimizer2 = Optimizer(paths[2], module2)
+    resumed = LinearLRScheduler(optimizer2, 4, 8, 1e-2)
+    assert optimizer2.get_learning_rate() == pytest.approx(straight_lrs[3], rel=1e-12)
+    assert first_lrs + train(module2, optimizer2, resumed, data[3:]) == straight_lrs
+    np.testing.assert_array_equal(module2.get_contiguous_parameters(), straight)
+
+
 def test_gradient_accumulation_matches_one_large_batch(tmp_path):
     (x, y), = batches(1, batch=16)
     _, state, module, _ = build(tmp_path / "big", make_mlp(), artifacts.SGD(lr=0.1))
@@ -221,3 +255,4 @@ def test_models_older_than_opset_12_get_the_loss_ops_from_onnxtrain(tmp_path):
             module.lazy_reset_grad()
     np.testing.assert_allclose(losses[11], losses[17], rtol=1e-6)
     assert losses[17][-1] < losses[17][0]
+

@@ -63,20 +63,6 @@ optim::OptimizerConfig optimizer_config(const Args& a) {
   return c;
 }
 
-// Every floating-point initializer except BatchNormalization running statistics (buffers) and
-// scalars (constants, not parameters).
-std::vector<std::string> all_parameters(const Model& model) {
-  std::set<std::string> buffers;
-  for (const auto& n : model.graph.nodes)
-    if (n.domain.empty() && n.op_type == "BatchNormalization")
-      for (size_t k : {size_t(3), size_t(4)})
-        if (n.has_input(k)) buffers.insert(n.inputs[k]);
-  std::vector<std::string> names;
-  for (const auto& [name, t] : model.graph.initializers)
-    if (is_floating(t.dtype()) && t.rank() > 0 && !buffers.count(name)) names.push_back(name);
-  return names;
-}
-
 }  // namespace
 
 const Command kArtifactsCommand{
@@ -86,7 +72,7 @@ const Command kArtifactsCommand{
     {
         {"--out", "DIR", "artifact directory (created when missing; required)"},
         {"--requires-grad", "NAMES", "initializers to train, comma-separated"},
-        {"--all", "", "train every floating-point initializer except BatchNorm statistics and scalars"},
+        {"--all", "", "train every floating-point initializer and Constant-node weight (not BatchNorm statistics, scalars or shape-like values)"},
         {"--frozen", "NAMES", "initializers kept fixed"},
         {"--loss", "LOSS", "mse, cross_entropy, bce_with_logits, l1, nll, smooth_l1, kl_div, huber, bce, or a "
                            "loss model FILE.onnx (inputs: predictions, then targets; output: the loss) (required)"},
@@ -143,8 +129,9 @@ int run_artifacts(const Args& a) {
     o.graphs.requires_grad = a.get_list("--requires-grad");
   }
   ArtifactPaths p = generate_artifacts(model, o);
+  const Model promoted = promote_constant_parameters(model, o.graphs.requires_grad);
   int64_t elements = 0;
-  for (const auto& name : o.graphs.requires_grad) elements += model.graph.initializers.at(name).numel();
+  for (const auto& name : o.graphs.requires_grad) elements += promoted.graph.initializers.at(name).numel();
   std::printf("trainable: %zu parameters (%lld elements)\n", o.graphs.requires_grad.size(), (long long)elements);
   std::printf("optimizer: %s, lr %g\n", optim::optimizer_type_name(o.optimizer.type), o.optimizer.lr);
   for (const auto& f : {p.training_model, p.eval_model, p.optimizer_model, p.checkpoint})

@@ -83,7 +83,7 @@ void shrink_kernel(KernelContext& ctx) {
     unary_map(x.data<T>(), y.data<T>(), x.numel(), [=](T v) {
       C c = C(v);
       C r = c < lo ? c + b : c > hi ? c - b : C(0);
-      return elementwise::convert<T>(r);
+      return cast_value<T>(r);
     });
   });
 }

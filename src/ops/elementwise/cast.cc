@@ -26,7 +26,7 @@ void cast_to(KernelContext& ctx, DType to) {
   }
   dispatch_all(x.dtype(), [&]<typename From>() {
     dispatch_all(to, [&]<typename To>() {
-      unary_map(x.data<From>(), y.data<To>(), x.numel(), [](From v) { return elementwise::convert<To>(v); });
+      unary_map(x.data<From>(), y.data<To>(), x.numel(), [](From v) { return cast_value<To>(v); });
     });
   });
 }

@@ -46,39 +46,6 @@ inline T wrapping_mul(T a, T b) {
   }
 }
 
-// Float to integer without UB: NaN gives 0, out-of-range values saturate to the type's limits.
-template <typename To, typename From>
-inline To saturate_to_int(From v) {
-  static_assert(std::is_integral_v<To> && std::is_floating_point_v<From>);
-  if (std::isnan(v)) return To(0);
-  // lowest is 0 or -2^digits and max + 1 is 2^digits: both exact in From (max itself may round up).
-  constexpr From lo = From(std::numeric_limits<To>::lowest());
-  constexpr From hi = From(std::numeric_limits<To>::max()) + From(1);
-  if (v <= lo) return std::numeric_limits<To>::lowest();
-  if (v >= hi) return std::numeric_limits<To>::max();
-  return static_cast<To>(v);
-}
-
-// Any element type to any other: ints wrap, floats saturate into ints (NaN -> 0), nonzero -> true,
-// half types go through float.
-template <typename To, typename From>
-inline To convert(From v) {
-  if constexpr (std::is_same_v<To, From>) {
-    return v;
-  } else if constexpr (std::is_same_v<From, float16> || std::is_same_v<From, bfloat16>) {
-    return convert<To>(float(v));
-  } else if constexpr (std::is_same_v<To, float16> || std::is_same_v<To, bfloat16>) {
-    if constexpr (std::is_same_v<From, bool>) return To(v ? 1.0f : 0.0f);
-    else return To(float(v));
-  } else if constexpr (std::is_same_v<To, bool>) {
-    return v != From(0);
-  } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
-    return saturate_to_int<To>(v);
-  } else {
-    return static_cast<To>(v);  // int -> int wraps (C++20), int -> float rounds
-  }
-}
-
 // The first element of a one-element tensor of dtype T (Clip bounds, Pow fast paths).
 template <typename T>
 inline T scalar_of(const KernelContext& ctx, size_t i, const char* what) {

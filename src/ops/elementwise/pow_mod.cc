@@ -37,7 +37,7 @@ template <typename E>
 Tensor exponent_as(const Tensor& y) {
   Tensor t = Tensor::empty(dtype_v<E>, y.shape());
   dispatch_numeric(y.dtype(), [&]<typename U>() {
-    unary_map(y.data<U>(), t.data<E>(), y.numel(), [](U v) { return elementwise::convert<E>(v); });
+    unary_map(y.data<U>(), t.data<E>(), y.numel(), [](U v) { return cast_value<E>(v); });
   });
   return t;
 }
@@ -59,7 +59,7 @@ void pow_kernel(KernelContext& ctx) {
       } else {
         Tensor e = exponent_as<double>(y);
         binary_broadcast<T, double, T>(x, e, out, [](T b, double p) {
-          return elementwise::saturate_to_int<T>(std::pow(double(b), p));
+          return saturate_to_int<T>(std::pow(double(b), p));
         });
       }
     } else if (y.dtype() == x.dtype()) {

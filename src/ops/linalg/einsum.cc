@@ -443,7 +443,7 @@ void einsum_gradient(GradientBuilder& g) {
     }
     eq += "->" + term(kept);
     std::string d = g.emit("Einsum", ins, {{"equation", Attribute::of(eq)}});
-    if (!missing.empty()) d = g.expand_like(g.emit("Unsqueeze", {d, g.ints(missing)}), g.x(i));
+    if (!missing.empty()) d = g.expand_like(g.unsqueeze(d, missing), g.x(i));
     g.set(i, d);
   }
 }

@@ -97,7 +97,7 @@ void matmul_gradient(GradientBuilder& g, size_t ia, size_t ib, bool ta, bool tb,
   const size_t ra = sa ? sa->size() : 3, rb = sb ? sb->size() : 3;
   if (a_vec) ta = false;
   if (b_vec) tb = false;
-  auto unsqueeze = [&](const std::string& v, int64_t axis) { return g.emit("Unsqueeze", {v, g.ints({axis})}); };
+  auto unsqueeze = [&](const std::string& v, int64_t axis) { return g.unsqueeze(v, {axis}); };
   auto fmm = [&](const std::string& x, const std::string& y, bool t1, bool t2) {
     GraphBuilder::Attrs at{{"transA", Attribute::of(int64_t(t1))}, {"transB", Attribute::of(int64_t(t2))}};
     if (alpha != 1.0f) at["alpha"] = Attribute::of(alpha);

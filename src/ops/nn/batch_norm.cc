@@ -226,10 +226,26 @@ void batch_norm_gradient(GradientBuilder& g) {
   }
 }
 
+// Training mode: outputs 1 and 2 are the new running mean and variance (inputs 3 and 4).
+std::vector<StateUpdate> batch_norm_state_updates(const Node& node, int64_t opset) {
+  std::vector<StateUpdate> updates;
+  if (!batch_norm_training(node, opset)) return updates;
+  if (node.has_output(1)) updates.push_back({.input = 3, .output = 1});
+  if (node.has_output(2)) updates.push_back({.input = 4, .output = 2, .running_variance = true});
+  return updates;
+}
+
+void batch_norm_inference_form(Node& node, int64_t opset) {
+  if (!batch_norm_training(node, opset)) return;
+  node.attributes.erase("training_mode");
+  node.outputs.resize(1);
+}
+
 }  // namespace
 
 ONNXTRAIN_OP(BatchNormalization, kOnnxDomain, 1).inputs(5).outputs(1, 5).shape(shape_batch_norm).inplace(0, 0)
-    .cpu(batch_norm_kernel).gradient(batch_norm_gradient);
+    .cpu(batch_norm_kernel).gradient(batch_norm_gradient)
+    .state_inputs({3, 4}).state_updates(batch_norm_state_updates).inference_form(batch_norm_inference_form);
 // (dX, dScale, dB, dMean, dVar) = BatchNormalizationGrad(dY, X, scale, mean, var); second derivatives are not needed.
 ONNXTRAIN_OP(BatchNormalizationGrad, kOnnxTrainDomain, 1).inputs(5).outputs(1, 5).shape(shape_batch_norm_grad)
     .inplace(0, 0).cpu(batch_norm_grad_kernel).gradient_not_implemented("second derivatives are not needed");

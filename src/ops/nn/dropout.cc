@@ -163,10 +163,16 @@ void dropout_gradient(GradientBuilder& g) {
   g.set(0, g.emit("DropoutGrad", {g.dy(0), mask, g.has_input(1) ? g.x(1) : "", g.x(2)}, {}, kOnnxTrainDomain));
 }
 
+// Inference: training_mode omitted (an identity), no mask output.
+void dropout_inference_form(Node& node, int64_t) {
+  if (node.inputs.size() > 2) node.inputs.resize(2);
+  if (node.outputs.size() > 1) node.outputs.resize(1);
+}
+
 }  // namespace
 
 ONNXTRAIN_OP(Dropout, kOnnxDomain, 1).inputs(1, 3).outputs(1, 2).shape(shape_dropout).inplace(0, 0)
-    .cpu_kernel<DropoutKernel>().gradient(dropout_gradient);
+    .cpu_kernel<DropoutKernel>().gradient(dropout_gradient).inference_form(dropout_inference_form);
 // dX = DropoutGrad(dY, mask, ratio?, training_mode?); linear in dY, second derivatives are not needed.
 ONNXTRAIN_OP(DropoutGrad, kOnnxTrainDomain, 1).inputs(2, 4).outputs(1)
     .shape([](ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(0), ctx.input_shape(1)); })

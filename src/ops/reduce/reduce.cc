@@ -145,11 +145,10 @@ struct ReduceGrad {
       OT_THROW(kNotImplemented, g.context(), "the gradient of ", what,
                " with noop_with_empty_axes=1 needs axes known when the gradient graph is built");
   }
-  std::string axes_value() { return axes_input ? g.x(1) : g.ints(attr_axes); }
   // v (laid out like y) in the keepdims=1 layout.
   std::string keep(const std::string& v) {
     if (keepdims || (axes && axes->empty())) return v;  // empty axes: a scalar (or x itself) broadcasts
-    return g.emit("Unsqueeze", {v, axes_value()});
+    return axes_input ? g.emit("Unsqueeze", {v, g.x(1)}) : g.unsqueeze(v, attr_axes);
   }
   // op(v) over the forward's axes, keepdims=1.
   std::string reduce(const std::string& op, const std::string& v) {

@@ -75,8 +75,7 @@ void tile_gradient(GradientBuilder& g) {
     OT_THROW(kNotImplemented, g.context(), "the gradient of Tile needs the input's rank, which is not known statically");
   if (*rank == 0) return g.set(0, g.dy(0));
   // [r0, d0, r1, d1, ...]: repeats and dims interleaved, as the kernel views its output.
-  std::string one = g.ints({1});
-  std::string pairs = g.emit("Concat", {g.emit("Unsqueeze", {g.x(1), one}), g.emit("Unsqueeze", {g.shape(g.x(0)), one})},
+  std::string pairs = g.emit("Concat", {g.unsqueeze(g.x(1), {1}), g.unsqueeze(g.shape(g.x(0)), {1})},
                              {{"axis", Attribute::of(int64_t(1))}});
   std::string view = g.emit("Reshape", {g.dy(0), g.emit("Reshape", {pairs, g.ints({-1})})},
                             {{"allowzero", Attribute::of(int64_t(1))}});

@@ -1,5 +1,5 @@
 // Registration of the multi-tensor update rules as onnxtrain-domain ops (optimizer_ops.h).
-#include "optim/optimizer_ops.h"
+#include "ops/optimizer/optimizer_ops.h"
 
 #include <climits>
 #include <cstring>

