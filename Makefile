@@ -58,6 +58,7 @@ bench: setup
 	$(PYTHON) bench/bench_distributed.py
 	$(PYTHON) bench/bench_mixed_precision.py
 	$(PYTHON) bench/bench_lora.py
+	$(PYTHON) bench/bench_memory.py
 
 # AddressSanitizer/UBSan build of the library and C++ tests.
 sanitize: deps

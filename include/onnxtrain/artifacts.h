@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "onnxtrain/lora.h"
+#include "onnxtrain/memory_options.h"
 #include "onnxtrain/optimizer_config.h"
 
 namespace onnxtrain {
@@ -63,6 +64,7 @@ struct ArtifactOptions {
   std::string prefix;
   bool nominal_checkpoint = false;  // shapes and dtypes only; fill parameters later from a buffer
   std::optional<LoraConfig> lora;   // train LoRA adapters only (onnxtrain/lora.h); the base stays in the graphs
+  MemoryOptimizerOptions memory;    // recompute plans applied to the training graph
 };
 
 struct ArtifactPaths {

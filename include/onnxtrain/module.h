@@ -68,6 +68,10 @@ class Module {
   // ready for InferenceSession or ONNX Runtime.
   void export_model_for_inferencing(const std::string& path, const std::vector<std::string>& output_names) const;
 
+  // The training graph's arena after the last train step: planned bytes, the peak of live bytes
+  // and the part of it held by stashed activations (forward values the backward reads).
+  std::string memory_report() const;
+
   CheckpointState& state() { return state_; }
   const std::vector<std::string>& trainable_parameters() const { return trainable_; }
 

@@ -326,6 +326,11 @@ class Module:
     def training(self) -> bool:
         return self._training
 
+    def memory_report(self) -> str:
+        """The training graph's arena after the last train step: planned bytes, peak live bytes and
+        the part held by stashed activations (what the memory optimizer reduces)."""
+        return self._module.memory_report()
+
     def lazy_reset_grad(self) -> None:
         """The next train step overwrites the gradients instead of adding to them."""
         self._module.lazy_reset_grad()

@@ -107,7 +107,8 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                        additional_output_names: Optional[Sequence[str]] = None,
                        nominal_checkpoint: bool = False, loss_input_names: Optional[Sequence[str]] = None,
                        loss_options: Optional[Dict[str, Any]] = None,
-                       mixed_precision: Optional[str] = None, lora: Optional["LoraConfig"] = None) -> List[str]:
+                       mixed_precision: Optional[str] = None, lora: Optional["LoraConfig"] = None,
+                       memory_opt_level: int = 0, memory_opt_config: str = "") -> List[str]:
     """Writes the training, eval and optimizer models and the checkpoint; returns their paths.
 
     ``model``: a path, bytes or ``onnx.ModelProto``; a model over 2 GB must be a path to a file
@@ -123,6 +124,9 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     and the checkpoint's master parameters in fp32; None for fp32. ``lora``: a :class:`LoraConfig`;
     then only the adapters train (``requires_grad`` may be empty), the base stays in the graphs and
     the checkpoint holds the adapters and the base's hash.
+    ``memory_opt_level`` (0, 1: layer-wise recompute, 2: plus compromised plans) and
+    ``memory_opt_config`` (``"cluster:strategy:count,..."``) set the memory optimizer;
+    ``onnxtrain inspect`` prints the training model's plan table.
     """
     source = _model_arg(model)  # a path stays a path: its external data is found beside it
     if requires_grad == "all":  # every weight: initializers and Constant-node weights (not frozen ones)
@@ -155,4 +159,5 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                                  mixed_precision=_mixed_precision_arg(mixed_precision),
                                  lora=None if lora is None else {"rank": int(lora.rank), "alpha": float(lora.alpha),
                                                                  "target": list(lora.target),
-                                                                 "dropout": float(lora.dropout), "seed": int(lora.seed)})
+                                                                 "dropout": float(lora.dropout), "seed": int(lora.seed)},
+                                 memory_opt_level=int(memory_opt_level), memory_opt_config=str(memory_opt_config))

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <set>
 
 #include "bindings.h"
 #include "onnx/model_io.h"
@@ -216,7 +217,8 @@ class TorchRunner {
   std::string memory_report() const {
     auto line = [](const char* what, const MemoryReport& r) {
       return std::string(what) + " arena " + std::to_string(r.planned_arena_bytes) + " bytes (naive " +
-             std::to_string(r.naive_bytes) + "), " + std::to_string(r.dynamic_allocations) + " allocations";
+             std::to_string(r.naive_bytes) + ", peak live " + std::to_string(r.peak_live_bytes) + "), " +
+             std::to_string(r.dynamic_allocations) + " allocations";
     };
     std::string s = line("forward", forward_->memory_report());
     if (backward_) s += "; " + line("backward", backward_->memory_report());
@@ -256,19 +258,23 @@ void bind_torch_bridge(py::module_& m) {
 
   py::class_<TorchRunner>(t, "Runner")
       .def(py::init([](py::bytes model, const std::string& name, std::vector<std::string> bind,
-                       std::vector<std::string> wrt, bool recompute, bool optimize, std::string mixed_precision) {
+                       std::vector<std::string> wrt, int memory_opt_level, std::string memory_opt_config,
+                       bool optimize, bool compute_optimizer, std::string mixed_precision) {
              ForwardBackwardOptions o;
              o.mixed_precision = std::move(mixed_precision);
              o.bind = std::move(bind);
              o.wrt = std::move(wrt);
-             o.recompute = recompute;
+             o.memory.level = memory_opt_level;
+             o.memory.config = std::move(memory_opt_config);
              o.optimize = optimize;
+             o.compute_optimizer = compute_optimizer;
              std::string bytes = model;
              py::gil_scoped_release release;
              return std::make_unique<TorchRunner>(bytes, name, o);
            }),
-           py::arg("model"), py::arg("name"), py::arg("bind"), py::arg("wrt"), py::arg("recompute") = false,
-           py::arg("optimize") = true, py::arg("mixed_precision") = "")
+           py::arg("model"), py::arg("name"), py::arg("bind"), py::arg("wrt"), py::arg("memory_opt_level") = 0,
+           py::arg("memory_opt_config") = "",
+           py::arg("optimize") = true, py::arg("compute_optimizer") = true, py::arg("mixed_precision") = "")
       .def("forward", &TorchRunner::forward, py::arg("feeds"), py::arg("random_seed") = py::none())
       .def_property_readonly("is_random", &TorchRunner::is_random)
       .def("backward", &TorchRunner::backward, py::arg("seeds"), py::arg("saved"), py::arg("feeds"))
@@ -287,5 +293,14 @@ void bind_torch_bridge(py::module_& m) {
       .def("backward_model", [](const TorchRunner& r) {
         return r.has_backward() ? py::object(py::bytes(save_model_to_bytes(r.graphs().backward))) : py::object(py::none());
       })
-      .def("memory_report", &TorchRunner::memory_report);
+      .def("memory_report", &TorchRunner::memory_report)
+      .def_property_readonly("memory_plan", [](const TorchRunner& r) { return plan_table(r.graphs().memory_plan); })
+      .def_property_readonly("saved_bytes", [](const TorchRunner& r) {  // activations held from forward to backward
+        int64_t bytes = 0;
+        std::set<std::string> saved(r.graphs().saved.begin(), r.graphs().saved.end());
+        for (const auto& out : r.graphs().forward.graph.outputs)
+          if (saved.erase(out.name) && out.info.has_static_shape() && out.info.dtype != DType::kUndefined)
+            bytes += numel(*out.info.shape) * int64_t(dtype_size(out.info.dtype));
+        return bytes;
+      });
 }

@@ -33,7 +33,8 @@ void bind_training(py::module_& m) {
          std::optional<std::string> loss, std::optional<py::bytes> custom_loss, const optim::OptimizerConfig& optimizer,
          std::string directory, std::string prefix, std::vector<std::string> additional_output_names,
          bool nominal_checkpoint, std::vector<std::string> loss_input_names, py::dict loss_options,
-         std::string mixed_precision, std::optional<py::dict> lora) {
+         std::string mixed_precision, std::optional<py::dict> lora, int memory_opt_level,
+         std::string memory_opt_config) {
         ArtifactOptions o;
         o.graphs.mixed_precision = std::move(mixed_precision);
         if (lora) {  // artifacts.LoraConfig as a dict
@@ -67,6 +68,8 @@ void bind_training(py::module_& m) {
         o.directory = std::move(directory);
         o.prefix = std::move(prefix);
         o.nominal_checkpoint = nominal_checkpoint;
+        o.memory.level = memory_opt_level;
+        o.memory.config = std::move(memory_opt_config);
         // A path keeps external data (models over 2 GB) resolvable next to the file.
         std::optional<std::string> bytes, path;
         if (py::isinstance<py::bytes>(model)) bytes = model.cast<std::string>();
@@ -80,7 +83,8 @@ void bind_training(py::module_& m) {
       py::arg("model"), py::arg("requires_grad"), py::arg("frozen_params"), py::arg("loss"), py::arg("custom_loss"),
       py::arg("optimizer"), py::arg("directory"), py::arg("prefix"), py::arg("additional_output_names"),
       py::arg("nominal_checkpoint"), py::arg("loss_input_names"), py::arg("loss_options"),
-      py::arg("mixed_precision") = "", py::arg("lora") = std::nullopt);
+      py::arg("mixed_precision") = "", py::arg("lora") = std::nullopt, py::arg("memory_opt_level") = 0,
+      py::arg("memory_opt_config") = "");
 
   m.def(
       "all_parameters",
@@ -118,6 +122,7 @@ void bind_training(py::module_& m) {
         return to_numpy_list(out);
       })
       .def("lazy_reset_grad", &Module::lazy_reset_grad)
+      .def("memory_report", &Module::memory_report)
       .def("input_names", &Module::input_names, py::arg("training") = true)
       .def("output_names", &Module::output_names, py::arg("training") = true)
       .def("get_parameters_size", &Module::get_parameters_size, py::arg("trainable_only") = true)

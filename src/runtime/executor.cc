@@ -6,6 +6,7 @@
 
 #include "ir/subgraph.h"
 #include "ops/subgraph.h"
+#include "passes/memory_optimizer.h"
 #include "passes/shape_inference.h"
 #include "runtime/memory_planner.h"
 
@@ -177,6 +178,19 @@ void Executor::compile() {
       OT_THROW(kInvalidModel, "model ", model_.description, ": graph output '", out.name,
                "' is not produced by any node, input or initializer");
     output_ids_.push_back(it->second);
+  }
+  // A training graph: the steps its non-gradient outputs depend on are the forward.
+  if (std::vector<std::string> fwd = default_forward_outputs(g); fwd.size() < g.outputs.size()) {
+    forward_step_.assign(steps_.size(), 0);
+    std::vector<char> wanted(value_names_.size(), 0);
+    for (const auto& name : fwd) wanted[size_t(value_ids_.at(name))] = 1;
+    for (size_t s = steps_.size(); s-- > 0;) {
+      bool needed = false;
+      for (int id : steps_[s].outputs) needed = needed || (id >= 0 && wanted[size_t(id)]);
+      if (!needed) continue;
+      forward_step_[s] = 1;
+      for (int id : steps_[s].inputs) if (id >= 0) wanted[size_t(id)] = 1;
+    }
   }
   // Release dynamic values after their last reader (graph outputs are kept).
   std::vector<int> last_use(value_names_.size(), -1);
@@ -426,6 +440,36 @@ void Executor::build_arena(Plan& plan) {
     int b = buffer_of[size_t(groups.find(int(id)))];
     if (b < 0) continue;
     plan.planned[id] = Tensor::borrow(plan.dtypes[id], plan.shapes[id], base + layout.offsets[size_t(b)], plan.arena);
+  }
+  // Live bytes per step, and the stashed part: buffers a forward step writes and a backward step reads.
+  std::vector<char> stashed(buffers.size(), 0);
+  if (!forward_step_.empty())
+    for (size_t s = 0; s < steps_.size(); ++s) {
+      if (forward_step_[s]) continue;
+      for (int id : steps_[s].inputs) {
+        if (id < 0 || produced_at[size_t(id)] < 0 || !forward_step_[size_t(produced_at[size_t(id)])]) continue;
+        int b = buffer_of[size_t(groups.find(id))];
+        if (b >= 0) stashed[size_t(b)] = 1;
+      }
+    }
+  std::vector<int64_t> live(steps_.size() + 1, 0), live_stashed(steps_.size() + 1, 0);
+  for (size_t b = 0; b < buffers.size(); ++b) {
+    const int64_t bytes = int64_t((buffers[b].bytes + 63) / 64 * 64);
+    live[size_t(buffers[b].first_step)] += bytes;
+    live[size_t(buffers[b].last_step) + 1] -= bytes;
+    if (stashed[b]) {
+      report.stashed_bytes += size_t(bytes);
+      live_stashed[size_t(buffers[b].first_step)] += bytes;
+      live_stashed[size_t(buffers[b].last_step) + 1] -= bytes;
+    }
+  }
+  for (size_t s = 0, now = 0, now_stashed = 0; s < steps_.size(); ++s) {
+    now = size_t(int64_t(now) + live[s]);
+    now_stashed = size_t(int64_t(now_stashed) + live_stashed[s]);
+    if (now > report.peak_live_bytes) {
+      report.peak_live_bytes = now;
+      report.stashed_at_peak_bytes = now_stashed;
+    }
   }
   report.planned_arena_bytes = layout.arena_bytes;
   report.naive_bytes = layout.naive_bytes;

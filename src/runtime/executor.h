@@ -31,6 +31,10 @@ struct MemoryReport {
   size_t views = 0;                 // outputs that alias an input (Reshape, Identity, ...)
   size_t dynamic_allocations = 0;   // allocations in the last run besides graph outputs
   size_t plans = 0;                 // cached shape signatures
+  // Training graphs (outputs "<input>_grad"): the forward is what the other outputs depend on.
+  size_t peak_live_bytes = 0;       // the most planned bytes live at one step (the arena's lower bound)
+  size_t stashed_bytes = 0;         // planned buffers the forward writes and the backward reads
+  size_t stashed_at_peak_bytes = 0; // the part of peak_live_bytes they hold
 };
 
 struct ExecutorOptions {
@@ -100,6 +104,7 @@ class Executor {
   std::vector<int> input_ids_, output_ids_;
   std::vector<std::pair<int, const Tensor*>> constants_;  // initializers by id
   std::vector<char> is_constant_;                          // per value id: an initializer
+  std::vector<char> forward_step_;                         // per step, for training graphs; else empty
   std::map<std::string, std::unique_ptr<Plan>> plans_;
   mutable std::mutex mutex_;
   MemoryReport last_report_;

@@ -7,6 +7,7 @@
 #include "autodiff/autodiff.h"
 #include "ops/graph_builder.h"
 #include "passes/mixed_precision.h"
+#include "passes/compute_optimizer.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 #include "training/artifacts.h"
@@ -93,10 +94,9 @@ std::vector<std::string> feeds_of(const Graph& g, const std::vector<std::string>
 }
 
 // Splits the gradient graph `full` at the upstream gradients (see the header).
-void split(const Model& full, bool recompute, ForwardBackwardGraphs& fb) {
+void split(const Model& full, ForwardBackwardGraphs& fb) {
   const Graph& g = full.graph;
   const size_t n = g.nodes.size();
-  const auto producer = g.producers();
 
   // Nodes downstream of an upstream gradient can only run in the backward.
   std::unordered_set<std::string> seed_dependent(fb.seeds.begin(), fb.seeds.end());
@@ -105,20 +105,16 @@ void split(const Model& full, bool recompute, ForwardBackwardGraphs& fb) {
     for (const auto& in : g.nodes[i].inputs) after_seed[i] = after_seed[i] || (!in.empty() && seed_dependent.count(in));
     if (after_seed[i]) seed_dependent.insert(g.nodes[i].outputs.begin(), g.nodes[i].outputs.end());
   }
-  std::vector<char> in_backward = after_seed;
-  if (recompute) {  // pull in every deterministic forward node the backward needs
-    std::vector<std::string> pending(fb.gradients);
-    for (size_t i = 0; i < n; ++i)
-      if (in_backward[i]) pending.insert(pending.end(), g.nodes[i].inputs.begin(), g.nodes[i].inputs.end());
-    while (!pending.empty()) {
-      std::string v = std::move(pending.back());
-      pending.pop_back();
-      auto it = producer.find(v);
-      if (v.empty() || it == producer.end() || in_backward[it->second] || is_nondeterministic(g.nodes[it->second]))
-        continue;
-      in_backward[it->second] = 1;
-      pending.insert(pending.end(), g.nodes[it->second].inputs.begin(), g.nodes[it->second].inputs.end());
-    }
+  // The memory optimizer's recompute copies, and whatever reads them, run in the backward only.
+  const std::unordered_set<std::string> copies(fb.memory_plan.recompute_nodes.begin(), fb.memory_plan.recompute_nodes.end());
+  std::vector<char> in_backward = after_seed, is_copy(n, 0);
+  std::unordered_set<std::string> copied_values;
+  for (size_t i = 0; i < n; ++i) {
+    bool reads_copy = copies.count(g.nodes[i].name) > 0;
+    for (const auto& in : g.nodes[i].inputs) reads_copy = reads_copy || (!in.empty() && copied_values.count(in));
+    if (!reads_copy) continue;
+    in_backward[i] = is_copy[i] = 1;
+    copied_values.insert(g.nodes[i].outputs.begin(), g.nodes[i].outputs.end());
   }
 
   // What the backward reads and does not compute: saved forward values, or host feeds.
@@ -157,7 +153,7 @@ void split(const Model& full, bool recompute, ForwardBackwardGraphs& fb) {
   forward.description = full.description + " (forward)";
   fg.nodes.clear();
   for (size_t i = 0; i < n; ++i)
-    if (!after_seed[i]) fg.nodes.push_back(g.nodes[i]);
+    if (!after_seed[i] && !is_copy[i]) fg.nodes.push_back(g.nodes[i]);
   fg.inputs.clear();
   for (const auto& in : g.inputs)
     if (!seeds.count(in.name)) fg.inputs.push_back(in);
@@ -203,6 +199,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
 
   const DType low = mixed_precision_dtype(o.mixed_precision);
   if (o.wrt.empty()) {
+    if (o.compute_optimizer) move_gathers_upstream(m);
     if (low != DType::kUndefined) {
       fuse_for_training(m);
       convert_to_mixed_precision(m, low);
@@ -219,6 +216,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   // differentiating the pieces. Inference-only fusions (FusedConv, no gradient) wait until the
   // whole graph is built.
   if (o.optimize) simplify_graph(m);
+  if (o.compute_optimizer) move_gathers_upstream(m);
   fuse_for_training(m);
   if (low != DType::kUndefined) convert_to_mixed_precision(m, low);  // host values stay fp32 inputs
   GradientGraphInfo info;
@@ -231,7 +229,12 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   fb.gradients = info.gradient_outputs;
   if (o.optimize) optimize_for_inference(full);
   full.graph.topological_sort();
-  split(full, o.recompute, fb);
+  if (o.memory.level != 0 || !o.memory.config.empty()) {
+    std::vector<std::string> forward_outputs = fb.outputs;
+    forward_outputs.insert(forward_outputs.end(), fb.buffer_outputs.begin(), fb.buffer_outputs.end());
+    fb.memory_plan = optimize_memory(full, forward_outputs, o.memory);
+  }
+  split(full, fb);
   fb.forward_feeds = feeds_of(fb.forward.graph, fb.inputs);
   fb.backward_feeds = feeds_of(fb.backward.graph, fb.inputs);
   return fb;

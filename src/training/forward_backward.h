@@ -10,22 +10,24 @@
 // The host keeps the saved values between the two calls (torch: save_for_backward), so several
 // forwards may be in flight before their backwards, as autograd allows. Nodes that depend on an
 // upstream gradient form the backward; every other node runs in the forward, which also outputs
-// each of its values the backward reads. With `recompute`, the backward re-runs the deterministic
-// forward nodes it needs and only the outputs of random nodes (Dropout masks) are saved.
+// each of its values the backward reads. With `memory` (the memory optimizer, src/passes/
+// memory_optimizer.h), the backward recomputes the stashed values the plan names from fewer saved ones.
 #pragma once
 
 #include <string>
 #include <vector>
 
 #include "ir/graph.h"
+#include "passes/memory_optimizer.h"
 
 namespace onnxtrain {
 
 struct ForwardBackwardOptions {
   std::vector<std::string> bind;  // initializers owned by the host (parameters, buffers): become inputs
   std::vector<std::string> wrt;   // model inputs or bound initializers to differentiate; empty: forward only
-  bool recompute = false;         // save only what cannot be recomputed (memory for time)
+  MemoryOptimizerOptions memory;  // recompute plans (memory for time); level 0 and no config: none
   bool optimize = true;           // simplify before autodiff, every fusion on the built graph
+  bool compute_optimizer = true;  // move Gathers of a few rows upstream (src/passes/compute_optimizer.h)
   // torch's BatchNorm updates running_var with the unbiased batch variance (ONNX: the population
   // variance): n / (n - 1) times the ONNX statistic's batch term.
   bool unbiased_running_var = true;
@@ -47,6 +49,7 @@ struct ForwardBackwardGraphs {
   std::vector<std::string> buffer_outputs;  // forward outputs holding their new values, parallel
   std::vector<std::string> saved;           // forward outputs the backward reads (may repeat `outputs`)
   std::vector<std::string> gradients;       // backward outputs, parallel to wrt
+  MemoryPlan memory_plan;                   // what the memory optimizer found and applied
 };
 
 // Throws naming the value when a bound name is not an initializer, a wrt name is neither a model

@@ -8,6 +8,7 @@
 #include "onnx/model_io.h"
 #include "onnxtrain/training.h"
 #include "ops/optimizer/optimizer_ops.h"
+#include "passes/memory_optimizer.h"
 #include "training/lora.h"
 
 namespace onnxtrain {
@@ -94,6 +95,13 @@ ArtifactPaths generate_artifacts(const Model& original, const ArtifactOptions& i
   TrainingGraphs graphs = build_training_graphs(model, options.graphs);
   if (adapted) keep_base_in_graphs(graphs, model);
   Model optimizer = build_optimizer_model(graphs, options.optimizer);
+  if (options.memory.level != 0 || !options.memory.config.empty()) {
+    std::vector<std::string> forward_outputs;  // the loss, additional outputs and buffer updates
+    for (const auto& out : graphs.training.graph.outputs)
+      if (std::find(graphs.gradient_outputs.begin(), graphs.gradient_outputs.end(), out.name) == graphs.gradient_outputs.end())
+        forward_outputs.push_back(out.name);
+    optimize_memory(graphs.training, forward_outputs, options.memory);  // records its table in the metadata
+  }
 
   // The checkpoint holds every parameter the graphs take as inputs.
   Graph params;

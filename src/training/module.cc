@@ -172,6 +172,14 @@ std::vector<Tensor> Module::train_step(const std::vector<Tensor>& inputs) {
   return result;
 }
 
+std::string Module::memory_report() const {
+  const MemoryReport r = graphs_->training.executor->memory_report();
+  auto mib = [](size_t b) { return std::to_string(double(b) / (1024.0 * 1024.0)).substr(0, 7) + " MiB"; };
+  return "training arena " + mib(r.planned_arena_bytes) + " planned (naive " + mib(r.naive_bytes) + "), peak live " +
+         mib(r.peak_live_bytes) + " of which stashed activations " + mib(r.stashed_at_peak_bytes) + " (all stashed: " +
+         mib(r.stashed_bytes) + "), " + std::to_string(r.dynamic_allocations) + " allocations in the last step";
+}
+
 std::vector<Tensor> Module::eval_step(const std::vector<Tensor>& inputs) {
   OT_CHECK(graphs_->eval.has_value(), "Module.eval_step: no eval model was given");
   return run(false, inputs);

@@ -1,5 +1,5 @@
 // build_forward_backward: the forward and backward graphs, run one after the other, give the
-// gradients of the math; recompute saves nothing for a deterministic graph; BatchNorm statistics
+// gradients of the math; BatchNorm statistics
 // follow torch's update; bad names are errors.
 #include <gtest/gtest.h>
 
@@ -51,18 +51,16 @@ std::vector<Tensor> forward_then_backward(const ForwardBackwardGraphs& fb, const
   return backward.run(bwd_feeds);
 }
 
-void expect_dense_gradients(bool recompute) {
+void expect_dense_gradients() {
   Model m = dense_model();
   Tensor w = m.graph.initializers.at("W"), b = m.graph.initializers.at("B");
   ForwardBackwardOptions o;
   o.bind = {"W", "B"};
   o.wrt = {"W", "B", "x"};
-  o.recompute = recompute;
   ForwardBackwardGraphs fb = build_forward_backward(m, o);
   ASSERT_EQ(fb.inputs, (std::vector<std::string>{"x", "W", "B"}));
   ASSERT_EQ(fb.seeded_outputs, std::vector<std::string>{"y"});
-  if (recompute) EXPECT_TRUE(fb.saved.empty()) << "a deterministic forward is recomputed, not saved";
-  else EXPECT_FALSE(fb.saved.empty());
+  EXPECT_FALSE(fb.saved.empty());
 
   Tensor x = Tensor::from_vector(ramp(kN * kIn, 0.9f, 0.3f), {kN, kIn});
   Tensor dy = Tensor::from_vector(ramp(kN * kOut, 0.4f, 1.0f), {kN, kOut});
@@ -98,9 +96,7 @@ void expect_dense_gradients(bool recompute) {
 
 }  // namespace
 
-TEST(ForwardBackward, SplitGraphsGiveTheGradients) { expect_dense_gradients(false); }
-
-TEST(ForwardBackward, RecomputeSavesNothingAndGivesTheSameGradients) { expect_dense_gradients(true); }
+TEST(ForwardBackward, SplitGraphsGiveTheGradients) { expect_dense_gradients(); }
 
 TEST(ForwardBackward, ForwardOnlyWithoutWrt) {
   ForwardBackwardOptions o;

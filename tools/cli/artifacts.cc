@@ -95,6 +95,8 @@ const Command kArtifactsCommand{
         {"--lora-rank", "R", "LoRA rank (default 8)"},
         {"--lora-alpha", "A", "LoRA alpha: the update is scaled by alpha/rank (default 16)"},
         {"--lora-dropout", "P", "dropout on the adapters' input while training (default 0)"},
+        {"--memory-opt-level", "N", "memory optimizer: 0 (default), 1 layer-wise recompute, 2 plus compromised plans"},
+        {"--memory-opt-config", "CFG", "recompute plans cluster:strategy:count,... (clusters: onnxtrain inspect)"},
     },
     "example:\n  onnxtrain artifacts mlp.onnx --out out --all --loss cross_entropy --optimizer adamw --lr 1e-3\n"};
 
@@ -131,6 +133,12 @@ int run_artifacts(const Args& a) {
   o.prefix = a.get("--prefix");
   o.nominal_checkpoint = a.flag("--nominal");
   if (a.has("--mixed-precision")) o.graphs.mixed_precision = a.get("--mixed-precision");
+  if (a.has("--memory-opt-level")) {
+    const std::string level = a.get("--memory-opt-level");
+    if (level != "0" && level != "1" && level != "2") throw UsageError("--memory-opt-level must be 0, 1 or 2, got " + level);
+    o.memory.level = std::stoi(level);
+  }
+  o.memory.config = a.get("--memory-opt-config");
 
   Model model = load_model(a.positional(0));
   if (custom) o.graphs.custom_loss = std::make_shared<const Model>(load_model(loss));

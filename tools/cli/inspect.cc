@@ -10,6 +10,7 @@
 #include "onnx/model_io.h"
 #include "onnxtrain/training.h"
 #include "ops/registry.h"
+#include "passes/memory_optimizer.h"
 
 namespace onnxtrain::cli {
 
@@ -21,7 +22,8 @@ const Command kInspectCommand{
     "describe a checkpoint (parameters, optimizer state, properties), a model (inputs, outputs, opsets, op "
     "counts) or an .npz/.npy data file (arrays)",
     {"FILE"},
-    {{"--graph", "", "for a model, also print every node"}},
+    {{"--graph", "", "for a model, also print every node"},
+     {"--dims", "NAME=N,...", "for a training model's plan table: values of its symbolic dims"}},
     "example:\n  onnxtrain inspect out/checkpoint\n"};
 
 int run_ops(const Args&) {
@@ -120,7 +122,18 @@ void inspect_checkpoint(const std::string& path) {
   }
 }
 
-void inspect_model(const std::string& path, bool graph) {
+// A training model (outputs "<input>_grad"): the memory optimizer's clusters and the applied plan.
+void print_memory_plan(const Model& model, const std::map<std::string, int64_t>& dims) {
+  const std::vector<std::string> forward = default_forward_outputs(model.graph);
+  if (forward.size() == model.graph.outputs.size()) return;  // no gradients: not a training model
+  if (auto it = model.metadata.find(kMetaMemoryPlan); it != model.metadata.end())
+    std::printf("applied memory plan:\n%s", it->second.c_str());
+  std::printf("memory optimizer opportunities (recompute the stashed activations of a cluster with\n"
+              "  --memory-opt-config CLUSTER:1:-1, or 2 for the compromised plan):\n%s",
+              plan_table(analyze_memory(model, forward, {}, dims)).c_str());
+}
+
+void inspect_model(const std::string& path, bool graph, const std::map<std::string, int64_t>& dims) {
   Model model = load_model(path);
   const Graph& g = model.graph;
   std::printf("model '%s' (producer %s%s%s, ir_version %lld)\nopsets:", path.c_str(),
@@ -154,8 +167,10 @@ void inspect_model(const std::string& path, bool graph) {
   print_table(rows);
   if (!model.metadata.empty()) {
     std::printf("metadata:\n");
-    for (const auto& [k, v] : model.metadata) std::printf("  %s = %s\n", k.c_str(), v.c_str());
+    for (const auto& [k, v] : model.metadata)
+      if (k != kMetaMemoryPlan) std::printf("  %s = %s\n", k.c_str(), v.c_str());
   }
+  print_memory_plan(model, dims);
   if (graph) std::printf("graph:\n%s", to_string(g).c_str());
 }
 
@@ -186,7 +201,16 @@ int run_inspect(const Args& args) {
   } else if (got == 9 && head[8] == '{') {  // safetensors: 8-byte header length, then JSON
     inspect_checkpoint(path);
   } else {
-    inspect_model(path, args.flag("--graph"));
+    std::map<std::string, int64_t> dims;
+    for (const auto& item : args.get_list("--dims")) {
+      size_t eq = item.find('=');
+      int64_t value = 0;
+      if (eq == std::string::npos ||
+          std::from_chars(item.data() + eq + 1, item.data() + item.size(), value).ec != std::errc() || value <= 0)
+        throw UsageError("--dims takes NAME=N,... with N > 0, got '" + item + "'");
+      dims[item.substr(0, eq)] = value;
+    }
+    inspect_model(path, args.flag("--graph"), dims);
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 """Settings of TrainModule: ``DebugOptions`` and the ``ONNXTRAIN_*`` environment variables
-(LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_LEVEL, MIXED_PRECISION), read when a TrainModule is
+(LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_OPT_LEVEL, MEMORY_OPT_CONFIG,
+ENABLE_COMPUTE_OPTIMIZER, MIXED_PRECISION; ORTMODULE_* aliases), read when a TrainModule is
 made. Their table, with values and defaults, is in the README's TrainModule section. An explicit
 ``DebugOptions(...)`` argument wins over the environment for its own fields.
 """
@@ -25,14 +26,40 @@ _PY_LEVELS = {LogLevel.VERBOSE: logging.DEBUG, LogLevel.INFO: logging.INFO, LogL
               LogLevel.ERROR: logging.ERROR, LogLevel.FATAL: logging.CRITICAL}
 
 
+# ONNX Runtime's ORTModule names of the same settings, read when the ONNXTRAIN_* name is unset
+# (the README's TrainModule table lists them).
+ORTMODULE_ALIASES = {
+    "ONNXTRAIN_LOG_LEVEL": "ORTMODULE_LOG_LEVEL",
+    "ONNXTRAIN_SAVE_ONNX_PATH": "ORTMODULE_SAVE_ONNX_PATH",
+    "ONNXTRAIN_OPSET": "ORTMODULE_ONNX_OPSET_VERSION",
+    "ONNXTRAIN_FALLBACK": "ORTMODULE_FALLBACK_POLICY",
+    "ONNXTRAIN_MEMORY_OPT_LEVEL": "ORTMODULE_MEMORY_OPT_LEVEL",
+    "ONNXTRAIN_MEMORY_OPT_CONFIG": "ORTMODULE_MEMORY_OPT_CONFIG",
+    "ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER": "ORTMODULE_ENABLE_COMPUTE_OPTIMIZER",
+}
+
+
+def _source(name: str) -> str:
+    """The variable that sets `name`: itself, else its ORTMODULE_* alias when that one is set."""
+    alias = ORTMODULE_ALIASES.get(name)
+    if name not in os.environ and alias and alias in os.environ:
+        return alias
+    return name
+
+
 def _env(name: str, default: str) -> str:
-    return os.environ.get(name, default).strip()
+    value = os.environ.get(_source(name), default).strip()
+    if _source(name) == "ORTMODULE_FALLBACK_POLICY":
+        # ORTModule's policies: FALLBACK_DISABLE raises; any fallback policy falls back, warning.
+        value = "raise" if value.upper() == "FALLBACK_DISABLE" else "warn"
+    return value
 
 
 def _env_choice(name: str, default: str, choices) -> str:
     value = _env(name, default).lower()
     if value not in choices:
-        raise ValueError(f"{name}={os.environ.get(name)!r}: expected one of {', '.join(sorted(choices))}")
+        source = _source(name)
+        raise ValueError(f"{source}={os.environ.get(source)!r}: expected one of {', '.join(sorted(choices))}")
     return value
 
 
@@ -41,10 +68,18 @@ def _env_int(name: str, default: int, allowed=None) -> int:
     try:
         value = int(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r}: expected an integer") from None
+        raise ValueError(f"{_source(name)}={raw!r}: expected an integer") from None
     if allowed is not None and value not in allowed:
-        raise ValueError(f"{name}={value}: expected one of {sorted(allowed)}")
+        raise ValueError(f"{_source(name)}={value}: expected one of {sorted(allowed)}")
     return value
+
+
+def _memory_opt_level() -> int:
+    # ONNXTRAIN_MEMORY_LEVEL=1 (whole-forward recompute, before the memory optimizer) now means
+    # level 1; the new name wins when both are set.
+    if _source("ONNXTRAIN_MEMORY_OPT_LEVEL") not in os.environ and "ONNXTRAIN_MEMORY_LEVEL" in os.environ:
+        return _env_int("ONNXTRAIN_MEMORY_LEVEL", 0, {0, 1})
+    return _env_int("ONNXTRAIN_MEMORY_OPT_LEVEL", 0, {0, 1, 2})
 
 
 def _env_log_level() -> LogLevel:
@@ -80,7 +115,9 @@ class Settings:
     save_path: str
     opset: int
     fallback: str       # "raise" or "warn"
-    memory_level: int   # 0 or 1
+    memory_opt_level: int   # 0, 1 (layer-wise recompute) or 2 (plus compromised plans)
+    memory_opt_config: str  # "cluster:strategy:count,...", checked against the model's clusters
+    compute_optimizer: bool  # Gathers of a few rows move upstream (on by default)
     mixed_precision: str = ""  # "", "bf16" or "fp16" (ONNXTRAIN_MIXED_PRECISION)
 
     @staticmethod
@@ -89,7 +126,9 @@ class Settings:
                         save_path=_env("ONNXTRAIN_SAVE_ONNX_PATH", os.getcwd()),
                         opset=_env_int("ONNXTRAIN_OPSET", 17, range(7, 18)),
                         fallback=_env_choice("ONNXTRAIN_FALLBACK", "raise", {"raise", "warn"}),
-                        memory_level=_env_int("ONNXTRAIN_MEMORY_LEVEL", 0, {0, 1}),
+                        memory_opt_level=_memory_opt_level(),
+                        memory_opt_config=_env("ONNXTRAIN_MEMORY_OPT_CONFIG", ""),
+                        compute_optimizer=_env_int("ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER", 1, {0, 1}) == 1,
                         mixed_precision=_env_choice("ONNXTRAIN_MIXED_PRECISION", "", {"", "none", "bf16", "fp16"}))
 
     def log(self, level: LogLevel, message: str) -> None:

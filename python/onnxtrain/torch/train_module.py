@@ -233,7 +233,8 @@ class TrainModule(nn.Module):
     def build_stats(self) -> List[Dict[str, Any]]:
         """Per built graph: the seconds spent exporting and building it (the first-call cost)."""
         return [{"schema": i, "export_s": g.export.seconds, "build_s": g.build_seconds,
-                 "backward": g.runner.has_backward, "memory": g.runner.memory_report()}
+                 "backward": g.runner.has_backward, "memory": g.runner.memory_report(),
+                 "memory_plan": g.runner.memory_plan, "saved_bytes": g.runner.saved_bytes}
                 for i, g in enumerate(self._graphs.values())]
 
     # ---- forward ----------------------------------------------------------------------------
@@ -376,7 +377,9 @@ class TrainModule(nn.Module):
         try:
             # Only what the export kept can be bound or differentiated (it drops unused values).
             runner = _C.torch_bridge.Runner(export.data, f"'TrainModule({name})'", list(state_names), wrt,
-                                            recompute=self._settings.memory_level == 1,
+                                            memory_opt_level=self._settings.memory_opt_level,
+                                            memory_opt_config=self._settings.memory_opt_config,
+                                            compute_optimizer=self._settings.compute_optimizer,
                                             mixed_precision=mixed_precision)
         except _OnnxtrainError as exc:
             raise TrainModuleError(f"TrainModule: onnxtrain cannot build the graphs of {name}: {exc}") from exc
@@ -386,6 +389,8 @@ class TrainModule(nn.Module):
                            f"TrainModule({name}) schema {index}: export {export.seconds:.2f} s, build "
                            f"{graph.build_seconds:.2f} s, {'forward + backward' if runner.has_backward else 'forward only'}"
                            f", {len(graph.saved)} saved values")
+        if self._settings.memory_opt_level or self._settings.memory_opt_config:
+            self._settings.log(LogLevel.INFO, f"TrainModule({name}) schema {index}: {runner.memory_plan}")
         if self._settings.debug.save_onnx:
             self._save(index, export.data, runner)
         return graph

@@ -1,0 +1,213 @@
+#!/usr/bin/env python3
+"""Memory optimizer benchmark: peak memory and step time of a train step, PyTorch eager against
+TrainModule at memory-optimizer levels 0, 1 and 2.
+
+Models: the BERT-style encoder with a classifier head and the GPT-style decoder of
+bench_train_module.py (hidden 256, 4 layers, seq 128, batch 8), trained with torch.optim.SGD.
+
+1. **Peak memory**, each variant in a fresh process: build, one warm-up step (export, plans), then
+   freed heap memory goes back to the system (malloc_trim, so that neither engine's peak hides in
+   memory its allocator kept from the warm-up), VmHWM is reset and 3 steps run; reported is the
+   VmHWM growth over the RSS before them (MiB),
+   with the activation memory held between forward and backward: for PyTorch the bytes of the
+   tensors autograd saves (saved_tensors_hooks, each storage once), for onnxtrain the saved values
+   of the forward graph, plus onnxtrain's own arena report.
+2. **Step time**: levels 0, 1 and 2 in one process, steps interleaved, median of the steps after
+   the warm-up.
+
+Targets (issue 11): level 0 peak no more than PyTorch eager; level 1 at least 40% less activation
+memory than level 0 at no more than 25% more step time.
+
+    PYTHONPATH=build/python /usr/bin/python3 bench/bench_memory.py [--threads 2] [--models bert,gpt]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import ctypes
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import import_onnxtrain, median  # noqa: E402
+
+VARIANTS = ["torch", "level0", "level1", "level2"]
+MEMORY_STEPS = 3
+
+
+def build(name: str, steps: int, seed: int = 0):
+    import torch
+
+    import models
+
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    cfg = models.BertConfig()
+    if name == "bert":
+        model = models.BertClassifier(cfg, num_classes=2)
+        batch = lambda: (torch.randint(0, cfg.vocab_size, (8, 128), generator=g),  # noqa: E731
+                         torch.randint(0, 2, (8,), generator=g))
+    elif name == "gpt":
+        model = models.GPTDecoder(cfg)
+        batch = lambda: (torch.randint(0, cfg.vocab_size, (8, 128), generator=g),  # noqa: E731
+                         torch.randint(0, cfg.vocab_size, (8, 128), generator=g))
+    else:
+        raise KeyError(name)
+    return model.train(), [batch() for _ in range(steps)]
+
+
+def make_step(model, variant: str):
+    """A callable running one SGD step of ``model`` (wrapped unless variant is torch)."""
+    import torch
+
+    if variant != "torch":
+        os.environ["ONNXTRAIN_MEMORY_OPT_LEVEL"] = variant[-1]
+        from onnxtrain.torch import TrainModule
+        model = TrainModule(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step(x, y):
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss.item()
+    step.model = model
+    return step
+
+
+def torch_saved_bytes(model, x, y) -> int:
+    """Bytes of the tensors autograd saves for backward in one eager step (each storage once)."""
+    import torch
+
+    storages = {}
+
+    def pack(t):
+        storages[t.storage().data_ptr()] = t.storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+    loss.backward()
+    model.zero_grad()
+    params = {p.storage().data_ptr() for p in model.parameters()}
+    return sum(n for ptr, n in storages.items() if ptr not in params)
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def child(name: str, variant: str, threads: int) -> dict:
+    import torch
+    ot = import_onnxtrain()
+    torch.set_num_threads(threads)
+    ot.set_num_threads(threads)
+    model, batches = build(name, MEMORY_STEPS + 1)
+    out = {}
+    if variant == "torch":
+        out["activation_bytes"] = torch_saved_bytes(model, *batches[0])
+    step = make_step(model, variant)
+    step(*batches[0])  # export and plans
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS
+    before = _status_kib("VmRSS")
+    for x, y in batches[1:]:
+        step(x, y)
+    out["peak_growth_mib"] = (_status_kib("VmHWM") - before) / 1024.0
+    if variant != "torch":
+        stats = step.model.build_stats[0]
+        out["activation_bytes"] = stats["saved_bytes"]
+        out["arena"] = stats["memory"]
+    return out
+
+
+def fresh(name: str, variant: str, threads: int) -> dict:
+    proc = subprocess.run([sys.executable, "-u", os.path.abspath(__file__), "--child", name, variant, "--threads", str(threads)],
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        print(f"{name}/{variant} failed: {proc.stderr.strip().splitlines()[-1:]}")
+        return {}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def step_times(name: str, steps: int, threads: int) -> dict:
+    """Levels 0, 1, 2 in this process, steps interleaved; median seconds after the first step."""
+    import torch
+    ot = import_onnxtrain()
+    torch.set_num_threads(threads)
+    ot.set_num_threads(threads)
+    model, batches = build(name, steps)
+    runs = {v: make_step(copy.deepcopy(model), v) for v in VARIANTS[1:]}
+    times = {v: [] for v in runs}
+    losses = {v: [] for v in runs}
+    order = list(runs)
+    for i, (x, y) in enumerate(batches):
+        order = order[1:] + order[:1]  # each variant leads a round in turn: no order bias
+        for v in order:
+            step = runs[v]
+            start = time.perf_counter()
+            losses[v].append(step(x, y))
+            if i:
+                times[v].append(time.perf_counter() - start)
+    drift = max(abs(a - b) / abs(b) for v in runs for a, b in zip(losses[v], losses["level0"]))
+    return {"ms": {v: 1e3 * median(t) for v, t in times.items()},
+            "best_ms": {v: 1e3 * min(t) for v, t in times.items()}, "max_loss_rel_diff": drift}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models", default="bert,gpt")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--skip-memory", action="store_true", help="step times only")
+    parser.add_argument("--child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(*args.child, threads=args.threads)))
+        return 0
+    print(f"memory optimizer benchmark, {args.threads} threads (SGD train step, batch 8, seq 128); "
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}", flush=True)
+    for name in args.models.split(","):
+        mem = {v: ({} if args.skip_memory else fresh(name, v, args.threads)) for v in VARIANTS}
+        t = step_times(name, args.steps, args.threads)
+        print(f"\n{name}: peak RSS growth over {MEMORY_STEPS} steps (MiB, fresh process) / activation memory (MiB)")
+        for v in VARIANTS:
+            m = mem[v]
+            if not m:
+                if v != "torch":
+                    print(f"  {v:7s} step {t['ms'][v]:7.1f} ms")
+                continue
+            line = f"  {v:7s} {m['peak_growth_mib']:8.1f} MiB peak growth  {m['activation_bytes'] / 2**20:8.1f} MiB activations"
+            if v != "torch":
+                line += f"  step {t['ms'][v]:7.1f} ms"
+            print(line)
+            if "arena" in m:
+                print(f"          {m['arena']}")
+        if mem["torch"] and mem["level0"]:
+            print(f"  level 0 peak / PyTorch eager peak: {mem['level0']['peak_growth_mib'] / mem['torch']['peak_growth_mib']:.2f}"
+                  " (target <= 1)")
+        if mem["level0"] and mem["level1"]:
+            saved = 1 - mem["level1"]["activation_bytes"] / mem["level0"]["activation_bytes"]
+            print(f"  level 1 activation memory: {100 * saved:.0f}% less than level 0 (target >= 40%)")
+        print(f"  step time (median): level 1 {t['ms']['level1'] / t['ms']['level0']:.2f}x level 0 (target <= 1.25), "
+              f"level 2 {t['ms']['level2'] / t['ms']['level0']:.2f}x; best runs: level 1 "
+              f"{t['best_ms']['level1'] / t['best_ms']['level0']:.2f}x, level 2 {t['best_ms']['level2'] / t['best_ms']['level0']:.2f}x")
+        print(f"  losses across levels: max relative difference {t['max_loss_rel_diff']:.2e}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

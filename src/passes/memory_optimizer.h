@@ -1,0 +1,78 @@
+// The memory optimizer: trades compute for memory in a training graph (forward and backward in one
+// graph) by recomputing stashed activations in the backward instead of keeping them alive.
+//
+// A stashed activation is a value the forward computes and the backward reads: the executor keeps
+// it from its producer to its last backward reader. For each one the pass finds the subgraph that
+// could recompute it from values that stay alive anyway (graph inputs, initializers, other stashed
+// values): elementwise ops, reshape/transpose/cast/slice/gather, Dropout (re-applying its saved
+// mask), Gelu; at the higher probe level also MatMul, LayerNormalization and Softmax. Subgraphs
+// are clustered by their op pattern ("Reshape+Transpose+"), and the plan table reports, per
+// cluster, how often it occurs, the bytes one occurrence saves (a formula of the symbolic dims and
+// a number for the current shapes) and the extra FLOPs of recomputing it.
+//
+// Applying a plan copies the chosen forward nodes, rewires the backward to the copies, and places
+// each copy just before its first reader in the backward, so the executor's liveness frees the
+// forward value after its last forward reader and the copy lives only between its recomputation
+// and its last use.
+//
+//   MemoryOptimizerOptions o;
+//   o.level = 1;                                    // layer-wise recompute
+//   MemoryPlan plan = optimize_memory(training_model, {"loss"}, o);
+//   std::cout << plan_table(plan);
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "onnxtrain/memory_options.h"
+
+namespace onnxtrain {
+
+struct RecomputeCluster {
+  std::string name;                    // the op pattern, "Gelu+" — the key the config names
+  std::vector<std::string> stashed;    // the stashed values of its occurrences, in forward order
+  std::string bytes_formula;           // bytes one occurrence saves, in the symbolic dims
+  int64_t bytes_saved = -1;            // the same for the current shapes (-1: not static)
+  int64_t compromised_bytes_saved = -1;  // strategy 2 (cheap ops only); -1: no such plan
+  int64_t extra_flops = 0;             // recomputing one occurrence (current shapes)
+  int applied_strategy = 0;            // what the options applied: 0 none, 1 recompute, 2 compromised
+  int applied_count = 0;               // occurrences applied
+};
+
+struct MemoryPlan {
+  std::vector<RecomputeCluster> clusters;  // every cluster found, in forward order of first occurrence
+  int level = 0;
+  int layer_boundaries = 0;                // residual-stream values level 1 keeps (checkpoints)
+  int64_t stashed_bytes_before = 0;        // all stashed activations (current shapes)
+  int64_t stashed_bytes_after = 0;         // those the applied plan keeps, new boundaries included
+  int64_t extra_flops = 0;                 // of every recomputed node
+  std::vector<std::string> recompute_nodes;  // names of the copies added to the graph
+  std::vector<std::string> notes;          // plans reported and not applied, with why
+};
+
+// The forward of a training graph: nodes that `forward_outputs` depend on. Everything else is the
+// backward. With no names given, the graph outputs that are not "<input>_grad" gradients.
+std::vector<std::string> default_forward_outputs(const Graph& graph);
+
+// Analyses without changing the model. `dims` binds symbolic dims for the byte numbers (dims the
+// model states statically need no binding).
+MemoryPlan analyze_memory(const Model& model, const std::vector<std::string>& forward_outputs,
+                          const MemoryOptimizerOptions& options, const std::map<std::string, int64_t>& dims = {});
+
+// Analyses and applies the plan the options ask for. Throws (listing the model's clusters) on a
+// level out of range, a malformed config entry or one naming no cluster; a plan that would not
+// save memory is left out and said so in `notes`.
+MemoryPlan optimize_memory(Model& model, const std::vector<std::string>& forward_outputs,
+                           const MemoryOptimizerOptions& options, const std::map<std::string, int64_t>& dims = {});
+
+// The plan as a table: cluster, occurrences, bytes saved per occurrence (formula and number),
+// extra FLOPs, what is applied, and a summary line.
+std::string plan_table(const MemoryPlan& plan);
+
+// Metadata key under which optimize_memory records the applied plan's table in the model.
+inline constexpr const char* kMetaMemoryPlan = "onnxtrain.memory_plan";
+
+}  // namespace onnxtrain

@@ -1,0 +1,183 @@
+"""The memory optimizer from the front ends: TrainModule (ONNXTRAIN_MEMORY_OPT_LEVEL/CONFIG) trains
+the encoder and GPT models identically at every level with fewer saved bytes; artifacts at level 1
+train like level 0; `onnxtrain inspect` prints the plan table with the bytes computed by hand.
+"""
+import copy
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import onnxtrain
+from onnxtrain import artifacts
+from onnxtrain.torch import TrainModule
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import models  # noqa: E402
+
+from .build_paths import ONNXTRAIN  # noqa: E402
+
+onnxtrain.set_num_threads(1)
+
+BATCH, SEQ = 2, 8
+
+
+def cfg():
+    return models.BertConfig(vocab_size=40, hidden=16, layers=2, heads=2, ffn=32, max_len=12)
+
+
+def build(name):
+    torch.manual_seed(0)
+    if name == "bert":
+        return nn.Sequential(models.BertEncoder(cfg()), nn.Linear(16, 40)).train()
+    return models.GPTDecoder(cfg()).train()
+
+
+def batches(steps):
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randint(0, 40, (BATCH, SEQ), generator=g), torch.randint(0, 40, (BATCH, SEQ), generator=g))
+            for _ in range(steps)]
+
+
+def train(model, data):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for x, y in data:
+        loss = nn.functional.cross_entropy(model(x).reshape(-1, 40), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt"])
+def test_train_module_levels_train_identically(monkeypatch, name):
+    data = batches(20)
+    base = build(name)
+    runs = {}
+    for level, config in [("0", ""), ("1", ""), ("2", ""), ("0", "Gelu+:1:-1")]:
+        monkeypatch.setenv("ONNXTRAIN_MEMORY_OPT_LEVEL", level)
+        monkeypatch.setenv("ONNXTRAIN_MEMORY_OPT_CONFIG", config)
+        model = copy.deepcopy(base)
+        wrapped = TrainModule(model)
+        losses = train(wrapped, data)
+        runs[(level, config)] = (losses, model.state_dict(), wrapped.build_stats[0])
+    ref_losses, ref_state, ref_stats = runs[("0", "")]
+    for key, (losses, state, stats) in runs.items():
+        np.testing.assert_allclose(losses, ref_losses, rtol=1e-5, err_msg=str(key))
+        for k, v in ref_state.items():
+            torch.testing.assert_close(state[k], v, rtol=1e-5, atol=1e-7, msg=f"{key}: {k}")
+    saved0, saved1 = ref_stats["saved_bytes"], runs[("1", "")][2]["saved_bytes"]
+    assert saved1 < 0.6 * saved0, (saved0, saved1, runs[("1", "")][2]["memory_plan"])
+    assert runs[("0", "Gelu+:1:-1")][2]["saved_bytes"] < saved0
+    assert "Gelu+" in runs[("1", "")][2]["memory_plan"]
+
+
+def test_train_module_bad_config_lists_clusters(monkeypatch):
+    monkeypatch.setenv("ONNXTRAIN_MEMORY_OPT_CONFIG", "NoSuch+:1:-1")
+    x, y = batches(1)[0]
+    with pytest.raises(Exception, match=r"names no cluster.*Gelu\+"):
+        train(TrainModule(build("gpt")), [(x, y)])
+
+
+def export_model(name, directory):
+    model = build(name).eval()
+    ids = torch.randint(0, 40, (BATCH, SEQ), generator=torch.Generator().manual_seed(2))
+    path = os.path.join(directory, f"{name}.onnx")
+    models.export(model, (ids,), path, ["ids"], ["logits"])
+    return path
+
+
+def inspect(path):
+    return subprocess.run([str(ONNXTRAIN), "inspect", path], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt"])
+def test_plan_table_bytes_by_hand(tmp_path, name):
+    path = export_model(name, str(tmp_path))
+    params = [p.name for p in __import__("onnx").load(path).graph.initializer if len(p.dims) > 0]
+    artifacts.generate_artifacts(path, requires_grad=params, loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=str(tmp_path / "l0"))
+    table = inspect(str(tmp_path / "l0" / "training_model.onnx"))
+    # GELU's output [batch, seq, ffn] fp32, read by the second Linear's weight gradient; its input
+    # stays for GeluGrad, so one Gelu recomputes it: one per layer.
+    gelu = BATCH * SEQ * cfg().ffn * 4
+    assert f"Gelu+ | {cfg().layers} | {gelu} | {gelu} |" in table, table
+    assert "applied memory plan" not in table
+
+    artifacts.generate_artifacts(path, requires_grad=params, loss=artifacts.LossType.MSELoss,
+                                 artifact_directory=str(tmp_path / "l1"), memory_opt_level=1)
+    table1 = inspect(str(tmp_path / "l1" / "training_model.onnx"))
+    assert "applied memory plan:\nMemory optimizer plan (level 1)" in table1, table1
+
+    with pytest.raises(Exception, match=r"level must be 0, 1 or 2, got 5.*Gelu\+"):
+        artifacts.generate_artifacts(path, requires_grad=params, loss=artifacts.LossType.MSELoss,
+                                     artifact_directory=str(tmp_path / "bad"), memory_opt_level=5)
+
+
+def test_artifacts_level1_trains_like_level0(tmp_path):
+    from onnxtrain.api import CheckpointState, Module, Optimizer
+    path = export_model("gpt", str(tmp_path))
+    params = [p.name for p in __import__("onnx").load(path).graph.initializer if len(p.dims) > 0]
+    g = np.random.default_rng(0)
+    data = [(g.integers(0, 40, (BATCH, SEQ)).astype(np.int64), g.standard_normal((BATCH, SEQ, 40)).astype(np.float32))
+            for _ in range(20)]
+    results, stashed = [], []
+    for level in (0, 1):
+        d = str(tmp_path / f"a{level}")
+        artifacts.generate_artifacts(path, requires_grad=params, loss=artifacts.LossType.MSELoss,
+                                     optimizer=artifacts.OptimType.SGD, artifact_directory=d, memory_opt_level=level)
+        state = CheckpointState.load_checkpoint(os.path.join(d, "checkpoint"))
+        module = Module(os.path.join(d, "training_model.onnx"), state, os.path.join(d, "eval_model.onnx"))
+        optimizer = Optimizer(os.path.join(d, "optimizer_model.onnx"), module)
+        losses = []
+        for x, y in data:
+            losses.append(float(module(x, y)))
+            optimizer.step()
+            module.lazy_reset_grad()
+        results.append(losses)
+        report = module.memory_report()  # "... (all stashed: X MiB) ..."
+        stashed.append(float(report.split("all stashed: ")[1].split(" MiB")[0]))
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5)
+    assert 0 < stashed[1] < 0.6 * stashed[0], stashed
+
+
+def test_ortmodule_aliases(monkeypatch):
+    from onnxtrain.torch.debug import Settings
+    for name in ("ONNXTRAIN_OPSET", "ONNXTRAIN_FALLBACK", "ONNXTRAIN_MEMORY_OPT_LEVEL", "ONNXTRAIN_MEMORY_OPT_CONFIG",
+                 "ONNXTRAIN_MEMORY_LEVEL", "ONNXTRAIN_LOG_LEVEL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("ORTMODULE_ONNX_OPSET_VERSION", "15")
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_UNSUPPORTED_DEVICE|FALLBACK_UNSUPPORTED_DATA")
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "1")
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_CONFIG", "Gelu+:1:-1")
+    monkeypatch.setenv("ORTMODULE_LOG_LEVEL", "INFO")
+    s = Settings.load(None)
+    assert (s.opset, s.fallback, s.memory_opt_level, s.memory_opt_config) == (15, "warn", 1, "Gelu+:1:-1")
+    assert s.debug.log_level.name == "INFO"
+    monkeypatch.setenv("ORTMODULE_FALLBACK_POLICY", "FALLBACK_DISABLE")
+    monkeypatch.setenv("ONNXTRAIN_OPSET", "16")  # the onnxtrain name wins
+    s = Settings.load(None)
+    assert (s.opset, s.fallback) == (16, "raise")
+    monkeypatch.setenv("ORTMODULE_MEMORY_OPT_LEVEL", "5")
+    with pytest.raises(ValueError, match="ORTMODULE_MEMORY_OPT_LEVEL=5"):
+        Settings.load(None)
+
+
+def test_cli_memory_options(tmp_path):
+    path = export_model("gpt", str(tmp_path))
+    run = lambda *a: subprocess.run([str(ONNXTRAIN), *a], capture_output=True, text=True)  # noqa: E731
+    out = run("artifacts", path, "--out", str(tmp_path / "cli"), "--all", "--loss", "mse",
+              "--memory-opt-level", "0", "--memory-opt-config", "Gelu+:1:-1")
+    assert out.returncode == 0, out.stderr
+    table = inspect(str(tmp_path / "cli" / "training_model.onnx"))
+    assert f"Gelu+ | {cfg().layers} | " in table and " | 1:2\n" in table, table
+    bad = run("artifacts", path, "--out", str(tmp_path / "bad"), "--all", "--loss", "mse", "--memory-opt-level", "3")
+    assert bad.returncode != 0 and "--memory-opt-level must be 0, 1 or 2" in bad.stderr
+    bad = run("artifacts", path, "--out", str(tmp_path / "bad"), "--all", "--loss", "mse", "--memory-opt-config", "X:1")
+    assert bad.returncode != 0 and "is not cluster:strategy:count" in bad.stderr and "Gelu+" in bad.stderr
