@@ -62,7 +62,7 @@ bench: setup
 
 # AddressSanitizer/UBSan build of the library and C++ tests.
 sanitize: deps
-	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DONNXTRAIN_SANITIZE=ON -DONNXTRAIN_BUILD_PYTHON=OFF
+	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DONNXTRAIN_SANITIZE=ON -DONNXTRAIN_BUILD_PYTHON=OFF $(LAUNCHER)
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ctest --output-on-failure -j $(JOBS)
 
