@@ -150,6 +150,7 @@ ValueInfo info_in(const Graph& g, const std::string& v) {
 // value the subgraph must keep reading.
 class Namer {
  public:
+  Namer() = default;
   explicit Namer(const Graph& g) {
     for (const auto& in : g.inputs) used_.insert(in.name);
     for (const auto& [name, t] : g.initializers) used_.insert(name);
@@ -203,20 +204,46 @@ std::map<std::string, int64_t> rule_opsets(const GradientBuilder& g) {
   return {{kOnnxDomain, g.opset()}, {kOnnxTrainDomain, 1}};
 }
 
+// The outer-scope values a subgraph reads whose gradients are wanted. They count as the node's
+// inputs after its own, so `index` is where each one's gradient is set.
+struct OuterWrt {
+  std::vector<std::string> names;
+  std::vector<size_t> index;
+};
+
+OuterWrt wanted_outer_values(GradientBuilder& g, const Node& n) {
+  const std::vector<std::string> outer = outer_scope_reads(n);
+  OuterWrt w;
+  for (size_t k = 0; k < outer.size(); ++k)
+    if (g.needs(n.inputs.size() + k)) {
+      w.names.push_back(outer[k]);
+      w.index.push_back(n.inputs.size() + k);
+    }
+  return w;
+}
+
+// The body with an Identity output added for each of its first `count` inputs, so that a forward
+// run stacks every iteration's values of them as extra scan outputs.
+Graph keeping_inputs(const Graph& body, size_t count) {
+  Graph keeping = body;
+  Namer body_names(body);
+  for (size_t f = 0; f < count; ++f) {
+    const auto& in = body.inputs[f];
+    std::string kept = body_names("kept_" + in.name);
+    keeping.nodes.push_back(make_node(body_names("keep_" + in.name), "Identity", {in.name}, {kept}));
+    keeping.outputs.push_back({kept, ValueInfo{in.info.dtype, std::nullopt, {}}});
+  }
+  return keeping;
+}
+
 // y = cond ? then(v) : else(v) over the outer values v the branches read.
 // dv = If(cond, then: dthen/dv^T dy, else: delse/dv^T dy): both branches' gradient graphs are built
 // (each recomputes its branch's forward), the one the condition takes runs.
 void if_gradient(GradientBuilder& g) {
   const Node& n = g.node();
   OT_CHECK(differentiator(), g.context(), "no subgraph differentiator is installed");
-  const std::vector<std::string> outer = outer_scope_reads(n);
-  std::vector<std::string> wrt;
-  std::vector<size_t> index;
-  for (size_t k = 0; k < outer.size(); ++k)
-    if (g.needs(n.inputs.size() + k)) {
-      wrt.push_back(outer[k]);
-      index.push_back(n.inputs.size() + k);
-    }
+  const OuterWrt outer = wanted_outer_values(g, n);
+  const std::vector<std::string>& wrt = outer.names;
   if (wrt.empty()) return;
   std::vector<std::string> dys;
   std::vector<bool> seeded;
@@ -239,8 +266,155 @@ void if_gradient(GradientBuilder& g) {
     attrs[branch] = graph_value(std::move(sg.graph));
   }
   std::vector<std::string> grads = g.emit_n("If", {g.x(0)}, wrt.size(), std::move(attrs));
-  for (size_t j = 0; j < wrt.size(); ++j) g.set(index[j], grads[j]);
+  for (size_t j = 0; j < wrt.size(); ++j) g.set(outer.index[j], grads[j]);
 }
+
+// ---- Backpropagation through the iterations (Loop, Scan) ----
+// Loop and Scan are both a recurrence over iterations t = 0 .. L-1:
+//   (s_{t+1}, y_t) = body(..., s_t, x_t; W)
+// with carried states s (the node's first outputs; their initial values are node inputs from
+// `state_input` on, and the body takes and gives them from `state_input` / `state_output` on) and
+// per-iteration values y_t stacked into the node's outputs after the states. The gradient is a Loop
+// over t = L-1 .. 0 whose body is the body's gradient graph:
+//   ds_t = (dbody/ds_t)^T (ds_{t+1}, dy_t),  dW += (dbody/dW)^T (ds_{t+1}, dy_t),
+// from ds_L = dy(s_L); its results are ds_0 (the initial states') and dW (the outer values').
+// Each rule recomputes its forward, then adds to the backward body the Gathers that restore the
+// forward's values at iteration t (and Scan the dx_t it also gives back).
+class BpttGradient {
+ public:
+  // Differentiates the body with respect to its floating states (an integer counter carries no
+  // gradient); add_wrt and add_outer_values add more.
+  BpttGradient(GradientBuilder& g, const Graph& body, size_t state_input, size_t state_output, size_t states,
+               size_t scans)
+      : g_(g), body_(body), state_input_(state_input), state_output_(state_output), states_(states), scans_(scans),
+        state_wrt_(states, -1) {
+    const Node& n = g.node();
+    for (size_t k = 0; k < states_; ++k) {
+      DType dt = body.inputs[state_input + k].info.dtype;
+      if (dt == DType::kUndefined) dt = g.dtype(n.inputs[state_input + k]);
+      if (dt == DType::kUndefined || is_floating(dt)) state_wrt_[k] = add_wrt(body.inputs[state_input + k].name);
+    }
+  }
+
+  // Another body input to differentiate; returns its place among the body gradient's results.
+  int add_wrt(const std::string& body_input) {
+    wrt_.push_back(body_input);
+    return int(wrt_.size()) - 1;
+  }
+
+  // The outer values whose gradients are wanted: summed over the iterations.
+  void add_outer_values() {
+    outer_ = wanted_outer_values(g_, g_.node());
+    first_outer_ = wrt_.size();
+    wrt_.insert(wrt_.end(), outer_.names.begin(), outer_.names.end());
+  }
+
+  // Builds the body's gradient, seeded by the next iteration's ds and this iteration's dy, and
+  // starts the backward body: (j, c, ds..., dW...) at forward iteration t = last - j. `reads` are
+  // the values it reads from the enclosing graph (the gradient must not redefine them).
+  void differentiate_body(const std::string& last, const std::vector<std::string>& reads) {
+    std::vector<bool> seeded(body_.outputs.size(), false);
+    for (size_t k = 0; k < states_; ++k) seeded[state_output_ + k] = state_wrt_[k] >= 0;
+    for (size_t m = 0; m < scans_; ++m) seeded[state_output_ + states_ + m] = !g_.dy(states_ + m).empty();
+    Graph& graph = g_.graph();
+    auto outer_info = [&](const std::string& v) { return info_in(graph, v); };
+    sg_ = differentiator()(body_, seeded, wrt_, outer_info, rule_opsets(g_));
+    check_not_shadowed(g_.node(), sg_.graph, reads);
+    fresh_ = Namer(sg_.graph);
+    for (const auto& r : reads) fresh_.reserve(r);
+    for (const auto& in : body_.inputs) fresh_.reserve(in.name);
+    inputs_ = {{fresh_("bptt_j"), ValueInfo{DType::kInt64, Shape{}, {}}},
+               {fresh_("bptt_cond"), ValueInfo{DType::kBool, Shape{}, {}}}};
+    step_ = fresh_("bptt_t");
+    prologue_.push_back(make_node(fresh_("bptt_index"), "Sub", {last, iteration()}, {step_}));
+  }
+
+  const std::string& iteration() const { return inputs_[0].name; }  // j, counting backwards
+  const std::string& step() const { return step_; }                 // t = last - j
+  const std::string& seed(size_t body_output) const { return sg_.seeds[body_output]; }
+  const std::string& grad(int wrt_index) const { return sg_.grads[size_t(wrt_index)]; }
+  std::string fresh(const std::string& base) { return fresh_(base); }
+  void prologue(Node node) { prologue_.push_back(std::move(node)); }
+
+  // The backward body's loop-carried values: the state gradients ds (named `state_grad` where the
+  // body's gradient has no seed for them), then the running sums dW.
+  void carry(const char* state_grad) {
+    outputs_ = {{fresh_("bptt_cond_out"), ValueInfo{DType::kBool, Shape{}, {}}}};
+    epilogue_.push_back(make_node(fresh_("bptt_cond_id"), "Identity", {inputs_[1].name}, {outputs_[0].name}));
+    for (size_t k = 0; k < states_; ++k) {
+      const std::string& s = seed(state_output_ + k);
+      std::string carried_in = s.empty() ? fresh_(state_grad) : s;
+      inputs_.push_back({carried_in, ValueInfo{}});
+      if (state_wrt_[k] >= 0) {
+        outputs_.push_back({grad(state_wrt_[k]), ValueInfo{}});
+        initial_.push_back(g_.dy(k).empty() ? g_.zeros_like(g_.y(k)) : g_.dy(k));
+      } else {  // an integer counter: nothing flows, carry anything of the right kind
+        std::string through = fresh_("bptt_pass");
+        epilogue_.push_back(make_node(fresh_("bptt_pass_id"), "Identity", {carried_in}, {through}));
+        outputs_.push_back({through, ValueInfo{}});
+        initial_.push_back(g_.y(k));
+      }
+    }
+    for (size_t j = 0; j < outer_.names.size(); ++j) {
+      std::string acc_in = fresh_("bptt_dw"), acc_out = fresh_("bptt_dw_next");
+      inputs_.push_back({acc_in, ValueInfo{}});
+      const std::string& dw_t = grad(int(first_outer_ + j));
+      epilogue_.push_back(make_node(fresh_("bptt_accumulate"), "Add", {acc_in, dw_t}, {acc_out}));
+      outputs_.push_back({acc_out, ValueInfo{}});
+      initial_.push_back(g_.zeros_like(outer_.names[j]));
+    }
+  }
+
+  // A per-iteration output of the backward body, after the carried ones: the backward Loop
+  // stacks it (row r from iteration last - r).
+  void also_output(const std::string& name) { outputs_.push_back({name, ValueInfo{}}); }
+
+  // Emits the backward Loop over `trip_count` iterations and sets the gradients of the initial
+  // states and outer values; returns the stacked per-iteration outputs, in also_output's order.
+  std::vector<std::string> emit(const std::string& trip_count) {
+    // A carried gradient that is also another output's name must not be listed twice.
+    for (size_t a = 1; a < outputs_.size(); ++a)
+      for (size_t b = 1; b < a; ++b)
+        if (outputs_[a].name == outputs_[b].name) {
+          std::string copy = fresh_("bptt_copy");
+          epilogue_.push_back(make_node(fresh_("bptt_copy_id"), "Identity", {outputs_[a].name}, {copy}));
+          outputs_[a].name = copy;
+        }
+    Graph back = std::move(sg_.graph);
+    back.nodes.insert(back.nodes.begin(), prologue_.begin(), prologue_.end());
+    back.nodes.insert(back.nodes.end(), epilogue_.begin(), epilogue_.end());
+    const size_t results = outputs_.size() - 1;  // all but the condition
+    back.inputs = std::move(inputs_);
+    back.outputs = std::move(outputs_);
+    back.name = body_.name + "_grad";
+
+    std::vector<std::string> loop_inputs{trip_count, ""};
+    loop_inputs.insert(loop_inputs.end(), initial_.begin(), initial_.end());
+    GraphBuilder::Attrs back_attrs;
+    back_attrs["body"] = graph_value(std::move(back));
+    std::vector<std::string> result = g_.emit_n("Loop", loop_inputs, results, std::move(back_attrs));
+    for (size_t k = 0; k < states_; ++k)
+      if (state_wrt_[k] >= 0) g_.set(state_input_ + k, result[k]);
+    for (size_t j = 0; j < outer_.names.size(); ++j) g_.set(outer_.index[j], result[states_ + j]);
+    const size_t carried = states_ + outer_.names.size();
+    return std::vector<std::string>(result.begin() + long(carried), result.end());
+  }
+
+ private:
+  GradientBuilder& g_;
+  const Graph& body_;
+  const size_t state_input_, state_output_, states_, scans_;
+  std::vector<std::string> wrt_;  // body inputs, then outer values, the body is differentiated for
+  std::vector<int> state_wrt_;    // state k's place in wrt_, -1 when it carries no gradient
+  OuterWrt outer_;
+  size_t first_outer_ = 0;        // where outer_ starts in wrt_
+  SubgraphGradient sg_;
+  Namer fresh_;
+  std::vector<NamedValue> inputs_, outputs_;
+  std::vector<Node> prologue_, epilogue_;
+  std::string step_;
+  std::vector<std::string> initial_;  // the backward Loop's initial carried values
+};
 
 // ---- Loop ----
 // Inputs: M (max trip count, optional), cond (optional), v_initial...; body(iteration, cond, v...)
@@ -299,6 +473,16 @@ void loop_kernel(KernelContext& ctx) {
   }
 }
 
+// Loop's and Scan's stacked per-iteration outputs (node outputs from `first_output` on) have the
+// dtypes the body declares for its outputs from `first_body_output` on, where it declares them.
+void set_stacked_dtypes(ShapeContext& ctx, const Graph& body, size_t first_body_output, size_t first_output,
+                        size_t count) {
+  for (size_t k = 0; k < count; ++k) {
+    DType dt = body.outputs[first_body_output + k].info.dtype;
+    if (dt != DType::kUndefined) ctx.set_output(first_output + k, dt);
+  }
+}
+
 void loop_rule(ShapeContext& ctx) {
   const Node& n = ctx.node();
   const LoopShape s = loop_shape(n);
@@ -308,15 +492,13 @@ void loop_rule(ShapeContext& ctx) {
     if (dt == DType::kUndefined) dt = body.outputs[1 + i].info.dtype;
     if (dt != DType::kUndefined) ctx.set_output(i, dt);
   }
-  for (size_t k = 0; k < s.scans; ++k) {
-    DType dt = body.outputs[1 + s.carried + k].info.dtype;
-    if (dt != DType::kUndefined) ctx.set_output(s.carried + k, dt);
-  }
+  set_stacked_dtypes(ctx, body, 1 + s.carried, s.carried, s.scans);
 }
 
 // Loop: (v_{t+1}, s_t) = body(t, c_t, v_t; W) for t < T; outputs v_T and the stacked s_t.
-// Backpropagation through the iterations: a Loop recomputes the forward keeping each iteration's
-// inputs (t, c_t, v_t), then a Loop runs t = T-1 .. 0 over them with the body's gradient graph:
+// Backpropagation through the iterations (BpttGradient): a Loop recomputes the forward keeping
+// each iteration's inputs (t, c_t, v_t), then a Loop runs t = T-1 .. 0 over them with the body's
+// gradient graph:
 //   dv_t = (dbody/dv_t)^T (dv_{t+1}, ds_t),  dW += (dbody/dW)^T (dv_{t+1}, ds_t),
 // starting from dv_T = dy(v_T); the results are dv_0 (the initial values') and dW (outer values').
 void loop_gradient(GradientBuilder& g) {
@@ -324,42 +506,13 @@ void loop_gradient(GradientBuilder& g) {
   OT_CHECK(differentiator(), g.context(), "no subgraph differentiator is installed");
   const LoopShape s = loop_shape(n);
   const Graph& body = graph_attr(n, "body");
-  const std::vector<std::string> outer = outer_scope_reads(n);
-  Graph& graph = g.graph();
-  auto outer_info = [&](const std::string& v) { return info_in(graph, v); };
-  auto floating_value = [&](DType declared, const std::string& outside) {
-    DType dt = declared != DType::kUndefined ? declared : g.dtype(outside);
-    return dt == DType::kUndefined || is_floating(dt);
-  };
-
-  // What the body differentiates: its floating loop-carried inputs and the outer values wanted.
-  std::vector<std::string> wrt;
-  std::vector<int> carried_wrt(s.carried, -1);
-  for (size_t k = 0; k < s.carried; ++k)
-    if (floating_value(body.inputs[2 + k].info.dtype, n.inputs[2 + k])) {
-      carried_wrt[k] = int(wrt.size());
-      wrt.push_back(body.inputs[2 + k].name);
-    }
-  std::vector<std::string> outer_wrt;
-  std::vector<size_t> outer_index;
-  for (size_t k = 0; k < outer.size(); ++k)
-    if (g.needs(n.inputs.size() + k)) {
-      outer_wrt.push_back(outer[k]);
-      outer_index.push_back(n.inputs.size() + k);
-    }
-  const size_t first_outer = wrt.size();
-  wrt.insert(wrt.end(), outer_wrt.begin(), outer_wrt.end());
+  // The body takes (iteration, cond, v...) and gives (cond, v..., s...).
+  BpttGradient bptt(g, body, /*state_input=*/2, /*state_output=*/1, s.carried, s.scans);
+  bptt.add_outer_values();
 
   // 1. The forward again, also emitting each iteration's inputs as scan outputs.
-  Graph keeping = body;
-  Namer body_names(body);
-  for (const auto& in : body.inputs) {
-    std::string kept = body_names("kept_" + in.name);
-    keeping.nodes.push_back(make_node(body_names("keep_" + in.name), "Identity", {in.name}, {kept}));
-    keeping.outputs.push_back({kept, ValueInfo{in.info.dtype, std::nullopt, {}}});
-  }
   GraphBuilder::Attrs forward_attrs = n.attributes;
-  forward_attrs["body"] = graph_value(std::move(keeping));
+  forward_attrs["body"] = graph_value(keeping_inputs(body, body.inputs.size()));
   std::vector<std::string> forward =
       g.emit_n("Loop", n.inputs, s.carried + s.scans + body.inputs.size(), std::move(forward_attrs));
   std::vector<std::string> kept(forward.end() - long(body.inputs.size()), forward.end());
@@ -367,78 +520,20 @@ void loop_gradient(GradientBuilder& g) {
   const std::string trips = g.emit("Gather", {g.shape(kept[0]), zero});  // T, a scalar
   const std::string last = g.sub(trips, g.constant(Tensor::scalar<int64_t>(1)));
 
-  // 2. The body's gradient, seeded by the next iteration's dv and this iteration's ds.
-  std::vector<bool> seeded(body.outputs.size(), false);
-  for (size_t k = 0; k < s.carried; ++k) seeded[1 + k] = carried_wrt[k] >= 0;
-  for (size_t m = 0; m < s.scans; ++m) seeded[1 + s.carried + m] = !g.dy(s.carried + m).empty();
-  SubgraphGradient sg = differentiator()(body, seeded, wrt, outer_info, rule_opsets(g));
-  Graph back = std::move(sg.graph);
+  // 2. The backward body, restoring the forward body's inputs and ds_t at iteration t.
   std::vector<std::string> reads = kept;
   reads.push_back(last);
   for (size_t m = 0; m < s.scans; ++m) reads.push_back(g.dy(s.carried + m));
-  check_not_shadowed(n, back, reads);
-  Namer fresh(back);
-  for (const auto& r : reads) fresh.reserve(r);
-  for (const auto& in : body.inputs) fresh.reserve(in.name);
-
-  // Backward body: (j, c, dv..., dW...) -> (c, dv..., dW...), at forward iteration t = T-1-j.
-  std::vector<Node> prologue;
-  std::vector<NamedValue> inputs{{fresh("bptt_j"), ValueInfo{DType::kInt64, Shape{}, {}}},
-                                 {fresh("bptt_cond"), ValueInfo{DType::kBool, Shape{}, {}}}};
-  const std::string t = fresh("bptt_t");
-  prologue.push_back(make_node(fresh("bptt_index"), "Sub", {last, inputs[0].name}, {t}));
+  bptt.differentiate_body(last, reads);
   for (size_t f = 0; f < body.inputs.size(); ++f)  // the forward body's inputs at iteration t
-    prologue.push_back(make_node(fresh("bptt_restore"), "Gather", {kept[f], t}, {body.inputs[f].name}));
+    bptt.prologue(make_node(bptt.fresh("bptt_restore"), "Gather", {kept[f], bptt.step()}, {body.inputs[f].name}));
   for (size_t m = 0; m < s.scans; ++m) {
-    const std::string& seed = sg.seeds[1 + s.carried + m];
-    if (!seed.empty()) prologue.push_back(make_node(fresh("bptt_ds"), "Gather", {g.dy(s.carried + m), t}, {seed}));
+    const std::string& seed = bptt.seed(1 + s.carried + m);
+    if (!seed.empty())
+      bptt.prologue(make_node(bptt.fresh("bptt_ds"), "Gather", {g.dy(s.carried + m), bptt.step()}, {seed}));
   }
-  std::vector<NamedValue> outputs{{fresh("bptt_cond_out"), ValueInfo{DType::kBool, Shape{}, {}}}};
-  std::vector<Node> epilogue{make_node(fresh("bptt_cond_id"), "Identity", {inputs[1].name}, {outputs[0].name})};
-  std::vector<std::string> initial;
-  for (size_t k = 0; k < s.carried; ++k) {
-    const std::string& seed = sg.seeds[1 + k];
-    std::string carried_in = seed.empty() ? fresh("bptt_dv") : seed;
-    inputs.push_back({carried_in, ValueInfo{}});
-    if (carried_wrt[k] >= 0) {
-      outputs.push_back({sg.grads[size_t(carried_wrt[k])], ValueInfo{}});
-      initial.push_back(g.dy(k).empty() ? g.zeros_like(g.y(k)) : g.dy(k));
-    } else {  // an integer counter: nothing flows, carry anything of the right kind
-      std::string through = fresh("bptt_pass");
-      epilogue.push_back(make_node(fresh("bptt_pass_id"), "Identity", {carried_in}, {through}));
-      outputs.push_back({through, ValueInfo{}});
-      initial.push_back(g.y(k));
-    }
-  }
-  for (size_t j = 0; j < outer_wrt.size(); ++j) {
-    std::string acc_in = fresh("bptt_dw"), acc_out = fresh("bptt_dw_next");
-    inputs.push_back({acc_in, ValueInfo{}});
-    epilogue.push_back(make_node(fresh("bptt_accumulate"), "Add", {acc_in, sg.grads[first_outer + j]}, {acc_out}));
-    outputs.push_back({acc_out, ValueInfo{}});
-    initial.push_back(g.zeros_like(outer_wrt[j]));
-  }
-  // A carried gradient that is also another output's name must not be listed twice.
-  for (size_t a = 1; a < outputs.size(); ++a)
-    for (size_t b = 1; b < a; ++b)
-      if (outputs[a].name == outputs[b].name) {
-        std::string copy = fresh("bptt_copy");
-        epilogue.push_back(make_node(fresh("bptt_copy_id"), "Identity", {outputs[a].name}, {copy}));
-        outputs[a].name = copy;
-      }
-  back.nodes.insert(back.nodes.begin(), prologue.begin(), prologue.end());
-  back.nodes.insert(back.nodes.end(), epilogue.begin(), epilogue.end());
-  back.inputs = std::move(inputs);
-  back.outputs = std::move(outputs);
-  back.name = body.name + "_grad";
-
-  std::vector<std::string> loop_inputs{trips, ""};
-  loop_inputs.insert(loop_inputs.end(), initial.begin(), initial.end());
-  GraphBuilder::Attrs back_attrs;
-  back_attrs["body"] = graph_value(std::move(back));
-  std::vector<std::string> result = g.emit_n("Loop", loop_inputs, s.carried + outer_wrt.size(), std::move(back_attrs));
-  for (size_t k = 0; k < s.carried; ++k)
-    if (carried_wrt[k] >= 0) g.set(2 + k, result[k]);
-  for (size_t j = 0; j < outer_wrt.size(); ++j) g.set(outer_index[j], result[s.carried + j]);
+  bptt.carry("bptt_dv");
+  bptt.emit(trips);
 }
 
 // ---- Scan (opset 9+) ----
@@ -592,10 +687,7 @@ void scan_rule(ShapeContext& ctx) {
   const Graph& body = graph_attr(n, "body");
   for (size_t i = 0; i < s.states; ++i)
     if (ctx.input_dtype(i) != DType::kUndefined) ctx.set_output(i, ctx.input_dtype(i));
-  for (size_t k = 0; k < s.outputs; ++k) {
-    DType dt = body.outputs[s.states + k].info.dtype;
-    if (dt != DType::kUndefined) ctx.set_output(s.states + k, dt);
-  }
+  set_stacked_dtypes(ctx, body, s.states, s.states, s.outputs);
 }
 
 // Scan: (s_{t+1}, y_t) = body(s_t, x_t; W) over the slices x_t of the scan inputs.
@@ -608,36 +700,14 @@ void scan_gradient(GradientBuilder& g) {
   OT_CHECK(differentiator(), g.context(), "no subgraph differentiator is installed");
   const ScanShape s = scan_shape(n);
   const Graph& body = graph_attr(n, "body");
-  const std::vector<std::string> outer = outer_scope_reads(n);
-  Graph& graph = g.graph();
-  auto outer_info = [&](const std::string& v) { return info_in(graph, v); };
-  auto floating_value = [&](DType declared, const std::string& outside) {
-    DType dt = declared != DType::kUndefined ? declared : g.dtype(outside);
-    return dt == DType::kUndefined || is_floating(dt);
-  };
   auto axis_attr = [](int64_t a) { return Attribute::of(a); };
 
-  std::vector<std::string> wrt;
-  std::vector<int> state_wrt(s.states, -1), input_wrt(s.inputs, -1);
-  for (size_t k = 0; k < s.states; ++k)
-    if (floating_value(body.inputs[k].info.dtype, n.inputs[k])) {
-      state_wrt[k] = int(wrt.size());
-      wrt.push_back(body.inputs[k].name);
-    }
+  // The body takes (s..., x...) and gives (s..., y...).
+  BpttGradient bptt(g, body, /*state_input=*/0, /*state_output=*/0, s.states, s.outputs);
+  std::vector<int> input_wrt(s.inputs, -1);
   for (size_t j = 0; j < s.inputs; ++j)
-    if (g.needs(s.states + j)) {
-      input_wrt[j] = int(wrt.size());
-      wrt.push_back(body.inputs[s.states + j].name);
-    }
-  std::vector<std::string> outer_wrt;
-  std::vector<size_t> outer_index;
-  for (size_t k = 0; k < outer.size(); ++k)
-    if (g.needs(n.inputs.size() + k)) {
-      outer_wrt.push_back(outer[k]);
-      outer_index.push_back(n.inputs.size() + k);
-    }
-  const size_t first_outer = wrt.size();
-  wrt.insert(wrt.end(), outer_wrt.begin(), outer_wrt.end());
+    if (g.needs(s.states + j)) input_wrt[j] = bptt.add_wrt(body.inputs[s.states + j].name);
+  bptt.add_outer_values();
 
   // 1. The forward again, also emitting each iteration's states (along axis 0, forwards).
   const std::string zero = g.constant(Tensor::scalar<int64_t>(0));
@@ -645,16 +715,8 @@ void scan_gradient(GradientBuilder& g) {
   const std::string last = g.sub(length, g.constant(Tensor::scalar<int64_t>(1)));
   std::vector<std::string> kept;
   if (s.states > 0) {
-    Graph keeping = body;
-    Namer body_names(body);
-    for (size_t k = 0; k < s.states; ++k) {
-      const auto& in = body.inputs[k];
-      std::string name = body_names("kept_" + in.name);
-      keeping.nodes.push_back(make_node(body_names("keep_" + in.name), "Identity", {in.name}, {name}));
-      keeping.outputs.push_back({name, ValueInfo{in.info.dtype, std::nullopt, {}}});
-    }
     GraphBuilder::Attrs attrs = n.attributes;
-    attrs["body"] = graph_value(std::move(keeping));
+    attrs["body"] = graph_value(keeping_inputs(body, s.states));
     std::vector<int64_t> axes = s.out_axes, dirs = s.out_dirs;
     axes.resize(s.outputs + s.states, 0);
     dirs.resize(s.outputs + s.states, 0);
@@ -664,95 +726,37 @@ void scan_gradient(GradientBuilder& g) {
     kept.assign(forward.end() - long(s.states), forward.end());
   }
 
-  // 2. The body's gradient, seeded by the next iteration's ds and this iteration's dy.
-  std::vector<bool> seeded(body.outputs.size(), false);
-  for (size_t k = 0; k < s.states; ++k) seeded[k] = state_wrt[k] >= 0;
-  for (size_t m = 0; m < s.outputs; ++m) seeded[s.states + m] = !g.dy(s.states + m).empty();
-  SubgraphGradient sg = differentiator()(body, seeded, wrt, outer_info, rule_opsets(g));
-  Graph back = std::move(sg.graph);
+  // 2. The backward body, restoring s_t and slicing x_t and dy_t at iteration t; it also gives dx_t.
   std::vector<std::string> reads = kept;
   reads.push_back(last);
   for (size_t j = 0; j < s.inputs; ++j) reads.push_back(n.inputs[s.states + j]);
   for (size_t m = 0; m < s.outputs; ++m) reads.push_back(g.dy(s.states + m));
-  check_not_shadowed(n, back, reads);
-  Namer fresh(back);
-  for (const auto& r : reads) fresh.reserve(r);
-  for (const auto& in : body.inputs) fresh.reserve(in.name);
-
-  // Backward Loop body: (j, c, ds..., dW...) -> (c, ds..., dW..., dx...) at iteration t = L-1-j.
-  std::vector<Node> prologue;
-  std::vector<NamedValue> inputs{{fresh("bptt_j"), ValueInfo{DType::kInt64, Shape{}, {}}},
-                                 {fresh("bptt_cond"), ValueInfo{DType::kBool, Shape{}, {}}}};
-  const std::string& j_name = inputs[0].name;
-  const std::string t = fresh("bptt_t");
-  prologue.push_back(make_node(fresh("bptt_index"), "Sub", {last, j_name}, {t}));
+  bptt.differentiate_body(last, reads);
+  const std::string& j_name = bptt.iteration();
+  const std::string& t = bptt.step();
   for (size_t k = 0; k < s.states; ++k)
-    prologue.push_back(make_node(fresh("bptt_restore"), "Gather", {kept[k], t}, {body.inputs[k].name}));
+    bptt.prologue(make_node(bptt.fresh("bptt_restore"), "Gather", {kept[k], t}, {body.inputs[k].name}));
   for (size_t j = 0; j < s.inputs; ++j)  // slice index t forwards, L-1-t = j backwards
-    prologue.push_back(make_node(fresh("bptt_slice"), "Gather", {n.inputs[s.states + j], s.in_dirs[j] ? j_name : t},
-                                 {body.inputs[s.states + j].name}, {{"axis", axis_attr(s.in_axes[j])}}));
+    bptt.prologue(make_node(bptt.fresh("bptt_slice"), "Gather", {n.inputs[s.states + j], s.in_dirs[j] ? j_name : t},
+                            {body.inputs[s.states + j].name}, {{"axis", axis_attr(s.in_axes[j])}}));
   for (size_t m = 0; m < s.outputs; ++m) {
-    const std::string& seed = sg.seeds[s.states + m];
+    const std::string& seed = bptt.seed(s.states + m);
     if (!seed.empty())
-      prologue.push_back(make_node(fresh("bptt_dy"), "Gather", {g.dy(s.states + m), s.out_dirs[m] ? j_name : t},
-                                   {seed}, {{"axis", axis_attr(s.out_axes[m])}}));
+      bptt.prologue(make_node(bptt.fresh("bptt_dy"), "Gather", {g.dy(s.states + m), s.out_dirs[m] ? j_name : t},
+                              {seed}, {{"axis", axis_attr(s.out_axes[m])}}));
   }
-  std::vector<NamedValue> outputs{{fresh("bptt_cond_out"), ValueInfo{DType::kBool, Shape{}, {}}}};
-  std::vector<Node> epilogue{make_node(fresh("bptt_cond_id"), "Identity", {inputs[1].name}, {outputs[0].name})};
-  std::vector<std::string> initial;
-  for (size_t k = 0; k < s.states; ++k) {
-    const std::string& seed = sg.seeds[k];
-    std::string carried_in = seed.empty() ? fresh("bptt_ds") : seed;
-    inputs.push_back({carried_in, ValueInfo{}});
-    if (state_wrt[k] >= 0) {
-      outputs.push_back({sg.grads[size_t(state_wrt[k])], ValueInfo{}});
-      initial.push_back(g.dy(k).empty() ? g.zeros_like(g.y(k)) : g.dy(k));
-    } else {
-      std::string through = fresh("bptt_pass");
-      epilogue.push_back(make_node(fresh("bptt_pass_id"), "Identity", {carried_in}, {through}));
-      outputs.push_back({through, ValueInfo{}});
-      initial.push_back(g.y(k));
-    }
-  }
-  for (size_t j = 0; j < outer_wrt.size(); ++j) {
-    std::string acc_in = fresh("bptt_dw"), acc_out = fresh("bptt_dw_next");
-    inputs.push_back({acc_in, ValueInfo{}});
-    epilogue.push_back(make_node(fresh("bptt_accumulate"), "Add", {acc_in, sg.grads[first_outer + j]}, {acc_out}));
-    outputs.push_back({acc_out, ValueInfo{}});
-    initial.push_back(g.zeros_like(outer_wrt[j]));
-  }
+  bptt.carry("bptt_ds");
   std::vector<size_t> dx_inputs;
   for (size_t j = 0; j < s.inputs; ++j)
     if (input_wrt[j] >= 0) {
-      outputs.push_back({sg.grads[size_t(input_wrt[j])], ValueInfo{}});
+      bptt.also_output(bptt.grad(input_wrt[j]));
       dx_inputs.push_back(j);
     }
-  for (size_t a = 1; a < outputs.size(); ++a)
-    for (size_t b = 1; b < a; ++b)
-      if (outputs[a].name == outputs[b].name) {
-        std::string copy = fresh("bptt_copy");
-        epilogue.push_back(make_node(fresh("bptt_copy_id"), "Identity", {outputs[a].name}, {copy}));
-        outputs[a].name = copy;
-      }
-  back.nodes.insert(back.nodes.begin(), prologue.begin(), prologue.end());
-  back.nodes.insert(back.nodes.end(), epilogue.begin(), epilogue.end());
-  back.inputs = std::move(inputs);
-  back.outputs = std::move(outputs);
-  back.name = body.name + "_grad";
-
-  std::vector<std::string> loop_inputs{length, ""};
-  loop_inputs.insert(loop_inputs.end(), initial.begin(), initial.end());
-  GraphBuilder::Attrs back_attrs;
-  back_attrs["body"] = graph_value(std::move(back));
-  const size_t carried = s.states + outer_wrt.size();
-  std::vector<std::string> result = g.emit_n("Loop", loop_inputs, carried + dx_inputs.size(), std::move(back_attrs));
-  for (size_t k = 0; k < s.states; ++k)
-    if (state_wrt[k] >= 0) g.set(k, result[k]);
-  for (size_t j = 0; j < outer_wrt.size(); ++j) g.set(outer_index[j], result[s.states + j]);
+  std::vector<std::string> stacked_dx = bptt.emit(length);
   for (size_t d = 0; d < dx_inputs.size(); ++d) {
     const size_t j = dx_inputs[d];
     // Row r of the stack is iteration L-1-r: the input's order already when it was read backwards.
-    std::string dx = result[carried + d];
+    std::string dx = stacked_dx[d];
     if (!s.in_dirs[j])
       dx = g.emit("Slice", {dx, g.ints({-1}), g.ints({INT64_MIN}), g.ints({0}), g.ints({-1})});
     int64_t axis = s.in_axes[j];
