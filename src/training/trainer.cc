@@ -147,6 +147,19 @@ Dataset Trainer::load_dataset(const std::string& npz_path, const std::vector<std
 
 void Trainer::save(const std::string& path) { state_.save(path, /*include_optimizer_state=*/true); }
 
+void Trainer::scale_gradients(double factor) {
+  for (const auto& name : module_->trainable_parameters()) {
+    Parameter& p = state_.parameter(name);
+    OT_CHECK(p.has_grad(), "gradient accumulation: parameter '", name, "' has no gradient after a train step");
+    Tensor& g = p.ensure_grad();  // allocated: no zeros
+    dispatch_float(g.dtype(), [&]<typename T>() {
+      T* d = g.data<T>();
+      const compute_t<T> f = compute_t<T>(factor);
+      for (int64_t i = 0; i < g.numel(); ++i) d[i] = T(compute_t<T>(d[i]) * f);
+    });
+  }
+}
+
 namespace {
 
 // Data parallelism: the world, or a single rank when disabled.
@@ -159,6 +172,10 @@ struct Ranks {
 
 FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Dataset* eval, const TrainCallbacks& cb) {
   OT_CHECK(o.epochs >= 1, "epochs must be >= 1, got ", o.epochs);
+  OT_CHECK(o.batch_size >= 1, "batch_size must be >= 1, got ", o.batch_size);
+  OT_CHECK(o.grad_accum >= 1, "grad_accum must be >= 1, got ", o.grad_accum);
+  OT_CHECK(o.batch_size <= std::numeric_limits<int64_t>::max() / o.grad_accum, "batch_size ", o.batch_size,
+           " x grad_accum ", o.grad_accum, " is too large");
   OT_CHECK(o.checkpoint_every >= 0, "checkpoint_every must be >= 0, got ", o.checkpoint_every);
   OT_CHECK(o.max_steps >= 0, "max_steps must be >= 0, got ", o.max_steps);
   OT_CHECK(!o.checkpoint_out.empty(), "fit: no checkpoint_out path given");
@@ -173,11 +190,14 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
     OT_CHECK(train.size() >= ranks.size, who, train.description(), " has ", train.size(),
              " examples, fewer than the ", ranks.size, " ranks: every rank needs a shard");
   }
-  // Each rank's share of an epoch (DistributedSampler: padded to a multiple of the world size).
+  // Each rank's share of an epoch (DistributedSampler: padded to a multiple of the world size),
+  // taken update_rows examples per update.
   const int64_t shard_size = (train.size() + ranks.size - 1) / ranks.size;
-  const int64_t epoch_steps = o.drop_last ? shard_size / o.batch_size : (shard_size + o.batch_size - 1) / o.batch_size;
+  const int64_t update_rows = o.batch_size * o.grad_accum;
+  const int64_t epoch_steps = o.drop_last ? shard_size / update_rows : (shard_size + update_rows - 1) / update_rows;
   OT_CHECK(epoch_steps > 0, who, train.description(), ": ", train.size(), " examples make no full batch of ",
-           o.batch_size, ranks.size > 1 ? " per rank" : "");
+           o.batch_size, o.grad_accum > 1 ? " x " + std::to_string(o.grad_accum) + " micro-batches" : "",
+           ranks.size > 1 ? " per rank" : "");
   OT_CHECK(o.epochs <= std::numeric_limits<int64_t>::max() / epoch_steps, "epochs ", o.epochs, " is too large");
   const int64_t total_steps = o.epochs * epoch_steps;
   if (!optimizer_) optimizer_ = std::make_unique<Optimizer>(artifacts_.optimizer_model, *module_);
@@ -208,6 +228,10 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
     same(kProgressSeed, int64_t(o.seed));
     same(kProgressShuffle, o.shuffle);
     same(kProgressBatchSize, o.batch_size);
+    const int64_t then_accum =
+        state_.has_property(kProgressGradAccum) ? progress_property<int64_t>(state_, kProgressGradAccum) : 1;
+    OT_CHECK(then_accum == o.grad_accum, "resume: the checkpoint's run used ", kProgressGradAccum, " = ", then_accum,
+             ", this one ", o.grad_accum, "; resume with the same --grad-accum (its updates took other examples)");
     same(kProgressDropLast, o.drop_last);
     same(kProgressExamples, train.size());
     epoch = progress_property<int64_t>(state_, kProgressEpoch);
@@ -217,7 +241,7 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
     if (!o.lr) base_lr = progress_property<double>(state_, kProgressBaseLr);
     OT_CHECK(epoch >= 0 && epoch_step >= 0 && epoch_step < epoch_steps && step == epoch * epoch_steps + epoch_step,
              "resume: inconsistent progress in the checkpoint (epoch ", epoch, ", epoch_step ", epoch_step, ", step ",
-             step, " with ", epoch_steps, " batches per epoch)");
+             step, " with ", epoch_steps, " updates per epoch)");
   }
   optim::LRSchedule schedule;
   schedule.kind = o.schedule;
@@ -237,6 +261,7 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
     state_.add_property(kProgressSeed, int64_t(o.seed));
     state_.add_property(kProgressShuffle, int64_t(o.shuffle));
     state_.add_property(kProgressBatchSize, o.batch_size);
+    state_.add_property(kProgressGradAccum, o.grad_accum);
     state_.add_property(kProgressDropLast, int64_t(o.drop_last));
     state_.add_property(kProgressExamples, train.size());
     state_.add_property(kProgressWorldSize, int64_t(ranks.size));
@@ -262,19 +287,32 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
       }
       const double lr = schedule.value(step);
       optimizer_->set_learning_rate(lr);
-      // This rank's batch: rows order[epoch_step * B, ...) of its shard, put at the front of a
-      // window as long as the data (Dataset::batch reads a full-length order).
-      const int64_t first = epoch_step * o.batch_size;
-      const int64_t rows = std::min(o.batch_size, int64_t(order.size()) - first);
-      std::copy(order.begin() + first, order.begin() + first + rows, window.begin());
-      double loss = mean_of(module_->train_step(train.batch(window, 0, rows))[0]);
+      // This rank's examples for the update: rows order[epoch_step * B * N, ...) of its shard, in
+      // micro-batches of B, each put at the front of a window as long as the data (Dataset::batch
+      // reads a full-length order).
+      const int64_t update_first = epoch_step * update_rows;
+      const int64_t rows_now = std::min(update_rows, int64_t(order.size()) - update_first);
+      // The losses are means over their micro-batch: the update's gradient and loss are the
+      // micro-batches' weighted by rows, as one batch of rows_now would give. train_step adds the
+      // gradients; when a micro-batch of other rows comes (the epoch's last, partial one), the sum
+      // so far is rescaled to its unit, and the sum is divided at the end.
+      double loss = 0;
+      int64_t unit = 0;  // the rows of the micro-batches summed so far, with weight 1 each
+      for (int64_t first = update_first; first < update_first + rows_now; first += o.batch_size) {
+        const int64_t rows = std::min(o.batch_size, update_first + rows_now - first);
+        std::copy(order.begin() + first, order.begin() + first + rows, window.begin());
+        if (unit != 0 && unit != rows) scale_gradients(double(unit) / double(rows));
+        unit = rows;
+        loss += mean_of(module_->train_step(train.batch(window, 0, rows))[0]) * (double(rows) / double(rows_now));
+      }
+      if (unit != rows_now) scale_gradients(double(unit) / double(rows_now));
       if (ranks.comm) {  // the loss of the global batch: the mean of the ranks' losses
         ranks.comm->allreduce_sum(&loss, 1, DType::kFloat64);
         loss /= double(ranks.size);
       }
       if (!std::isfinite(loss))
-        OT_THROW(kRuntime, who, "the loss is ", loss, " at update ", step + 1, " (epoch ", epoch + 1, ", batch ",
-                 epoch_step + 1, "): training diverged; try a lower learning rate");
+        OT_THROW(kRuntime, who, "the loss is ", loss, " at update ", step + 1, " (epoch ", epoch + 1, ", update ",
+                 epoch_step + 1, " of the epoch): training diverged; try a lower learning rate");
       optimizer_->step();
       module_->lazy_reset_grad();
       ++step;

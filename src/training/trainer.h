@@ -32,24 +32,31 @@ namespace onnxtrain {
 
 // Checkpoint properties of a run in progress.
 inline constexpr const char* kProgressEpoch = "train.epoch";            // epoch in progress, from 0
-inline constexpr const char* kProgressEpochStep = "train.epoch_step";   // its batches done
+inline constexpr const char* kProgressEpochStep = "train.epoch_step";   // its updates done
 inline constexpr const char* kProgressStep = "train.step";              // updates done in all
-inline constexpr const char* kProgressLossSum = "train.epoch_loss_sum"; // sum of this epoch's batch losses
+inline constexpr const char* kProgressLossSum = "train.epoch_loss_sum"; // sum of this epoch's update losses
 inline constexpr const char* kProgressBaseLr = "train.base_lr";
 // What the batches depend on: a resumed run must use the same values.
 inline constexpr const char* kProgressSeed = "train.seed";
 inline constexpr const char* kProgressShuffle = "train.shuffle";
 inline constexpr const char* kProgressBatchSize = "train.batch_size";
+inline constexpr const char* kProgressGradAccum = "train.grad_accum";  // micro-batches per update (absent: 1)
 inline constexpr const char* kProgressDropLast = "train.drop_last";
 inline constexpr const char* kProgressExamples = "train.num_examples";
 inline constexpr const char* kProgressWorldSize = "train.world_size";  // data-parallel ranks (absent: 1)
 
 struct TrainOptions {
   int64_t epochs = 1;
-  int64_t batch_size = 32;
+  int64_t batch_size = 32;            // examples per micro-batch (per rank)
+  // Gradient accumulation: an update runs grad_accum micro-batches of batch_size through
+  // Module::train_step, then one Optimizer::step on their gradients averaged by rows, so that
+  // (batch_size B, grad_accum N) gives the update of (batch_size B x N, grad_accum 1). Steps,
+  // schedules, checkpoint_every and max_steps count updates. The last update of an epoch takes
+  // the examples left (fewer micro-batches, the last one partial), or is skipped with drop_last.
+  int64_t grad_accum = 1;
   bool shuffle = false;
   uint64_t seed = 0;                  // at most INT64_MAX (it is stored as a property)
-  bool drop_last = false;             // skip the last, partial batch of each epoch
+  bool drop_last = false;             // skip the last, partial update (< B x N examples) of each epoch
   std::optional<double> lr;           // the schedule's peak; default: the optimizer model's
   optim::LRScheduleKind schedule = optim::LRScheduleKind::kConstant;
   int64_t warmup_steps = 0;           // linear, cosine, constant
@@ -61,7 +68,7 @@ struct TrainOptions {
   int64_t eval_batch_size = 256;
   // Data parallelism over distributed_init()'s world (onnxtrain/distributed.h): each rank takes
   // the examples rank, rank + N, ... of every epoch's order (torch's DistributedSampler: the order
-  // is padded by wrapping to a multiple of N), so an update sees batch_size x N examples; the
+  // is padded by wrapping to a multiple of N), so an update sees batch_size x grad_accum x N examples; the
   // gradients and the reported loss are averaged over ranks; rank 0 alone writes checkpoints.
   DataParallelOptions data_parallel;
 };
@@ -77,14 +84,14 @@ struct EvalResult {
 
 struct StepReport {
   int64_t epoch, epochs;              // epoch from 0
-  int64_t epoch_step, epoch_steps;    // batches done in this epoch, of
+  int64_t epoch_step, epoch_steps;    // updates done in this epoch, of
   int64_t step, total_steps;          // updates done in all, of
-  double loss, lr;
+  double loss, lr;                    // loss: of the update's examples (micro-batch losses weighted by rows)
 };
 
 struct EpochReport {
   int64_t epoch, epochs;
-  double loss;                        // mean batch loss of the epoch
+  double loss;                        // mean update loss of the epoch
   std::optional<EvalResult> eval;     // on the eval data, when given
 };
 
@@ -129,6 +136,7 @@ class Trainer {
  private:
   template <typename F> void run_eval(const Dataset& data, int64_t batch_size, F&& on_batch);
   void save(const std::string& path);
+  void scale_gradients(double factor);  // every trainable parameter's gradient, in place
 
   ArtifactPaths artifacts_;
   CheckpointState state_;

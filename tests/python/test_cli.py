@@ -155,6 +155,8 @@ def test_inspect(work):
     (["train", "d"], "missing required option --data"),
     (["train", "d", "--data", "x.npz", "--epochs", "0"], "--epochs must be >= 1, got 0"),
     (["train", "d", "--data", "x.npz", "--epochs", "two"], "--epochs expects an integer, got 'two'"),
+    (["train", "d", "--data", "x.npz", "--grad-accum", "0"], "--grad-accum must be >= 1, got 0"),
+    (["train", "d", "--data", "x.npz", "--grad-accum", "1.5"], "--grad-accum expects an integer, got '1.5'"),
     (["train", "d", "--data", "x.npz", "--lr-schedule", "exp"], "--lr-schedule must be one of constant, linear"),
     (["train", "d", "--data", "x.npz", "--gamma", "0.5"], "--step-size and --gamma apply to --lr-schedule step"),
     (["train", "d", "--data", "x.npz", "--resume", "a", "--checkpoint", "b"], "--checkpoint or --resume, not both"),

@@ -140,6 +140,28 @@ def test_cli_two_ranks_equal_one_process(work, tmp_path, opt):
     assert len(loss_lines(two)) == len(loss_lines(one)) > 0
 
 
+@pytest.mark.parametrize("opt", ["adamw", "sgd"])
+def test_cli_two_ranks_with_grad_accum_equal_one_process(work, tmp_path, opt):
+    # 2 ranks x 2 micro-batches of 5 = global batch 20: each rank's 48 examples make 5 updates per
+    # epoch, the last of 5 + 3 examples per rank (16 in all), as batch 20 of one process does.
+    extra = ["--epochs", 4, "--log-every", 1]
+    one = cli_train(work, opt, tmp_path / "one", 20, extra=extra)
+    two = cli_train(work, opt, tmp_path / "two", 5, ranks=2,
+                    extra=extra + ["--grad-accum", 2, "--bucket-mb", 0.001, "--checkpoint-every", 6])
+    assert_close(params_of_checkpoint(tmp_path / "two"), params_of_checkpoint(tmp_path / "one"))
+    start = params_of_checkpoint(work / opt / "checkpoint")
+    assert any(np.abs(p - start[k]).max() > 1e-3 for k, p in params_of_checkpoint(tmp_path / "one").items())
+    updates = lambda r: [line.split("(update ")[1].split(" lr")[0] for line in r.stderr.splitlines()  # noqa: E731
+                         if "(update " in line]
+    assert len(updates(two)) == len(updates(one)) == 20
+    for a, b in zip(updates(two), updates(one)):  # "u/20) loss L": the same update, the loss to %.4g
+        assert a.split(")")[0] == b.split(")")[0]
+        assert float(a.split("loss ")[1]) == pytest.approx(float(b.split("loss ")[1]), rel=1e-3)
+    saved = [line.rsplit(" ", 1)[1] for line in two.stderr.splitlines() if line.startswith("saved checkpoint")]
+    assert saved == ["6", "12", "18", "20"]  # counted in updates
+    assert CheckpointState.load_checkpoint(str(tmp_path / "two")).properties["train.grad_accum"] == 2
+
+
 def test_killed_rank_then_exact_resume(work, tmp_path):
     ckpt = tmp_path / "ckpt"
     args = [ONNXTRAIN, "train", work / "adamw", "--data", work / "data.npz", "--inputs", "x", "--labels", "y",

@@ -17,10 +17,11 @@ const Command kTrainCommand{
         kInputsOption,
         kLabelsOption,
         {"--epochs", "N", "epochs in all, counting those a resumed checkpoint already did (default 1)"},
-        {"--batch-size", "B", "examples per update (default 32)"},
+        {"--batch-size", "B", "examples per micro-batch, per rank (default 32)"},
+        {"--grad-accum", "N", "micro-batches per update, gradients averaged: B x N examples (default 1)"},
         {"--shuffle", "", "shuffle the examples every epoch"},
         {"--seed", "S", "shuffle seed (default 0)"},
-        {"--drop-last", "", "skip the last, partial batch of each epoch"},
+        {"--drop-last", "", "skip the last, partial update (fewer than B x N examples) of each epoch"},
         {"--lr", "LR", "peak learning rate (default: the optimizer model's)"},
         {"--lr-schedule", "KIND", "constant (default), linear, cosine or step"},
         {"--warmup", "N", "linear warmup updates (linear, cosine, constant)"},
@@ -40,12 +41,18 @@ const Command kTrainCommand{
         {"--dp-timeout", "S", "under mpirun: seconds a rank waits for the others before failing (default 300)"},
     },
     "Checkpoints hold the parameters, the optimizer state and the run's progress (train.* properties),\n"
-    "and are written atomically. Resuming needs the same data, --batch-size, --shuffle, --seed and\n"
-    "--drop-last; then the parameters match an uninterrupted run bit for bit, Dropout included (its\n"
-    "masks follow the checkpoint's onnxtrain.random_seed and onnxtrain.train_steps).\n\n"
-    "Under `mpirun -np N` every rank trains on its shard of the data (DistributedSampler's split;\n"
-    "an update sees --batch-size x N examples) and the gradients are averaged over the ranks; rank 0\n"
-    "prints and writes the checkpoints, and a resumed run needs the same N.\n\n"
+    "and are written atomically. Resuming needs the same data, --batch-size, --grad-accum, --shuffle,\n"
+    "--seed and --drop-last; then the parameters match an uninterrupted run bit for bit, Dropout\n"
+    "included (its masks follow the checkpoint's onnxtrain.random_seed and onnxtrain.train_steps).\n\n"
+    "Gradient accumulation: with --grad-accum N an update runs N micro-batches of --batch-size B, then\n"
+    "one optimizer step on their gradients averaged (weighted by rows), so it equals an update with\n"
+    "--batch-size B*N, as torch's loop with loss / N does (the C++/Python APIs and ORTTrainer sum\n"
+    "instead, as ONNX Runtime does). The loss printed is that of the update's examples; --lr-schedule,\n"
+    "--warmup, --step-size, --checkpoint-every, --max-steps and --log-every count updates.\n\n"
+    "Under `mpirun -np R` every rank trains on its shard of the data (DistributedSampler's split;\n"
+    "an update sees --batch-size x --grad-accum x R examples), the gradients are averaged over the\n"
+    "ranks once per update, rank 0 prints and writes the checkpoints, and a resumed run needs the\n"
+    "same R.\n\n"
     "example:\n"
     "  onnxtrain train out --data train.npz --inputs x --labels y --epochs 10 --batch-size 64 --shuffle \\\n"
     "      --lr-schedule cosine --warmup 100 --checkpoint-every 500 --eval-data val.npz\n"};
@@ -83,6 +90,7 @@ int train_with(const Args& a, const DistributedWorld& world) {
   TrainOptions o;
   o.epochs = a.get_int("--epochs", 1, 1);
   o.batch_size = a.get_int("--batch-size", 32, 1);
+  o.grad_accum = a.get_int("--grad-accum", 1, 1);
   o.shuffle = a.flag("--shuffle");
   o.seed = uint64_t(a.get_int("--seed", 0, 0));
   o.drop_last = a.flag("--drop-last");
