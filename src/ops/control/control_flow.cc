@@ -710,7 +710,6 @@ void scan_gradient(GradientBuilder& g) {
   bptt.add_outer_values();
 
   // 1. The forward again, also emitting each iteration's states (along axis 0, forwards).
-  const std::string zero = g.constant(Tensor::scalar<int64_t>(0));
   const std::string length = g.emit("Gather", {g.shape(n.inputs[s.states]), g.constant(Tensor::scalar<int64_t>(s.in_axes[0]))});
   const std::string last = g.sub(length, g.constant(Tensor::scalar<int64_t>(1)));
   std::vector<std::string> kept;
