@@ -22,4 +22,12 @@ struct LoraConfig {
   uint64_t seed = 0;                // for A's initialisation
 };
 
+class CheckpointState;
+
+// Writes the adapters recorded in `model_path` (the training or eval model of LoRA artifacts) with
+// their values from `state` to `path`: a safetensors file with PEFT's key names
+// ("base_model.model.<module>.lora_A.weight", ...) and the base's hash in its metadata, so it loads
+// into Hugging Face PEFT. Throws when the model has no adapters or the state lacks one.
+void export_lora_adapters(const std::string& model_path, const CheckpointState& state, const std::string& path);
+
 }  // namespace onnxtrain

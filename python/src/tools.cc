@@ -7,7 +7,6 @@
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 #include "training/lora.h"
-#include "training/safetensors.h"
 #include "training/quantize.h"
 #include "onnxtrain/training.h"
 
@@ -59,14 +58,7 @@ void bind_tools(py::module_& m) {
   }, "The LoRA adapters recorded in a training/eval/exported model (empty adapters when none).");
   m.def("export_lora_adapters", [](const std::string& model_path, std::shared_ptr<CheckpointState> state,
                                    const std::string& out) {
-    LoraInfo info = lora_info(load_model(model_path));
-    OT_CHECK(!info.adapters.empty(), "export_adapters: '", model_path, "' has no LoRA adapters");
-    safetensors::NamedTensors tensors;  // PEFT's key names
-    for (const auto& a : info.adapters) {
-      tensors.emplace_back("base_model.model." + a.a, state->parameter(a.a).data());
-      tensors.emplace_back("base_model.model." + a.b, state->parameter(a.b).data());
-    }
-    safetensors::write(out, {{"format", "pt"}, {"onnxtrain.lora.base_hash", info.base_hash}}, tensors);
+    export_lora_adapters(model_path, *state, out);
   }, "Writes the adapters as safetensors with PEFT's key names.");
   m.def("merge_lora_file", [](const std::string& path) {
     Model mdl = load_model(path);

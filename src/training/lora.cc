@@ -8,9 +8,12 @@
 #include <random>
 #include <set>
 
+#include "onnx/model_io.h"
+#include "onnxtrain/training.h"
 #include "ops/contrib/nbits_layout.h"
 #include "training/json.h"
 #include "training/quantize.h"
+#include "training/safetensors.h"
 
 namespace onnxtrain {
 namespace {
@@ -287,6 +290,18 @@ int merge_lora(Model& model) {
   g.nodes = std::move(kept);
   if (merged == int(info.adapters.size())) model.metadata.erase(kMetaLora);
   return merged;
+}
+
+void export_lora_adapters(const std::string& model_path, const CheckpointState& state, const std::string& path) {
+  const LoraInfo info = lora_info(load_model(model_path));
+  OT_CHECK(!info.adapters.empty(), "export_lora_adapters: '", model_path, "' has no LoRA adapters");
+  safetensors::NamedTensors tensors;  // PEFT's key names
+  for (const auto& a : info.adapters)
+    for (const std::string& name : {a.a, a.b}) {
+      OT_CHECK(state.has_parameter(name), "export_lora_adapters: the checkpoint has no adapter '", name, "'");
+      tensors.emplace_back("base_model.model." + name, state.parameter(name).data());
+    }
+  safetensors::write(path, {{"format", "pt"}, {"onnxtrain.lora.base_hash", info.base_hash}}, tensors);
 }
 
 }  // namespace onnxtrain
