@@ -39,27 +39,6 @@ VARIANTS = ["torch", "level0", "level1", "level2"]
 MEMORY_STEPS = 3
 
 
-def build(name: str, steps: int, seed: int = 0):
-    import torch
-
-    import models
-
-    torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(seed)
-    cfg = models.BertConfig()
-    if name == "bert":
-        model = models.BertClassifier(cfg, num_classes=2)
-        batch = lambda: (torch.randint(0, cfg.vocab_size, (8, 128), generator=g),  # noqa: E731
-                         torch.randint(0, 2, (8,), generator=g))
-    elif name == "gpt":
-        model = models.GPTDecoder(cfg)
-        batch = lambda: (torch.randint(0, cfg.vocab_size, (8, 128), generator=g),  # noqa: E731
-                         torch.randint(0, cfg.vocab_size, (8, 128), generator=g))
-    else:
-        raise KeyError(name)
-    return model.train(), [batch() for _ in range(steps)]
-
-
 def make_step(model, variant: str):
     """A callable running one SGD step of ``model`` (wrapped unless variant is torch)."""
     import torch
@@ -113,7 +92,8 @@ def child(name: str, variant: str, threads: int) -> dict:
     ot = import_onnxtrain()
     torch.set_num_threads(threads)
     ot.set_num_threads(threads)
-    model, batches = build(name, MEMORY_STEPS + 1)
+    from models import training_loop_case
+    model, batches = training_loop_case(name, MEMORY_STEPS + 1)
     out = {}
     if variant == "torch":
         out["activation_bytes"] = torch_saved_bytes(model, *batches[0])
@@ -149,7 +129,8 @@ def step_times(name: str, steps: int, threads: int) -> dict:
     ot = import_onnxtrain()
     torch.set_num_threads(threads)
     ot.set_num_threads(threads)
-    model, batches = build(name, steps)
+    from models import training_loop_case
+    model, batches = training_loop_case(name, steps)
     runs = {v: make_step(copy.deepcopy(model), v) for v in VARIANTS[1:]}
     times = {v: [] for v in runs}
     losses = {v: [] for v in runs}

@@ -29,31 +29,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import import_onnxtrain, median, report_rows, run_models  # noqa: E402
 
 
-def build(name: str, steps: int, seed: int = 0):
-    """The model (train mode) and ``steps`` (input, target) batches."""
-    import torch
-
-    import models
-
-    torch.manual_seed(seed)
-    g = torch.Generator().manual_seed(seed)
-    cfg = models.BertConfig()
-    if name == "bert":
-        model = models.BertClassifier(cfg, num_classes=2)
-        batch = lambda: (torch.randint(0, cfg.vocab_size, (8, 128), generator=g),  # noqa: E731
-                         torch.randint(0, 2, (8,), generator=g))
-    elif name == "gpt":
-        model = models.GPTDecoder(cfg)
-        batch = lambda: (torch.randint(0, cfg.vocab_size, (8, 128), generator=g),  # noqa: E731
-                         torch.randint(0, cfg.vocab_size, (8, 128), generator=g))
-    elif name == "cnn":
-        model = models.SmallCNN()
-        batch = lambda: (torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g))  # noqa: E731
-    else:
-        raise KeyError(name)
-    return model.train(), [batch() for _ in range(steps)]
-
-
 class Run:
     """One variant of the user's loop: its own copy of the model and its optimizer."""
 
@@ -77,8 +52,9 @@ class Run:
 def bench(name: str, args) -> dict:
     import torch
 
+    from models import training_loop_case
     from onnxtrain.torch import FusedAdam, TrainModule
-    model, batches = build(name, args.steps)
+    model, batches = training_loop_case(name, args.steps)
     adamw = lambda p: torch.optim.AdamW(p, lr=1e-4)  # noqa: E731
     runs = {"torch": Run(copy.deepcopy(model), adamw),
             "trainmodule": Run(TrainModule(copy.deepcopy(model)), adamw),

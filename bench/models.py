@@ -330,6 +330,29 @@ MODELS: Dict[str, ModelSpec] = {
 }
 
 
+def training_loop_case(name: str, steps: int, seed: int = 0):
+    """A model in train mode and ``steps`` (input, target) batches for an ordinary torch training
+    loop (cross-entropy over the last dim): ``bert`` (a 2-class head), ``gpt`` (next-token targets)
+    or ``cnn``. Deterministic for a seed."""
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    cfg = BertConfig()
+    if name == "bert":
+        model = BertClassifier(cfg, num_classes=2)
+        batch = lambda: (torch.randint(0, cfg.vocab_size, (8, 128), generator=g),  # noqa: E731
+                         torch.randint(0, 2, (8,), generator=g))
+    elif name == "gpt":
+        model = GPTDecoder(cfg)
+        batch = lambda: (torch.randint(0, cfg.vocab_size, (8, 128), generator=g),  # noqa: E731
+                         torch.randint(0, cfg.vocab_size, (8, 128), generator=g))
+    elif name == "cnn":
+        model = SmallCNN()
+        batch = lambda: (torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g))  # noqa: E731
+    else:
+        raise KeyError(name)
+    return model.train(), [batch() for _ in range(steps)]
+
+
 def export(model: nn.Module, inputs: Tuple[torch.Tensor, ...], path: str,
            input_names: Sequence[str], output_names: Sequence[str], opset: int = OPSET,
            dynamic_batch: bool = False, training: bool = False,
