@@ -25,7 +25,6 @@ import json
 import os
 import sys
 import tempfile
-import time
 from typing import Dict
 
 import numpy as np
@@ -79,15 +78,6 @@ def build_model(name: str, seed: int = 0):
 
     import models
 
-    class WithLoss(nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-            self.loss = nn.CrossEntropyLoss()
-
-        def forward(self, x, target):
-            return self.loss(self.model(x), target)
-
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     if name == "bert":
@@ -114,7 +104,7 @@ def build_model(name: str, seed: int = 0):
         t = torch.tensor(d.target[:256], dtype=torch.int64)
     else:
         raise KeyError(name)
-    module = WithLoss(model)
+    module = models.WithCrossEntropy(model)
     module.train()
     return module, model, x, t
 
@@ -172,7 +162,6 @@ def step_flops(ot, onnx_bytes: bytes) -> int:
 def bench_step(ot, args, workdir: str) -> dict:
     import copy
 
-    import torch
     module, model, x, t = build_model("bert")
     fp32 = Trainer(ot, model, x, t, os.path.join(workdir, "fp32"), None)
     bf16 = Trainer(ot, model, x, t, os.path.join(workdir, "bf16"), "bf16")

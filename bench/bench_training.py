@@ -62,18 +62,8 @@ MEMORY_STEPS = 3
 def build(name: str, seed: int = 0):
     """(model with its loss, model, example input, example target) for ``name``."""
     import torch
-    from torch import nn
 
     import models
-
-    class WithLoss(nn.Module):
-        def __init__(self, model):
-            super().__init__()
-            self.model = model
-            self.loss = nn.CrossEntropyLoss()
-
-        def forward(self, x, target):
-            return self.loss(self.model(x), target)
 
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
@@ -88,7 +78,7 @@ def build(name: str, seed: int = 0):
         x, target = torch.rand(64, 1, 8, 8, generator=g), torch.randint(0, 10, (64,), generator=g)
     else:
         raise KeyError(f"unknown model {name!r} (bert, cnn, digits)")
-    module = WithLoss(model)
+    module = models.WithCrossEntropy(model)
     module.train()
     return module, model, x, target
 

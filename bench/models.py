@@ -330,6 +330,19 @@ MODELS: Dict[str, ModelSpec] = {
 }
 
 
+class WithCrossEntropy(nn.Module):
+    """``model`` followed by its cross-entropy loss: one module whose output is the loss, the form
+    training-mode exports and the training benchmarks take."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+        self.loss = nn.CrossEntropyLoss()
+
+    def forward(self, x, target):
+        return self.loss(self.model(x), target)
+
+
 def training_loop_case(name: str, steps: int, seed: int = 0):
     """A model in train mode and ``steps`` (input, target) batches for an ordinary torch training
     loop (cross-entropy over the last dim): ``bert`` (a 2-class head), ``gpt`` (next-token targets)
