@@ -39,18 +39,6 @@ struct Attn {
   }
 };
 
-template <typename T>
-void gemm(int64_t m, int64_t n, int64_t k, bool ta, bool tb, float beta, const T* a, const T* b, T* c) {
-  cpu::MatmulDims d;
-  d.m = m;
-  d.n = n;
-  d.k = k;
-  d.trans_a = ta;
-  d.trans_b = tb;
-  d.beta = beta;
-  if constexpr (std::is_same_v<T, float>) cpu::matmul(d, a, b, c);
-  else cpu::matmul_reference<T>(d, a, b, c);
-}
 
 // Reads the shared inputs and attributes; `gqa` selects GroupQueryAttention's names and rules.
 Attn configure(const Node& node, bool gqa, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor* past_k,
@@ -121,7 +109,7 @@ void gather_q(const Attn& a, const T* q, const T* bias, int64_t b, int64_t h, T*
 // p [S, T] = softmax(scale q K^T + attention_bias) with the masks; masked entries are 0.
 template <typename T>
 void probabilities(const Attn& a, int64_t b, int64_t h, const T* qbuf, const T* kbh, T* p) {
-  gemm<T>(a.S, a.T, a.D, false, true, 0.0f, qbuf, kbh, p);
+  contrib_gemm<T>(a.S, a.T, a.D, false, true, 0.0f, qbuf, kbh, p);
   const T* ab = nullptr;
   if (a.attn_bias) {
     const Tensor& t = *a.attn_bias;
@@ -155,7 +143,7 @@ void forward(const Attn& a, const T* q, const T* qbias, const T* kall, const T* 
       int64_t b = r / a.Hq, h = r % a.Hq, kvh = h / (a.Hq / a.Hkv);
       gather_q(a, q, qbias, b, h, qbuf.data());
       probabilities(a, b, h, qbuf.data(), kall + (b * a.Hkv + kvh) * a.T * a.D, p.data());
-      gemm<T>(a.S, a.Dv, a.T, false, false, 0.0f, p.data(), vall + (b * a.Hkv + kvh) * a.T * a.Dv, o.data());
+      contrib_gemm<T>(a.S, a.Dv, a.T, false, false, 0.0f, p.data(), vall + (b * a.Hkv + kvh) * a.T * a.Dv, o.data());
       for (int64_t s = 0; s < a.S; ++s)
         std::memcpy(out + (b * a.S + s) * a.Hq * a.Dv + h * a.Dv, o.data() + s * a.Dv, size_t(a.Dv) * sizeof(T));
     }
@@ -284,8 +272,8 @@ void attention_grad_kernel(KernelContext& ctx) {
           probabilities(a, b, h, qbuf.data(), kbh, p.data());
           for (int64_t s = 0; s < a.S; ++s)
             std::memcpy(go.data() + s * a.Dv, po + (b * a.S + s) * a.Hq * a.Dv + h * a.Dv, size_t(a.Dv) * sizeof(T));
-          gemm<T>(a.T, a.Dv, a.S, true, false, beta, p.data(), go.data(), dvbh);       // dV += P^T dO
-          gemm<T>(a.S, a.T, a.Dv, false, true, 0.0f, go.data(), vbh, dp.data());      // dP = dO V^T
+          contrib_gemm<T>(a.T, a.Dv, a.S, true, false, beta, p.data(), go.data(), dvbh);       // dV += P^T dO
+          contrib_gemm<T>(a.S, a.T, a.Dv, false, true, 0.0f, go.data(), vbh, dp.data());      // dP = dO V^T
           for (int64_t i = 0; i < a.S; ++i) {                                           // dS = P (dP - <dP, P>) scale
             T* pr = p.data() + i * a.T;
             T* dr = dp.data() + i * a.T;
@@ -293,8 +281,8 @@ void attention_grad_kernel(KernelContext& ctx) {
             for (int64_t j = 0; j < a.T; ++j) dot += pr[j] * dr[j];
             for (int64_t j = 0; j < a.T; ++j) dr[j] = pr[j] * (dr[j] - dot) * T(a.scale);
           }
-          gemm<T>(a.S, a.D, a.T, false, false, 0.0f, dp.data(), kbh, gq.data());       // dQ = dS K
-          gemm<T>(a.T, a.D, a.S, true, false, beta, dp.data(), qbuf.data(), dkbh);     // dK += dS^T Q
+          contrib_gemm<T>(a.S, a.D, a.T, false, false, 0.0f, dp.data(), kbh, gq.data());       // dQ = dS K
+          contrib_gemm<T>(a.T, a.D, a.S, true, false, beta, dp.data(), qbuf.data(), dkbh);     // dK += dS^T Q
           for (int64_t s = 0; s < a.S; ++s)
             std::memcpy(pdq + (b * a.S + s) * a.Hq * a.D + h * a.D, gq.data() + s * a.D, size_t(a.D) * sizeof(T));
         }

@@ -127,19 +127,6 @@ int64_t panel_rows(int64_t n, int64_t k, size_t elem) {
   return std::min(rows, n);
 }
 
-// c[m, np] = a[m, k] * w[np, k]^T   (or accumulate c += a w when !trans_b and beta=1: used by dA)
-template <typename T>
-void gemm(int64_t m, int64_t n, int64_t k, bool trans_b, float beta, const T* a, const T* b, T* c) {
-  cpu::MatmulDims d;
-  d.m = m;
-  d.n = n;
-  d.k = k;
-  d.trans_b = trans_b;
-  d.beta = beta;
-  if constexpr (std::is_same_v<T, float>) cpu::matmul(d, a, b, c);
-  else cpu::matmul_reference<T>(d, a, b, c);
-}
-
 void matmul_nbits_shape(ShapeContext& ctx) {
   const Node& node = ctx.node();
   // Constant blobs are checked here, so inconsistent models fail when loaded or turned into
@@ -235,7 +222,7 @@ void matmul_nbits_kernel(KernelContext& ctx) {
       parallel_for(np, 4, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) w.dequant_row(n0 + r, panel.data() + r * K);
       });
-      gemm<T>(M, np, K, /*trans_b=*/true, 0.0f, pa, panel.data(), out.data());
+      contrib_gemm<T>(M, np, K, /*trans_a=*/false, /*trans_b=*/true, 0.0f, pa, panel.data(), out.data());
       parallel_for(M, 64, [&](int64_t m0, int64_t m1) {
         for (int64_t m = m0; m < m1; ++m) {
           T* dst = py + m * N + n0;
@@ -290,7 +277,7 @@ void matmul_nbits_grad_kernel(KernelContext& ctx) {
       parallel_for(M, 64, [&](int64_t m0, int64_t m1) {
         for (int64_t m = m0; m < m1; ++m) std::memcpy(slab.data() + m * np, pg + m * N + n0, size_t(np) * sizeof(T));
       });
-      gemm<T>(M, K, np, /*trans_b=*/false, n0 == 0 ? 0.0f : 1.0f, slab.data(), panel.data(), pd);
+      contrib_gemm<T>(M, K, np, /*trans_a=*/false, /*trans_b=*/false, n0 == 0 ? 0.0f : 1.0f, slab.data(), panel.data(), pd);
     }
   });
 }
