@@ -33,7 +33,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import import_onnxtrain, median  # noqa: E402
+from common import import_onnxtrain, median, status_kib  # noqa: E402
 
 VARIANTS = ["torch", "level0", "level1", "level2"]
 MEMORY_STEPS = 3
@@ -79,14 +79,6 @@ def torch_saved_bytes(model, x, y) -> int:
     return sum(n for ptr, n in storages.items() if ptr not in params)
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def child(name: str, variant: str, threads: int) -> dict:
     import torch
     ot = import_onnxtrain()
@@ -103,10 +95,10 @@ def child(name: str, variant: str, threads: int) -> dict:
     ctypes.CDLL("libc.so.6").malloc_trim(0)
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
-    before = _status_kib("VmRSS")
+    before = status_kib("VmRSS")
     for x, y in batches[1:]:
         step(x, y)
-    out["peak_growth_mib"] = (_status_kib("VmHWM") - before) / 1024.0
+    out["peak_growth_mib"] = (status_kib("VmHWM") - before) / 1024.0
     if variant != "torch":
         stats = step.model.build_stats[0]
         out["activation_bytes"] = stats["saved_bytes"]

@@ -45,7 +45,7 @@ from typing import Callable, Dict, List
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import import_onnxtrain, median  # noqa: E402
+from common import import_onnxtrain, median, status_kib  # noqa: E402
 
 TARGET_VS_TORCH = 2.5        # torch step time / onnxtrain step time, at least
 TARGET_VS_ORT_FORWARD = 3.5  # onnxtrain fwd+bwd / ORT forward, at most
@@ -223,14 +223,6 @@ def ort_forward_ms(model, x, threads: int, runs: int, workdir: str) -> Dict[str,
 # Memory (each measurement in a fresh process)
 
 
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"/proc/self/status has no {field}")
-
-
 def child_memory(engine: str, mode: str, name: str, threads: int) -> float:
     """In this (fresh) process: sets up one engine, then returns the peak RSS growth (MiB) of
     MEMORY_STEPS steps over the RSS right after setup."""
@@ -250,10 +242,10 @@ def child_memory(engine: str, mode: str, name: str, threads: int) -> float:
         del module, model
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current RSS
-        before = _status_kib("VmRSS")
+        before = status_kib("VmRSS")
         for _ in range(MEMORY_STEPS):
             step()
-        return (_status_kib("VmHWM") - before) / 1024.0
+        return (status_kib("VmHWM") - before) / 1024.0
 
 
 def rss_growth_mib(engine: str, mode: str, name: str, threads: int) -> float:

@@ -3,33 +3,22 @@ averaged by rows, so the update equals one of --batch-size B*N (SGD with momentu
 partial last update included, with and without --drop-last); steps, schedules and checkpoints
 count updates; a resume continues at the same micro-batch, bit for bit. The 2-rank case is in
 test_distributed.py."""
-import io
 import re
 
 import numpy as np
 import pytest
-import torch
-from torch import nn
 
 from onnxtrain import artifacts
 from onnxtrain.api import CheckpointState
 
 from .test_cli import cli
+from .test_distributed import write_tiny_mlp_artifacts
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     d = tmp_path_factory.mktemp("accum")
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
-    f = io.BytesIO()
-    torch.onnx.export(model, (torch.randn(2, 8),), f, input_names=["x"], output_names=["logits"], opset_version=17,
-                      do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING,
-                      dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
-    for name, opt in [("adamw", artifacts.AdamW(lr=1e-2)), ("sgd", artifacts.SGD(lr=0.1, momentum=0.9))]:
-        artifacts.generate_artifacts(f.getvalue(), requires_grad=["0.weight", "0.bias", "2.weight", "2.bias"],
-                                     loss=artifacts.LossType.CrossEntropyLoss, optimizer=opt,
-                                     artifact_directory=str(d / name))
+    write_tiny_mlp_artifacts(d, [("adamw", artifacts.AdamW(lr=1e-2)), ("sgd", artifacts.SGD(lr=0.1, momentum=0.9))])
     rng = np.random.default_rng(0)
     # 90 examples: updates of 16 leave 10, micro-batches of 4 then end with one of 2.
     x = rng.standard_normal((90, 8)).astype(np.float32)

@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -55,19 +54,26 @@ def run(args, ranks=None, check=True, timeout=120):
     return r
 
 
-@pytest.fixture(scope="module")
-def work(tmp_path_factory):
-    d = tmp_path_factory.mktemp("dist")
+def write_tiny_mlp_artifacts(directory, optimizers):
+    """A seeded 8-16-4 MLP (Tanh) exported in training mode, with artifacts (cross-entropy, every
+    weight trained) in directory/<name> for each (name, optimizer config)."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
     f = io.BytesIO()
     torch.onnx.export(model, (torch.randn(2, 8),), f, input_names=["x"], output_names=["logits"], opset_version=17,
                       do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING,
                       dynamic_axes={"x": {0: "batch"}, "logits": {0: "batch"}})
-    for name, opt in [("adamw", artifacts.AdamW(lr=1e-2)), ("sgd", artifacts.SGD(lr=0.1, momentum=0.9)),
-                      ("adamw_lr2", artifacts.AdamW(lr=2e-2))]:
-        artifacts.generate_artifacts(f.getvalue(), requires_grad=["0.weight", "0.bias", "2.weight", "2.bias"], loss=artifacts.LossType.CrossEntropyLoss,
-                                     optimizer=opt, artifact_directory=str(d / name))
+    for name, opt in optimizers:
+        artifacts.generate_artifacts(f.getvalue(), requires_grad=["0.weight", "0.bias", "2.weight", "2.bias"],
+                                     loss=artifacts.LossType.CrossEntropyLoss, optimizer=opt,
+                                     artifact_directory=str(directory / name))
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("dist")
+    write_tiny_mlp_artifacts(d, [("adamw", artifacts.AdamW(lr=1e-2)), ("sgd", artifacts.SGD(lr=0.1, momentum=0.9)),
+                                 ("adamw_lr2", artifacts.AdamW(lr=2e-2))])
     rng = np.random.default_rng(0)
     x = rng.standard_normal((96, 8)).astype(np.float32)
     y = (x[:, :4].argmax(1)).astype(np.int64)
