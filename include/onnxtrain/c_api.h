@@ -269,6 +269,11 @@ OT_API OtStatus ot_optimizer_step_count(const OtOptimizer* optimizer, int64_t* c
  * compares a parameter checksum across ranks every N steps; timeout_seconds <= 0: 300. */
 OT_API OtStatus ot_optimizer_set_data_parallel(OtOptimizer* optimizer, int enabled, int64_t bucket_bytes,
                                                int64_t check_every, double timeout_seconds);
+/* How a data-parallel optimizer reduces (call after ot_optimizer_set_data_parallel, on every
+ * rank): overlap != 0 (the default) reduces each bucket during the backward of the last of
+ * gradient_accumulation_steps train steps per optimizer step (same results as overlap 0). */
+OT_API OtStatus ot_optimizer_set_data_parallel_overlap(OtOptimizer* optimizer, int overlap,
+                                                       int64_t gradient_accumulation_steps);
 /* Joins the job's world (MPI when started by mpirun, else one rank); any output may be NULL. */
 OT_API OtStatus ot_distributed_init(int* rank, int* size, int* local_rank);
 

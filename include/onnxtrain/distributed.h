@@ -24,6 +24,13 @@ struct DataParallelOptions {
   int64_t bucket_bytes = int64_t(25) << 20;  // gradients are packed into buckets of about this size
   int64_t check_every = 0;                   // debug: compare a parameter checksum every N steps (0: never)
   double timeout_seconds = 300;              // how long a collective waits for the other ranks
+  // Reduce each bucket on a communication thread as soon as the backward has finished its
+  // gradients, while the backward goes on (same results as reducing after it, bit for bit).
+  bool overlap = true;
+  // Module::train_step calls per Optimizer::step: the allreduce overlaps the backward of the
+  // last one (allreduce_post_accumulation). A train step after that one, before the optimizer
+  // step and lazy_reset_grad, is an error; an optimizer step after fewer train steps reduces then.
+  int64_t gradient_accumulation_steps = 1;
 };
 
 // What the allreduces of an optimizer have cost so far.
@@ -31,7 +38,9 @@ struct DataParallelStats {
   int64_t steps = 0;          // optimizer steps that allreduced
   int64_t calls = 0;          // allreduce calls (buckets)
   int64_t bytes = 0;          // gradient bytes reduced (per rank)
-  double seconds = 0;         // time inside pack, allreduce and unpack
+  double seconds = 0;         // time inside pack, allreduce and unpack (on the communication thread when overlapped)
+  double wait_seconds = 0;    // time the training thread waited for them: all of `seconds` unless overlapped
+  int64_t overlapped_steps = 0;  // steps whose buckets were reduced during the backward
 };
 
 struct DistributedWorld {

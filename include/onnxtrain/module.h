@@ -22,6 +22,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,6 +50,11 @@ class Module {
   // Forward and loss with inference-mode Dropout/BatchNorm; needs the eval model.
   std::vector<Tensor> eval_step(const std::vector<Tensor>& inputs);
   void lazy_reset_grad() { reset_grad_ = true; }
+  // Multiplies the accumulated gradients by `factor` in the next train_step, each as soon as that
+  // step has added its part (weighting micro-batches of different sizes; the Trainer's
+  // --grad-accum). Under overlapped data parallelism this happens before the gradient's bucket is
+  // reduced, so the result is that of scaling after the step.
+  void scale_gradients_in_next_step(double factor);
   void train() { training_ = true; }
   void eval() { training_ = false; }
   bool is_training() const { return training_; }
@@ -77,13 +83,18 @@ class Module {
 
  private:
   struct Graphs;
-  std::vector<Tensor> run(bool training, const std::vector<Tensor>& inputs);
+  friend class Optimizer;  // connects its gradient allreducer to the training graph's backward
+  // Indices into trainable_parameters() in the order the backward finishes their gradients.
+  std::vector<size_t> gradient_ready_order() const;
+  std::vector<Tensor> run(bool training, const std::vector<Tensor>& inputs,
+                          const std::function<bool(size_t, const Tensor&)>& on_output_ready = {});
 
   CheckpointState& state_;
   std::unique_ptr<Graphs> graphs_;
   std::vector<std::string> trainable_;
   bool training_ = true;
   bool reset_grad_ = true;
+  double next_gradient_scale_ = 1.0;
 };
 
 // Parameters named here take their own hyperparameters (lr, weight decay, betas, ...); the
@@ -121,6 +132,7 @@ class Optimizer {
   void set_param_groups(const std::vector<ParamGroup>& groups);
   const std::vector<ParamGroup>& param_groups() const;
   DataParallelStats data_parallel_stats() const;
+  const DataParallelOptions& data_parallel_options() const;
 
  private:
   struct Rule;  // the update kernels and their state (src/optim)

@@ -387,12 +387,17 @@ class Optimizer:
     multi-tensor pass per :meth:`step`. Moments and the step count live in the checkpoint."""
 
     def __init__(self, optimizer_uri: PathLike, module: Module, data_parallel: bool = False,
-                 bucket_bytes: int = 25 << 20, check_every: int = 0, timeout_seconds: float = 300.0):
-        """With ``data_parallel=True`` every :meth:`step` first averages the gradients over the
-        ranks of :func:`onnxtrain.distributed.init` (allreduce in buckets of ``bucket_bytes``);
-        ``check_every`` N compares a parameter checksum across ranks every N steps (debug);
-        ``timeout_seconds`` bounds how long a rank waits for the others. All ranks must construct
-        it together from the same artifacts and checkpoint (a hash is compared)."""
+                 bucket_bytes: int = 25 << 20, check_every: int = 0, timeout_seconds: float = 300.0,
+                 overlap: bool = True, gradient_accumulation_steps: int = 1):
+        """With ``data_parallel=True`` the gradients are averaged over the ranks of
+        :func:`onnxtrain.distributed.init` before every :meth:`step` (allreduce in buckets of
+        ``bucket_bytes``); ``check_every`` N compares a parameter checksum across ranks every N
+        steps (debug); ``timeout_seconds`` bounds how long a rank waits for the others. With
+        ``overlap`` (default) each bucket is reduced on a communication thread during the backward
+        of the update's last ``Module.train_step`` (``gradient_accumulation_steps`` train steps per
+        optimizer step; one more before :meth:`step` is an error); the results are the same bits
+        as without. All ranks must construct it together from the same artifacts and checkpoint
+        (a hash is compared)."""
         if not isinstance(module, Module):
             raise TypeError(f"expected a Module, got {type(module).__name__}")
         self._module = module
@@ -400,10 +405,13 @@ class Optimizer:
         if data_parallel:
             from . import distributed
             distributed.init()
-            self._optimizer.set_data_parallel(True, int(bucket_bytes), int(check_every), float(timeout_seconds))
+            self._optimizer.set_data_parallel(True, int(bucket_bytes), int(check_every), float(timeout_seconds),
+                                              bool(overlap), int(gradient_accumulation_steps))
 
     def data_parallel_stats(self) -> dict:
-        """What the gradient allreduces cost so far: steps, calls, bytes (per rank), seconds."""
+        """What the gradient allreduces cost so far: steps, calls, bytes (per rank), seconds (pack,
+        allreduce, unpack), wait_seconds (of those, the time the training thread waited: less
+        than seconds when overlapped), overlapped_steps."""
         return self._optimizer.data_parallel_stats()
 
     def step(self) -> None:

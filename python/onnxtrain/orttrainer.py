@@ -329,7 +329,8 @@ class ORTTrainer:
         d = self.options.distributed
         self._optimizer = Optimizer(os.path.join(art, "optimizer_model.onnx"), self._module,
                                     data_parallel=d.world_size > 1, bucket_bytes=int(d.bucket_size_mb * (1 << 20)),
-                                    timeout_seconds=float(d.timeout_seconds))
+                                    timeout_seconds=float(d.timeout_seconds),
+                                    gradient_accumulation_steps=int(self.options.batch.gradient_accumulation_steps))
         self._base_lr = float(self.optim_config.lr)
         self._set_lr(self._optimizer._optimizer.step_count())
         if "orttrainer.train_steps" in self._state.properties:

@@ -146,16 +146,20 @@ void bind_training(py::module_& m) {
       .def("get_learning_rate", &Optimizer::get_learning_rate)
       .def("step_count", &Optimizer::step_count)
       .def("set_data_parallel",
-           [](Optimizer& o, bool enabled, int64_t bucket_bytes, int64_t check_every, double timeout_seconds) {
+           [](Optimizer& o, bool enabled, int64_t bucket_bytes, int64_t check_every, double timeout_seconds,
+              bool overlap, int64_t gradient_accumulation_steps) {
              DataParallelOptions d;
              d.enabled = enabled;
              d.bucket_bytes = bucket_bytes;
              d.check_every = check_every;
              d.timeout_seconds = timeout_seconds;
+             d.overlap = overlap;
+             d.gradient_accumulation_steps = gradient_accumulation_steps;
              py::gil_scoped_release release;
              o.set_data_parallel(d);
            },
-           py::arg("enabled"), py::arg("bucket_bytes"), py::arg("check_every"), py::arg("timeout_seconds"))
+           py::arg("enabled"), py::arg("bucket_bytes"), py::arg("check_every"), py::arg("timeout_seconds"),
+           py::arg("overlap") = true, py::arg("gradient_accumulation_steps") = 1)
       .def("set_param_groups",
            [](Optimizer& o, const std::vector<std::pair<std::vector<std::string>, OptimizerConfig>>& groups) {
              std::vector<ParamGroup> gs;
@@ -170,6 +174,8 @@ void bind_training(py::module_& m) {
         d["calls"] = s.calls;
         d["bytes"] = s.bytes;
         d["seconds"] = s.seconds;
+        d["wait_seconds"] = s.wait_seconds;
+        d["overlapped_steps"] = s.overlapped_steps;
         return d;
       });
 

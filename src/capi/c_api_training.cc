@@ -223,6 +223,18 @@ OtStatus ot_optimizer_set_data_parallel(OtOptimizer* optimizer, int enabled, int
   });
 }
 
+OtStatus ot_optimizer_set_data_parallel_overlap(OtOptimizer* optimizer, int overlap,
+                                                int64_t gradient_accumulation_steps) {
+  return guard(__func__, [&](Call& c) {
+    Optimizer& o = *c.ref(optimizer, "optimizer").optimizer;
+    DataParallelOptions d = o.data_parallel_options();
+    OT_CHECK(d.enabled, "the optimizer is not data parallel: call ot_optimizer_set_data_parallel first");
+    d.overlap = overlap != 0;
+    d.gradient_accumulation_steps = gradient_accumulation_steps;
+    o.set_data_parallel(d);
+  });
+}
+
 OtStatus ot_distributed_init(int* rank, int* size, int* local_rank) {
   return guard(__func__, [&](Call&) {
     const DistributedWorld w = distributed_init();

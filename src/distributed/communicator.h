@@ -5,12 +5,16 @@
 // Layering: distributed sits between optim and training. It includes core (tensors, errors) only;
 // training (Optimizer, Trainer) includes it, never the other way round.
 //
+// Collectives and posted jobs run on one communication thread (post()), so a gradient bucket can
+// be reduced while the caller computes the next gradients.
+//
 // Every collective waits at most timeout() seconds for the other ranks; then the MPI communicator
 // prints an error naming this rank and the collective and ends the process (status 1), and
 // mpirun ends the job: a rank that died or hangs never makes the others hang.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,6 +39,13 @@ class Communicator {
   virtual void allgather(const void* send, int64_t bytes, void* recv) = 0;
   virtual void barrier() = 0;
   [[noreturn]] virtual void abort(int code) = 0;
+
+  // Runs `job` on the communication thread, after the jobs posted before it, and returns at once
+  // (the MPI communicator makes every MPI call on that one thread, the collectives above included;
+  // the single rank runs the job in the caller). drain() waits until every posted job is done and
+  // rethrows the first job's error; jobs posted after a failed one are skipped.
+  virtual void post(std::function<void()> job) = 0;
+  virtual void drain() = 0;
 
   void set_timeout(double seconds) { timeout_ = seconds; }
   double timeout() const { return timeout_; }

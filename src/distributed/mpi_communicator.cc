@@ -1,5 +1,10 @@
 // The MPI communicator (Open MPI from Debian: libopenmpi-dev). Compiled when CMake finds MPI.
 //
+// Every collective runs on one communication thread (started on first use; posted jobs, such as
+// a gradient bucket's pack-allreduce-unpack, run there too, in order), so MPI is initialised with
+// MPI_THREAD_SERIALIZED: one thread at a time calls MPI, and it need not be the thread that
+// initialised it (MPI_THREAD_FUNNELED would require that).
+//
 // Collectives are the blocking MPI calls (Open MPI's non-blocking Iallreduce measured 2.4x slower
 // on a 21 MB gradient bucket) under a watchdog: a thread that, when a collective is still running
 // timeout() seconds after it started, prints an error naming this rank and the collective and ends
@@ -17,8 +22,11 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
+#include <exception>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "distributed/communicator.h"
 
@@ -50,18 +58,97 @@ MPI_Datatype mpi_type(DType t) {
   }
 }
 
+const char* thread_level_name(int level) {
+  switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "an unknown thread level";
+  }
+}
+
+// One worker thread running jobs in the order they were posted. A job's error is kept for
+// drain(); the jobs after it are skipped (their collectives would pair with other ranks' wrong ones).
+class CommThread {
+ public:
+  ~CommThread() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    work_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  bool on_this_thread() const { return thread_.joinable() && std::this_thread::get_id() == thread_.get_id(); }
+
+  void post(std::function<void()> job) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    queue_.push_back(std::move(job));
+    ++posted_;
+    work_.notify_all();
+  }
+
+  void drain() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [&] { return finished_ == posted_; });
+    if (std::exception_ptr e = std::exchange(error_, nullptr)) std::rethrow_exception(e);
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      work_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping
+      std::function<void()> job = std::move(queue_.front());
+      queue_.pop_front();
+      const bool skip = error_ != nullptr;
+      lock.unlock();
+      std::exception_ptr failed;
+      if (!skip) {
+        try {
+          job();
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      }
+      job = nullptr;  // release what the job holds before it counts as done
+      lock.lock();
+      if (failed && !error_) error_ = failed;
+      ++finished_;
+      done_.notify_all();
+    }
+  }
+
+  std::mutex mutex_;
+  std::condition_variable work_, done_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t posted_ = 0, finished_ = 0;
+  std::exception_ptr error_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator() {
     int initialised = 0;
     MPI_Initialized(&initialised);
+    int provided = 0;
     if (!initialised) {
-      int provided = 0;
       const int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
       OT_CHECK(rc == MPI_SUCCESS, "MPI_Init_thread failed: ", mpi_error(rc));
       we_initialised = true;
       std::atexit(finalize_at_exit);
+    } else {
+      MPI_Query_thread(&provided);
     }
+    OT_CHECK(provided >= MPI_THREAD_SERIALIZED, "MPI provides ", thread_level_name(provided),
+             ", but onnxtrain calls MPI from its communication thread and needs MPI_THREAD_SERIALIZED or "
+             "MPI_THREAD_MULTIPLE (with mpi4py, leave mpi4py.rc.thread_level at its default, 'multiple')");
     MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
     MPI_Comm_rank(comm_, &rank_);
@@ -78,6 +165,7 @@ class MpiCommunicator final : public Communicator {
   const char* backend() const override { return "mpi"; }
 
   ~MpiCommunicator() override {
+    comm_thread_.reset();  // idle at exit: every caller drained its jobs
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
@@ -89,31 +177,42 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(void* data, int64_t count, DType dtype) override {
     const MPI_Datatype type = mpi_type(dtype);
     char* p = static_cast<char*>(data);
-    for (int64_t done = 0; done < count;) {  // MPI counts are int
-      const int n = int(std::min<int64_t>(count - done, INT_MAX / 2));
-      const int64_t bytes = int64_t(n) * int64_t(dtype_size(dtype));
-      Guard guard(*this, "allreduce", bytes);
-      check(MPI_Allreduce(MPI_IN_PLACE, p + done * int64_t(dtype_size(dtype)), n, type, MPI_SUM, comm_), "allreduce");
-      done += n;
-    }
+    on_comm_thread([&] {
+      for (int64_t done = 0; done < count;) {  // MPI counts are int
+        const int n = int(std::min<int64_t>(count - done, INT_MAX / 2));
+        const int64_t bytes = int64_t(n) * int64_t(dtype_size(dtype));
+        Guard guard(*this, "allreduce", bytes);
+        check(MPI_Allreduce(MPI_IN_PLACE, p + done * int64_t(dtype_size(dtype)), n, type, MPI_SUM, comm_), "allreduce");
+        done += n;
+      }
+    });
   }
 
   void broadcast(void* data, int64_t bytes, int root) override {
     OT_CHECK(bytes <= INT_MAX, label(), ": broadcast of ", bytes, " bytes is too large");
-    Guard guard(*this, "broadcast", bytes);
-    check(MPI_Bcast(data, int(bytes), MPI_BYTE, root, comm_), "broadcast");
+    on_comm_thread([&] {
+      Guard guard(*this, "broadcast", bytes);
+      check(MPI_Bcast(data, int(bytes), MPI_BYTE, root, comm_), "broadcast");
+    });
   }
 
   void allgather(const void* send, int64_t bytes, void* recv) override {
     OT_CHECK(bytes <= INT_MAX / size_, label(), ": allgather of ", bytes, " bytes is too large");
-    Guard guard(*this, "allgather", bytes);
-    check(MPI_Allgather(send, int(bytes), MPI_BYTE, recv, int(bytes), MPI_BYTE, comm_), "allgather");
+    on_comm_thread([&] {
+      Guard guard(*this, "allgather", bytes);
+      check(MPI_Allgather(send, int(bytes), MPI_BYTE, recv, int(bytes), MPI_BYTE, comm_), "allgather");
+    });
   }
 
   void barrier() override {
-    Guard guard(*this, "barrier", 0);
-    check(MPI_Barrier(comm_), "barrier");
+    on_comm_thread([&] {
+      Guard guard(*this, "barrier", 0);
+      check(MPI_Barrier(comm_), "barrier");
+    });
   }
+
+  void post(std::function<void()> job) override { comm_thread().post(std::move(job)); }
+  void drain() override { comm_thread().drain(); }
 
   [[noreturn]] void abort(int code) override {
     MPI_Abort(MPI_COMM_WORLD, code);
@@ -121,6 +220,21 @@ class MpiCommunicator final : public Communicator {
   }
 
  private:
+  CommThread& comm_thread() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!comm_thread_) comm_thread_ = std::make_unique<CommThread>();
+    return *comm_thread_;
+  }
+
+  // Runs a collective on the communication thread and waits for it (and for the jobs posted
+  // before it); from a job on that thread it runs directly.
+  void on_comm_thread(const std::function<void()>& collective) {
+    CommThread& t = comm_thread();
+    if (t.on_this_thread()) return collective();
+    t.post(collective);
+    t.drain();
+  }
+
   void check(int rc, const char* what) const {
     if (rc != MPI_SUCCESS) OT_THROW(kRuntime, label(), ": MPI ", what, " failed: ", mpi_error(rc));
   }
@@ -174,6 +288,7 @@ class MpiCommunicator final : public Communicator {
   std::mutex mutex_;
   std::condition_variable cv_;
   std::thread watchdog_;
+  std::unique_ptr<CommThread> comm_thread_;
   bool armed_ = false, stop_ = false;
   const char* what_ = "";
   int64_t bytes_ = 0;

@@ -1,6 +1,8 @@
 // One rank: every collective is the identity.
 #include <cstdlib>
 #include <cstring>
+#include <exception>
+#include <utility>
 
 #include "distributed/communicator.h"
 
@@ -23,6 +25,20 @@ class SingleCommunicator final : public Communicator {
   }
   void barrier() override {}
   [[noreturn]] void abort(int code) override { std::exit(code); }
+  void post(std::function<void()> job) override {
+    if (error_) return;
+    try {
+      job();
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  }
+  void drain() override {
+    if (std::exception_ptr e = std::exchange(error_, nullptr)) std::rethrow_exception(e);
+  }
+
+ private:
+  std::exception_ptr error_;
 };
 
 }  // namespace

@@ -192,11 +192,14 @@ void Executor::compile() {
       for (int id : steps_[s].inputs) if (id >= 0) wanted[size_t(id)] = 1;
     }
   }
+  produced_at_.assign(value_names_.size(), -1);
+  last_read_.assign(value_names_.size(), -1);
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    for (int id : steps_[s].outputs) if (id >= 0) produced_at_[size_t(id)] = int(s);
+    for (int id : steps_[s].inputs) if (id >= 0) last_read_[size_t(id)] = int(s);
+  }
   // Release dynamic values after their last reader (graph outputs are kept).
-  std::vector<int> last_use(value_names_.size(), -1);
-  for (size_t s = 0; s < steps_.size(); ++s)
-    for (int id : steps_[s].inputs)
-      if (id >= 0) last_use[size_t(id)] = int(s);
+  const std::vector<int>& last_use = last_read_;
   std::vector<char> keep(value_names_.size(), 0);
   for (int id : output_ids_) keep[size_t(id)] = 1;
   for (int id : input_ids_) keep[size_t(id)] = 1;
@@ -306,8 +309,34 @@ std::unique_ptr<Executor::Plan> Executor::new_plan() {
   return plan;
 }
 
-void Executor::execute(Plan& plan, bool recording, uint64_t run_index) {
+Tensor Executor::result_of(const Plan& plan, int id) const {
+  const Tensor& t = plan.values[size_t(id)];
+  int root = id;
+  while (plan.alias_of[size_t(root)] >= 0) root = plan.alias_of[size_t(root)];
+  // Feeds, initializers and constants are not the caller's to keep: hand over a copy.
+  const bool external = plan.external[size_t(root)] || plan.planned[size_t(root)].defined();
+  return external ? t.clone() : t;
+}
+
+void Executor::hand_over(Plan& plan, Handover& h, const std::vector<std::pair<size_t, int>>& ready, size_t step) {
+  for (auto [index, id] : ready) {
+    Tensor value = result_of(plan, id);
+    if (!(*h.on_ready)(index, value)) {
+      (*h.results)[index] = std::move(value);
+      continue;
+    }
+    const int last = last_read_[size_t(id)];
+    if (last <= int(step) || produced_at_[size_t(id)] < 0) {
+      if (produced_at_[size_t(id)] >= 0) plan.values[size_t(id)] = Tensor();
+    } else {
+      h.drop_after_step[size_t(last)].push_back(id);
+    }
+  }
+}
+
+void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover* handover) {
   plan.dynamic_allocations = 0;
+  if (handover) hand_over(plan, *handover, handover->after_step.back(), 0);  // feeds and initializers
   for (size_t s = 0; s < steps_.size(); ++s) {
     const Step& step = steps_[s];
     const Node& node = *step.node;
@@ -350,7 +379,18 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index) {
     }
     for (int id : step.release)
       if (!plan.planned[size_t(id)].defined()) plan.values[size_t(id)] = Tensor();
+    if (handover) {
+      for (int id : handover->drop_after_step[s]) plan.values[size_t(id)] = Tensor();
+      if (!handover->after_step[s].empty()) hand_over(plan, *handover, handover->after_step[s], s);
+    }
   }
+}
+
+int Executor::output_ready_step(const std::string& name) const {
+  auto it = value_ids_.find(name);
+  OT_CHECK(it != value_ids_.end() && model_.graph.is_output(name), "model ", model_.description, ": '", name,
+           "' is not an output of the model");
+  return produced_at_[size_t(it->second)];
 }
 
 void Executor::build_arena(Plan& plan) {
@@ -364,11 +404,8 @@ void Executor::build_arena(Plan& plan) {
     while (plan.alias_of[size_t(id)] >= 0) id = plan.alias_of[size_t(id)];
     return plan.external[size_t(id)] != 0;
   };
-  std::vector<int> produced_at(n, -1), last_read(n, -1);
-  for (size_t s = 0; s < steps_.size(); ++s) {
-    for (int id : steps_[s].outputs) if (id >= 0) produced_at[size_t(id)] = int(s);
-    for (int id : steps_[s].inputs) if (id >= 0) last_read[size_t(id)] = int(s);
-  }
+  const std::vector<int>& produced_at = produced_at_;
+  const std::vector<int>& last_read = last_read_;
   std::vector<char> blocked(n, 0);  // per group root
   for (int id : output_ids_) blocked[size_t(groups.find(id))] = 1;
   for (size_t id = 0; id < n; ++id)
@@ -507,7 +544,7 @@ void Executor::check_shape_rules(const Plan& plan) const {
 }
 
 std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& feeds,
-                                  const std::vector<std::string>& output_names) {
+                                  const std::vector<std::string>& output_names, const OutputReadyFn& on_ready) {
   std::lock_guard<std::mutex> lock(mutex_);
   validate_feeds(feeds);
   std::vector<int> wanted;
@@ -531,22 +568,28 @@ std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& feeds,
     ~ClearFeeds() { for (int id : ids) p.values[size_t(id)] = Tensor(); }
   } clear{plan, input_ids_};
 
-  execute(plan, recording, next_run_index_);
+  std::vector<Tensor> results(wanted.size());
+  std::optional<Handover> handover;
+  if (on_ready) {
+    handover.emplace();
+    handover->on_ready = &on_ready;
+    handover->results = &results;
+    handover->after_step.resize(steps_.size() + 1);  // the last slot: before the first step
+    handover->drop_after_step.resize(steps_.size());
+    for (size_t k = 0; k < wanted.size(); ++k) {
+      const int step = produced_at_[size_t(wanted[k])];
+      handover->after_step[step < 0 ? steps_.size() : size_t(step)].emplace_back(k, wanted[k]);
+    }
+  }
+  execute(plan, recording, next_run_index_, handover ? &*handover : nullptr);
   ++next_run_index_;  // a failed run draws nothing
   if (recording) {
     if (options_.check_shape_rules) check_shape_rules(plan);
     build_arena(plan);
     plan.recorded = true;
   }
-  std::vector<Tensor> results;
-  for (int id : wanted) {
-    Tensor t = plan.values[size_t(id)];
-    int root = id;
-    while (plan.alias_of[size_t(root)] >= 0) root = plan.alias_of[size_t(root)];
-    // Feeds, initializers and constants are not the caller's to keep: hand over a copy.
-    bool external = plan.external[size_t(root)] || plan.planned[size_t(root)].defined();
-    results.push_back(external ? t.clone() : t);
-  }
+  if (!on_ready)
+    for (size_t k = 0; k < wanted.size(); ++k) results[k] = result_of(plan, wanted[k]);
   // Outputs handed over must not be written by the next run.
   for (int id : output_ids_)
     if (!plan.external[size_t(id)] || plan.alias_of[size_t(id)] >= 0 || plan.from_set_output[size_t(id)])

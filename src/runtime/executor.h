@@ -37,6 +37,14 @@ struct MemoryReport {
   size_t stashed_at_peak_bytes = 0; // the part of peak_live_bytes they hold
 };
 
+// Called once per requested output as soon as its value is final: right after the step that
+// produces it (no later step writes it), before the first step for an output that is a feed or
+// an initializer. `index` is the output's position in run()'s result; `value` is what run() would
+// return there. Returning true takes the value: run() returns an undefined tensor in its place,
+// and the executor drops its own reference after the value's last reader in the graph (a
+// gradient handed over mid-backward is then freed as soon as its new owner is done with it).
+using OutputReadyFn = std::function<bool(size_t index, const Tensor& value)>;
+
 struct ExecutorOptions {
   bool check_shape_rules = false;   // compare every static shape rule with what kernels produce
   bool profile = false;             // time every kernel call (see Executor::profile)
@@ -53,8 +61,13 @@ class Executor {
 
   const Model& model() const { return model_; }
   // Runs the graph. `feeds` by graph input name; returns the named outputs (all when empty).
+  // With on_ready, each output is also handed to it as soon as it is final (OutputReadyFn).
   std::vector<Tensor> run(const std::map<std::string, Tensor>& feeds,
-                          const std::vector<std::string>& output_names = {});
+                          const std::vector<std::string>& output_names = {},
+                          const OutputReadyFn& on_ready = {});
+  // The index of the step that produces graph output `name` (steps run in increasing order), or
+  // -1 when no step does (a feed or an initializer): the order outputs become final in.
+  int output_ready_step(const std::string& name) const;
   MemoryReport memory_report() const;
   // Per-node kernel times in execution order (empty unless ExecutorOptions::profile).
   std::vector<NodeProfile> profile() const;
@@ -92,7 +105,16 @@ class Executor {
   void validate_feeds(const std::map<std::string, Tensor>& feeds) const;
   std::string signature(const std::map<std::string, Tensor>& feeds) const;
   std::unique_ptr<Plan> new_plan();
-  void execute(Plan& plan, bool recording, uint64_t run_index);
+  // Outputs handed to an OutputReadyFn during one run: which become final after each step.
+  struct Handover {
+    const OutputReadyFn* on_ready = nullptr;
+    std::vector<std::vector<std::pair<size_t, int>>> after_step;  // per step: (result index, value id)
+    std::vector<std::vector<int>> drop_after_step;                // taken values, at their last reader
+    std::vector<Tensor>* results = nullptr;
+  };
+  void execute(Plan& plan, bool recording, uint64_t run_index, Handover* handover = nullptr);
+  void hand_over(Plan& plan, Handover& h, const std::vector<std::pair<size_t, int>>& ready, size_t step);
+  Tensor result_of(const Plan& plan, int id) const;
   void build_arena(Plan& plan);
   void check_shape_rules(const Plan& plan) const;
 
@@ -105,6 +127,7 @@ class Executor {
   std::vector<std::pair<int, const Tensor*>> constants_;  // initializers by id
   std::vector<char> is_constant_;                          // per value id: an initializer
   std::vector<char> forward_step_;                         // per step, for training graphs; else empty
+  std::vector<int> produced_at_, last_read_;               // per value id: its producing / last reading step, or -1
   std::map<std::string, std::unique_ptr<Plan>> plans_;
   mutable std::mutex mutex_;
   MemoryReport last_report_;

@@ -1,8 +1,11 @@
 #include "training/module.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
+#include <numeric>
 #include <set>
+#include <utility>
 
 #include "onnx/model_io.h"
 #include "ops/optimizer/optimizer_ops.h"
@@ -40,6 +43,13 @@ struct Module::Graphs {
   std::vector<std::pair<std::string, std::string>> grads;    // (parameter, output) for "<p>_grad"
   std::vector<std::pair<std::string, std::string>> buffers;  // (parameter, output) for "<b>_updated"
   std::vector<std::string> user_outputs;                     // loss and additional outputs
+  std::vector<int> grad_of_output;  // per training output: its index in `grads` (and trainable_), or -1
+  // Data parallelism overlapped with the backward (Optimizer::set_data_parallel).
+  distributed::GradientAllreducer* reducer = nullptr;
+  int64_t accumulation_steps = 1;
+  int64_t micro_steps = 0;        // train steps since the update began
+  bool update_from_reset = false; // the update's first train step overwrote the gradients
+  bool reduced = false;           // the update's gradients were averaged during its last train step
 };
 
 Module::Module(const std::string& training_model_path, CheckpointState& state, const std::string& eval_model_path)
@@ -93,6 +103,11 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
     }
   }
   OT_CHECK(!trainable_.empty(), "Module: the training model outputs no '<parameter>_grad' of a checkpoint parameter");
+  graphs_->grad_of_output.assign(graphs_->training.outputs.size(), -1);
+  for (size_t k = 0; k < graphs_->grads.size(); ++k) {
+    const auto& outs = graphs_->training.outputs;
+    graphs_->grad_of_output[size_t(std::find(outs.begin(), outs.end(), graphs_->grads[k].second) - outs.begin())] = int(k);
+  }
   if (eval_model) {
     graphs_->eval.emplace();
     graphs_->eval->model = std::move(*eval_model);
@@ -129,7 +144,8 @@ std::vector<std::string> Module::output_names(bool training) const {
   return training ? graphs_->user_outputs : graphs_->eval->outputs;
 }
 
-std::vector<Tensor> Module::run(bool training, const std::vector<Tensor>& inputs) {
+std::vector<Tensor> Module::run(bool training, const std::vector<Tensor>& inputs,
+                                const std::function<bool(size_t, const Tensor&)>& on_output_ready) {
   BoundGraph& g = training ? graphs_->training : *graphs_->eval;
   const char* step = training ? "train_step" : "eval_step";
   if (inputs.size() != g.user_inputs.size()) {
@@ -142,19 +158,41 @@ std::vector<Tensor> Module::run(bool training, const std::vector<Tensor>& inputs
   for (size_t i = 0; i < inputs.size(); ++i) feeds[g.user_inputs[i]] = inputs[i];
   for (const auto& p : g.param_inputs) feeds[p] = state_.parameter(p).data();  // shares storage
   std::vector<std::string> wanted = training ? graphs_->training.outputs : g.outputs;
-  return g.executor->run(feeds, wanted);
+  return g.executor->run(feeds, wanted, on_output_ready);
+}
+
+void Module::scale_gradients_in_next_step(double factor) {
+  OT_CHECK(std::isfinite(factor), "Module.scale_gradients_in_next_step: the factor must be finite, got ", factor);
+  next_gradient_scale_ = factor;
 }
 
 std::vector<Tensor> Module::train_step(const std::vector<Tensor>& inputs) {
-  std::vector<Tensor> outs = run(true, inputs);
-  state_.add_property(CheckpointState::kTrainStepsProperty, int64_t(graphs_->training.executor->next_run_index()));
-  // Outputs come in graph order: classify by name.
-  std::map<std::string, Tensor> by_name;
-  for (size_t i = 0; i < outs.size(); ++i) by_name[graphs_->training.outputs[i]] = outs[i];
-  for (const auto& [param, out] : graphs_->grads) {
-    Parameter& p = state_.parameter(param);
-    const Tensor& g = by_name.at(out);
-    if (reset_grad_ || !p.has_grad()) {
+  Graphs& gr = *graphs_;
+  const bool reset = reset_grad_;
+  if (reset) {
+    gr.micro_steps = 0;
+    gr.update_from_reset = true;
+  }
+  OT_CHECK(!gr.reduced, "Module.train_step: with data parallelism and gradient_accumulation_steps = ",
+           gr.accumulation_steps, ", this update's gradients were averaged over the ranks during its train step ",
+           gr.accumulation_steps, "; call Optimizer.step() and lazy_reset_grad() before the next train step (or set "
+           "gradient_accumulation_steps to the number of train steps per update, or overlap = false)");
+  ++gr.micro_steps;
+  // The update's gradients are final in this backward: reduce each bucket as soon as it is.
+  const bool overlap = gr.reducer && gr.update_from_reset && gr.micro_steps == gr.accumulation_steps;
+  const double scale = std::exchange(next_gradient_scale_, 1.0);
+  if (overlap) {
+    std::vector<Tensor> like;
+    for (const auto& name : trainable_) like.push_back(state_.parameter(name).data());
+    gr.reducer->begin(like);
+  }
+  // Each gradient is added to its parameter's slot as soon as the backward has finished it
+  // (the executor then frees its buffer), scaled, and handed to the allreducer.
+  auto take_gradient = [&](size_t output, const Tensor& g) {
+    const int k = gr.grad_of_output[output];
+    if (k < 0) return false;
+    Parameter& p = state_.parameter(gr.grads[size_t(k)].first);
+    if (reset || !p.has_grad()) {
       p.set_grad(g);  // the executor hands over fresh buffers: adopt, no copy
     } else {
       Tensor& acc = p.ensure_grad();
@@ -164,9 +202,34 @@ std::vector<Tensor> Module::train_step(const std::vector<Tensor>& inputs) {
         for (int64_t i = 0; i < acc.numel(); ++i) a[i] = T(compute_t<T>(a[i]) + compute_t<T>(b[i]));
       });
     }
+    if (scale != 1.0) {
+      Tensor& acc = p.ensure_grad();
+      dispatch_float(acc.dtype(), [&]<typename T>() {
+        T* a = acc.data<T>();
+        const compute_t<T> f = compute_t<T>(scale);
+        for (int64_t i = 0; i < acc.numel(); ++i) a[i] = T(compute_t<T>(a[i]) * f);
+      });
+    }
+    if (overlap) gr.reducer->ready(size_t(k), p.grad());
+    return true;
+  };
+  std::vector<Tensor> outs;
+  try {
+    outs = run(true, inputs, take_gradient);
+  } catch (...) {
+    if (overlap) gr.reducer->abandon();
+    throw;
   }
   reset_grad_ = false;
-  for (const auto& [param, out] : graphs_->buffers) state_.parameter(param).set_data(by_name.at(out));
+  if (overlap) {
+    gr.reducer->finish();
+    gr.reduced = true;
+  }
+  state_.add_property(CheckpointState::kTrainStepsProperty, int64_t(gr.training.executor->next_run_index()));
+  // Outputs come in graph order: classify by name (the gradients were taken above).
+  std::map<std::string, Tensor> by_name;
+  for (size_t i = 0; i < outs.size(); ++i) by_name[gr.training.outputs[i]] = outs[i];
+  for (const auto& [param, out] : gr.buffers) state_.parameter(param).set_data(by_name.at(out));
   std::vector<Tensor> result;
   for (const auto& name : graphs_->user_outputs) result.push_back(by_name.at(name));
   return result;
@@ -246,7 +309,19 @@ Optimizer::Optimizer(OptimizerConfig config, Module& module)
   load_state();
 }
 
-Optimizer::~Optimizer() = default;
+Optimizer::~Optimizer() {
+  if (module_.graphs_->reducer == rule_->reducer.get()) module_.graphs_->reducer = nullptr;
+}
+
+std::vector<size_t> Module::gradient_ready_order() const {
+  const Executor& e = *graphs_->training.executor;
+  std::vector<size_t> order(graphs_->grads.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return e.output_ready_step(graphs_->grads[a].second) < e.output_ready_step(graphs_->grads[b].second);
+  });
+  return order;
+}
 
 void Optimizer::load_state() {
   CheckpointState& ckpt = module_.state();
@@ -290,7 +365,8 @@ StepStats Optimizer::step() {
     params.push_back(p.data());
     grads.push_back(p.grad());
   }
-  if (rule_->reducer) rule_->reducer->average(grads);
+  // Overlapped data parallelism averaged them during the update's last train step.
+  if (rule_->reducer && !std::exchange(module_.graphs_->reduced, false)) rule_->reducer->average(grads);
   StepStats stats = rule_->groups.empty() ? rule_->optimizer.step(params, grads, rule_->state) : grouped_step(params, grads);
   store_state();
   if (rule_->reducer && rule_->data_parallel.check_every > 0 && rule_->state.step % rule_->data_parallel.check_every == 0)
@@ -358,12 +434,17 @@ void Optimizer::set_param_groups(const std::vector<ParamGroup>& groups) {
 const std::vector<ParamGroup>& Optimizer::param_groups() const { return rule_->groups; }
 
 void Optimizer::set_data_parallel(const DataParallelOptions& o) {
+  OT_CHECK(!module_.graphs_->reduced, "Optimizer.set_data_parallel: the module's gradients were averaged during its "
+           "last train step and not applied yet; call step() first");
+  if (module_.graphs_->reducer == rule_->reducer.get()) module_.graphs_->reducer = nullptr;
   if (!o.enabled) {
     rule_->reducer.reset();
     rule_->data_parallel = o;
     return;
   }
   OT_CHECK(o.bucket_bytes > 0, "Optimizer.set_data_parallel: bucket_bytes must be > 0, got ", o.bucket_bytes);
+  OT_CHECK(o.gradient_accumulation_steps >= 1, "Optimizer.set_data_parallel: gradient_accumulation_steps must be "
+           ">= 1, got ", o.gradient_accumulation_steps);
   OT_CHECK(o.check_every >= 0, "Optimizer.set_data_parallel: check_every must be >= 0, got ", o.check_every);
   OT_CHECK(o.timeout_seconds > 0, "Optimizer.set_data_parallel: timeout_seconds must be > 0, got ", o.timeout_seconds);
   distributed::Communicator& comm = distributed::world();
@@ -387,7 +468,16 @@ void Optimizer::set_data_parallel(const DataParallelOptions& o) {
   distributed::check_same_on_all_ranks(comm, h, "the trainable parameters, optimizer state and settings");
   rule_->data_parallel = o;
   rule_->reducer = std::make_unique<distributed::GradientAllreducer>(comm, o.bucket_bytes);
+  // Buckets follow the order the backward finishes the gradients (overlapped or not: the same
+  // buckets, so both give the same bits).
+  rule_->reducer->set_order(module_.gradient_ready_order());
+  if (o.overlap && comm.size() > 1) {
+    module_.graphs_->reducer = rule_->reducer.get();
+    module_.graphs_->accumulation_steps = o.gradient_accumulation_steps;
+  }
 }
+
+const DataParallelOptions& Optimizer::data_parallel_options() const { return rule_->data_parallel; }
 
 DataParallelStats Optimizer::data_parallel_stats() const {
   return rule_->reducer ? rule_->reducer->stats() : DataParallelStats{};

@@ -207,7 +207,9 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
     for (const std::string& path : {artifacts_.training_model, artifacts_.eval_model, artifacts_.optimizer_model})
       h = file_checksum(path, h);
     distributed::check_same_on_all_ranks(*ranks.comm, h, "the training, eval and optimizer models");
-    optimizer_->set_data_parallel(o.data_parallel);
+    DataParallelOptions dp = o.data_parallel;
+    dp.gradient_accumulation_steps = o.grad_accum;  // the allreduce overlaps the last micro-batch's backward
+    optimizer_->set_data_parallel(dp);
   }
 
   // ---- where to start: a new run, or the progress the checkpoint recorded
@@ -295,7 +297,8 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
       // The losses are means over their micro-batch: the update's gradient and loss are the
       // micro-batches' weighted by rows, as one batch of rows_now would give. train_step adds the
       // gradients; when a micro-batch of other rows comes (the epoch's last, partial one), the sum
-      // so far is rescaled to its unit, and the sum is divided at the end.
+      // so far is rescaled to its unit, and the sum is divided by the last train step itself (as
+      // each gradient is final: overlapped data parallelism reduces it right after).
       double loss = 0;
       int64_t unit = 0;  // the rows of the micro-batches summed so far, with weight 1 each
       for (int64_t first = update_first; first < update_first + rows_now; first += o.batch_size) {
@@ -303,9 +306,10 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
         std::copy(order.begin() + first, order.begin() + first + rows, window.begin());
         if (unit != 0 && unit != rows) scale_gradients(double(unit) / double(rows));
         unit = rows;
+        if (first + rows == update_first + rows_now && rows != rows_now)
+          module_->scale_gradients_in_next_step(double(rows) / double(rows_now));
         loss += mean_of(module_->train_step(train.batch(window, 0, rows))[0]) * (double(rows) / double(rows_now));
       }
-      if (unit != rows_now) scale_gradients(double(unit) / double(rows_now));
       if (ranks.comm) {  // the loss of the global batch: the mean of the ranks' losses
         ranks.comm->allreduce_sum(&loss, 1, DType::kFloat64);
         loss /= double(ranks.size);

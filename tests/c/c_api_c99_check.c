@@ -110,6 +110,7 @@ int main(void) {
   rejects_null(ot_optimizer_get_learning_rate(NULL, &f64), "ot_optimizer_get_learning_rate");
   rejects_null(ot_optimizer_step_count(NULL, &i64), "ot_optimizer_step_count");
   rejects_null(ot_optimizer_set_data_parallel(NULL, 1, 0, 0, 0), "ot_optimizer_set_data_parallel");
+  rejects_null(ot_optimizer_set_data_parallel_overlap(NULL, 1, 1), "ot_optimizer_set_data_parallel_overlap");
   {
     int rank = -1, size = 0;
     if (ot_distributed_init(&rank, &size, NULL) != OT_OK || rank != 0 || size != 1) {

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "distributed/data_parallel.h"
 
@@ -34,7 +35,14 @@ class ScriptedCommunicator final : public Communicator {
   }
   void barrier() override {}
   [[noreturn]] void abort(int) override { std::abort(); }
+  // Posted jobs wait in a queue until drain(), so a test sees which buckets have started.
+  void post(std::function<void()> job) override { jobs.push_back(std::move(job)); }
+  void drain() override {
+    for (auto& job : jobs) job();
+    jobs.clear();
+  }
 
+  std::vector<std::function<void()>> jobs;
   double other = 1.0;
   uint64_t peer_value = 0;
   std::vector<int64_t> counts;
@@ -64,6 +72,65 @@ TEST(GradientAllreducer, PacksBucketsAndAverages) {
       ASSERT_FLOAT_EQ(grads[t].data<float>()[i], (before[t].data<float>()[i] + 3.0f) / 2.0f) << "tensor " << t;
   EXPECT_EQ(reducer.stats().calls, 3);
   EXPECT_EQ(reducer.stats().bytes, (30 + 40 + 11) * 4);
+}
+
+TEST(GradientAllreducer, ReadyOrderCutsTheBuckets) {
+  ScriptedCommunicator comm;
+  // In ready order 4, 3, 2, 1, 0: (6 + 5) floats, then 40 alone, then 20 + 10.
+  std::vector<Tensor> grads = {filled(10, 0), filled(20, 100), filled(40, 200), filled(5, 300), filled(6, 400)};
+  GradientAllreducer reducer(comm, 128);
+  reducer.set_order({4, 3, 2, 1, 0});
+  reducer.average(grads);
+  EXPECT_EQ(comm.counts, (std::vector<int64_t>{11, 40, 30}));
+  EXPECT_EQ(reducer.last_bucket_sizes(), (std::vector<int64_t>{2, 1, 2}));
+  EXPECT_THROW(reducer.set_order({0, 0, 1, 2, 3}), Error);
+}
+
+TEST(GradientAllreducer, OverlappedStartsFullBucketsInOrderAndMatchesBlocking) {
+  ScriptedCommunicator comm;
+  comm.other = 0.37;
+  std::vector<Tensor> blocking = {filled(10, 0.1f), filled(20, 100.3f), filled(40, 200.7f), filled(5, 300.9f),
+                                  filled(6, 400.2f)};
+  std::vector<Tensor> overlapped;
+  for (const Tensor& g : blocking) overlapped.push_back(g.clone());
+  GradientAllreducer a(comm, 128), b(comm, 128);
+  a.set_order({4, 3, 2, 1, 0});
+  b.set_order({4, 3, 2, 1, 0});
+  a.average(blocking);
+  comm.counts.clear();
+  b.begin(overlapped);
+  b.ready(1, overlapped[1]);  // bucket 2 (tensors 1, 0) is not full
+  b.ready(4, overlapped[4]);  // bucket 0 (4, 3) is not full
+  EXPECT_EQ(comm.jobs.size(), 0u);
+  b.ready(0, overlapped[0]);  // bucket 2 is full, but buckets 0 and 1 have not started
+  EXPECT_EQ(comm.jobs.size(), 0u);
+  b.ready(3, overlapped[3]);  // bucket 0 starts
+  EXPECT_EQ(comm.jobs.size(), 1u);
+  b.ready(2, overlapped[2]);  // bucket 1 and then the waiting bucket 2
+  EXPECT_EQ(comm.jobs.size(), 3u);
+  b.finish();
+  EXPECT_EQ(comm.counts, (std::vector<int64_t>{11, 40, 30}));
+  for (size_t t = 0; t < blocking.size(); ++t)
+    EXPECT_EQ(std::memcmp(blocking[t].data(), overlapped[t].data(), blocking[t].nbytes()), 0) << "tensor " << t;
+  EXPECT_EQ(b.stats().overlapped_steps, 1);
+  EXPECT_EQ(b.stats().calls, 3);
+}
+
+TEST(GradientAllreducer, OverlappedStepMissingAGradientIsAnError) {
+  ScriptedCommunicator comm;
+  std::vector<Tensor> grads = {filled(4, 0), filled(4, 1)};
+  GradientAllreducer reducer(comm, 1 << 20);
+  reducer.begin(grads);
+  reducer.ready(0, grads[0]);
+  EXPECT_THROW(reducer.ready(0, grads[0]), Error);  // twice
+  EXPECT_THROW(reducer.ready(1, filled(3, 0)), Error);  // not its parameter's shape
+  try {
+    reducer.finish();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("never handed over"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(reducer.in_step());
 }
 
 TEST(GradientAllreducer, DtypeChangeStartsANewBucket) {

@@ -194,6 +194,47 @@ TEST(Executor, OutputThatIsAnInputIsCopied) {
   EXPECT_EQ(out[0].data<float>()[1], 2.0f);
 }
 
+// Outputs handed over as they become final: a = relu(x) (read again by the last step), b =
+// exp(a), then y = a * b. a is final after step 0, b after step 1, y after step 2; x, an output
+// too, before step 0 (a copy). A taken output leaves run()'s result empty, and the hook sees each
+// value while the steps after its producer have not run yet.
+TEST(Executor, OutputsAreHandedOverWhenFinal) {
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{3})};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt), value("b", DType::kFloat32, std::nullopt),
+               value("a", DType::kFloat32, std::nullopt), value("x", DType::kFloat32, std::nullopt)};
+  g.nodes = {make_node("Relu", {"x"}, {"a"}), make_node("Exp", {"a"}, {"b"}), make_node("Mul", {"a", "b"}, {"y"})};
+  Executor exec(make_model(std::move(g)));
+  EXPECT_EQ(exec.output_ready_step("a"), 0);
+  EXPECT_EQ(exec.output_ready_step("b"), 1);
+  EXPECT_EQ(exec.output_ready_step("y"), 2);
+  EXPECT_EQ(exec.output_ready_step("x"), -1);
+  Tensor x = Tensor::from_vector<float>({-1, 0.5f, 2}, {3});
+  for (int run = 0; run < 2; ++run) {  // the recording run and a planned one
+    std::vector<size_t> order;
+    std::map<size_t, Tensor> taken;
+    auto out = exec.run({{"x", x}}, {}, [&](size_t index, const Tensor& v) {
+      order.push_back(index);
+      if (index == 3) {
+        EXPECT_FALSE(v.shares_storage_with(x));
+      }
+      if (index == 1 || index == 2) {  // take a and b; leave y and x in the result
+        taken[index] = v;
+        return true;
+      }
+      return false;
+    });
+    EXPECT_EQ(order, (std::vector<size_t>{3, 2, 1, 0})) << "run " << run;
+    ASSERT_EQ(out.size(), 4u);
+    EXPECT_FALSE(out[1].defined());
+    EXPECT_FALSE(out[2].defined());
+    EXPECT_FLOAT_EQ(taken[2].data<float>()[2], 2.0f);
+    EXPECT_FLOAT_EQ(taken[1].data<float>()[1], std::exp(0.5f));
+    EXPECT_FLOAT_EQ(out[0].data<float>()[2], 2.0f * std::exp(2.0f));
+    EXPECT_FLOAT_EQ(out[3].data<float>()[0], -1.0f);
+  }
+}
+
 TEST(ModelIO, RoundTripsThroughProtobuf) {
   Model m = chain_model();
   m.graph.initializers["w"] = Tensor::from_vector<float>({1, 2, 3}, {3});

@@ -1,11 +1,12 @@
 // Test helper for tests/python/test_distributed.py: data-parallel training through the public
 // C++ API (Module, Optimizer::set_data_parallel), run under mpirun or alone.
 //
-//   dp_train ARTIFACTS DATA.npz OUT.npz GLOBAL_BATCH STEPS ACCUM [dp]
+//   dp_train ARTIFACTS DATA.npz OUT.npz GLOBAL_BATCH STEPS ACCUM [dp|dp-blocking]
 //
 // Micro-batch g covers rows [g*B, (g+1)*B) of DATA (x, y; wrapping); with N ranks, rank r takes
 // rows [g*B + r*B/N, g*B + (r+1)*B/N). Every STEPS update accumulates ACCUM micro-batches. With
-// "dp" the optimizer averages gradients over the ranks. Rank 0 writes the trained parameters.
+// "dp" the optimizer averages gradients over the ranks, each bucket during the backward of the
+// update's last micro-batch; "dp-blocking" after it. Rank 0 writes the trained parameters.
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -19,12 +20,13 @@ using namespace onnxtrain;
 
 int main(int argc, char** argv) {
   if (argc < 7) {
-    std::fprintf(stderr, "usage: dp_train ARTIFACTS DATA.npz OUT.npz GLOBAL_BATCH STEPS ACCUM [dp]\n");
+    std::fprintf(stderr, "usage: dp_train ARTIFACTS DATA.npz OUT.npz GLOBAL_BATCH STEPS ACCUM [dp|dp-blocking]\n");
     return 2;
   }
   const std::filesystem::path dir = argv[1];
   const int64_t batch = std::atoll(argv[4]), steps = std::atoll(argv[5]), accum = std::atoll(argv[6]);
-  const bool dp = argc > 7 && std::string(argv[7]) == "dp";
+  const std::string mode = argc > 7 ? argv[7] : "";
+  const bool dp = mode == "dp" || mode == "dp-blocking";
   DistributedWorld world;
   try {
     if (dp) world = distributed_init();
@@ -42,6 +44,8 @@ int main(int argc, char** argv) {
       o.enabled = true;
       o.bucket_bytes = 4096;  // several buckets even for a tiny model
       o.check_every = 10;
+      o.overlap = mode == "dp";
+      o.gradient_accumulation_steps = accum;
       optimizer.set_data_parallel(o);
     }
     Dataset data(load_npz(argv[2], {"x", "y"}), argv[2]);

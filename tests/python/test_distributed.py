@@ -113,6 +113,24 @@ def test_cpp_two_ranks_equal_one_process(work, tmp_path, opt, accum):
     assert any(np.abs(one[k] - start[k]).max() > 1e-3 for k in one), "training did not move the parameters"
 
 
+@pytest.mark.parametrize("opt,accum", [("adamw", 1), ("sgd", 3)])
+def test_overlapped_allreduce_is_bit_identical_to_blocking(work, tmp_path, opt, accum):
+    # The same buckets, packed, reduced and unpacked the same way: during the backward of the
+    # update's last micro-batch (comm thread) or after it.
+    art, data = work / opt, work / "data.npz"
+    run([DP_TRAIN, art, data, tmp_path / "overlap.npz", 16, 50, accum, "dp"], ranks=2)
+    run([DP_TRAIN, art, data, tmp_path / "blocking.npz", 16, 50, accum, "dp-blocking"], ranks=2)
+    overlap, blocking = npz_params(tmp_path / "overlap.npz"), npz_params(tmp_path / "blocking.npz")
+    assert overlap.keys() == blocking.keys()
+    for k in overlap:
+        assert np.array_equal(overlap[k], blocking[k]), k
+    run([PYTHON, WORKER, art, data, tmp_path / "py_blocking.npz", 16, 50, accum, "blocking"], ranks=2)
+    py_blocking = npz_params(tmp_path / "py_blocking.npz")
+    for k in overlap:
+        assert np.array_equal(overlap[k], py_blocking["p_" + k]), k
+    assert np.load(tmp_path / "py_blocking.npz")["stats"][3] == 0  # no step overlapped
+
+
 @pytest.mark.parametrize("opt,accum", CASES)
 def test_python_two_ranks_equal_one_process(work, tmp_path, opt, accum):
     art, data = work / opt, work / "data.npz"
@@ -122,8 +140,9 @@ def test_python_two_ranks_equal_one_process(work, tmp_path, opt, accum):
     assert_close(npz_params(tmp_path / "two.npz"), npz_params(tmp_path / "one.npz"))
     # The rank-0 loss is its half of the batch: the mean of both halves is the one-process loss.
     assert len(two["losses"]) == 50 * accum
-    steps, calls, nbytes = two["stats"]
+    steps, calls, nbytes, overlapped = two["stats"]
     assert steps == 50 and calls >= 50 and nbytes == 50 * (8 * 16 + 16 + 16 * 4 + 4) * 4
+    assert overlapped == 50  # every update reduced during its last micro-batch's backward
     assert one["stats"][0] == 0  # one process: no allreduce
 
 
