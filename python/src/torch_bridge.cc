@@ -193,8 +193,12 @@ class TorchRunner {
     return to_capsules(outs);
   }
 
-  // Returns the gradients (parallel to wrt) as capsules.
-  py::list backward(const py::sequence& seeds, const py::sequence& saved, const py::sequence& feeds) {
+  // Returns the gradients (parallel to wrt) as capsules. With on_gradient, each gradient is also
+  // offered to on_gradient(index, capsule) as soon as the backward has finished it (the GIL is
+  // taken for the call); when it returns True the host keeps it, the list holds None there, and
+  // the executor frees its own reference (memory-efficient gradient management).
+  py::list backward(const py::sequence& seeds, const py::sequence& saved, const py::sequence& feeds,
+                    const py::object& on_gradient) {
     OT_CHECK(backward_, "TrainModule: this graph was built without gradients");
     std::map<std::string, Tensor> named;
     bind(named, seeds, fb_.seeds, fb_.backward.graph, "upstream gradient");
@@ -206,12 +210,20 @@ class TorchRunner {
     }
     bind(named, feeds, fb_.backward_feeds, fb_.backward.graph, "backward feed");
     std::vector<Tensor> grads;
+    OutputReadyFn hand_over;
+    if (!on_gradient.is_none())
+      hand_over = [&](size_t index, const Tensor& g) {
+        py::gil_scoped_acquire acquire;
+        return on_gradient(index, tensor_to_dlpack(g)).cast<bool>();
+      };
     {
       py::gil_scoped_release release;
-      grads = backward_->run(named);
+      grads = backward_->run(named, {}, hand_over);
     }
     named.clear();
-    return to_capsules(grads);
+    py::list out;
+    for (const auto& t : grads) out.append(t.defined() ? tensor_to_dlpack(t) : py::object(py::none()));
+    return out;
   }
 
   std::string memory_report() const {
@@ -277,7 +289,8 @@ void bind_torch_bridge(py::module_& m) {
            py::arg("optimize") = true, py::arg("compute_optimizer") = true, py::arg("mixed_precision") = "")
       .def("forward", &TorchRunner::forward, py::arg("feeds"), py::arg("random_seed") = py::none())
       .def_property_readonly("is_random", &TorchRunner::is_random)
-      .def("backward", &TorchRunner::backward, py::arg("seeds"), py::arg("saved"), py::arg("feeds"))
+      .def("backward", &TorchRunner::backward, py::arg("seeds"), py::arg("saved"), py::arg("feeds"),
+           py::arg("on_gradient") = py::none())
       .def_property_readonly("has_backward", &TorchRunner::has_backward)
       .def_property_readonly("inputs", [](const TorchRunner& r) { return r.graphs().inputs; })
       .def_property_readonly("forward_feeds", [](const TorchRunner& r) { return positions(r.graphs().forward_feeds, r.graphs().inputs); })

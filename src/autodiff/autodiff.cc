@@ -1,5 +1,6 @@
 #include "autodiff/autodiff.h"
 
+#include <algorithm>
 #include <map>
 #include <unordered_map>
 #include <unordered_set>
@@ -215,7 +216,11 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
     }
   }
 
-  // 4. Name the gradients "<wrt>_grad" and make them graph outputs.
+  // 4. Name the gradients "<wrt>_grad" and make them graph outputs. Each naming Identity goes
+  // right after the node that finishes the gradient, not at the end: the executor then sees the
+  // gradient final there (Executor::OutputReadyFn), and data parallelism and TrainModule's
+  // memory-efficient gradients hand it over while the rest of the backward runs.
+  std::vector<std::pair<size_t, Node>> namings;  // (after backward[slot - 1], the Identity)
   for (const auto& w : wrt) {
     std::string grad = grads.get(w, backward, names);
     GraphBuilder b(model, w + "/grad", &names, &backward);
@@ -226,14 +231,25 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
     id.name = out + "/identity";
     id.inputs = {grad};
     id.outputs = {out};
-    backward.push_back(id);
+    size_t slot = backward.size();  // a value the forward made, or zeros just appended: at the end
+    for (size_t k = backward.size(); k-- > 0;)
+      if (std::find(backward[k].outputs.begin(), backward[k].outputs.end(), grad) != backward[k].outputs.end()) {
+        slot = k + 1;
+        break;
+      }
+    namings.emplace_back(slot, std::move(id));
     ValueInfo vi{dtype_of(w), std::nullopt, {}};
     if (auto it = g.initializers.find(w); it != g.initializers.end()) vi.shape = it->second.shape();
     for (const auto& in : g.inputs) if (in.name == w) vi = in.info;
     g.outputs.push_back({out, vi});
     result.gradient_outputs.push_back(out);
   }
-  for (auto& n : backward) g.nodes.push_back(std::move(n));
+  std::stable_sort(namings.begin(), namings.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  auto naming = namings.begin();
+  for (size_t k = 0; k <= backward.size(); ++k) {
+    for (; naming != namings.end() && naming->first == k; ++naming) g.nodes.push_back(std::move(naming->second));
+    if (k < backward.size()) g.nodes.push_back(std::move(backward[k]));
+  }
   if (info) *info = result;
   return model;
 }

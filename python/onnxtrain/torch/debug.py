@@ -1,6 +1,6 @@
 """Settings of TrainModule: ``DebugOptions`` and the ``ONNXTRAIN_*`` environment variables
 (LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_OPT_LEVEL, MEMORY_OPT_CONFIG,
-ENABLE_COMPUTE_OPTIMIZER, MIXED_PRECISION; ORTMODULE_* aliases), read when a TrainModule is
+ENABLE_COMPUTE_OPTIMIZER, ENABLE_MEM_EFFICIENT_GRAD_MGMT, MIXED_PRECISION; ORTMODULE_* aliases), read when a TrainModule is
 made. Their table, with values and defaults, is in the README's TrainModule section. An explicit
 ``DebugOptions(...)`` argument wins over the environment for its own fields.
 """
@@ -36,6 +36,7 @@ ORTMODULE_ALIASES = {
     "ONNXTRAIN_MEMORY_OPT_LEVEL": "ORTMODULE_MEMORY_OPT_LEVEL",
     "ONNXTRAIN_MEMORY_OPT_CONFIG": "ORTMODULE_MEMORY_OPT_CONFIG",
     "ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER": "ORTMODULE_ENABLE_COMPUTE_OPTIMIZER",
+    "ONNXTRAIN_ENABLE_MEM_EFFICIENT_GRAD_MGMT": "ORTMODULE_ENABLE_MEM_EFFICIENT_GRAD_MGMT",
 }
 
 
@@ -119,6 +120,9 @@ class Settings:
     memory_opt_config: str  # "cluster:strategy:count,...", checked against the model's clusters
     compute_optimizer: bool  # Gathers of a few rows move upstream (on by default)
     mixed_precision: str = ""  # "", "bf16" or "fp16" (ONNXTRAIN_MIXED_PRECISION)
+    # Each parameter's gradient goes to torch (.grad, its AccumulateGrad hooks: DDP) as soon as
+    # the backward graph finishes it, and onnxtrain's copy is freed (off by default).
+    mem_efficient_grad: bool = False
 
     @staticmethod
     def load(debug_options: "DebugOptions | None") -> "Settings":
@@ -129,7 +133,8 @@ class Settings:
                         memory_opt_level=_memory_opt_level(),
                         memory_opt_config=_env("ONNXTRAIN_MEMORY_OPT_CONFIG", ""),
                         compute_optimizer=_env_int("ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER", 1, {0, 1}) == 1,
-                        mixed_precision=_env_choice("ONNXTRAIN_MIXED_PRECISION", "", {"", "none", "bf16", "fp16"}))
+                        mixed_precision=_env_choice("ONNXTRAIN_MIXED_PRECISION", "", {"", "none", "bf16", "fp16"}),
+                        mem_efficient_grad=_env_int("ONNXTRAIN_ENABLE_MEM_EFFICIENT_GRAD_MGMT", 0, {0, 1}) == 1)
 
     def log(self, level: LogLevel, message: str) -> None:
         if level < self.debug.log_level:

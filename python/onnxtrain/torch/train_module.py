@@ -117,11 +117,15 @@ class _Graph:
 
 class _RunGraph(torch.autograd.Function):
     """Forward and backward through onnxtrain. Arguments: the TrainModule, the graph, the flat
-    input tensors, then the parameters to differentiate (so autograd fills their .grad)."""
+    input tensors, then the parameters to differentiate (so autograd fills their .grad once the
+    backward returns); with memory-efficient gradient management an anchor (an empty tensor that
+    requires grad) stands in for the parameters, and each parameter gets its gradient during the
+    backward instead (_hand_over)."""
 
     @staticmethod
     def forward(ctx, owner: "TrainModule", graph: _Graph, n_inputs: int, *tensors):
         outputs, saved, feeds = owner._run_forward(graph, tensors[:n_inputs])
+        ctx.owner = owner
         ctx.graph = graph
         ctx.n_inputs = n_inputs
         ctx.n_params = len(tensors) - n_inputs
@@ -138,14 +142,16 @@ class _RunGraph(torch.autograd.Function):
         stored = ctx.saved_tensors
         saved, feeds = stored[: ctx.n_saved], stored[ctx.n_saved:]
         seeds = [grad_outputs[i] for i in graph.seeded]
+        owner: TrainModule = ctx.owner
+        on_gradient = owner._hand_over(graph) if owner._settings.mem_efficient_grad else None
         grads = graph.runner.backward([_capsule(g) for g in seeds], [_capsule(t) for t in saved],
-                                      [_capsule(t) for t in feeds])
+                                      [_capsule(t) for t in feeds], on_gradient)
         result: List[Optional[torch.Tensor]] = [None] * (ctx.n_inputs + ctx.n_params)
         param = ctx.n_inputs
         for (kind, where), grad in zip(graph.wrt, grads):
             if kind == "input":
                 result[where] = _tensor(grad)
-            else:
+            elif on_gradient is None:
                 result[param] = _tensor(grad)
                 param += 1
         return (None, None, None, *result)
@@ -256,11 +262,34 @@ class TrainModule(nn.Module):
             self._settings.log(LogLevel.WARNING, message)
             return self._original_module(*args, **kwargs)
         if graph.runner.has_backward:
-            params = [self._state(name) for kind, name in graph.wrt if kind == "state"]
+            if self._settings.mem_efficient_grad:
+                # The parameters get their gradients during our backward (_hand_over): the anchor
+                # only makes the outputs require grad.
+                anchor = self.__dict__.get("_grad_anchor")
+                if anchor is None:
+                    anchor = self.__dict__["_grad_anchor"] = torch.empty(0, requires_grad=True)
+                params = [anchor]
+            else:
+                params = [self._state(name) for kind, name in graph.wrt if kind == "state"]
             flat = _RunGraph.apply(self, graph, len(inputs), *inputs, *params)
         else:
             flat, _, _ = self._run_forward(graph, inputs)
         return _tree.unflatten(graph.export.out_structure, iter(flat))
+
+    def _hand_over(self, graph: _Graph):
+        """The backward's callback under ONNXTRAIN_ENABLE_MEM_EFFICIENT_GRAD_MGMT=1: each parameter's
+        gradient, as soon as the backward graph has finished it, goes through a re-entrant
+        ``torch.autograd.backward`` on the parameter (a leaf): its AccumulateGrad node adds it to
+        ``.grad`` (or adopts it) and runs its hooks, so DistributedDataParallel marks the parameter
+        ready and may start its bucket's allreduce while our backward goes on. Returning True
+        lets onnxtrain free its reference at once."""
+        def on_gradient(index: int, capsule) -> bool:
+            kind, where = graph.wrt[index]
+            if kind != "state":
+                return False  # an input's gradient goes back through autograd as usual
+            torch.autograd.backward(self._state(where), _tensor(capsule))
+            return True
+        return on_gradient
 
     def _state(self, key: str) -> torch.Tensor:
         """The parameter or buffer named ``key`` now (looked up each call: it may have been replaced)."""
