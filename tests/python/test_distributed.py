@@ -131,6 +131,31 @@ def test_overlapped_allreduce_is_bit_identical_to_blocking(work, tmp_path, opt, 
     assert np.load(tmp_path / "py_blocking.npz")["stats"][3] == 0  # no step overlapped
 
 
+EXTRA_MICRO_STEP = """
+import os, sys
+import numpy as np
+import onnxtrain.distributed as dist
+from onnxtrain.api import CheckpointState, Module, Optimizer
+art = sys.argv[1]
+dist.init()
+state = CheckpointState.load_checkpoint(os.path.join(art, "checkpoint"))
+module = Module(os.path.join(art, "training_model.onnx"), state)
+optimizer = Optimizer(os.path.join(art, "optimizer_model.onnx"), module, data_parallel=True,
+                      gradient_accumulation_steps=2)
+x, y = np.ones((4, 8), np.float32), np.zeros(4, np.int64)
+for _ in range(3):  # one train step more than the update holds
+    module(x, y)
+"""
+
+
+def test_a_train_step_after_the_reducing_one_is_an_error(work, tmp_path):
+    script = tmp_path / "extra_micro_step.py"
+    script.write_text(EXTRA_MICRO_STEP)
+    r = run([PYTHON, script, work / "adamw"], ranks=2, check=False)
+    assert r.returncode != 0
+    assert "gradient_accumulation_steps = 2" in r.stderr and "averaged over the ranks" in r.stderr, r.stderr
+
+
 @pytest.mark.parametrize("opt,accum", CASES)
 def test_python_two_ranks_equal_one_process(work, tmp_path, opt, accum):
     art, data = work / opt, work / "data.npz"
