@@ -287,7 +287,9 @@ class TrainModule(nn.Module):
             kind, where = graph.wrt[index]
             if kind != "state":
                 return False  # an input's gradient goes back through autograd as usual
-            torch.autograd.backward(self._state(where), _tensor(capsule))
+            param, grad = self._state(where), _tensor(capsule)
+            # As autograd's own check of a Function's outputs would: the parameter's dtype.
+            torch.autograd.backward(param, grad if grad.dtype == param.dtype else grad.to(param.dtype))
             return True
         return on_gradient
 
