@@ -1,6 +1,7 @@
 """Settings of TrainModule: ``DebugOptions`` and the ``ONNXTRAIN_*`` environment variables
 (LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_OPT_LEVEL, MEMORY_OPT_CONFIG,
-ENABLE_COMPUTE_OPTIMIZER, MIXED_PRECISION; ORTMODULE_* aliases), read when a TrainModule is
+ENABLE_COMPUTE_OPTIMIZER, ENABLE_LABEL_SPARSITY_OPTIMIZATION, ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION,
+PRINT_INPUT_DENSITY, MIXED_PRECISION; ORTMODULE_* aliases), read when a TrainModule is
 made. Their table, with values and defaults, is in the README's TrainModule section. An explicit
 ``DebugOptions(...)`` argument wins over the environment for its own fields.
 """
@@ -36,6 +37,10 @@ ORTMODULE_ALIASES = {
     "ONNXTRAIN_MEMORY_OPT_LEVEL": "ORTMODULE_MEMORY_OPT_LEVEL",
     "ONNXTRAIN_MEMORY_OPT_CONFIG": "ORTMODULE_MEMORY_OPT_CONFIG",
     "ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER": "ORTMODULE_ENABLE_COMPUTE_OPTIMIZER",
+    # ORTModule's sparse optimizer switch covers labels (and embeddings, with the next one).
+    "ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION": "ORTMODULE_ENABLE_SPARSE_OPTIMIZER",
+    "ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION": "ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER",
+    "ONNXTRAIN_PRINT_INPUT_DENSITY": "ORTMODULE_PRINT_INPUT_DENSITY",
 }
 
 
@@ -119,6 +124,9 @@ class Settings:
     memory_opt_config: str  # "cluster:strategy:count,...", checked against the model's clusters
     compute_optimizer: bool  # Gathers of a few rows move upstream (on by default)
     mixed_precision: str = ""  # "", "bf16" or "fp16" (ONNXTRAIN_MIXED_PRECISION)
+    label_sparsity: bool = True       # losses with ignore_index take the kept rows (when sparse enough)
+    embedding_sparsity: bool = False  # padded tokens skip the token-wise layers (the model must mask them)
+    print_input_density: bool = False  # label and padding density of each step, on stdout
 
     @staticmethod
     def load(debug_options: "DebugOptions | None") -> "Settings":
@@ -129,7 +137,10 @@ class Settings:
                         memory_opt_level=_memory_opt_level(),
                         memory_opt_config=_env("ONNXTRAIN_MEMORY_OPT_CONFIG", ""),
                         compute_optimizer=_env_int("ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER", 1, {0, 1}) == 1,
-                        mixed_precision=_env_choice("ONNXTRAIN_MIXED_PRECISION", "", {"", "none", "bf16", "fp16"}))
+                        mixed_precision=_env_choice("ONNXTRAIN_MIXED_PRECISION", "", {"", "none", "bf16", "fp16"}),
+                        label_sparsity=_env_int("ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION", 1, {0, 1}) == 1,
+                        embedding_sparsity=_env_int("ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION", 0, {0, 1}) == 1,
+                        print_input_density=_env_int("ONNXTRAIN_PRINT_INPUT_DENSITY", 0, {0, 1}) == 1)
 
     def log(self, level: LogLevel, message: str) -> None:
         if level < self.debug.log_level:
