@@ -171,8 +171,11 @@ void split(const Model& full, ForwardBackwardGraphs& fb) {
   fb.backward = std::move(backward);
 }
 
-void apply_sparsity(Model& m, const ForwardBackwardOptions& o) {
+// Labels first (their row gather may reach the positions the compute optimizer takes), padding
+// last (so a head on token 0 still runs on those rows only, not on every kept token).
+void optimize_rows(Model& m, const ForwardBackwardOptions& o) {
   if (o.label_sparsity) compute_kept_labels_only(m);
+  if (o.compute_optimizer) move_gathers_upstream(m);
   strip_padding(m, o.padding_index);
 }
 
@@ -205,8 +208,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
 
   const DType low = mixed_precision_dtype(o.mixed_precision);
   if (o.wrt.empty()) {
-    apply_sparsity(m, o);
-    if (o.compute_optimizer) move_gathers_upstream(m);
+    optimize_rows(m, o);
     if (low != DType::kUndefined) {
       fuse_for_training(m);
       convert_to_mixed_precision(m, low);
@@ -223,8 +225,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   // differentiating the pieces. Inference-only fusions (FusedConv, no gradient) wait until the
   // whole graph is built.
   if (o.optimize) simplify_graph(m);
-  apply_sparsity(m, o);
-  if (o.compute_optimizer) move_gathers_upstream(m);
+  optimize_rows(m, o);
   fuse_for_training(m);
   if (low != DType::kUndefined) convert_to_mixed_precision(m, low);  // host values stay fp32 inputs
   GradientGraphInfo info;
