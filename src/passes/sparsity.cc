@@ -77,14 +77,30 @@ struct Emitter {
     const int64_t n = int64_t(v.size());
     return constant(Tensor::from_vector<int64_t>(v, {n}), what);
   }
-  // Positions of the entries of the 1-D `values` that differ from `skip`: [K] int64.
-  std::string kept_positions(const std::string& values, int64_t skip, DType dtype, std::string* mask_out = nullptr) {
+  // Positions of the entries of the 1-D `values` that differ from `skip`: [K] int64, the kept
+  // ones in order. With `n` (the static length of `values`) K is rounded up to a multiple of n / 16
+  // with positions that hold `skip`: the executor plans memory per distinct input shape (the
+  // backward's saved values), and a count that changes with every batch would record a plan per
+  // batch; so at most 16. The rows added compute values that nothing reads (padding) or that the
+  // loss ignores (labels), and their gradients are zeros.
+  std::string kept_positions(const std::string& values, int64_t skip, DType dtype, int64_t n,
+                             std::string* mask_out = nullptr) {
     Tensor s = dtype == DType::kInt32 ? Tensor::scalar<int32_t>(int32_t(skip)) : Tensor::scalar<int64_t>(skip);
     std::string eq = node("Equal", {values, constant(std::move(s), "skipped_value")});
     std::string mask = node("Not", {eq});
     if (mask_out) *mask_out = mask;
     std::string nz = node("NonZero", {mask});
-    return node("Reshape", {nz, int64s({-1}, "flat")});
+    std::string kept = node("Reshape", {nz, int64s({-1}, "flat")});
+    if (n <= 16) return kept;
+    const int64_t step = (n + 15) / 16;
+    std::string skipped = node("Reshape", {node("NonZero", {eq}), int64s({-1}, "flat")});
+    std::string order = node("Concat", {kept, skipped}, {{"axis", Attribute::of(int64_t(0))}});
+    std::string count = node("Slice", {node("Shape", {nz}), int64s({1}, "one"), int64s({2}, "two")});
+    std::string up = node("Mul", {node("Div", {node("Add", {count, int64s({step - 1}, "step_less_one")}),
+                                              int64s({step}, "step")}),
+                                 int64s({step}, "step")});
+    std::string rows = node("Min", {up, int64s({n}, "n")});
+    return node("Slice", {order, int64s({0}, "zero"), rows});
   }
 };
 
@@ -157,7 +173,7 @@ bool keep_labels_of(Model& model, size_t li) {
 
   std::vector<Node> added;
   Emitter e{g, added, loss.name + "/kept_labels"};
-  const std::string kept = e.kept_positions(loss.inputs[1], loss.attr_int("ignore_index", 0), label_dtype);
+  const std::string kept = e.kept_positions(loss.inputs[1], loss.attr_int("ignore_index", 0), label_dtype, (*labels)[0]);
   std::string rows = top;
   if (top_shape->size() > 2)
     rows = e.node("Flatten", {top}, {{"axis", Attribute::of(int64_t(top_shape->size()) - 1)}});
@@ -378,7 +394,7 @@ int strip_padding(Model& model, const std::map<std::string, int64_t>& padding_in
   auto prepare = [&] {
     if (!kept.empty()) return;
     const std::string flat_ids = e.node("Reshape", {r.ids, e.int64s({-1}, "flat")});
-    kept = e.kept_positions(flat_ids, r.pad, ids_dtype, &mask);
+    kept = e.kept_positions(flat_ids, r.pad, ids_dtype, numel(r.ids_shape), &mask);
     kept_ids = e.node("Gather", {flat_ids, kept}, {{"axis", Attribute::of(int64_t(0))}});
     const std::string ones = e.node("Cast", {mask}, {{"to", Attribute::of(int64_t(DType::kInt64))}});
     const std::string rank = e.node("CumSum", {ones, e.constant(Tensor::scalar<int64_t>(0), "axis")});

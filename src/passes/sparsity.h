@@ -28,6 +28,10 @@
 // the model the pass cannot check, so it runs only where its user asks for it.
 // The ids' shape and the hidden dims must be static (TrainModule exports are); one padding region
 // per graph (the first embedding lookup named, and others on the same ids).
+//
+// Both passes round the number of kept rows up to a multiple of 1/16 of all rows (with rows that
+// are ignored or padding, whose values nothing reads and whose gradients are zeros): the executor
+// records a plan per distinct input shape, so a schema gets at most 16, not one per batch.
 #pragma once
 
 #include <map>
