@@ -14,6 +14,11 @@ optimizers, schedulers, clipping, ``state_dict`` and DistributedDataParallel (wr
 TrainModule) keep working. BatchNorm running statistics are updated in place, as torch does.
 Under ``torch.no_grad()`` or when nothing requires grad only the forward graph runs.
 
+When the module computes its loss (cross-entropy with ignore_index) or embeds ids with an
+``nn.Embedding(padding_idx=...)``, the density of those inputs in a schema's first batch decides
+whether its graphs compute the kept label rows only, or strip the padded tokens from the token-wise
+layers (src/passes/sparsity.h; ONNXTRAIN_ENABLE_{LABEL,EMBEDDING}_SPARSITY_OPTIMIZATION).
+
 When the export or the graph build fails, TrainModule raises ``TrainModuleError`` naming the op or
 construct; with ``ONNXTRAIN_FALLBACK=warn`` it warns once, saying why, and runs the PyTorch module.
 The ONNXTRAIN_* environment variables are in the README's table (``onnxtrain.torch.debug``).
