@@ -59,6 +59,7 @@ bench: setup
 	$(PYTHON) bench/bench_mixed_precision.py
 	$(PYTHON) bench/bench_lora.py
 	$(PYTHON) bench/bench_memory.py
+	$(PYTHON) bench/bench_sparsity.py
 
 # AddressSanitizer/UBSan build of the library and C++ tests.
 sanitize: deps

@@ -125,6 +125,9 @@ class BertConfig:
     ffn: int = 1024
     max_len: int = 128
     layer_norm_eps: float = 1e-12
+    # Token id of padding: nn.Embedding's padding_idx, and the encoder's attention ignores padded
+    # keys (so padded positions cannot change the other tokens: what padding sparsity needs).
+    pad_id: Optional[int] = None
 
 
 class SelfAttention(nn.Module):
@@ -145,11 +148,13 @@ class SelfAttention(nn.Module):
         # (B, S, H*D) -> (B, H, S, D); -1 keeps batch and sequence free in the export.
         return x.reshape(x.shape[0], -1, self.heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, key_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
         q = self._split_heads(self.query(x))
         k = self._split_heads(self.key(x))
         v = self._split_heads(self.value(x))
         scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(self.head_dim))
+        if key_bias is not None:  # (B, 1, 1, S): -1e9 at padded keys
+            scores = scores + key_bias
         probs = torch.softmax(scores, dim=-1)
         ctx = torch.matmul(probs, v).transpose(1, 2)                  # (B, S, H, D)
         ctx = ctx.reshape(x.shape[0], -1, self.heads * self.head_dim)  # (B, S, H*D)
@@ -167,8 +172,8 @@ class EncoderLayer(nn.Module):
                                  nn.Linear(cfg.ffn, cfg.hidden))
         self.norm2 = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.norm1(x + self.attn(x))
+    def forward(self, x: torch.Tensor, key_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+        x = self.norm1(x + self.attn(x, key_bias))
         return self.norm2(x + self.ffn(x))
 
 
@@ -181,7 +186,7 @@ class BertEncoder(nn.Module):
     def __init__(self, cfg: BertConfig = BertConfig()):
         super().__init__()
         self.cfg = cfg
-        self.tokens = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.hidden, padding_idx=cfg.pad_id)
         self.positions = nn.Parameter(torch.randn(1, cfg.max_len, cfg.hidden) * 0.02)
         self.norm = nn.LayerNorm(cfg.hidden, eps=cfg.layer_norm_eps)
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.layers))
@@ -189,8 +194,11 @@ class BertEncoder(nn.Module):
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.tokens(ids) + self.positions[:, : ids.shape[1]]
         x = self.norm(x)
+        key_bias = None
+        if self.cfg.pad_id is not None:
+            key_bias = (ids == self.cfg.pad_id).to(x.dtype)[:, None, None, :] * -1e9
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x, key_bias)
         return x
 
 
@@ -247,12 +255,13 @@ class DecoderLayer(nn.Module):
 class GPTDecoder(nn.Module):
     """Token + position embeddings, causal decoder blocks, final LayerNorm, LM head.
 
-    Input: int64 ids (B, S). Output: logits (B, S, vocab).
+    Input: int64 ids (B, S). Output: logits (B, S, vocab). Padding (cfg.pad_id) goes at the end of a
+    sequence: causal attention keeps it from the tokens before it.
     """
 
     def __init__(self, cfg: BertConfig = BertConfig()):
         super().__init__()
-        self.tokens = nn.Embedding(cfg.vocab_size, cfg.hidden)
+        self.tokens = nn.Embedding(cfg.vocab_size, cfg.hidden, padding_idx=cfg.pad_id)
         self.positions = nn.Parameter(torch.randn(1, cfg.max_len, cfg.hidden) * 0.02)
         self.blocks = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.layers))
         self.norm = nn.LayerNorm(cfg.hidden, eps=1e-5)
@@ -332,7 +341,8 @@ MODELS: Dict[str, ModelSpec] = {
 
 class WithCrossEntropy(nn.Module):
     """``model`` followed by its cross-entropy loss: one module whose output is the loss, the form
-    training-mode exports and the training benchmarks take."""
+    training-mode exports and the training benchmarks take. Logits (B, S, C) and targets (B, S)
+    are flattened to token rows first (a language model's loss); targets equal to -100 are ignored."""
 
     def __init__(self, model: nn.Module):
         super().__init__()
@@ -340,7 +350,28 @@ class WithCrossEntropy(nn.Module):
         self.loss = nn.CrossEntropyLoss()
 
     def forward(self, x, target):
-        return self.loss(self.model(x), target)
+        logits = self.model(x)
+        if logits.dim() > 2:
+            logits, target = logits.reshape(-1, logits.shape[-1]), target.reshape(-1)
+        return self.loss(logits, target)
+
+
+def padded_ids(cfg: BertConfig, batch: int, seq: int, padding: float, generator: torch.Generator) -> torch.Tensor:
+    """Token ids (batch, seq) in [1, vocab) whose rows end in ``cfg.pad_id``, about ``padding`` of
+    all positions (row lengths vary by up to a quarter around the mean; each keeps one token)."""
+    ids = torch.randint(1, cfg.vocab_size, (batch, seq), generator=generator)
+    kept = max(1, round((1 - padding) * seq))
+    jitter = kept // 4
+    lengths = (kept + torch.randint(-jitter, jitter + 1, (batch,), generator=generator)).clamp(1, seq)
+    ids[torch.arange(seq)[None, :] >= lengths[:, None]] = cfg.pad_id
+    return ids
+
+
+def ignore_labels(labels: torch.Tensor, fraction: float, generator: torch.Generator) -> torch.Tensor:
+    """``labels`` with about ``fraction`` of them set to -100 (CrossEntropyLoss's ignore_index)."""
+    labels = labels.clone()
+    labels[torch.rand(labels.shape, generator=generator) < fraction] = -100
+    return labels
 
 
 def training_loop_case(name: str, steps: int, seed: int = 0):

@@ -10,6 +10,7 @@
 #include "bindings.h"
 #include "onnx/model_io.h"
 #include "passes/shape_inference.h"
+#include "passes/sparsity.h"
 #include "runtime/executor.h"
 #include "training/forward_backward.h"
 
@@ -268,10 +269,21 @@ class TorchRunner {
 void bind_torch_bridge(py::module_& m) {
   py::module_ t = m.def_submodule("torch_bridge", "DLPack exchange and forward/backward graphs for TrainModule");
 
+  // The inputs whose density decides the sparsity passes: label inputs with their ignore_index,
+  // embedding ids with their table.
+  t.def("sparsity_inputs", [](py::bytes model) {
+    SparsityInputs found = find_sparsity_inputs(load_model_from_bytes(std::string(model), "", "TrainModule export"));
+    py::list labels, embeddings;
+    for (const auto& l : found.labels) labels.append(py::make_tuple(l.input, l.ignore_index));
+    for (const auto& e : found.embeddings) embeddings.append(py::make_tuple(e.input, e.weight));
+    return py::make_tuple(labels, embeddings);
+  }, py::arg("model"));
+
   py::class_<TorchRunner>(t, "Runner")
       .def(py::init([](py::bytes model, const std::string& name, std::vector<std::string> bind,
                        std::vector<std::string> wrt, int memory_opt_level, std::string memory_opt_config,
-                       bool optimize, bool compute_optimizer, std::string mixed_precision) {
+                       bool optimize, bool compute_optimizer, std::string mixed_precision, bool label_sparsity,
+                       std::map<std::string, int64_t> padding_index) {
              ForwardBackwardOptions o;
              o.mixed_precision = std::move(mixed_precision);
              o.bind = std::move(bind);
@@ -280,13 +292,16 @@ void bind_torch_bridge(py::module_& m) {
              o.memory.config = std::move(memory_opt_config);
              o.optimize = optimize;
              o.compute_optimizer = compute_optimizer;
+             o.label_sparsity = label_sparsity;
+             o.padding_index = std::move(padding_index);
              std::string bytes = model;
              py::gil_scoped_release release;
              return std::make_unique<TorchRunner>(bytes, name, o);
            }),
            py::arg("model"), py::arg("name"), py::arg("bind"), py::arg("wrt"), py::arg("memory_opt_level") = 0,
            py::arg("memory_opt_config") = "",
-           py::arg("optimize") = true, py::arg("compute_optimizer") = true, py::arg("mixed_precision") = "")
+           py::arg("optimize") = true, py::arg("compute_optimizer") = true, py::arg("mixed_precision") = "",
+           py::arg("label_sparsity") = false, py::arg("padding_index") = std::map<std::string, int64_t>{})
       .def("forward", &TorchRunner::forward, py::arg("feeds"), py::arg("random_seed") = py::none())
       .def_property_readonly("is_random", &TorchRunner::is_random)
       .def("backward", &TorchRunner::backward, py::arg("seeds"), py::arg("saved"), py::arg("feeds"),

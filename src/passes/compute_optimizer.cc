@@ -7,27 +7,19 @@
 
 namespace onnxtrain {
 
-namespace {
-
-std::optional<Shape> shape_of(const Graph& g, const std::string& v) {
-  if (auto it = g.initializers.find(v); it != g.initializers.end()) return it->second.shape();
-  for (const auto& in : g.inputs)
-    if (in.name == v) return in.info.shape;
-  if (auto it = g.value_info.find(v); it != g.value_info.end()) return it->second.shape;
-  return std::nullopt;
-}
-
-bool row_wise_unary(const Node& n) {
+bool is_row_wise_unary(const Node& n) {
   static const std::unordered_set<std::string> kOps = {"Relu", "Tanh", "Sigmoid", "Erf", "Sqrt", "Neg", "Abs", "Exp",
                                                        "Log", "Cast", "Identity", "Reciprocal", "LeakyRelu"};
   if (n.domain == kOnnxTrainDomain) return n.op_type == "Gelu";
   return n.domain.empty() && kOps.count(n.op_type) && n.inputs.size() == 1;
 }
 
-bool elementwise_binary(const Node& n) {
+bool is_elementwise_binary(const Node& n) {
   return n.domain.empty() && n.inputs.size() == 2 &&
          (n.op_type == "Add" || n.op_type == "Sub" || n.op_type == "Mul" || n.op_type == "Div" || n.op_type == "Pow");
 }
+
+namespace {
 
 // Only output 0 of a node is read (LayerNormalization's statistics are unused in a forward graph).
 bool single_output(const Node& n, const std::unordered_map<std::string, int>& uses) {
@@ -47,7 +39,7 @@ bool move_one(Model& model, size_t gi, const std::unordered_map<std::string, siz
   auto pit = producers.find(x);
   if (pit == producers.end() || uses.at(x) != 1 || g.is_output(x)) return false;
   const Node p = g.nodes[pit->second];
-  const std::optional<Shape> xs = shape_of(g, x), is = shape_of(g, idx);
+  const std::optional<Shape> xs = known_shape(g, x), is = known_shape(g, idx);
   if (!xs || !is || xs->empty()) return false;
   const int64_t r = int64_t(xs->size());
   int64_t axis = gather.attr_int("axis", 0);
@@ -68,11 +60,11 @@ bool move_one(Model& model, size_t gi, const std::unordered_map<std::string, siz
   };
   Node moved = p;
   moved.name = g.unique_name(p.name + "/gathered");
-  if (row_wise_unary(p)) {
+  if (is_row_wise_unary(p)) {
     moved.inputs[0] = gathered(p.inputs[0], axis, idx);
-  } else if (elementwise_binary(p)) {
+  } else if (is_elementwise_binary(p)) {
     for (auto& in : moved.inputs) {
-      std::optional<Shape> s = shape_of(g, in);
+      std::optional<Shape> s = known_shape(g, in);
       if (!s) return false;
       const int64_t ax = axis - (r - int64_t(s->size()));
       if (ax < 0) continue;  // the operand spans only later axes: it broadcasts as before
@@ -99,7 +91,7 @@ bool move_one(Model& model, size_t gi, const std::unordered_map<std::string, siz
     moved.inputs[0] = gathered(p.inputs[0], axis, idx);
     moved.attributes["axis"] = Attribute::of(norm - r);  // counted from the end: the rank may drop
   } else if (p.domain.empty() && p.op_type == "MatMul") {
-    std::optional<Shape> b = shape_of(g, p.inputs[1]), a = shape_of(g, p.inputs[0]);
+    std::optional<Shape> b = known_shape(g, p.inputs[1]), a = known_shape(g, p.inputs[0]);
     if (!a || !b || b->size() != 2 || int64_t(a->size()) != r || axis > r - 2) return false;
     moved.inputs[0] = gathered(p.inputs[0], axis, idx);
   } else {

@@ -17,4 +17,9 @@ namespace onnxtrain {
 // Returns how many ops now run on gathered rows.
 int move_gathers_upstream(Model& model);
 
+// Ops that map each element (or each row, along any axis) on its own, shared with the sparsity
+// passes (src/passes/sparsity.h): one-input elementwise ops and GELU; two-input arithmetic.
+bool is_row_wise_unary(const Node& node);
+bool is_elementwise_binary(const Node& node);
+
 }  // namespace onnxtrain

@@ -7,6 +7,7 @@
 #include <unordered_set>
 
 #include "passes/passes.h"
+#include "passes/shape_inference.h"
 
 namespace onnxtrain {
 
@@ -141,12 +142,6 @@ bool swaps_last_two(const std::vector<int64_t>& perm) {
   return perm[r - 2] == int64_t(r - 1) && perm[r - 1] == int64_t(r - 2);
 }
 
-std::optional<Shape> shape_of(const Graph& g, const std::string& v) {
-  if (auto it = g.initializers.find(v); it != g.initializers.end()) return it->second.shape();
-  if (auto it = g.value_info.find(v); it != g.value_info.end()) return it->second.shape;
-  for (const auto& in : g.inputs) if (in.name == v) return in.info.shape;
-  return std::nullopt;
-}
 }  // namespace
 
 int fuse_matmul(Graph& g) {
@@ -182,8 +177,8 @@ int fuse_matmul(Graph& g) {
     size_t last = m;
     if (a >= 0 && is_op(g.nodes[size_t(a)], "Add")) {
       std::string bias = other_operand(g.nodes[size_t(a)], out);
-      auto bs = shape_of(g, bias);
-      auto ws = shape_of(g, fusedmm.inputs[1]);
+      auto bs = known_shape(g, bias);
+      auto ws = known_shape(g, fusedmm.inputs[1]);
       bool trans_b = fusedmm.has_attr("transB");
       if (!bias.empty() && bs && bs->size() == 1 && ws && ws->size() >= 2 &&
           (*ws)[ws->size() - (trans_b ? 2 : 1)] == (*bs)[0] && (*bs)[0] > 0) {

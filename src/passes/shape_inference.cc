@@ -27,6 +27,14 @@ bool is_nondeterministic(const Node& node) {
   return false;
 }
 
+std::optional<Shape> known_shape(const Graph& g, const std::string& v) {
+  if (auto it = g.initializers.find(v); it != g.initializers.end()) return it->second.shape();
+  if (auto it = g.value_info.find(v); it != g.value_info.end()) return it->second.shape;
+  for (const auto& in : g.inputs)
+    if (in.name == v) return in.info.shape;
+  return std::nullopt;
+}
+
 ShapeInferenceStats infer_shapes(Graph& graph, const std::map<std::string, int64_t>& opsets) {
   ShapeInferenceStats stats;
   std::map<std::string, ValueInfo> known;

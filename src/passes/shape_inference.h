@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 
 #include "ir/graph.h"
@@ -18,6 +19,10 @@ struct ShapeInferenceStats {
 };
 
 ShapeInferenceStats infer_shapes(Graph& graph, const std::map<std::string, int64_t>& opsets);
+
+// The shape shape inference (or the model) recorded for a value: an initializer's, a graph
+// input's or an annotation; nullopt when the rank is unknown.
+std::optional<Shape> known_shape(const Graph& graph, const std::string& value);
 
 // True for ops whose outputs are not a function of their inputs alone (random), or that write
 // their inputs (parameter updates):

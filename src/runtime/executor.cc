@@ -39,8 +39,9 @@ class StepContext final : public KernelContext, public SubgraphHost {
   StepContext(const Node& node, int64_t opset, std::vector<Tensor>& values, std::vector<Tensor>& planned,
               const std::vector<int>& in_ids, const std::vector<int>& out_ids, size_t& dynamic_allocations,
               std::vector<char>* set_output_flags, const std::vector<char>& is_constant, uint64_t random_seed,
-              uint64_t run_index, const SubgraphRunFn* subgraphs)
+              uint64_t run_index, const SubgraphRunFn* subgraphs, const std::shared_ptr<void>& arena)
       : values_(values), planned_(planned), in_ids_(in_ids), out_ids_(out_ids), dynamic_(dynamic_allocations),
+        arena_(arena),
         set_output_flags_(set_output_flags), is_constant_(is_constant), subgraphs_(subgraphs) {
     node_ = &node;
     opset_ = opset;
@@ -67,7 +68,14 @@ class StepContext final : public KernelContext, public SubgraphHost {
         if (slot->data() != view.data() || slot->shape() != shape) *slot = view;
         return *slot;
       }
-      if (view.defined()) ++dynamic_;  // data-dependent shape: fall back to a fresh buffer
+      // A data-dependent shape (rows kept by NonZero) no larger than the recorded one fits in the
+      // value's own arena range, which nothing else uses while the value lives.
+      if (view.defined() && view.dtype() == dtype && numel(shape) <= view.numel()) {
+        if (slot->data() != view.data() || slot->shape() != shape)
+          *slot = Tensor::borrow(dtype, shape, view.data(), arena_);
+        return *slot;
+      }
+      if (view.defined()) ++dynamic_;  // larger than planned: fall back to a fresh buffer
     }
     *slot = Tensor::empty(dtype, shape);
     return *slot;
@@ -95,6 +103,7 @@ class StepContext final : public KernelContext, public SubgraphHost {
   const std::vector<int>& in_ids_;
   const std::vector<int>& out_ids_;
   size_t& dynamic_;
+  const std::shared_ptr<void>& arena_;  // the plan's, which its views borrow from
   std::vector<char>* set_output_flags_;
   const std::vector<char>& is_constant_;
   const SubgraphRunFn* subgraphs_;
@@ -347,7 +356,7 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
       };
     StepContext ctx(node, model_.opset(node.domain), plan.values, plan.planned, step.inputs, step.outputs,
                     plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr, is_constant_, random_seed_,
-                    run_index, step.subgraphs.empty() ? nullptr : &subgraphs);
+                    run_index, step.subgraphs.empty() ? nullptr : &subgraphs, plan.arena);
     try {
       if (options_.profile) {
         auto start = std::chrono::steady_clock::now();

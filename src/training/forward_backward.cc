@@ -8,6 +8,7 @@
 #include "ops/graph_builder.h"
 #include "passes/mixed_precision.h"
 #include "passes/compute_optimizer.h"
+#include "passes/sparsity.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 #include "training/artifacts.h"
@@ -170,6 +171,14 @@ void split(const Model& full, ForwardBackwardGraphs& fb) {
   fb.backward = std::move(backward);
 }
 
+// Labels first (their row gather may reach the positions the compute optimizer takes), padding
+// last (so a head on token 0 still runs on those rows only, not on every kept token).
+void optimize_rows(Model& m, const ForwardBackwardOptions& o) {
+  if (o.label_sparsity) compute_kept_labels_only(m);
+  if (o.compute_optimizer) move_gathers_upstream(m);
+  strip_padding(m, o.padding_index);
+}
+
 }  // namespace
 
 ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBackwardOptions& o) {
@@ -199,7 +208,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
 
   const DType low = mixed_precision_dtype(o.mixed_precision);
   if (o.wrt.empty()) {
-    if (o.compute_optimizer) move_gathers_upstream(m);
+    optimize_rows(m, o);
     if (low != DType::kUndefined) {
       fuse_for_training(m);
       convert_to_mixed_precision(m, low);
@@ -216,7 +225,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   // differentiating the pieces. Inference-only fusions (FusedConv, no gradient) wait until the
   // whole graph is built.
   if (o.optimize) simplify_graph(m);
-  if (o.compute_optimizer) move_gathers_upstream(m);
+  optimize_rows(m, o);
   fuse_for_training(m);
   if (low != DType::kUndefined) convert_to_mixed_precision(m, low);  // host values stay fp32 inputs
   GradientGraphInfo info;

@@ -14,6 +14,7 @@
 // memory_optimizer.h), the backward recomputes the stashed values the plan names from fewer saved ones.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,10 @@ struct ForwardBackwardOptions {
   MemoryOptimizerOptions memory;  // recompute plans (memory for time); level 0 and no config: none
   bool optimize = true;           // simplify before autodiff, every fusion on the built graph
   bool compute_optimizer = true;  // move Gathers of a few rows upstream (src/passes/compute_optimizer.h)
+  // Input sparsity (src/passes/sparsity.h): losses with ignore_index take the kept rows only; the
+  // embedding tables named (bound initializers) drop the tokens at their padding index.
+  bool label_sparsity = false;
+  std::map<std::string, int64_t> padding_index;
   // torch's BatchNorm updates running_var with the unbiased batch variance (ONNX: the population
   // variance): n / (n - 1) times the ONNX statistic's batch term.
   bool unbiased_running_var = true;

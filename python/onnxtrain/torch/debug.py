@@ -1,6 +1,7 @@
 """Settings of TrainModule: ``DebugOptions`` and the ``ONNXTRAIN_*`` environment variables
 (LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_OPT_LEVEL, MEMORY_OPT_CONFIG,
-ENABLE_COMPUTE_OPTIMIZER, ENABLE_MEM_EFFICIENT_GRAD_MGMT, MIXED_PRECISION; ORTMODULE_* aliases), read when a TrainModule is
+ENABLE_COMPUTE_OPTIMIZER, ENABLE_MEM_EFFICIENT_GRAD_MGMT, ENABLE_LABEL_SPARSITY_OPTIMIZATION,
+ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION, PRINT_INPUT_DENSITY, MIXED_PRECISION; ORTMODULE_* aliases), read when a TrainModule is
 made. Their table, with values and defaults, is in the README's TrainModule section. An explicit
 ``DebugOptions(...)`` argument wins over the environment for its own fields.
 """
@@ -37,6 +38,10 @@ ORTMODULE_ALIASES = {
     "ONNXTRAIN_MEMORY_OPT_CONFIG": "ORTMODULE_MEMORY_OPT_CONFIG",
     "ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER": "ORTMODULE_ENABLE_COMPUTE_OPTIMIZER",
     "ONNXTRAIN_ENABLE_MEM_EFFICIENT_GRAD_MGMT": "ORTMODULE_ENABLE_MEM_EFFICIENT_GRAD_MGMT",
+    # ORTModule's sparse optimizer switch covers labels (and embeddings, with the next one).
+    "ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION": "ORTMODULE_ENABLE_SPARSE_OPTIMIZER",
+    "ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION": "ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER",
+    "ONNXTRAIN_PRINT_INPUT_DENSITY": "ORTMODULE_PRINT_INPUT_DENSITY",
 }
 
 
@@ -123,6 +128,9 @@ class Settings:
     # Each parameter's gradient goes to torch (.grad, its AccumulateGrad hooks: DDP) as soon as
     # the backward graph finishes it, and onnxtrain's copy is freed (off by default).
     mem_efficient_grad: bool = False
+    label_sparsity: bool = True       # losses with ignore_index take the kept rows (when sparse enough)
+    embedding_sparsity: bool = False  # padded tokens skip the token-wise layers (the model must mask them)
+    print_input_density: bool = False  # label and padding density of each step, on stdout
 
     @staticmethod
     def load(debug_options: "DebugOptions | None") -> "Settings":
@@ -134,7 +142,10 @@ class Settings:
                         memory_opt_config=_env("ONNXTRAIN_MEMORY_OPT_CONFIG", ""),
                         compute_optimizer=_env_int("ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER", 1, {0, 1}) == 1,
                         mixed_precision=_env_choice("ONNXTRAIN_MIXED_PRECISION", "", {"", "none", "bf16", "fp16"}),
-                        mem_efficient_grad=_env_int("ONNXTRAIN_ENABLE_MEM_EFFICIENT_GRAD_MGMT", 0, {0, 1}) == 1)
+                        mem_efficient_grad=_env_int("ONNXTRAIN_ENABLE_MEM_EFFICIENT_GRAD_MGMT", 0, {0, 1}) == 1,
+                        label_sparsity=_env_int("ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION", 1, {0, 1}) == 1,
+                        embedding_sparsity=_env_int("ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION", 0, {0, 1}) == 1,
+                        print_input_density=_env_int("ONNXTRAIN_PRINT_INPUT_DENSITY", 0, {0, 1}) == 1)
 
     def log(self, level: LogLevel, message: str) -> None:
         if level < self.debug.log_level:

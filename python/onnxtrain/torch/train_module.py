@@ -14,6 +14,11 @@ optimizers, schedulers, clipping, ``state_dict`` and DistributedDataParallel (wr
 TrainModule) keep working. BatchNorm running statistics are updated in place, as torch does.
 Under ``torch.no_grad()`` or when nothing requires grad only the forward graph runs.
 
+When the module computes its loss (cross-entropy with ignore_index) or embeds ids with an
+``nn.Embedding(padding_idx=...)``, the density of those inputs in a schema's first batch decides
+whether its graphs compute the kept label rows only, or strip the padded tokens from the token-wise
+layers (src/passes/sparsity.h; ONNXTRAIN_ENABLE_{LABEL,EMBEDDING}_SPARSITY_OPTIMIZATION).
+
 When the export or the graph build fails, TrainModule raises ``TrainModuleError`` naming the op or
 construct; with ``ONNXTRAIN_FALLBACK=warn`` it warns once, saying why, and runs the PyTorch module.
 The ONNXTRAIN_* environment variables are in the README's table (``onnxtrain.torch.debug``).
@@ -24,7 +29,7 @@ import io
 import os
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -42,6 +47,9 @@ __all__ = ["TrainModule", "TrainModuleError"]
 _INPUT = "input_{}"
 _OUTPUT = "output_{}"
 _PREFIX = "module."  # the exported wrapper's attribute: initializers are named "module.<state_dict key>"
+# The sparsity passes switch on for an input schema when the density measured on its first batch
+# is below this: kept labels / all labels, non-padding tokens / all tokens.
+DENSITY_THRESHOLD = 0.9
 
 
 class TrainModuleError(RuntimeError):
@@ -87,6 +95,11 @@ class _Export:
     out_structure: tuple
     out_dtypes: List[torch.dtype]
     seconds: float
+    # Inputs whose density the sparsity passes depend on: (flat input index, ignore_index) per
+    # label input; (flat input index, table initializer, padding_idx) per embedding lookup whose
+    # nn.Embedding has a padding_idx.
+    labels: List[Tuple[int, int]] = field(default_factory=list)
+    embeddings: List[Tuple[int, str, int]] = field(default_factory=list)
 
 
 class _Graph:
@@ -113,6 +126,8 @@ class _Graph:
                                 if key.endswith("running_mean")})
         self.wrt = [self.sources[runner.inputs.index(name)] for name in runner.wrt]  # parallel to the gradients
         self.build_seconds = 0.0
+        self.label_sparsity = False
+        self.padding_index: Dict[str, int] = {}  # embedding table initializer -> padding index stripped
 
 
 class _RunGraph(torch.autograd.Function):
@@ -191,6 +206,7 @@ class TrainModule(nn.Module):
         self._graphs: Dict[Any, _Graph] = {}
         self._fallback_reason: Optional[str] = None
         self._paths: Dict[str, List[str]] = {}  # state_dict key -> attribute path
+        self._density_step = 0  # steps printed (ONNXTRAIN_PRINT_INPUT_DENSITY)
 
     # ---- the torch.nn.Module surface ---------------------------------------------------------
 
@@ -240,7 +256,8 @@ class TrainModule(nn.Module):
         """Per built graph: the seconds spent exporting and building it (the first-call cost)."""
         return [{"schema": i, "export_s": g.export.seconds, "build_s": g.build_seconds,
                  "backward": g.runner.has_backward, "memory": g.runner.memory_report(),
-                 "memory_plan": g.runner.memory_plan, "saved_bytes": g.runner.saved_bytes}
+                 "memory_plan": g.runner.memory_plan, "saved_bytes": g.runner.saved_bytes,
+                 "label_sparsity": g.label_sparsity, "padding_sparsity": dict(g.padding_index)}
                 for i, g in enumerate(self._graphs.values())]
 
     # ---- forward ----------------------------------------------------------------------------
@@ -261,6 +278,8 @@ class TrainModule(nn.Module):
             warnings.warn(message, RuntimeWarning, stacklevel=2)
             self._settings.log(LogLevel.WARNING, message)
             return self._original_module(*args, **kwargs)
+        if self._settings.print_input_density:
+            self._print_density(graph.export, inputs)
         if graph.runner.has_backward:
             if self._settings.mem_efficient_grad:
                 # The parameters get their gradients during our backward (_hand_over): the anchor
@@ -346,8 +365,41 @@ class TrainModule(nn.Module):
             if export is None:
                 with torch.autocast("cpu", enabled=False):  # the export is fp32; the pass lowers it
                     export = self._exports[export_key] = self._export(structure, inputs)
-            graph = self._graphs[graph_key] = self._build(export, wrt_inputs, wrt_params, len(self._graphs), mode)
+            label_sparsity, padding_index = self._sparsity_choice(export, inputs)
+            graph = self._graphs[graph_key] = self._build(export, wrt_inputs, wrt_params, len(self._graphs), mode,
+                                                          label_sparsity, padding_index)
         return graph
+
+    # ---- input sparsity ---------------------------------------------------------------------
+
+    @staticmethod
+    def _densities(export: _Export, inputs: List[torch.Tensor]):
+        """(label densities, padding densities): per label input, the fraction of labels kept; per
+        embedding with a padding index, the fraction of tokens that are not padding."""
+        def kept(t: torch.Tensor, skip: int) -> float:
+            return float((t != skip).sum().item()) / max(t.numel(), 1)
+        labels = [(i, skip, kept(inputs[i], skip)) for i, skip in export.labels]
+        padding = [(i, table, pad, kept(inputs[i], pad)) for i, table, pad in export.embeddings]
+        return labels, padding
+
+    def _sparsity_choice(self, export: _Export, inputs: List[torch.Tensor]):
+        """Whether this schema's graphs take the kept labels only, and which embedding tables
+        strip their padding: by the settings and the density of this (the schema's first) batch."""
+        labels, padding = self._densities(export, inputs)
+        label_sparsity = self._settings.label_sparsity and any(d < DENSITY_THRESHOLD for _, _, d in labels)
+        padding_index = {}
+        if self._settings.embedding_sparsity:
+            padding_index = {table: pad for _, table, pad, d in padding if d < DENSITY_THRESHOLD}
+        return label_sparsity, padding_index
+
+    def _print_density(self, export: _Export, inputs: List[torch.Tensor]) -> None:
+        labels, padding = self._densities(export, inputs)
+        parts = [f"label density (input {i}, ignore_index {skip}) {100 * d:.1f}%" for i, skip, d in labels]
+        parts += [f"padding density (input {i}, '{table[len(_PREFIX):]}' padding_idx {pad}) {100 * d:.1f}%"
+                  for i, table, pad, d in padding]
+        print(f"TrainModule({type(self._original_module).__name__}) step {self._density_step}: "
+              + ("; ".join(parts) if parts else "no label or embedding input found"), flush=True)
+        self._density_step += 1
 
     def _export(self, structure: tuple, inputs: List[torch.Tensor]) -> _Export:
         module = self._original_module
@@ -387,7 +439,24 @@ class TrainModule(nn.Module):
             self._settings.log(LogLevel.VERBOSE, f"torch.onnx.export: {w.message}")
         if wrapper.out_structure is None:
             raise TrainModuleError(f"TrainModule: torch.onnx.export did not run {name}'s forward")
-        return _Export(f.getvalue(), wrapper.out_structure, wrapper.out_dtypes, time.perf_counter() - start)
+        data = f.getvalue()
+        labels, embeddings = self._sparsity_inputs(data)
+        return _Export(data, wrapper.out_structure, wrapper.out_dtypes, time.perf_counter() - start, labels, embeddings)
+
+    def _sparsity_inputs(self, data: bytes):
+        """The export's label inputs and embedding lookups (see _Export), mapped to flat input
+        indices; an embedding counts only when its nn.Embedding has a padding_idx."""
+        label_inputs, embedding_inputs = _C.torch_bridge.sparsity_inputs(data)
+        def flat_index(name: str) -> Optional[int]:
+            rest = name[len("input_"):]
+            return int(rest) if name.startswith("input_") and rest.isdigit() else None
+        labels = [(flat_index(n), skip) for n, skip in label_inputs if flat_index(n) is not None]
+        pads = {f"{_PREFIX}{name}.weight" if name else f"{_PREFIX}weight": m.padding_idx
+                for name, m in self._original_module.named_modules()
+                if isinstance(m, nn.Embedding) and m.padding_idx is not None}
+        embeddings = [(flat_index(n), table, pads[table]) for n, table in embedding_inputs
+                      if flat_index(n) is not None and table in pads]
+        return labels, embeddings
 
     def _mixed_precision_now(self) -> str:
         """The precision mode of this call: the constructor's or the environment's, else that of an
@@ -398,7 +467,8 @@ class TrainModule(nn.Module):
             return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(torch.get_autocast_cpu_dtype(), "")
         return ""
 
-    def _build(self, export: _Export, wrt_inputs, wrt_params, index: int, mixed_precision: str = "") -> _Graph:
+    def _build(self, export: _Export, wrt_inputs, wrt_params, index: int, mixed_precision: str = "",
+               label_sparsity: bool = False, padding_index: Optional[Dict[str, int]] = None) -> _Graph:
         module = self._original_module
         name = type(module).__name__
         state = module.state_dict(keep_vars=True)
@@ -411,11 +481,17 @@ class TrainModule(nn.Module):
                                             memory_opt_level=self._settings.memory_opt_level,
                                             memory_opt_config=self._settings.memory_opt_config,
                                             compute_optimizer=self._settings.compute_optimizer,
-                                            mixed_precision=mixed_precision)
+                                            mixed_precision=mixed_precision, label_sparsity=label_sparsity,
+                                            padding_index=padding_index or {})
         except _OnnxtrainError as exc:
             raise TrainModuleError(f"TrainModule: onnxtrain cannot build the graphs of {name}: {exc}") from exc
         graph = _Graph(export, runner, state_names)
         graph.build_seconds = time.perf_counter() - start
+        graph.label_sparsity = label_sparsity
+        graph.padding_index = dict(padding_index or {})
+        if label_sparsity or padding_index:
+            self._settings.log(LogLevel.INFO, f"TrainModule({name}) schema {index}: label sparsity "
+                               f"{'on' if label_sparsity else 'off'}, padding stripped for {sorted(graph.padding_index) or 'none'}")
         self._settings.log(LogLevel.INFO,
                            f"TrainModule({name}) schema {index}: export {export.seconds:.2f} s, build "
                            f"{graph.build_seconds:.2f} s, {'forward + backward' if runner.has_backward else 'forward only'}"

@@ -1,0 +1,477 @@
+#include "passes/sparsity.h"
+
+#include <optional>
+#include <set>
+#include <unordered_map>
+
+#include "passes/compute_optimizer.h"
+#include "passes/shape_inference.h"
+
+namespace onnxtrain {
+
+namespace {
+
+constexpr const char* kWhere = "[sparsity] ";
+
+DType known_dtype(const Graph& g, const std::string& v) {
+  if (auto it = g.initializers.find(v); it != g.initializers.end()) return it->second.dtype();
+  if (auto it = g.value_info.find(v); it != g.value_info.end()) return it->second.dtype;
+  for (const auto& in : g.inputs)
+    if (in.name == v) return in.info.dtype;
+  return DType::kUndefined;
+}
+
+bool is_label_loss(const Node& n) {
+  return (n.domain.empty() || n.domain == kOnnxTrainDomain) && n.has_attr("ignore_index") &&
+         (n.op_type == "SoftmaxCrossEntropyLoss" || n.op_type == "NegativeLogLikelihoodLoss");
+}
+
+// Ops that move an integer tensor around without changing which entries it holds.
+bool is_relabeling(const Node& n) {
+  return n.domain.empty() && (n.op_type == "Reshape" || n.op_type == "Flatten" || n.op_type == "Squeeze" ||
+                              n.op_type == "Unsqueeze" || n.op_type == "Identity" || n.op_type == "Cast");
+}
+
+// The graph input `v` is computed from by relabeling ops only; "" when there is none.
+std::string source_input(const Graph& g, std::string v, const std::unordered_map<std::string, size_t>& producers) {
+  for (int hops = 0; hops < 16; ++hops) {
+    if (g.is_input(v) && !g.is_initializer(v)) return v;
+    auto it = producers.find(v);
+    if (it == producers.end() || !is_relabeling(g.nodes[it->second])) return "";
+    v = g.nodes[it->second].inputs[0];
+  }
+  return "";
+}
+
+int64_t positive_axis(const Node& n, int64_t rank) {
+  int64_t a = n.attr_int("axis", -1);
+  return a < 0 ? a + rank : a;
+}
+
+// Only output 0 of `n` is read.
+bool only_first_output_used(const Graph& g, const Node& n, const std::unordered_map<std::string, int>& uses) {
+  for (size_t k = 1; k < n.outputs.size(); ++k)
+    if (!n.outputs[k].empty() && ((uses.count(n.outputs[k]) && uses.at(n.outputs[k]) > 0) || g.is_output(n.outputs[k])))
+      return false;
+  return true;
+}
+
+// Appends nodes and constants to a graph under construction.
+struct Emitter {
+  Graph& g;
+  std::vector<Node>& out;
+  std::string base;
+
+  std::string node(const std::string& op, std::vector<std::string> inputs, std::map<std::string, Attribute> attrs = {},
+                   std::string output = "") {
+    if (output.empty()) output = g.unique_name(base + "/" + op);
+    out.push_back(Node{g.unique_name(base + "/" + op), op, "", std::move(inputs), {output}, std::move(attrs)});
+    return output;
+  }
+  std::string constant(Tensor t, const std::string& what) {
+    std::string name = g.unique_name(base + "/" + what);
+    g.initializers[name] = std::move(t);
+    return name;
+  }
+  std::string int64s(std::vector<int64_t> v, const std::string& what) {
+    const int64_t n = int64_t(v.size());
+    return constant(Tensor::from_vector<int64_t>(v, {n}), what);
+  }
+  // Positions of the entries of the 1-D `values` that differ from `skip`: [K] int64, the kept
+  // ones in order. With `n` (the static length of `values`) K is rounded up to a multiple of n / 16
+  // with positions that hold `skip`: the executor plans memory per distinct input shape (the
+  // backward's saved values), and a count that changes with every batch would record a plan per
+  // batch; so at most 16. The rows added compute values that nothing reads (padding) or that the
+  // loss ignores (labels), and their gradients are zeros.
+  std::string kept_positions(const std::string& values, int64_t skip, DType dtype, int64_t n,
+                             std::string* mask_out = nullptr) {
+    Tensor s = dtype == DType::kInt32 ? Tensor::scalar<int32_t>(int32_t(skip)) : Tensor::scalar<int64_t>(skip);
+    std::string eq = node("Equal", {values, constant(std::move(s), "skipped_value")});
+    std::string mask = node("Not", {eq});
+    if (mask_out) *mask_out = mask;
+    std::string nz = node("NonZero", {mask});
+    std::string kept = node("Reshape", {nz, int64s({-1}, "flat")});
+    if (n <= 16) return kept;
+    const int64_t step = (n + 15) / 16;
+    std::string skipped = node("Reshape", {node("NonZero", {eq}), int64s({-1}, "flat")});
+    std::string order = node("Concat", {kept, skipped}, {{"axis", Attribute::of(int64_t(0))}});
+    std::string count = node("Slice", {node("Shape", {nz}), int64s({1}, "one"), int64s({2}, "two")});
+    std::string up = node("Mul", {node("Div", {node("Add", {count, int64s({step - 1}, "step_less_one")}),
+                                              int64s({step}, "step")}),
+                                 int64s({step}, "step")});
+    std::string rows = node("Min", {up, int64s({n}, "n")});
+    return node("Slice", {order, int64s({0}, "zero"), rows});
+  }
+};
+
+// ---- label sparsity ------------------------------------------------------------------------
+
+// For a node treating rows over its leading dims one by one, the input that carries the rows;
+// -1 otherwise. `rank` is its output's rank.
+int row_input(const Graph& g, const Node& p, int64_t rank, const std::unordered_map<std::string, int>& uses) {
+  if (rank < 2) return -1;
+  if (is_row_wise_unary(p)) return 0;
+  if (is_elementwise_binary(p)) {
+    int row = -1;
+    for (int k = 0; k < 2; ++k) {
+      std::optional<Shape> s = known_shape(g, p.inputs[size_t(k)]);
+      if (!s) return -1;
+      if (int64_t(s->size()) == rank) {
+        if (row >= 0) return -1;  // two full operands: the other one would need gathering too
+        row = k;
+      } else if (s->size() > 1) {
+        return -1;  // spans leading dims
+      }
+    }
+    return row;
+  }
+  if (!p.domain.empty()) return -1;
+  if (p.op_type == "LayerNormalization" || ((p.op_type == "Softmax" || p.op_type == "LogSoftmax"))) {
+    if (!only_first_output_used(g, p, uses)) return -1;
+    return positive_axis(p, rank) == rank - 1 ? 0 : -1;
+  }
+  if (p.op_type == "MatMul") {
+    std::optional<Shape> b = known_shape(g, p.inputs[1]);
+    return b && b->size() == 2 ? 0 : -1;
+  }
+  if (p.op_type == "Reshape") {  // merges or splits leading dims only: rows stay rows
+    std::optional<Shape> in = known_shape(g, p.inputs[0]), o = known_shape(g, p.outputs[0]);
+    if (!in || !o || in->size() < 2 || o->empty() || in->back() <= 0 || in->back() != o->back()) return -1;
+    return 0;
+  }
+  return -1;
+}
+
+bool keep_labels_of(Model& model, size_t li) {
+  Graph& g = model.graph;
+  const auto producers = g.producers();
+  const auto uses = g.use_counts();
+  const Node loss = g.nodes[li];
+  if (only_first_output_used(g, loss, uses) == false) return false;                 // log_prob is read
+  if (loss.attr_string("reduction", "mean") == "none") return false;                // one loss per row
+  std::optional<Shape> scores = known_shape(g, loss.inputs[0]), labels = known_shape(g, loss.inputs[1]);
+  if (!scores || !labels || scores->size() != 2 || labels->size() != 1) return false;
+  const DType label_dtype = known_dtype(g, loss.inputs[1]);
+  if (label_dtype != DType::kInt64 && label_dtype != DType::kInt32) return false;
+
+  // Walk up while each value is read once, by the op below it, and that op keeps rows apart.
+  std::vector<size_t> chain;  // bottom-up
+  std::string top = loss.inputs[0];
+  for (;;) {
+    auto it = producers.find(top);
+    if (it == producers.end() || uses.at(top) != 1 || g.is_output(top)) break;
+    const Node& p = g.nodes[it->second];
+    std::optional<Shape> s = known_shape(g, top);
+    if (!s) break;
+    const int k = row_input(g, p, int64_t(s->size()), uses);
+    if (k < 0) break;
+    chain.push_back(it->second);
+    top = p.inputs[size_t(k)];
+  }
+  std::optional<Shape> top_shape = known_shape(g, top);
+  if (!top_shape || top_shape->size() < 2) return false;
+
+  std::vector<Node> added;
+  Emitter e{g, added, loss.name + "/kept_labels"};
+  const std::string kept = e.kept_positions(loss.inputs[1], loss.attr_int("ignore_index", 0), label_dtype, (*labels)[0]);
+  std::string rows = top;
+  if (top_shape->size() > 2)
+    rows = e.node("Flatten", {top}, {{"axis", Attribute::of(int64_t(top_shape->size()) - 1)}});
+  std::string cur = e.node("Gather", {rows, kept}, {{"axis", Attribute::of(int64_t(0))}});
+  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
+    const Node& p = g.nodes[*it];
+    if (p.domain.empty() && p.op_type == "Reshape") continue;  // rows of [K, D] already
+    Node moved = p;
+    moved.name = g.unique_name(p.name + "/kept_rows");
+    const int64_t rank = int64_t(known_shape(g, p.outputs[0])->size());
+    const int k = row_input(g, p, rank, g.use_counts());
+    moved.inputs[size_t(k)] = cur;
+    if (moved.has_attr("axis")) moved.attributes["axis"] = Attribute::of(int64_t(-1));
+    cur = g.unique_name(p.outputs[0] + "/kept_rows");
+    moved.outputs = {cur};
+    for (size_t o = 1; o < p.outputs.size(); ++o) moved.outputs.push_back("");
+    added.push_back(std::move(moved));
+  }
+  Node new_loss = loss;
+  new_loss.name = g.unique_name(loss.name + "/kept_rows");
+  new_loss.inputs[0] = cur;
+  new_loss.inputs[1] = e.node("Gather", {loss.inputs[1], kept}, {{"axis", Attribute::of(int64_t(0))}});
+  added.push_back(std::move(new_loss));
+
+  std::set<size_t> removed(chain.begin(), chain.end());
+  removed.insert(li);
+  std::vector<Node> nodes;
+  nodes.reserve(g.nodes.size() + added.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (i == li)
+      for (auto& n : added) nodes.push_back(std::move(n));
+    if (!removed.count(i)) nodes.push_back(std::move(g.nodes[i]));
+  }
+  g.nodes = std::move(nodes);
+  g.topological_sort();
+  return true;
+}
+
+// ---- padding sparsity ----------------------------------------------------------------------
+
+struct Region {
+  std::string ids;
+  Shape ids_shape;  // static
+  int64_t pad = 0;
+};
+
+// Shape [ids..., t...] with static t (at least one dim): the trailing dims; nullopt otherwise.
+std::optional<Shape> token_dims(const Graph& g, const std::string& v, const Region& r) {
+  std::optional<Shape> s = known_shape(g, v);
+  const size_t q = r.ids_shape.size();
+  if (!s || s->size() <= q) return std::nullopt;
+  for (size_t i = 0; i < q; ++i)
+    if ((*s)[i] != r.ids_shape[i]) return std::nullopt;
+  Shape t(s->begin() + ptrdiff_t(q), s->end());
+  for (int64_t d : t)
+    if (d <= 0) return std::nullopt;
+  return t;
+}
+
+// An operand of a token-wise op: the token rows themselves, or a value broadcast over the hidden
+// dims only (bias, scale, scalar), or one spanning token dims in part ([1, S, H] positions).
+enum class Operand { kTokens, kHidden, kPartial, kOther };
+
+Operand classify(const Graph& g, const std::string& v, const Region& r, size_t out_t_rank) {
+  if (token_dims(g, v, r)) return Operand::kTokens;
+  std::optional<Shape> s = known_shape(g, v);
+  if (!s) return Operand::kOther;
+  if (s->size() <= out_t_rank) return Operand::kHidden;
+  if (s->size() == r.ids_shape.size() + out_t_rank) {
+    for (size_t i = 0; i < r.ids_shape.size(); ++i)
+      if ((*s)[i] != 1 && (*s)[i] != r.ids_shape[i]) return Operand::kOther;
+    return Operand::kPartial;
+  }
+  return Operand::kOther;
+}
+
+// True when `n` treats the tokens of its [ids..., t...] output one by one.
+bool token_wise(const Graph& g, const Node& n, const Region& r, const std::unordered_map<std::string, int>& uses) {
+  if (n.outputs.empty() || n.outputs[0].empty()) return false;
+  std::optional<Shape> t = token_dims(g, n.outputs[0], r);
+  if (!t) return false;
+  const size_t q = r.ids_shape.size();
+  auto operands_ok = [&](std::initializer_list<size_t> which) {
+    bool tokens = false;
+    for (size_t k : which) {
+      if (k >= n.inputs.size() || n.inputs[k].empty()) continue;
+      Operand o = classify(g, n.inputs[k], r, t->size());
+      if (o == Operand::kOther) return false;
+      tokens = tokens || o == Operand::kTokens;
+    }
+    return tokens;
+  };
+  if (is_row_wise_unary(n)) return operands_ok({0});
+  if (is_elementwise_binary(n)) return operands_ok({0, 1});
+  if (!n.domain.empty()) return false;
+  const int64_t rank = int64_t(q + t->size());
+  if (n.op_type == "LayerNormalization" || (n.op_type == "Softmax" && n.has_attr("axis")) || n.op_type == "LogSoftmax") {
+    if (!only_first_output_used(g, n, uses) || positive_axis(n, rank) < int64_t(q)) return false;
+    if (n.op_type != "LayerNormalization" && !n.has_attr("axis")) return false;
+    return classify(g, n.inputs[0], r, t->size()) == Operand::kTokens;
+  }
+  if (n.op_type == "MatMul") {
+    std::optional<Shape> b = known_shape(g, n.inputs[1]);
+    return b && b->size() == 2 && classify(g, n.inputs[0], r, t->size()) == Operand::kTokens;
+  }
+  return false;
+}
+
+}  // namespace
+
+SparsityInputs find_sparsity_inputs(const Model& model) {
+  const Graph& g = model.graph;
+  const auto producers = g.producers();
+  SparsityInputs found;
+  std::set<std::string> seen;
+  for (const Node& n : g.nodes) {
+    if (is_label_loss(n)) {
+      std::string in = source_input(g, n.inputs[1], producers);
+      if (!in.empty() && seen.insert("label:" + in).second) found.labels.push_back({in, n.attr_int("ignore_index", 0)});
+    } else if (n.domain.empty() && n.op_type == "Gather" && n.attr_int("axis", 0) == 0 && n.inputs.size() == 2) {
+      const bool table = g.is_initializer(n.inputs[0]) || g.is_input(n.inputs[0]);
+      std::string in = source_input(g, n.inputs[1], producers);
+      if (table && !in.empty() && seen.insert("embedding:" + n.inputs[0]).second)
+        found.embeddings.push_back({in, n.inputs[0]});
+    }
+  }
+  return found;
+}
+
+int compute_kept_labels_only(Model& model) {
+  infer_shapes(model.graph, model.opsets);
+  int done = 0;
+  std::set<std::string> rewritten;  // the new losses' names
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t i = 0; i < model.graph.nodes.size(); ++i) {
+      const Node& n = model.graph.nodes[i];
+      if (!is_label_loss(n) || rewritten.count(n.name)) continue;
+      const std::string name = n.name;
+      rewritten.insert(name);
+      if (keep_labels_of(model, i)) {
+        ++done;
+        for (const Node& m : model.graph.nodes)
+          if (is_label_loss(m)) rewritten.insert(m.name);  // the new loss too (names are fresh)
+        infer_shapes(model.graph, model.opsets);
+        changed = true;
+        break;
+      }
+    }
+  }
+  return done;
+}
+
+int strip_padding(Model& model, const std::map<std::string, int64_t>& padding_index_by_table) {
+  if (padding_index_by_table.empty()) return 0;
+  Graph& g = model.graph;
+  infer_shapes(g, model.opsets);
+  const auto uses = g.use_counts();
+
+  // The region: the first lookup in a named table with static ids; lookups on the same ids join.
+  std::optional<Region> region;
+  std::vector<char> compact(g.nodes.size(), 0);
+  std::set<std::string> tables_found;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (!n.domain.empty() || n.op_type != "Gather" || n.inputs.size() != 2 || n.attr_int("axis", 0) != 0) continue;
+    auto pad = padding_index_by_table.find(n.inputs[0]);
+    if (pad == padding_index_by_table.end()) continue;
+    tables_found.insert(n.inputs[0]);
+    std::optional<Shape> ids = known_shape(g, n.inputs[1]), table = known_shape(g, n.inputs[0]);
+    const DType ids_dtype = known_dtype(g, n.inputs[1]);
+    if (!ids || ids->empty() || !table || table->size() != 2 || (ids_dtype != DType::kInt64 && ids_dtype != DType::kInt32))
+      continue;
+    bool fixed = true;
+    for (int64_t d : *ids) fixed = fixed && d > 0;
+    if (!fixed) continue;
+    if (!region) region = Region{n.inputs[1], *ids, pad->second};
+    if (region->ids == n.inputs[1] && region->pad == pad->second) compact[i] = 1;
+  }
+  for (const auto& [table, pad] : padding_index_by_table)
+    OT_CHECK(tables_found.count(table), kWhere, "padding index ", pad, " given for '", table,
+             "', which is not the table of any embedding lookup (Gather) in the model");
+  if (!region) return 0;
+  const Region r = *region;
+
+  // Token-wise ops downstream of the lookups run compact; so do those whose every reader does.
+  std::set<std::string> compact_values;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (!compact[i]) {
+      bool reads = false;
+      for (const auto& in : n.inputs) reads = reads || compact_values.count(in);
+      if (!reads || !token_wise(g, n, r, uses)) continue;
+      compact[i] = 1;
+    }
+    compact_values.insert(n.outputs[0]);
+  }
+  std::unordered_map<std::string, std::vector<size_t>> readers;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (const auto& in : g.nodes[i].inputs) readers[in].push_back(i);
+  for (bool grew = true; grew;) {
+    grew = false;
+    for (size_t i = g.nodes.size(); i-- > 0;) {
+      const Node& n = g.nodes[i];
+      if (compact[i] || g.is_output(n.outputs[0]) || !token_wise(g, n, r, uses)) continue;
+      const auto& rd = readers[n.outputs[0]];
+      bool all = !rd.empty();
+      for (size_t j : rd) all = all && compact[j];
+      if (all) compact[i] = 1, grew = true;
+    }
+  }
+
+  // Rebuild: compact nodes read stripped operands; other readers of their outputs get them restored.
+  std::vector<Node> nodes;
+  Emitter e{g, nodes, r.ids + "/padding"};
+  const DType ids_dtype = known_dtype(g, r.ids);
+  std::string mask = "", kept = "", kept_ids = "", slot = "";
+  auto prepare = [&] {
+    if (!kept.empty()) return;
+    const std::string flat_ids = e.node("Reshape", {r.ids, e.int64s({-1}, "flat")});
+    kept = e.kept_positions(flat_ids, r.pad, ids_dtype, numel(r.ids_shape), &mask);
+    kept_ids = e.node("Gather", {flat_ids, kept}, {{"axis", Attribute::of(int64_t(0))}});
+    const std::string ones = e.node("Cast", {mask}, {{"to", Attribute::of(int64_t(DType::kInt64))}});
+    const std::string rank = e.node("CumSum", {ones, e.constant(Tensor::scalar<int64_t>(0), "axis")});
+    slot = e.node("Mul", {rank, ones});
+  };
+  std::unordered_map<std::string, std::string> compact_of;  // dense value -> its [K, t...] rows
+  std::set<std::string> restored;
+  auto strip = [&](const std::string& v, const Shape& t) {
+    if (auto it = compact_of.find(v); it != compact_of.end()) return it->second;
+    Shape flat{-1};
+    flat.insert(flat.end(), t.begin(), t.end());
+    std::string dense = v;
+    if (!token_dims(g, v, r)) {  // [1, S, H]: broadcast to the tokens' shape first
+      Shape full = r.ids_shape;
+      full.insert(full.end(), t.begin(), t.end());
+      dense = e.node("Expand", {v, e.int64s(full, "shape")});
+    }
+    std::string rows = e.node("Reshape", {dense, e.int64s(flat, "shape")});
+    std::string c = e.node("Gather", {rows, kept}, {{"axis", Attribute::of(int64_t(0))}});
+    compact_of[v] = c;
+    return c;
+  };
+  auto restore = [&](const std::string& v) {
+    if (restored.count(v) || !compact_of.count(v)) return;
+    Shape t = *token_dims(g, v, r);
+    Shape zero_shape{1};
+    zero_shape.insert(zero_shape.end(), t.begin(), t.end());
+    const std::string zeros = e.constant(Tensor::zeros(known_dtype(g, v), zero_shape), "zero_row");
+    const std::string padded = e.node("Concat", {zeros, compact_of.at(v)}, {{"axis", Attribute::of(int64_t(0))}});
+    const std::string rows = e.node("Gather", {padded, slot}, {{"axis", Attribute::of(int64_t(0))}});
+    Shape full = r.ids_shape;
+    full.insert(full.end(), t.begin(), t.end());
+    e.node("Reshape", {rows, e.int64s(full, "shape")}, {}, v);
+    restored.insert(v);
+  };
+  std::vector<Node> old = std::move(g.nodes);
+  std::set<std::string> produced_compact;
+  int count = 0;
+  for (size_t i = 0; i < old.size(); ++i) {
+    Node& n = old[i];
+    if (!compact[i]) {
+      for (const auto& in : n.inputs)
+        if (produced_compact.count(in)) restore(in);
+      nodes.push_back(std::move(n));
+      continue;
+    }
+    prepare();
+    Shape t = *token_dims(g, n.outputs[0], r);
+    Node c = n;
+    c.name = g.unique_name(n.name + "/kept_tokens");
+    if (n.domain.empty() && n.op_type == "Gather" && n.inputs[1] == r.ids) {
+      c.inputs[1] = kept_ids;
+    } else {
+      for (auto& in : c.inputs) {
+        if (in.empty()) continue;
+        Operand o = classify(g, in, r, t.size());
+        if (o == Operand::kTokens || o == Operand::kPartial) in = strip(in, t);
+      }
+      if (c.has_attr("axis"))
+        c.attributes["axis"] = Attribute::of(positive_axis(n, int64_t(r.ids_shape.size() + t.size())) -
+                                             int64_t(r.ids_shape.size() + t.size()));
+    }
+    const std::string out = g.unique_name(n.outputs[0] + "/kept_tokens");
+    c.outputs = {out};
+    for (size_t o = 1; o < n.outputs.size(); ++o) c.outputs.push_back("");
+    compact_of[n.outputs[0]] = out;
+    produced_compact.insert(n.outputs[0]);
+    nodes.push_back(std::move(c));
+    ++count;
+  }
+  for (const auto& o : g.outputs)
+    if (produced_compact.count(o.name)) restore(o.name);
+  g.nodes = std::move(nodes);
+  for (const auto& v : produced_compact) g.value_info.erase(v);
+  g.topological_sort();
+  infer_shapes(g, model.opsets);
+  return count;
+}
+
+}  // namespace onnxtrain

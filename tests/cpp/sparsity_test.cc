@@ -1,0 +1,106 @@
+// Label sparsity on a language-model head: the loss over the kept rows equals the dense loss (also
+// when every label is ignored, and when the kept count is rounded up with ignored rows); losses it
+// cannot shrink are left alone; a padding index for a table the model lacks is an error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "passes/sparsity.h"
+#include "runtime/executor.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+using test::make_model;
+using test::make_node;
+
+namespace {
+
+constexpr int64_t kB = 4, kS = 10, kH = 4, kV = 7, kIgnore = -1;
+
+Tensor filled(Shape shape, float scale, float shift) {
+  std::vector<float> v(size_t(numel(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = scale * std::sin(float(i) * 0.61f + shift);
+  return Tensor::from_vector(v, shape);
+}
+
+// loss = SCE(Reshape(LN(x) @ W, [-1, V]), labels): a language model's head and loss.
+Model lm_head(const std::string& reduction) {
+  Graph g;
+  g.inputs = {test::value("x", DType::kFloat32, Shape{kB, kS, kH}),
+              test::value("labels", DType::kInt64, Shape{kB * kS})};
+  g.initializers["gamma"] = filled({kH}, 0.3f, 1.1f);
+  g.initializers["beta"] = filled({kH}, 0.1f, 1.9f);
+  g.initializers["W"] = filled({kH, kV}, 0.7f, 0.4f);
+  g.initializers["rows"] = Tensor::from_vector<int64_t>({-1, kV}, {2});
+  g.nodes = {make_node("LayerNormalization", {"x", "gamma", "beta"}, {"n"}), make_node("MatMul", {"n", "W"}, {"logits"}),
+             make_node("Reshape", {"logits", "rows"}, {"scores"}),
+             make_node("SoftmaxCrossEntropyLoss", {"scores", "labels"}, {"loss"})};
+  g.nodes[3].attributes["ignore_index"] = Attribute::of(kIgnore);
+  g.nodes[3].attributes["reduction"] = Attribute::of(reduction);
+  g.outputs = {test::value("loss", DType::kFloat32, std::nullopt)};
+  return make_model(std::move(g), 17);
+}
+
+Tensor loss_of(const Model& m, const std::vector<int64_t>& labels) {
+  Executor ex(m);
+  return ex.run({{"x", filled({kB, kS, kH}, 1.3f, 0.2f)}, {"labels", Tensor::from_vector(labels, {kB * kS})}})[0];
+}
+
+// Every `keep_every`-th label kept (class i % V), the rest ignored.
+std::vector<int64_t> labels_keeping(int keep_every) {
+  std::vector<int64_t> v(size_t(kB * kS), kIgnore);
+  for (size_t i = 0; keep_every > 0 && i < v.size(); i += size_t(keep_every)) v[i] = int64_t(i) % kV;
+  return v;
+}
+
+int count_ops(const Model& m, const std::string& op) {
+  int n = 0;
+  for (const auto& node : m.graph.nodes) n += node.op_type == op;
+  return n;
+}
+
+}  // namespace
+
+TEST(LabelSparsity, KeptRowsGiveTheDenseLoss) {
+  for (const char* reduction : {"mean", "sum"}) {
+    const Model dense = lm_head(reduction);
+    Model sparse = dense;
+    ASSERT_EQ(compute_kept_labels_only(sparse), 1);
+    // The LayerNorm and the MatMul now take the gathered rows; the Reshape is gone.
+    EXPECT_EQ(count_ops(sparse, "NonZero"), 2);  // kept rows, and the ignored ones that round K up
+    // Two Reshapes flatten the NonZeros; the head's Reshape to [-1, V] went.
+    EXPECT_EQ(count_ops(sparse, "Reshape") - count_ops(dense, "Reshape"), 1);
+    for (int keep_every : {1, 3, 7}) {  // 40, 14 and 6 kept: 14 and 6 are rounded up with ignored rows
+      const float want = loss_of(dense, labels_keeping(keep_every)).data<float>()[0];
+      const float got = loss_of(sparse, labels_keeping(keep_every)).data<float>()[0];
+      EXPECT_NEAR(got, want, 1e-6f * std::fabs(want)) << reduction << ", every " << keep_every << " kept";
+    }
+  }
+}
+
+TEST(LabelSparsity, EveryLabelIgnoredGivesWhatTheDenseLossGives) {
+  const Model dense = lm_head("mean");
+  Model sparse = dense;
+  ASSERT_EQ(compute_kept_labels_only(sparse), 1);
+  const float want = loss_of(dense, labels_keeping(0)).data<float>()[0];
+  const float got = loss_of(sparse, labels_keeping(0)).data<float>()[0];
+  EXPECT_EQ(std::isnan(got), std::isnan(want));
+  if (!std::isnan(want)) {
+    EXPECT_EQ(got, want);
+  }
+}
+
+TEST(LabelSparsity, PerRowLossesAreLeftAlone) {
+  Model m = lm_head("none");
+  EXPECT_EQ(compute_kept_labels_only(m), 0);
+  EXPECT_EQ(count_ops(m, "NonZero"), 0);
+}
+
+TEST(PaddingSparsity, ATableTheModelLacksIsAnError) {
+  Model m = lm_head("mean");
+  EXPECT_NE(test::error_of([&] { strip_padding(m, {{"tokens.weight", 0}}); })
+                .find("padding index 0 given for 'tokens.weight', which is not the table of any embedding lookup"),
+            std::string::npos);
+}
+
+}  // namespace onnxtrain

@@ -1,0 +1,161 @@
+"""Label and padding sparsity in TrainModule (src/passes/sparsity.h): with 70% of labels ignored,
+or 50% of tokens padding, 20 SGD steps give the losses and parameters of the dense computation;
+dense-enough batches leave the graphs as they were; bad settings are errors that say so."""
+import copy
+import os
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+import onnxtrain
+from onnxtrain import _C
+from onnxtrain.torch import TrainModule
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import models  # noqa: E402
+
+onnxtrain.set_num_threads(1)
+
+CFG = models.BertConfig(vocab_size=48, hidden=16, layers=2, heads=2, ffn=32, max_len=12, pad_id=0)
+STEPS = 20
+
+
+class MaskedLM(nn.Module):
+    """The encoder with a vocabulary head on every token (a masked-LM loss's shape)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.encoder = models.BertEncoder(cfg)
+        self.head = nn.Linear(cfg.hidden, cfg.vocab_size)
+
+    def forward(self, ids):
+        return self.head(self.encoder(ids))
+
+
+def batches(ignored=0.0, padding=0.0, seed=3, batch=4, seq=12, classes=None):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(STEPS):
+        ids = models.padded_ids(CFG, batch, seq, padding, g) if padding else torch.randint(1, CFG.vocab_size, (batch, seq), generator=g)
+        if classes:
+            out.append((ids, torch.randint(0, classes, (batch,), generator=g)))
+            continue
+        labels = models.ignore_labels(torch.randint(0, CFG.vocab_size, (batch, seq), generator=g), ignored, g)
+        labels[ids == CFG.pad_id] = -100  # padded positions have no label
+        out.append((ids, labels))
+    return out
+
+
+def train(base, data, monkeypatch, **env):
+    """20 SGD steps through TrainModule with the given settings: (losses, state, build stats, forward ops)."""
+    for name in ("ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION", "ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION"):
+        monkeypatch.setenv(name, env.get(name, "0"))
+    model = copy.deepcopy(base)
+    wrapped = TrainModule(models.WithCrossEntropy(model))
+    opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    losses = []
+    for x, y in data:
+        loss = wrapped(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    forward = onnx.load_from_string(next(iter(wrapped._graphs.values())).runner.forward_model())
+    return losses, model.state_dict(), wrapped.build_stats[0], [n.op_type for n in forward.graph.node]
+
+
+def assert_same_training(sparse, dense):
+    np.testing.assert_allclose(sparse[0], dense[0], rtol=1e-5)
+    for k, v in dense[1].items():
+        torch.testing.assert_close(sparse[1][k], v, rtol=1e-5, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("kind", ["gpt", "encoder"])
+def test_label_sparsity_trains_as_dense(kind, monkeypatch):
+    torch.manual_seed(0)
+    base = models.GPTDecoder(CFG) if kind == "gpt" else MaskedLM(CFG)
+    data = batches(ignored=0.7)
+    sparse = train(base, data, monkeypatch, ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION="1")
+    dense = train(base, data, monkeypatch)
+    assert sparse[2]["label_sparsity"] and not dense[2]["label_sparsity"]
+    assert "NonZero" in sparse[3] and "NonZero" not in dense[3]
+    assert_same_training(sparse, dense)
+
+
+def test_padding_sparsity_trains_as_dense_encoder(monkeypatch):
+    """BertClassifier (padded keys masked, head on token 0) with half its tokens padding."""
+    torch.manual_seed(0)
+    base = models.BertClassifier(CFG, num_classes=3)
+    data = batches(padding=0.5, classes=3)
+    sparse = train(base, data, monkeypatch, ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION="1")
+    dense = train(base, data, monkeypatch)
+    assert sparse[2]["padding_sparsity"] == {"module.model.encoder.tokens.weight": 0}
+    assert dense[2]["padding_sparsity"] == {}
+    assert sparse[3].count("CumSum") == 1 and "CumSum" not in dense[3]
+    assert_same_training(sparse, dense)
+
+
+def test_padding_and_label_sparsity_train_as_dense_gpt(monkeypatch):
+    """The causal decoder, half its tokens padding at the ends of rows (their labels ignored)."""
+    torch.manual_seed(0)
+    base = models.GPTDecoder(CFG)
+    data = batches(padding=0.5)
+    both = {"ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION": "1", "ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION": "1"}
+    sparse = train(base, data, monkeypatch, **both)
+    dense = train(base, data, monkeypatch)
+    assert sparse[2]["label_sparsity"] and sparse[2]["padding_sparsity"] == {"module.model.tokens.weight": 0}
+    assert_same_training(sparse, dense)
+
+
+def test_dense_batches_leave_graphs_untouched(monkeypatch):
+    torch.manual_seed(0)
+    base = models.GPTDecoder(CFG)
+    data = batches()[:2]  # every label kept, no padding: above the 90% threshold
+    on = {"ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION": "1", "ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION": "1"}
+    stats, ops = train(base, data, monkeypatch, **on)[2:]
+    assert not stats["label_sparsity"] and stats["padding_sparsity"] == {}
+    assert ops == train(base, data, monkeypatch)[3]
+
+
+def test_print_input_density(monkeypatch, capsys):
+    monkeypatch.setenv("ONNXTRAIN_PRINT_INPUT_DENSITY", "1")
+    torch.manual_seed(0)
+    ids = torch.full((2, 10), 5)
+    ids[:, 6:] = 0  # 60% tokens kept
+    labels = torch.full((2, 10), 7)
+    labels[:, 3:] = -100  # 30% labels kept
+    TrainModule(models.WithCrossEntropy(models.GPTDecoder(CFG)))(ids, labels)
+    out = capsys.readouterr().out
+    assert "step 0: label density (input 1, ignore_index -100) 30.0%" in out
+    assert "padding density (input 0, 'model.tokens.weight' padding_idx 0) 60.0%" in out
+
+
+@pytest.mark.parametrize("name,value", [("ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION", "2"),
+                                        ("ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER", "yes"),
+                                        ("ORTMODULE_PRINT_INPUT_DENSITY", "3")])
+def test_bad_settings_are_errors(name, value, monkeypatch):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        TrainModule(nn.Linear(2, 2))
+
+
+def test_ortmodule_aliases(monkeypatch):
+    monkeypatch.setenv("ORTMODULE_ENABLE_SPARSE_OPTIMIZER", "0")
+    monkeypatch.setenv("ORTMODULE_ENABLE_EMBEDDING_SPARSE_OPTIMIZER", "1")
+    s = TrainModule(nn.Linear(2, 2))._settings
+    assert not s.label_sparsity and s.embedding_sparsity
+    monkeypatch.setenv("ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION", "1")  # the ONNXTRAIN_ name wins
+    assert TrainModule(nn.Linear(2, 2))._settings.label_sparsity
+
+
+def test_padding_index_for_a_table_the_model_lacks_is_an_error(tmp_path):
+    model = models.GPTDecoder(CFG).eval()
+    path = models.export(model, (torch.randint(1, CFG.vocab_size, (2, 6)),), str(tmp_path / "gpt.onnx"), ["ids"], ["logits"])
+    with open(path, "rb") as f:
+        data = f.read()
+    with pytest.raises(onnxtrain.Error, match="'no.such.table', which is not the table of any embedding lookup"):
+        _C.torch_bridge.Runner(data, "gpt", [], [], padding_index={"no.such.table": 0})
