@@ -116,7 +116,12 @@ def _ddp_worker(rank, world, init_file, out_dir):
             def hook(state, bucket):  # DDP's default: average by allreduce; notes when it runs
                 during.append(inside[0])
                 t = bucket.buffer().div_(world)
-                return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])
+                # Synchronous, and no Python callback on gloo's threads: with one (fut.then), torch
+                # 1.13 can deadlock destroying the process group while gloo runs it.
+                dist.all_reduce(t)
+                done = torch.futures.Future()
+                done.set_result(t)
+                return done
 
             ddp.register_comm_hook(None, hook)
             opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
