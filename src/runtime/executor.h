@@ -53,8 +53,12 @@ class Executor {
 
   const Model& model() const { return model_; }
   // Runs the graph. `feeds` by graph input name; returns the named outputs (all when empty).
+  // run() is for graphs whose inputs and outputs are tensors; run_values() takes and gives
+  // sequences and optionals too.
   std::vector<Tensor> run(const std::map<std::string, Tensor>& feeds,
                           const std::vector<std::string>& output_names = {});
+  std::vector<Value> run_values(const std::map<std::string, Value>& feeds,
+                                const std::vector<std::string>& output_names = {});
   MemoryReport memory_report() const;
   // Per-node kernel times in execution order (empty unless ExecutorOptions::profile).
   std::vector<NodeProfile> profile() const;
@@ -85,12 +89,12 @@ class Executor {
   };
   struct Plan;
   void compile_subgraphs(Step& step, const std::function<int(const std::string&)>& id_of);
-  std::vector<Tensor> run_subgraph(const Step& step, const Plan& plan, const std::string& attribute,
-                                   const std::vector<Tensor>& inputs);
+  std::vector<Value> run_subgraph(const Step& step, const Plan& plan, const std::string& attribute,
+                                  const std::vector<Value>& inputs);
 
   void compile();
-  void validate_feeds(const std::map<std::string, Tensor>& feeds) const;
-  std::string signature(const std::map<std::string, Tensor>& feeds) const;
+  void validate_feeds(const std::map<std::string, Value>& feeds) const;
+  std::string signature(const std::map<std::string, Value>& feeds) const;
   std::unique_ptr<Plan> new_plan();
   void execute(Plan& plan, bool recording, uint64_t run_index);
   void build_arena(Plan& plan);

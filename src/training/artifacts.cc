@@ -129,17 +129,23 @@ bool shape_like_slot(const Node& consumer, size_t slot) {
 // A value is a parameter candidate when some node reads it as data through an op with a gradient:
 // constants read only as shapes/scales or only by non-differentiable ops (comparisons, Shape, ...)
 // are not.
-bool read_as_data(const Model& model, const std::string& value) {
+// `graph` is the model's graph or one of its subgraphs (If branches, loop bodies), which read the
+// values of the graphs around them by name.
+bool read_as_data(const Model& model, const Graph& graph, const std::string& value) {
   bool data = false;
-  for (const auto& n : model.graph.nodes)
+  for (const auto& n : graph.nodes) {
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       if (n.inputs[i] != value || shape_like_slot(n, i)) continue;
       const OpSchema* s = OpRegistry::global().find(n.domain, n.op_type, model.opset(n.domain));
       if (!s || s->gradient_status != GradientStatus::kNotDifferentiable) data = true;
     }
-  for (const auto& out : model.graph.outputs) data = data || out.name == value;
+    for (const auto& [key, a] : n.attributes)
+      if (a.kind == Attribute::Kind::kGraph && a.g) data = data || read_as_data(model, *a.g, value);
+  }
+  for (const auto& out : graph.outputs) data = data || out.name == value;
   return data;
 }
+bool read_as_data(const Model& model, const std::string& value) { return read_as_data(model, model.graph, value); }
 
 // The value of a Constant node (any of its value_* attributes).
 Tensor constant_node_value(const Model& model, const Node& n) {
@@ -148,6 +154,54 @@ Tensor constant_node_value(const Model& model, const Node& n) {
 }
 
 bool is_constant_node(const Node& n) { return n.domain.empty() && n.op_type == "Constant" && n.outputs.size() == 1; }
+
+// Moves the wanted Constant nodes of `graph`'s subgraphs (exporters such as spox put weights inside
+// If branches) into `top`'s initializers; the subgraphs then read them from the outer scope, as
+// ONNX's unique value names allow. Subgraphs are copied before they change (Model copies share them).
+void promote_subgraph_constants(const Model& model, Graph& graph, Graph& top, std::set<std::string>& wanted) {
+  for (auto& n : graph.nodes)
+    for (auto& [key, a] : n.attributes) {
+      if (a.kind != Attribute::Kind::kGraph || !a.g) continue;
+      auto copy = std::make_shared<Graph>(*a.g);
+      std::vector<Node> kept;
+      bool changed = false;
+      for (auto& c : copy->nodes) {
+        if (!is_constant_node(c) || !wanted.count(c.outputs[0])) {
+          kept.push_back(std::move(c));
+          continue;
+        }
+        Tensor t = constant_node_value(model, c);
+        OT_CHECK(is_floating(t.dtype()), kWhere, c.context(), "'", c.outputs[0], "' is named as a parameter but is a ",
+                 dtype_name(t.dtype()), " constant: only floating-point constants can be parameters");
+        top.initializers[c.outputs[0]] = t;
+        wanted.erase(c.outputs[0]);
+        changed = true;
+      }
+      copy->nodes = std::move(kept);
+      const size_t before = wanted.size();
+      promote_subgraph_constants(model, *copy, top, wanted);
+      if (changed || wanted.size() != before) a.g = copy;
+    }
+}
+
+// The float Constant nodes of >= 2 elements in `graph`'s subgraphs that the subgraphs read as data.
+void subgraph_constant_parameters(const Model& model, const Graph& graph, std::vector<std::string>& names) {
+  for (const auto& n : graph.nodes)
+    for (const auto& [key, a] : n.attributes) {
+      if (a.kind != Attribute::Kind::kGraph || !a.g) continue;
+      for (const auto& c : a.g->nodes) {
+        if (!is_constant_node(c) || !read_as_data(model, *a.g, c.outputs[0])) continue;
+        Tensor t;
+        try {
+          t = constant_node_value(model, c);
+        } catch (const Error&) {
+          continue;
+        }
+        if (is_floating(t.dtype()) && t.numel() >= 2) names.push_back(c.outputs[0]);
+      }
+      subgraph_constant_parameters(model, *a.g, names);
+    }
+}
 
 }  // namespace
 
@@ -168,8 +222,10 @@ Model promote_constant_parameters(const Model& model, const std::vector<std::str
     OT_CHECK(is_floating(t.dtype()), kWhere, n.context(), "'", n.outputs[0], "' is named as a parameter but is a ",
              dtype_name(t.dtype()), " constant: only floating-point constants can be parameters");
     g.initializers[n.outputs[0]] = t;
+    wanted.erase(n.outputs[0]);
   }
   g.nodes = std::move(kept);
+  if (!wanted.empty()) promote_subgraph_constants(m, g, g, wanted);
   return m;
 }
 
@@ -193,6 +249,7 @@ std::vector<std::string> all_parameters(const Model& model) {
     }
     if (is_floating(t.dtype()) && t.numel() >= 2) names.push_back(n.outputs[0]);
   }
+  subgraph_constant_parameters(model, model.graph, names);
   return names;
 }
 
