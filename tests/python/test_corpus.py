@@ -158,7 +158,7 @@ TRAINABLE = {"ppocr_mobile_cls": (lambda: {"x": RNG.standard_normal((2, 3, 48, 1
              "oww_hey_jarvis": (lambda: {"x.1": np.random.default_rng(7).standard_normal((1, 16, 96))}, 0.01, 18),
              "silero_vad_v5": (MODELS["silero_vad_v5"][3], 1e-3, 28),
              "silero_vad_v6": (MODELS["silero_vad_v6"][3], 1e-3, 28),
-             "silero_vad_legacy": (MODELS["silero_vad_legacy"][3], 1e-3, 90)}
+             "silero_vad_legacy": (MODELS["silero_vad_legacy"][3], 1e-3, 68)}
 
 
 def _floats(feeds, dtype):
