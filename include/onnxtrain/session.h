@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "onnxtrain/tensor.h"
+#include "onnxtrain/value.h"
 
 namespace onnxtrain {
 
@@ -34,6 +35,8 @@ struct IoInfo {
   std::vector<int64_t> shape;        // -1 for unknown dims
   std::vector<std::string> dim_params;
   bool rank_known = false;
+  bool sequence = false;             // sequence(tensor): fed and returned as a Value (run_values)
+  bool optional = false;             // optional(T): may be fed or returned as an empty Value
 };
 
 struct MemoryReport;
@@ -49,6 +52,10 @@ class InferenceSession {
   // Runs the model; output_names selects outputs (all when empty), in the order given.
   std::vector<Tensor> run(const std::map<std::string, Tensor>& feeds,
                           const std::vector<std::string>& output_names = {});
+  // The same for models whose inputs or outputs are sequences or optionals (run() refuses
+  // non-tensor outputs).
+  std::vector<Value> run_values(const std::map<std::string, Value>& feeds,
+                                const std::vector<std::string>& output_names = {});
   const std::vector<IoInfo>& inputs() const;
   const std::vector<IoInfo>& outputs() const;
   // Planned arena vs naive bytes, in-place reuses and allocations of the last run.

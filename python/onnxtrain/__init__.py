@@ -41,6 +41,11 @@ class NodeArg:
         self.name: str = info.name
         self.shape: Optional[List[Union[int, str, None]]] = info.shape if info.rank_known else None
         self.type: str = _ONNX_TYPE_NAMES.get(info.dtype, f"tensor({info.dtype})")
+        if info.sequence:
+            self.type = f"seq({self.type})"
+        if info.optional:
+            self.type = f"optional({self.type})"
+        self._sequence = info.sequence
 
     def __repr__(self) -> str:
         return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={self.shape!r})"
@@ -80,8 +85,14 @@ class InferenceSession:
 
     def run(self, output_names: Optional[Sequence[str]], input_feed: Dict[str, Any],
             run_options: Any = None) -> List[np.ndarray]:
-        """Returns the requested outputs (all when ``output_names`` is None) as numpy arrays."""
-        feeds = {name: np.asarray(value, order="C") for name, value in input_feed.items()}
+        """Returns the requested outputs (all when ``output_names`` is None) as numpy arrays; a
+        sequence input or output is a list of arrays, an empty optional None."""
+        sequences = {i.name for i in self._inputs if i._sequence}
+        feeds = {name: (None if value is None else
+                        [np.asarray(v, order="C") for v in value]
+                        if name in sequences and isinstance(value, (list, tuple)) else
+                        np.asarray(value, order="C"))
+                 for name, value in input_feed.items()}
         return self._sess.run(list(output_names or []), feeds)
 
     def memory_report(self) -> str:

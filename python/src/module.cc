@@ -89,6 +89,35 @@ std::map<std::string, Tensor> feeds_from_dict(const py::dict& feeds) {
   return out;
 }
 
+namespace {
+// InferenceSession feeds: a list or tuple is a sequence of tensors, None an empty optional.
+std::map<std::string, Value> value_feeds_from_dict(const py::dict& feeds) {
+  std::map<std::string, Value> out;
+  for (auto [k, v] : feeds) {
+    std::string name = py::str(k);
+    if (v.is_none()) {
+      out[name] = Value::none();
+    } else if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
+      std::vector<Tensor> items;
+      size_t i = 0;
+      for (auto item : v) items.push_back(tensor_from_numpy(item, "feed '" + name + "' element " + std::to_string(i++)));
+      out[name] = Value::of_sequence(std::move(items));
+    } else {
+      out[name] = tensor_from_numpy(v, "feed '" + name + "'");
+    }
+  }
+  return out;
+}
+
+py::object value_to_python(const Value& v) {
+  if (v.is_none()) return py::none();
+  if (v.is_tensor()) return tensor_to_numpy(v.tensor);
+  py::list items;
+  for (const auto& t : v.sequence) items.append(tensor_to_numpy(t));
+  return items;
+}
+}  // namespace
+
 }  // namespace onnxtrain::python
 
 using namespace onnxtrain::python;
@@ -123,6 +152,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readonly("name", &IoInfo::name)
       .def_property_readonly("dtype", [](const IoInfo& i) { return dtype_name(i.dtype); })
       .def_readonly("rank_known", &IoInfo::rank_known)
+      .def_readonly("sequence", &IoInfo::sequence)
+      .def_readonly("optional", &IoInfo::optional)
       .def_property_readonly("shape", [](const IoInfo& i) {
         py::list dims;
         for (size_t d = 0; d < i.shape.size(); ++d) {
@@ -147,20 +178,20 @@ PYBIND11_MODULE(_C, m) {
            py::arg("model"), py::arg("options") = SessionOptions())
       .def("run",
            [](InferenceSession& s, const std::vector<std::string>& names, const py::dict& feeds) {
-             auto tensors = feeds_from_dict(feeds);
+             auto values = value_feeds_from_dict(feeds);
              // bfloat16 inputs arrive as uint16 bit patterns (numpy has no bfloat16).
              for (const auto& in : s.inputs())
-               if (auto it = tensors.find(in.name); it != tensors.end() && in.dtype == DType::kBFloat16 &&
-                                                     it->second.dtype() == DType::kUint16)
-                 it->second = it->second.view_as(DType::kBFloat16);
-             std::vector<Tensor> outs;
+               if (auto it = values.find(in.name); it != values.end() && in.dtype == DType::kBFloat16 &&
+                                                    it->second.is_tensor() && it->second.tensor.dtype() == DType::kUint16)
+                 it->second.tensor = it->second.tensor.view_as(DType::kBFloat16);
+             std::vector<Value> outs;
              {
                py::gil_scoped_release release;
-               outs = s.run(tensors, names);
-               tensors.clear();
+               outs = s.run_values(values, names);
+               values.clear();
              }
              py::list result;
-             for (const auto& t : outs) result.append(tensor_to_numpy(t));
+             for (const auto& v : outs) result.append(value_to_python(v));
              return result;
            })
       .def("inputs", &InferenceSession::inputs)

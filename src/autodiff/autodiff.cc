@@ -22,13 +22,16 @@ class GradientAccumulator {
  public:
   void add(const std::string& value, const std::string& grad) { parts_[value].push_back(grad); }
   bool has(const std::string& value) const { return parts_.count(value) > 0; }
-  std::string get(const std::string& value, std::vector<Node>& backward, std::unordered_set<std::string>& names) {
+  // `sequence`: the value is a sequence, whose gradients are summed element by element.
+  std::string get(const std::string& value, std::vector<Node>& backward, std::unordered_set<std::string>& names,
+                  bool sequence = false) {
     auto it = parts_.find(value);
     if (it == parts_.end()) return "";
     auto& parts = it->second;
     if (parts.size() > 1) {  // fan-out: d(value) = sum of every consumer's contribution
       Node sum;
-      sum.op_type = "Sum";
+      sum.op_type = sequence ? "SequenceSum" : "Sum";
+      if (sequence) sum.domain = kOnnxTrainDomain;
       sum.name = unique(value + "/grad/accumulate", names);
       sum.inputs = parts;
       sum.outputs = {unique(value + "/grad/sum", names)};
@@ -152,8 +155,8 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
       if (!requires_grad.count(out) && options.skip_independent_outputs) continue;
       OT_CHECK(requires_grad.count(out), where, "output '", out, "' does not depend on any of the values to differentiate");
       auto it = g.value_info.find(out);
-      bool scalar = options.seed_scalars_with_one && it != g.value_info.end() && it->second.has_static_shape() &&
-                    numel(*it->second.shape) == 1;
+      bool scalar = options.seed_scalars_with_one && it != g.value_info.end() && it->second.is_tensor() &&
+                    it->second.has_static_shape() && numel(*it->second.shape) == 1;
       if (scalar) {
         grads.add(out, b.emit("Expand", {b.scalar_like(1.0, out), b.shape(out)}));
       } else {
@@ -173,7 +176,9 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
     std::vector<std::string> dys;
     bool any_dy = false;
     for (const auto& o : node.outputs) {
-      std::string d = o.empty() ? "" : grads.get(o, backward, names);
+      auto info = g.value_info.find(o);
+      const bool sequence = info != g.value_info.end() && info->second.kind == ValueKind::kSequence;
+      std::string d = o.empty() ? "" : grads.get(o, backward, names, sequence);
       any_dy = any_dy || !d.empty();
       dys.push_back(d);
     }

@@ -20,6 +20,7 @@ const char* attribute_kind_name(Attribute::Kind kind) {
     case Attribute::Kind::kInts: return "ints";
     case Attribute::Kind::kStrings: return "strings";
     case Attribute::Kind::kTensors: return "tensors";
+    case Attribute::Kind::kTypeProto: return "type";
   }
   return "?";
 }

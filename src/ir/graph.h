@@ -19,7 +19,8 @@ class Graph;
 
 // One ONNX attribute. Subgraphs are kept so models round-trip, even where no kernel runs them.
 struct Attribute {
-  enum class Kind { kFloat, kInt, kString, kTensor, kGraph, kFloats, kInts, kStrings, kTensors };
+  // kTypeProto: an ONNX TypeProto (Optional's `type`), kept serialized in `s`.
+  enum class Kind { kFloat, kInt, kString, kTensor, kGraph, kFloats, kInts, kStrings, kTensors, kTypeProto };
   Kind kind = Kind::kInt;
   float f = 0;
   int64_t i = 0;
@@ -70,13 +71,19 @@ struct Node {
   std::string context() const;
 };
 
+// The ONNX type constructor of a value: a tensor, a sequence of tensors, or an optional of either.
+enum class ValueKind : uint8_t { kTensor, kSequence, kOptionalTensor, kOptionalSequence };
+
 // Static knowledge of a value: element type and shape. Unknown dims are -1 (with an optional
-// symbolic name in dim_params); an unknown rank is an empty optional.
+// symbolic name in dim_params); an unknown rank is an empty optional. For sequences and optionals
+// dtype and shape describe the elements (a sequence's shape is known only when all elements agree).
 struct ValueInfo {
   DType dtype = DType::kUndefined;
   std::optional<Shape> shape;
   std::vector<std::string> dim_params;  // parallel to *shape where present; "" when unnamed
+  ValueKind kind = ValueKind::kTensor;
   bool has_static_shape() const;
+  bool is_tensor() const { return kind == ValueKind::kTensor; }
 };
 
 struct NamedValue {

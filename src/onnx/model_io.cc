@@ -28,14 +28,8 @@ std::string read_file(const std::string& path) {
   return ss.str();
 }
 
-ValueInfo value_info_from_proto(const onnx::ValueInfoProto& v, const std::string& where) {
-  ValueInfo info;
-  // An empty type (exporters such as spox write one for values of unknown type) says nothing.
-  if (!v.has_type() || v.type().value_case() == onnx::TypeProto::VALUE_NOT_SET) return info;
-  if (!v.type().has_tensor_type())
-    OT_THROW(kNotImplemented, where, "value '", v.name(),
-             "' is not a tensor (sequence, map and optional types are not supported)");
-  const auto& tt = v.type().tensor_type();
+// Reads a tensor type's element type and shape into info.
+void tensor_type_from_proto(const onnx::TypeProto::Tensor& tt, ValueInfo& info) {
   info.dtype = DType(tt.elem_type());
   if (tt.has_shape()) {
     Shape shape;
@@ -45,12 +39,46 @@ ValueInfo value_info_from_proto(const onnx::ValueInfoProto& v, const std::string
     }
     info.shape = shape;
   }
+}
+
+ValueInfo value_info_from_proto(const onnx::ValueInfoProto& v, const std::string& where) {
+  ValueInfo info;
+  // An empty type (exporters such as spox write one for values of unknown type) says nothing.
+  if (!v.has_type() || v.type().value_case() == onnx::TypeProto::VALUE_NOT_SET) return info;
+  const onnx::TypeProto* type = &v.type();
+  bool optional = false;
+  if (type->has_optional_type()) {
+    optional = true;
+    type = &type->optional_type().elem_type();
+  }
+  bool sequence = false;
+  if (type->has_sequence_type()) {
+    sequence = true;
+    type = &type->sequence_type().elem_type();
+  }
+  if (type->value_case() == onnx::TypeProto::VALUE_NOT_SET) {
+    info.kind = sequence ? (optional ? ValueKind::kOptionalSequence : ValueKind::kSequence)
+                         : (optional ? ValueKind::kOptionalTensor : ValueKind::kTensor);
+    return info;
+  }
+  if (!type->has_tensor_type())
+    OT_THROW(kNotImplemented, where, "value '", v.name(),
+             "' is not a tensor, a sequence of tensors or an optional of either (map types and nested "
+             "sequences are not supported)");
+  tensor_type_from_proto(type->tensor_type(), info);
+  info.kind = sequence ? (optional ? ValueKind::kOptionalSequence : ValueKind::kSequence)
+                       : (optional ? ValueKind::kOptionalTensor : ValueKind::kTensor);
   return info;
 }
 
 void value_info_to_proto(const std::string& name, const ValueInfo& info, onnx::ValueInfoProto* v) {
   v->set_name(name);
-  auto* tt = v->mutable_type()->mutable_tensor_type();
+  onnx::TypeProto* type = v->mutable_type();
+  if (info.kind == ValueKind::kOptionalTensor || info.kind == ValueKind::kOptionalSequence)
+    type = type->mutable_optional_type()->mutable_elem_type();
+  if (info.kind == ValueKind::kSequence || info.kind == ValueKind::kOptionalSequence)
+    type = type->mutable_sequence_type()->mutable_elem_type();
+  auto* tt = type->mutable_tensor_type();
   tt->set_elem_type(int(info.dtype));
   if (info.shape) {
     auto* shape = tt->mutable_shape();
@@ -95,6 +123,10 @@ Attribute attribute_from_proto(const onnx::AttributeProto& a, const std::string&
       out.kind = K::kTensors;
       for (const auto& t : a.tensors()) out.tensors.push_back(tensor_from_proto(t, base_dir));
       break;
+    case onnx::AttributeProto::TYPE_PROTO:
+      out.kind = K::kTypeProto;
+      out.s = a.tp().SerializeAsString();
+      break;
     default:
       OT_THROW(kNotImplemented, where, "attribute '", a.name(), "' has unsupported type ", int(a.type()));
   }
@@ -116,6 +148,10 @@ void attribute_to_proto(const std::string& name, const Attribute& a, onnx::Attri
     case K::kTensors:
       p->set_type(onnx::AttributeProto::TENSORS);
       for (const auto& t : a.tensors) tensor_to_proto(t, p->add_tensors());
+      break;
+    case K::kTypeProto:
+      p->set_type(onnx::AttributeProto::TYPE_PROTO);
+      p->mutable_tp()->ParseFromString(a.s);
       break;
   }
 }

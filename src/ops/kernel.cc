@@ -5,9 +5,40 @@
 namespace onnxtrain {
 
 const Tensor& KernelContext::input(size_t i) const {
-  if (!has_input(i))
+  if (!has_input(i)) {
+    Value::Kind kind = input_kind(i);
+    if (kind == Value::Kind::kSequence || (kind == Value::Kind::kNone && i < input_values_.size() && input_values_[i]))
+      OT_THROW(kInvalidArgument, node_->context(), "input ", i, " should be a tensor, got ", value_kind_name(kind));
     OT_THROW(kInvalidArgument, node_->context(), "input ", i, " is required but missing");
+  }
   return *inputs_[i];
+}
+
+Value::Kind KernelContext::input_kind(size_t i) const {
+  if (i < input_values_.size() && input_values_[i]) return input_values_[i]->kind;
+  return has_input(i) ? Value::Kind::kTensor : Value::Kind::kNone;
+}
+
+const std::vector<Tensor>& KernelContext::input_sequence(size_t i) const {
+  Value::Kind kind = input_kind(i);
+  OT_CHECK(kind == Value::Kind::kSequence, node_->context(), "input ", i, " should be a sequence, got ",
+           value_kind_name(kind));
+  return input_values_[i]->sequence;
+}
+
+Value KernelContext::input_value(size_t i) const {
+  switch (input_kind(i)) {
+    case Value::Kind::kTensor: return Value(*inputs_[i]);
+    case Value::Kind::kSequence: return *input_values_[i];
+    case Value::Kind::kNone: break;
+  }
+  return Value::none();
+}
+
+void KernelContext::set_output_value(size_t i, Value value) {
+  OT_CHECK(value.is_tensor(), node_->context(), "output ", i, " is ", value_kind_name(value.kind),
+           ", which only an executor holds (it cannot be computed standalone)");
+  set_output(i, std::move(value.tensor));
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "onnxtrain/value.h"
 
 namespace onnxtrain {
 
@@ -19,7 +20,13 @@ class KernelContext {
 
   size_t num_inputs() const { return inputs_.size(); }
   bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i] && inputs_[i]->defined(); }
+  // Input i as a tensor; throws naming the node when it is missing, a sequence or an empty optional.
   const Tensor& input(size_t i) const;
+  // Sequence and optional inputs (ONNX sequence(T), optional(T)). An input the node omits, or one
+  // given no value, is kNone; a present tensor is kTensor.
+  Value::Kind input_kind(size_t i) const;
+  const std::vector<Tensor>& input_sequence(size_t i) const;  // throws unless a sequence
+  Value input_value(size_t i) const;                           // any kind (tensors share storage)
   // True when input i is an initializer of the graph being run: its contents never change, so a
   // kernel may cache work derived from them (reordered weights) across runs.
   virtual bool input_is_constant(size_t) const { return false; }
@@ -35,11 +42,15 @@ class KernelContext {
   virtual Tensor& output(size_t i, DType dtype, const Shape& shape) = 0;
   // Sets output i to an existing tensor: a view of an input (Reshape, Identity) or a constant.
   virtual void set_output(size_t i, Tensor tensor) = 0;
+  // Sets output i to a value of any kind. Only an executor holds sequences and empty optionals;
+  // elsewhere (constant folding) a non-tensor output throws.
+  virtual void set_output_value(size_t i, Value value);
 
  protected:
   const Node* node_ = nullptr;
   int64_t opset_ = 0;
   std::vector<const Tensor*> inputs_;
+  std::vector<const Value*> input_values_;  // per input, where it is a sequence or an empty optional
   size_t num_outputs_ = 0;
   uint64_t random_seed_ = 0, run_index_ = 0;
 };

@@ -13,4 +13,8 @@ void ShapeContext::set_output(size_t i, DType dtype, std::optional<Shape> shape)
   outputs_[i].shape = std::move(shape);
 }
 
+void ShapeContext::set_output_info(size_t i, ValueInfo info) {
+  if (i < outputs_.size()) outputs_[i] = std::move(info);
+}
+
 }  // namespace onnxtrain

@@ -22,6 +22,9 @@ class ShapeContext {
   size_t num_inputs() const { return inputs_.size(); }
   bool has_input(size_t i) const { return i < inputs_.size() && inputs_[i] != nullptr; }
   DType input_dtype(size_t i) const { return has_input(i) ? inputs_[i]->dtype : DType::kUndefined; }
+  // Tensor, sequence or optional (ir/graph.h); a value nothing is known about is a tensor.
+  ValueKind input_kind(size_t i) const { return has_input(i) ? inputs_[i]->kind : ValueKind::kTensor; }
+  const ValueInfo* input_info(size_t i) const { return has_input(i) ? inputs_[i] : nullptr; }
   // The shape when the rank is known (dims may be -1).
   const std::optional<Shape>& input_shape(size_t i) const;
   // The value when the input is a known constant (initializer, Constant, folded).
@@ -29,6 +32,8 @@ class ShapeContext {
 
   size_t num_outputs() const { return outputs_.size(); }
   void set_output(size_t i, DType dtype, std::optional<Shape> shape = std::nullopt);
+  // Sets everything known about output i, its kind included (sequence and optional outputs).
+  void set_output_info(size_t i, ValueInfo info);
   const std::vector<ValueInfo>& outputs() const { return outputs_; }
 
  private:

@@ -17,8 +17,9 @@ class SubgraphHost {
  public:
   virtual ~SubgraphHost() = default;
   // Runs the graph attribute `attribute` of the current node on its formal inputs, in the order
-  // the subgraph declares them; returns its outputs in order, owned by the caller.
-  virtual std::vector<Tensor> run_subgraph(const std::string& attribute, const std::vector<Tensor>& inputs) = 0;
+  // the subgraph declares them; returns its outputs in order, owned by the caller. Values may be
+  // sequences or empty optionals where the subgraph's types say so.
+  virtual std::vector<Value> run_subgraph(const std::string& attribute, const std::vector<Value>& inputs) = 0;
 };
 
 // The host behind a kernel context; throws naming the node when there is none (a control-flow node

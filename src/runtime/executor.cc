@@ -15,6 +15,9 @@ namespace onnxtrain {
 struct Executor::Plan {
   std::vector<std::unique_ptr<Kernel>> kernels;  // one per step
   std::vector<Tensor> values;                    // per value id: the live tensor
+  // Per value id: a sequence or an empty optional, when the value holds one (kind kTensor: the
+  // value is values[id]). Sequences are never planned: their elements are tensors of their own.
+  std::vector<Value> others;
   std::vector<Tensor> planned;                   // per value id: its arena view, if planned
   bool recorded = false;
   // What the recording run saw, per value id.
@@ -31,17 +34,18 @@ struct Executor::Plan {
 
 namespace {
 
-using SubgraphRunFn = std::function<std::vector<Tensor>(const std::string&, const std::vector<Tensor>&)>;
+using SubgraphRunFn = std::function<std::vector<Value>(const std::string&, const std::vector<Value>&)>;
 
 // Hands kernels their inputs and outputs for one step (and, to control-flow kernels, their subgraphs).
 class StepContext final : public KernelContext, public SubgraphHost {
  public:
-  StepContext(const Node& node, int64_t opset, std::vector<Tensor>& values, std::vector<Tensor>& planned,
-              const std::vector<int>& in_ids, const std::vector<int>& out_ids, size_t& dynamic_allocations,
-              std::vector<char>* set_output_flags, const std::vector<char>& is_constant, uint64_t random_seed,
-              uint64_t run_index, const SubgraphRunFn* subgraphs, const std::shared_ptr<void>& arena)
-      : values_(values), planned_(planned), in_ids_(in_ids), out_ids_(out_ids), dynamic_(dynamic_allocations),
-        arena_(arena),
+  StepContext(const Node& node, int64_t opset, std::vector<Tensor>& values, std::vector<Value>& others,
+              std::vector<Tensor>& planned, const std::vector<int>& in_ids, const std::vector<int>& out_ids,
+              size_t& dynamic_allocations, std::vector<char>* set_output_flags, const std::vector<char>& is_constant,
+              uint64_t random_seed, uint64_t run_index, const SubgraphRunFn* subgraphs,
+              const std::shared_ptr<void>& arena)
+      : values_(values), others_(others), planned_(planned), in_ids_(in_ids), out_ids_(out_ids),
+        dynamic_(dynamic_allocations), arena_(arena),
         set_output_flags_(set_output_flags), is_constant_(is_constant), subgraphs_(subgraphs) {
     node_ = &node;
     opset_ = opset;
@@ -51,16 +55,22 @@ class StepContext final : public KernelContext, public SubgraphHost {
     size_t formal = std::min(in_ids.size(), node.inputs.size());
     inputs_.reserve(formal);
     for (size_t i = 0; i < formal; ++i) inputs_.push_back(in_ids[i] >= 0 ? &values[size_t(in_ids[i])] : nullptr);
+    for (size_t i = 0; i < formal; ++i)
+      if (in_ids[i] >= 0 && !others[size_t(in_ids[i])].is_tensor()) {
+        input_values_.resize(formal, nullptr);
+        input_values_[i] = &others[size_t(in_ids[i])];
+      }
     num_outputs_ = out_ids.size();
   }
 
-  std::vector<Tensor> run_subgraph(const std::string& attribute, const std::vector<Tensor>& inputs) override {
+  std::vector<Value> run_subgraph(const std::string& attribute, const std::vector<Value>& inputs) override {
     OT_CHECK(subgraphs_, node_->context(), "has no subgraph '", attribute, "'");
     return (*subgraphs_)(attribute, inputs);
   }
 
   Tensor& output(size_t i, DType dtype, const Shape& shape) override {
     Tensor* slot = slot_for(i);
+    mark_tensor(i);
     int id = i < out_ids_.size() ? out_ids_[i] : -1;
     if (id >= 0) {
       Tensor& view = planned_[size_t(id)];
@@ -87,11 +97,24 @@ class StepContext final : public KernelContext, public SubgraphHost {
 
   void set_output(size_t i, Tensor tensor) override {
     *slot_for(i) = std::move(tensor);
+    mark_tensor(i);
     int id = i < out_ids_.size() ? out_ids_[i] : -1;
     if (id >= 0 && set_output_flags_) (*set_output_flags_)[size_t(id)] = 1;
   }
 
+  void set_output_value(size_t i, Value value) override {
+    if (value.is_tensor()) return set_output(i, std::move(value.tensor));
+    int id = i < out_ids_.size() ? out_ids_[i] : -1;
+    if (id < 0) return;
+    values_[size_t(id)] = Tensor();
+    others_[size_t(id)] = std::move(value);
+  }
+
  private:
+  void mark_tensor(size_t i) {  // an optional output may hold a tensor in one run and none in the next
+    int id = i < out_ids_.size() ? out_ids_[i] : -1;
+    if (id >= 0 && !others_[size_t(id)].is_tensor()) others_[size_t(id)] = Value();
+  }
   Tensor* slot_for(size_t i) {
     int id = i < out_ids_.size() ? out_ids_[i] : -1;
     if (id >= 0) return &values_[size_t(id)];
@@ -99,6 +122,7 @@ class StepContext final : public KernelContext, public SubgraphHost {
     return &scratch_[i];
   }
   std::vector<Tensor>& values_;
+  std::vector<Value>& others_;
   std::vector<Tensor>& planned_;
   const std::vector<int>& in_ids_;
   const std::vector<int>& out_ids_;
@@ -249,22 +273,24 @@ void Executor::compile_subgraphs(Step& step, const std::function<int(const std::
   }
 }
 
-std::vector<Tensor> Executor::run_subgraph(const Step& step, const Plan& plan, const std::string& attribute,
-                                           const std::vector<Tensor>& inputs) {
+std::vector<Value> Executor::run_subgraph(const Step& step, const Plan& plan, const std::string& attribute,
+                                          const std::vector<Value>& inputs) {
   for (const auto& sub : step.subgraphs) {
     if (sub.attribute != attribute) continue;
     OT_CHECK(inputs.size() == sub.formal_inputs, step.node->context(), "subgraph '", attribute, "' takes ",
              sub.formal_inputs, " inputs, given ", inputs.size());
-    std::map<std::string, Tensor> feeds;
+    std::map<std::string, Value> feeds;
     for (size_t i = 0; i < inputs.size(); ++i) feeds[sub.input_names[i]] = inputs[i];
-    for (size_t i = 0; i < sub.outer_ids.size(); ++i)
-      feeds[sub.input_names[sub.formal_inputs + i]] = plan.values[size_t(sub.outer_ids[i])];
-    return sub.executor->run(feeds);
+    for (size_t i = 0; i < sub.outer_ids.size(); ++i) {
+      size_t id = size_t(sub.outer_ids[i]);
+      feeds[sub.input_names[sub.formal_inputs + i]] = plan.others[id].is_tensor() ? Value(plan.values[id]) : plan.others[id];
+    }
+    return sub.executor->run_values(feeds);
   }
   OT_THROW(kInvalidModel, step.node->context(), "has no graph attribute '", attribute, "'");
 }
 
-void Executor::validate_feeds(const std::map<std::string, Tensor>& feeds) const {
+void Executor::validate_feeds(const std::map<std::string, Value>& feeds) const {
   const std::string where = "model " + model_.description + ": ";
   for (const auto& [name, t] : feeds)
     if (!model_.graph.is_input(name)) {
@@ -275,7 +301,27 @@ void Executor::validate_feeds(const std::map<std::string, Tensor>& feeds) const 
   for (const auto& in : model_.graph.inputs) {
     auto it = feeds.find(in.name);
     OT_CHECK(it != feeds.end(), where, "input '", in.name, "' is missing from the feeds");
-    const Tensor& t = it->second;
+    const Value& v = it->second;
+    const ValueKind k = in.info.kind;
+    const bool optional = k == ValueKind::kOptionalTensor || k == ValueKind::kOptionalSequence;
+    const bool sequence = k == ValueKind::kSequence || k == ValueKind::kOptionalSequence;
+    // A subgraph's declared types are loose; only the top level's are checked.
+    if (v.is_none()) {
+      OT_CHECK(optional || in.info.dtype == DType::kUndefined, where, "input '", in.name, "' is not optional, got no value");
+      continue;
+    }
+    if (v.is_sequence()) {
+      OT_CHECK(sequence || in.info.dtype == DType::kUndefined, where, "input '", in.name,
+               "' should be a tensor, got a sequence");
+      for (const auto& item : v.sequence)
+        OT_CHECK(in.info.dtype == DType::kUndefined || item.dtype() == in.info.dtype, where, "input '", in.name,
+                 "' should be a sequence of ", dtype_name(in.info.dtype), ", got an element of ",
+                 dtype_name(item.dtype()));
+      continue;
+    }
+    OT_CHECK(!sequence || in.info.dtype == DType::kUndefined, where, "input '", in.name,
+             "' should be a sequence, got a tensor");
+    const Tensor& t = v.tensor;
     if (in.info.dtype != DType::kUndefined)
       OT_CHECK(t.dtype() == in.info.dtype, where, "input '", in.name, "' should be ", dtype_name(in.info.dtype),
                ", got ", dtype_name(t.dtype()));
@@ -290,11 +336,15 @@ void Executor::validate_feeds(const std::map<std::string, Tensor>& feeds) const 
   }
 }
 
-std::string Executor::signature(const std::map<std::string, Tensor>& feeds) const {
+std::string Executor::signature(const std::map<std::string, Value>& feeds) const {
   std::string sig;
+  auto add = [&](const Tensor& t) { sig += std::to_string(int(t.dtype())) + shape_str(t.shape()) + ";"; };
   for (const auto& in : model_.graph.inputs) {
-    const Tensor& t = feeds.at(in.name);
-    sig += std::to_string(int(t.dtype())) + shape_str(t.shape()) + ";";
+    const Value& v = feeds.at(in.name);
+    if (v.is_tensor()) { add(v.tensor); continue; }
+    sig += v.is_none() ? "none;" : "seq(";
+    for (const auto& item : v.sequence) add(item);
+    if (v.is_sequence()) sig += ");";
   }
   return sig;
 }
@@ -303,6 +353,7 @@ std::unique_ptr<Executor::Plan> Executor::new_plan() {
   auto plan = std::make_unique<Plan>();
   size_t n = value_names_.size();
   plan->values.resize(n);
+  plan->others.resize(n);
   plan->planned.resize(n);
   plan->dtypes.assign(n, DType::kUndefined);
   plan->shapes.resize(n);
@@ -318,7 +369,8 @@ std::unique_ptr<Executor::Plan> Executor::new_plan() {
   return plan;
 }
 
-Tensor Executor::result_of(const Plan& plan, int id) const {
+Value Executor::result_of(const Plan& plan, int id) const {
+  if (!plan.others[size_t(id)].is_tensor()) return plan.others[size_t(id)];  // sequence elements are never arena views
   const Tensor& t = plan.values[size_t(id)];
   int root = id;
   while (plan.alias_of[size_t(root)] >= 0) root = plan.alias_of[size_t(root)];
@@ -329,8 +381,8 @@ Tensor Executor::result_of(const Plan& plan, int id) const {
 
 void Executor::hand_over(Plan& plan, Handover& h, const std::vector<std::pair<size_t, int>>& ready, size_t step) {
   for (auto [index, id] : ready) {
-    Tensor value = result_of(plan, id);
-    if (!(*h.on_ready)(index, value)) {
+    Value value = result_of(plan, id);
+    if (!value.is_tensor() || !(*h.on_ready)(index, value.tensor)) {
       (*h.results)[index] = std::move(value);
       continue;
     }
@@ -351,12 +403,12 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
     const Node& node = *step.node;
     SubgraphRunFn subgraphs;
     if (!step.subgraphs.empty())
-      subgraphs = [&](const std::string& attribute, const std::vector<Tensor>& inputs) {
+      subgraphs = [&](const std::string& attribute, const std::vector<Value>& inputs) {
         return run_subgraph(step, plan, attribute, inputs);
       };
-    StepContext ctx(node, model_.opset(node.domain), plan.values, plan.planned, step.inputs, step.outputs,
-                    plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr, is_constant_, random_seed_,
-                    run_index, step.subgraphs.empty() ? nullptr : &subgraphs, plan.arena);
+    StepContext ctx(node, model_.opset(node.domain), plan.values, plan.others, plan.planned, step.inputs,
+                    step.outputs, plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr, is_constant_,
+                    random_seed_, run_index, step.subgraphs.empty() ? nullptr : &subgraphs, plan.arena);
     try {
       if (options_.profile) {
         auto start = std::chrono::steady_clock::now();
@@ -377,6 +429,7 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
       int id = step.outputs[i];
       if (id < 0) continue;
       const Tensor& out = plan.values[size_t(id)];
+      if (!plan.others[size_t(id)].is_tensor()) continue;  // a sequence or an empty optional
       if (!out.defined())
         OT_THROW(kRuntime, "model ", model_.description, ": ", node.context(), "kernel did not produce output ", i);
       if (!recording) continue;
@@ -386,8 +439,10 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
         if (in >= 0 && out.shares_storage_with(plan.values[size_t(in)])) { plan.alias_of[size_t(id)] = in; break; }
       if (plan.alias_of[size_t(id)] < 0 && plan.from_set_output[size_t(id)]) plan.external[size_t(id)] = 1;
     }
-    for (int id : step.release)
+    for (int id : step.release) {
       if (!plan.planned[size_t(id)].defined()) plan.values[size_t(id)] = Tensor();
+      if (!plan.others[size_t(id)].is_tensor()) plan.others[size_t(id)] = Value();
+    }
     if (handover) {
       for (int id : handover->drop_after_step[s]) plan.values[size_t(id)] = Tensor();
       if (!handover->after_step[s].empty()) hand_over(plan, *handover, handover->after_step[s], s);
@@ -526,6 +581,7 @@ void Executor::check_shape_rules(const Plan& plan) const {
   Graph g = model_.graph;
   for (auto& in : g.inputs) {
     int id = value_ids_.at(in.name);
+    if (!plan.others[size_t(id)].is_tensor()) continue;  // sequences and optionals keep their declared types
     in.info.dtype = plan.values[size_t(id)].dtype();
     in.info.shape = plan.values[size_t(id)].shape();
   }
@@ -554,6 +610,20 @@ void Executor::check_shape_rules(const Plan& plan) const {
 
 std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& feeds,
                                   const std::vector<std::string>& output_names, const OutputReadyFn& on_ready) {
+  std::map<std::string, Value> values(feeds.begin(), feeds.end());
+  std::vector<Value> outs = run_values(values, output_names, on_ready);
+  values.clear();
+  std::vector<Tensor> results;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    OT_CHECK(outs[i].is_tensor(), "model ", model_.description, ": output ", i, " is ", value_kind_name(outs[i].kind),
+             ", not a tensor (run it with run_values)");
+    results.push_back(std::move(outs[i].tensor));
+  }
+  return results;
+}
+
+std::vector<Value> Executor::run_values(const std::map<std::string, Value>& feeds,
+                                        const std::vector<std::string>& output_names, const OutputReadyFn& on_ready) {
   std::lock_guard<std::mutex> lock(mutex_);
   validate_feeds(feeds);
   std::vector<int> wanted;
@@ -571,13 +641,17 @@ std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& feeds,
   if (!slot) slot = new_plan();
   Plan& plan = *slot;
   bool recording = !plan.recorded;
-  for (int id : input_ids_) plan.values[size_t(id)] = feeds.at(value_names_[size_t(id)]);
+  for (int id : input_ids_) {
+    const Value& v = feeds.at(value_names_[size_t(id)]);
+    plan.values[size_t(id)] = v.tensor;
+    plan.others[size_t(id)] = v.is_tensor() ? Value() : v;
+  }
   struct ClearFeeds {  // do not keep the caller's buffers alive past the run
     Plan& p; const std::vector<int>& ids;
-    ~ClearFeeds() { for (int id : ids) p.values[size_t(id)] = Tensor(); }
+    ~ClearFeeds() { for (int id : ids) { p.values[size_t(id)] = Tensor(); p.others[size_t(id)] = Value(); } }
   } clear{plan, input_ids_};
 
-  std::vector<Tensor> results(wanted.size());
+  std::vector<Value> results(wanted.size());
   std::optional<Handover> handover;
   if (on_ready) {
     handover.emplace();
@@ -600,9 +674,11 @@ std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& feeds,
   if (!on_ready)
     for (size_t k = 0; k < wanted.size(); ++k) results[k] = result_of(plan, wanted[k]);
   // Outputs handed over must not be written by the next run.
-  for (int id : output_ids_)
+  for (int id : output_ids_) {
     if (!plan.external[size_t(id)] || plan.alias_of[size_t(id)] >= 0 || plan.from_set_output[size_t(id)])
       plan.values[size_t(id)] = Tensor();
+    plan.others[size_t(id)] = Value();
+  }
   for (auto& [id, t] : constants_) plan.values[size_t(id)] = *t;  // an output may be a constant
   last_report_ = plan.report;
   last_report_.dynamic_allocations = recording ? 0 : plan.dynamic_allocations;

@@ -61,10 +61,15 @@ class Executor {
 
   const Model& model() const { return model_; }
   // Runs the graph. `feeds` by graph input name; returns the named outputs (all when empty).
-  // With on_ready, each output is also handed to it as soon as it is final (OutputReadyFn).
+  // run() is for graphs whose inputs and outputs are tensors; run_values() takes and gives
+  // sequences and optionals too. With on_ready, each tensor output is also handed to it as soon
+  // as it is final (OutputReadyFn).
   std::vector<Tensor> run(const std::map<std::string, Tensor>& feeds,
                           const std::vector<std::string>& output_names = {},
                           const OutputReadyFn& on_ready = {});
+  std::vector<Value> run_values(const std::map<std::string, Value>& feeds,
+                                const std::vector<std::string>& output_names = {},
+                                const OutputReadyFn& on_ready = {});
   // The index of the step that produces graph output `name` (steps run in increasing order), or
   // -1 when no step does (a feed or an initializer): the order outputs become final in.
   int output_ready_step(const std::string& name) const;
@@ -98,23 +103,23 @@ class Executor {
   };
   struct Plan;
   void compile_subgraphs(Step& step, const std::function<int(const std::string&)>& id_of);
-  std::vector<Tensor> run_subgraph(const Step& step, const Plan& plan, const std::string& attribute,
-                                   const std::vector<Tensor>& inputs);
+  std::vector<Value> run_subgraph(const Step& step, const Plan& plan, const std::string& attribute,
+                                  const std::vector<Value>& inputs);
 
   void compile();
-  void validate_feeds(const std::map<std::string, Tensor>& feeds) const;
-  std::string signature(const std::map<std::string, Tensor>& feeds) const;
+  void validate_feeds(const std::map<std::string, Value>& feeds) const;
+  std::string signature(const std::map<std::string, Value>& feeds) const;
   std::unique_ptr<Plan> new_plan();
   // Outputs handed to an OutputReadyFn during one run: which become final after each step.
   struct Handover {
     const OutputReadyFn* on_ready = nullptr;
     std::vector<std::vector<std::pair<size_t, int>>> after_step;  // per step: (result index, value id)
     std::vector<std::vector<int>> drop_after_step;                // taken values, at their last reader
-    std::vector<Tensor>* results = nullptr;
+    std::vector<Value>* results = nullptr;
   };
   void execute(Plan& plan, bool recording, uint64_t run_index, Handover* handover = nullptr);
   void hand_over(Plan& plan, Handover& h, const std::vector<std::pair<size_t, int>>& ready, size_t step);
-  Tensor result_of(const Plan& plan, int id) const;
+  Value result_of(const Plan& plan, int id) const;
   void build_arena(Plan& plan);
   void check_shape_rules(const Plan& plan) const;
 

@@ -24,6 +24,8 @@ IoInfo io_info(const NamedValue& v) {
   info.rank_known = v.info.shape.has_value();
   if (v.info.shape) info.shape = *v.info.shape;
   info.dim_params = v.info.dim_params;
+  info.sequence = v.info.kind == ValueKind::kSequence || v.info.kind == ValueKind::kOptionalSequence;
+  info.optional = v.info.kind == ValueKind::kOptionalTensor || v.info.kind == ValueKind::kOptionalSequence;
   return info;
 }
 
@@ -58,6 +60,11 @@ InferenceSession& InferenceSession::operator=(InferenceSession&&) noexcept = def
 std::vector<Tensor> InferenceSession::run(const std::map<std::string, Tensor>& feeds,
                                           const std::vector<std::string>& output_names) {
   return impl_->executor->run(feeds, output_names);
+}
+
+std::vector<Value> InferenceSession::run_values(const std::map<std::string, Value>& feeds,
+                                                const std::vector<std::string>& output_names) {
+  return impl_->executor->run_values(feeds, output_names);
 }
 
 const std::vector<IoInfo>& InferenceSession::inputs() const { return impl_->inputs; }

@@ -129,17 +129,23 @@ bool shape_like_slot(const Node& consumer, size_t slot) {
 // A value is a parameter candidate when some node reads it as data through an op with a gradient:
 // constants read only as shapes/scales or only by non-differentiable ops (comparisons, Shape, ...)
 // are not.
-bool read_as_data(const Model& model, const std::string& value) {
+// `graph` is the model's graph or one of its subgraphs (If branches, loop bodies), which read the
+// values of the graphs around them by name.
+bool read_as_data(const Model& model, const Graph& graph, const std::string& value) {
   bool data = false;
-  for (const auto& n : model.graph.nodes)
+  for (const auto& n : graph.nodes) {
     for (size_t i = 0; i < n.inputs.size(); ++i) {
       if (n.inputs[i] != value || shape_like_slot(n, i)) continue;
       const OpSchema* s = OpRegistry::global().find(n.domain, n.op_type, model.opset(n.domain));
       if (!s || s->gradient_status != GradientStatus::kNotDifferentiable) data = true;
     }
-  for (const auto& out : model.graph.outputs) data = data || out.name == value;
+    for (const auto& [key, a] : n.attributes)
+      if (a.kind == Attribute::Kind::kGraph && a.g) data = data || read_as_data(model, *a.g, value);
+  }
+  for (const auto& out : graph.outputs) data = data || out.name == value;
   return data;
 }
+bool read_as_data(const Model& model, const std::string& value) { return read_as_data(model, model.graph, value); }
 
 // The value of a Constant node (any of its value_* attributes).
 Tensor constant_node_value(const Model& model, const Node& n) {
@@ -148,6 +154,56 @@ Tensor constant_node_value(const Model& model, const Node& n) {
 }
 
 bool is_constant_node(const Node& n) { return n.domain.empty() && n.op_type == "Constant" && n.outputs.size() == 1; }
+
+// Moves the wanted Constant nodes of `graph` into `top`'s initializers (throwing for a non-float one).
+void move_wanted_constants(const Model& model, Graph& graph, Graph& top, std::set<std::string>& wanted) {
+  std::vector<Node> kept;
+  for (auto& n : graph.nodes) {
+    if (!is_constant_node(n) || !wanted.count(n.outputs[0])) {
+      kept.push_back(std::move(n));
+      continue;
+    }
+    Tensor t = constant_node_value(model, n);
+    OT_CHECK(is_floating(t.dtype()), kWhere, n.context(), "'", n.outputs[0], "' is named as a parameter but is a ",
+             dtype_name(t.dtype()), " constant: only floating-point constants can be parameters");
+    top.initializers[n.outputs[0]] = t;
+    wanted.erase(n.outputs[0]);
+  }
+  graph.nodes = std::move(kept);
+}
+
+// The same for the subgraphs of `graph` (exporters such as spox put weights inside If branches):
+// the subgraphs then read them from the outer scope, as ONNX's unique value names allow. A subgraph
+// is copied before it changes (Model copies share subgraphs).
+void move_wanted_subgraph_constants(const Model& model, Graph& graph, Graph& top, std::set<std::string>& wanted) {
+  for (auto& n : graph.nodes)
+    for (auto& [key, a] : n.attributes) {
+      if (a.kind != Attribute::Kind::kGraph || !a.g || wanted.empty()) continue;
+      auto copy = std::make_shared<Graph>(*a.g);
+      const size_t before = wanted.size();
+      move_wanted_constants(model, *copy, top, wanted);
+      move_wanted_subgraph_constants(model, *copy, top, wanted);
+      if (wanted.size() != before) a.g = copy;
+    }
+}
+
+// The float Constant nodes of >= 2 elements in `graph` and its subgraphs that are read as data and
+// are not declared state.
+void constant_parameters(const Model& model, const Graph& graph, const std::set<std::string>& buffers,
+                         std::vector<std::string>& names) {
+  for (const auto& n : graph.nodes) {
+    for (const auto& [key, a] : n.attributes)
+      if (a.kind == Attribute::Kind::kGraph && a.g) constant_parameters(model, *a.g, buffers, names);
+    if (!is_constant_node(n) || buffers.count(n.outputs[0]) || !read_as_data(model, graph, n.outputs[0])) continue;
+    Tensor t;
+    try {
+      t = constant_node_value(model, n);
+    } catch (const Error&) {
+      continue;  // string or sparse constants: never parameters
+    }
+    if (is_floating(t.dtype()) && t.numel() >= 2) names.push_back(n.outputs[0]);
+  }
+}
 
 }  // namespace
 
@@ -158,18 +214,8 @@ Model promote_constant_parameters(const Model& model, const std::vector<std::str
   for (const auto& name : names)
     if (!g.is_initializer(name)) wanted.insert(name);
   if (wanted.empty()) return m;
-  std::vector<Node> kept;
-  for (auto& n : g.nodes) {
-    if (!is_constant_node(n) || !wanted.count(n.outputs[0])) {
-      kept.push_back(std::move(n));
-      continue;
-    }
-    Tensor t = constant_node_value(m, n);
-    OT_CHECK(is_floating(t.dtype()), kWhere, n.context(), "'", n.outputs[0], "' is named as a parameter but is a ",
-             dtype_name(t.dtype()), " constant: only floating-point constants can be parameters");
-    g.initializers[n.outputs[0]] = t;
-  }
-  g.nodes = std::move(kept);
+  move_wanted_constants(m, g, g, wanted);
+  move_wanted_subgraph_constants(m, g, g, wanted);
   return m;
 }
 
@@ -183,16 +229,7 @@ std::vector<std::string> all_parameters(const Model& model) {
   for (const auto& [name, t] : model.graph.initializers)
     if (is_floating(t.dtype()) && t.rank() > 0 && !buffers.count(name) && read_as_data(model, name))
       names.push_back(name);
-  for (const auto& n : model.graph.nodes) {
-    if (!is_constant_node(n) || buffers.count(n.outputs[0]) || !read_as_data(model, n.outputs[0])) continue;
-    Tensor t;
-    try {
-      t = constant_node_value(model, n);
-    } catch (const Error&) {
-      continue;  // string or sparse constants: never parameters
-    }
-    if (is_floating(t.dtype()) && t.numel() >= 2) names.push_back(n.outputs[0]);
-  }
+  constant_parameters(model, model.graph, buffers, names);
   return names;
 }
 

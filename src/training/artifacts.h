@@ -56,12 +56,13 @@ struct BufferUpdate {
 std::vector<BufferUpdate> buffer_updates(const Model& model);
 
 // The model with the Constant nodes whose outputs are named in `names` turned into initializers of
-// the same name (paddle2onnx stores weights that way). Throws naming the node when such a constant
-// is not floating point. Names that are initializers already, or nothing's, are left alone.
+// the same name (paddle2onnx stores weights that way; spox inside If branches, whose constants move
+// to the top level and are read from there). Throws naming the node when such a constant is not
+// floating point. Names that are initializers already, or nothing's, are left alone.
 Model promote_constant_parameters(const Model& model, const std::vector<std::string>& names);
 
 // What "train everything" means: floating-point initializers of rank >= 1 and floating-point
-// Constant node outputs of >= 2 elements, except the ops' declared state inputs (BatchNorm's running
+// Constant node outputs of >= 2 elements (in subgraphs too), except the ops' declared state inputs (BatchNorm's running
 // statistics, OpSchema::state_inputs) and values read only
 // as shapes/scales (Resize, Upsample) or only by non-differentiable ops.
 std::vector<std::string> all_parameters(const Model& model);

@@ -7,6 +7,7 @@
 #include <set>
 #include <utility>
 
+#include "ir/subgraph.h"
 #include "onnx/model_io.h"
 #include "ops/optimizer/optimizer_ops.h"
 #include "passes/passes.h"
@@ -271,7 +272,10 @@ void Module::export_model_for_inferencing(const std::string& path, const std::ve
   g.inputs = kept;
   eliminate_dead_code(g);  // drops the loss and anything only it used
   std::set<std::string> read;
-  for (const auto& n : g.nodes) for (const auto& i : n.inputs) read.insert(i);
+  for (const auto& n : g.nodes) {
+    for (const auto& i : n.inputs) read.insert(i);
+    for (const auto& i : outer_scope_reads(n)) read.insert(i);  // read inside If/Loop/Scan bodies
+  }
   for (const auto& o : g.outputs) read.insert(o.name);
   std::vector<NamedValue> used;
   for (const auto& in : g.inputs) if (read.count(in.name)) used.push_back(in);  // targets go

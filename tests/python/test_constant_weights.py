@@ -127,3 +127,32 @@ def test_cli_all_trains_constant_weights(tmp_path):
     assert "trainable: 3 parameters (80 elements)" in r.stdout
     state = CheckpointState.load_checkpoint(str(tmp_path / "a" / "checkpoint"))
     assert {"W", "b", "V"} <= set(state.parameters.keys())
+
+
+def test_constants_inside_if_branches_are_parameters_read_from_the_top(tmp_path):
+    """y = If(flag): (x W_then) else (x W_else), the weights Constant nodes inside the branches (as
+    spox writes Silero): 'all' finds both, training updates the taken branch's, the exported model
+    keeps them as top-level initializers the branches read."""
+    w_then, w_else = RNG.standard_normal((6, 3)).astype(np.float32), RNG.standard_normal((6, 3)).astype(np.float32)
+    out = helper.make_tensor_value_info("o", TensorProto.FLOAT, ["N", 3])
+    then_g = helper.make_graph([const("W_then", w_then), helper.make_node("MatMul", ["x", "W_then"], ["o"])],
+                               "then", [], [out])
+    else_g = helper.make_graph([const("W_else", w_else), helper.make_node("MatMul", ["x", "W_else"], ["o2"])],
+                               "else", [], [helper.make_tensor_value_info("o2", TensorProto.FLOAT, ["N", 3])])
+    g = helper.make_graph([const("flag", np.array(True)),
+                           helper.make_node("Identity", ["flag"], ["cond"]),
+                           helper.make_node("If", ["cond"], ["y"], then_branch=then_g, else_branch=else_g)], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 3])])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    assert sorted(onnxtrain._C.all_parameters(data)) == ["W_else", "W_then"]
+    module, state, losses, x = train(tmp_path, data, "all")
+    assert losses[-1] < losses[0]
+    assert not np.allclose(state.parameters["W_then"].data, w_then)
+    np.testing.assert_array_equal(state.parameters["W_else"].data, w_else)  # the branch not taken
+    path = str(tmp_path / "infer.onnx")
+    module.export_model_for_inferencing(path, ["y"])
+    inits = {i.name for i in onnx.load(path).graph.initializer}
+    assert {"W_then", "W_else"} <= inits
+    np.testing.assert_allclose(onnxtrain.InferenceSession(path).run(None, {"x": x})[0],
+                               x @ state.parameters["W_then"].data, rtol=1e-5, atol=1e-6)

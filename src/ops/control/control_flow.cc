@@ -109,8 +109,8 @@ void if_kernel(KernelContext& ctx) {
   const Node& n = ctx.node();
   check_branches(n);
   bool cond = truth(n, ctx.input(0), "the condition");
-  std::vector<Tensor> outs = subgraph_host(ctx).run_subgraph(cond ? "then_branch" : "else_branch", {});
-  for (size_t i = 0; i < outs.size(); ++i) ctx.set_output(i, std::move(outs[i]));
+  std::vector<Value> outs = subgraph_host(ctx).run_subgraph(cond ? "then_branch" : "else_branch", {});
+  for (size_t i = 0; i < outs.size(); ++i) ctx.set_output_value(i, std::move(outs[i]));
 }
 
 ValueInfo merge(const ValueInfo& a, const ValueInfo& b) {
@@ -134,8 +134,9 @@ void if_rule(ShapeContext& ctx) {
   const Tensor* c = ctx.input_value(0);
   for (size_t i = 0; i < n.outputs.size(); ++i) {
     ValueInfo info = merge(then_g.outputs[i].info, else_g.outputs[i].info);
+    info.kind = then_g.outputs[i].info.kind;  // sequence and optional outputs
     if (c && c->numel() == 1) info = (c->item_as_double(0) != 0 ? then_g : else_g).outputs[i].info;
-    if (info.dtype != DType::kUndefined) ctx.set_output(i, info.dtype, info.shape);
+    if (info.dtype != DType::kUndefined || !info.is_tensor()) ctx.set_output_info(i, info);
   }
 }
 
@@ -448,22 +449,30 @@ void loop_kernel(KernelContext& ctx) {
            ctx.has_input(0) ? shape_str(ctx.input(0).shape()) : "");
   const int64_t trips = ctx.has_input(0) ? ctx.input(0).item_as_int(0) : INT64_MAX;
   bool cond = ctx.has_input(1) ? truth(n, ctx.input(1), "the condition") : true;
-  std::vector<Tensor> carried;
+  // Loop-carried values may be sequences or optionals (an empty optional from opset 16).
+  std::vector<Value> carried;
   for (size_t i = 0; i < s.carried; ++i) {
-    OT_CHECK(ctx.has_input(2 + i), n.context(), "loop-carried input ", 2 + i, " is missing");
-    carried.push_back(ctx.input(2 + i));
+    const bool declared_optional = body.inputs[2 + i].info.kind == ValueKind::kOptionalTensor ||
+                                   body.inputs[2 + i].info.kind == ValueKind::kOptionalSequence;
+    OT_CHECK(ctx.input_kind(2 + i) != Value::Kind::kNone || declared_optional, n.context(), "loop-carried input ",
+             2 + i, " is missing");
+    carried.push_back(ctx.input_value(2 + i));
   }
   std::vector<std::vector<Tensor>> scans(s.scans);
   SubgraphHost& host = subgraph_host(ctx);
   for (int64_t it = 0; it < trips && cond; ++it) {
-    std::vector<Tensor> in{Tensor::scalar<int64_t>(it), Tensor::scalar<bool>(cond)};
+    std::vector<Value> in{Tensor::scalar<int64_t>(it), Tensor::scalar<bool>(cond)};
     in.insert(in.end(), carried.begin(), carried.end());
-    std::vector<Tensor> out = host.run_subgraph("body", in);
-    if (ctx.has_input(1)) cond = truth(n, out[0], "the body's condition output");  // ignored without input 1
+    std::vector<Value> out = host.run_subgraph("body", in);
+    if (ctx.has_input(1)) cond = truth(n, out[0].tensor, "the body's condition output");  // ignored without input 1
     for (size_t i = 0; i < s.carried; ++i) carried[i] = std::move(out[1 + i]);
-    for (size_t k = 0; k < s.scans; ++k) scans[k].push_back(std::move(out[1 + s.carried + k]));
+    for (size_t k = 0; k < s.scans; ++k) {
+      OT_CHECK(out[1 + s.carried + k].is_tensor(), n.context(), "scan output ", k, " of the body is ",
+               value_kind_name(out[1 + s.carried + k].kind), ", expected a tensor");
+      scans[k].push_back(std::move(out[1 + s.carried + k].tensor));
+    }
   }
-  for (size_t i = 0; i < s.carried; ++i) ctx.set_output(i, carried[i]);
+  for (size_t i = 0; i < s.carried; ++i) ctx.set_output_value(i, carried[i]);
   for (size_t k = 0; k < s.scans; ++k) {
     if (!ctx.output_requested(s.carried + k)) continue;
     const ValueInfo& decl = body.outputs[1 + s.carried + k].info;
@@ -488,9 +497,11 @@ void loop_rule(ShapeContext& ctx) {
   const LoopShape s = loop_shape(n);
   const Graph& body = graph_attr(n, "body");
   for (size_t i = 0; i < s.carried; ++i) {
-    DType dt = ctx.input_dtype(2 + i);
-    if (dt == DType::kUndefined) dt = body.outputs[1 + i].info.dtype;
-    if (dt != DType::kUndefined) ctx.set_output(i, dt);
+    ValueInfo info;
+    info.dtype = ctx.input_dtype(2 + i);
+    if (info.dtype == DType::kUndefined) info.dtype = body.outputs[1 + i].info.dtype;
+    info.kind = body.outputs[1 + i].info.kind;  // a loop-carried sequence or optional
+    if (info.dtype != DType::kUndefined || !info.is_tensor()) ctx.set_output_info(i, info);
   }
   set_stacked_dtypes(ctx, body, 1 + s.carried, s.carried, s.scans);
 }
@@ -572,6 +583,18 @@ ScanShape scan_shape(const Node& n) {
   return s;
 }
 
+// Runs a Scan body, whose inputs and outputs are all tensors.
+std::vector<Tensor> run_tensors(SubgraphHost& host, const Node& n, const std::vector<Tensor>& inputs) {
+  std::vector<Value> out = host.run_subgraph("body", std::vector<Value>(inputs.begin(), inputs.end()));
+  std::vector<Tensor> tensors;
+  for (size_t i = 0; i < out.size(); ++i) {
+    OT_CHECK(out[i].is_tensor(), n.context(), "body output ", i, " is ", value_kind_name(out[i].kind),
+             ", expected a tensor");
+    tensors.push_back(std::move(out[i].tensor));
+  }
+  return tensors;
+}
+
 void scan_kernel(KernelContext& ctx) {
   const Node& n = ctx.node();
   const ScanShape s = scan_shape(n);
@@ -595,7 +618,7 @@ void scan_kernel(KernelContext& ctx) {
     std::vector<Tensor> in = states;
     for (size_t j = 0; j < s.inputs; ++j)
       in.push_back(take(ctx.input(s.states + j), axes[j], s.in_dirs[j] ? length - 1 - t : t));
-    std::vector<Tensor> out = host.run_subgraph("body", in);
+    std::vector<Tensor> out = run_tensors(host, n, in);
     for (size_t i = 0; i < s.states; ++i) states[i] = std::move(out[i]);
     for (size_t k = 0; k < s.outputs; ++k) scans[k].push_back(std::move(out[s.states + k]));
   }
@@ -652,7 +675,7 @@ void scan8_kernel(KernelContext& ctx) {
     for (int64_t t = 0; t < len; ++t) {
       std::vector<Tensor> in = st;
       for (size_t j = 0; j < inputs; ++j) in.push_back(take(seqs[j], 0, dirs[j] ? len - 1 - t : t));
-      std::vector<Tensor> out = host.run_subgraph("body", in);
+      std::vector<Tensor> out = run_tensors(host, n, in);
       for (size_t i = 0; i < states; ++i) st[i] = std::move(out[i]);
       for (size_t k = 0; k < outputs; ++k) per_step[k].push_back(std::move(out[states + k]));
     }

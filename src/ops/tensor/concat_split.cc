@@ -5,20 +5,19 @@
 #include "ops/tensor/tensor_ops.h"
 
 namespace onnxtrain {
-namespace {
-using namespace tensor_ops;
+namespace tensor_ops {
 
-// ---- Concat ----
-
-void concat_kernel(KernelContext& ctx) {
+Tensor& concat_tensors(KernelContext& ctx, const std::vector<const Tensor*>& inputs, int64_t axis_attr,
+                       size_t output) {
   const Node& node = ctx.node();
-  const Tensor& first = ctx.input(0);
+  OT_CHECK(!inputs.empty(), node.context(), "has nothing to concatenate");
+  const Tensor& first = *inputs[0];
   int64_t rank = first.rank();
-  int64_t axis = normalize_axis(node, node.attr_int("axis", 1), rank);
+  int64_t axis = normalize_axis(node, axis_attr, rank);
   Shape out_shape = first.shape();
   out_shape[size_t(axis)] = 0;
-  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
-    const Tensor& t = ctx.input(i);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const Tensor& t = *inputs[i];
     OT_CHECK(t.dtype() == first.dtype(), node.context(), "input ", i, " has dtype ", dtype_name(t.dtype()),
              ", expected ", dtype_name(first.dtype()));
     OT_CHECK(t.rank() == rank, node.context(), "input ", i, " has shape ", shape_str(t.shape()),
@@ -28,8 +27,8 @@ void concat_kernel(KernelContext& ctx) {
                shape_str(t.shape()), ", which differs from ", shape_str(first.shape()), " off axis ", axis);
     out_shape[size_t(axis)] += t.dim(int(axis));
   }
-  Tensor& out = ctx.output(0, first.dtype(), out_shape);
-  if (out.numel() == 0) return;
+  Tensor& out = ctx.output(output, first.dtype(), out_shape);
+  if (out.numel() == 0) return out;
   const size_t es = dtype_size(first.dtype());
   int64_t outer = 1, inner = 1;
   for (int64_t d = 0; d < rank; ++d) {
@@ -39,10 +38,7 @@ void concat_kernel(KernelContext& ctx) {
   const int64_t row = out_shape[size_t(axis)] * inner;  // elements per output row
   char* dst = static_cast<char*>(out.data());
   std::vector<std::pair<const char*, int64_t>> parts;  // (data, elements per row)
-  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
-    const Tensor& t = ctx.input(i);
-    parts.push_back({static_cast<const char*>(t.data()), t.dim(int(axis)) * inner});
-  }
+  for (const Tensor* t : inputs) parts.push_back({static_cast<const char*>(t->data()), t->dim(int(axis)) * inner});
   int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(row, 1));
   parallel_for(outer, grain, [&](int64_t b, int64_t e) {
     for (int64_t o = b; o < e; ++o) {
@@ -53,6 +49,44 @@ void concat_kernel(KernelContext& ctx) {
       }
     }
   });
+  return out;
+}
+
+void split_tensor(const Tensor& x, int64_t axis, const std::vector<Tensor*>& outs) {
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < x.rank(); ++d) {
+    if (d < axis) outer *= x.dim(int(d));
+    else if (d > axis) inner *= x.dim(int(d));
+  }
+  const size_t es = dtype_size(x.dtype());
+  const int64_t row = x.dim(int(axis)) * inner;
+  std::vector<std::pair<char*, int64_t>> parts;
+  for (Tensor* out : outs) parts.push_back({static_cast<char*>(out->data()), out->dim(int(axis)) * inner});
+  if (x.numel() == 0) return;
+  const char* src = static_cast<const char*>(x.data());
+  int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(row, 1));
+  parallel_for(outer, grain, [&](int64_t b, int64_t e) {
+    for (int64_t o = b; o < e; ++o) {
+      const char* s = src + size_t(o * row) * es;
+      for (const auto& [dst, n] : parts) {
+        copy_bytes(dst + size_t(o * n) * es, s, size_t(n) * es);
+        s += size_t(n) * es;
+      }
+    }
+  });
+}
+
+}  // namespace tensor_ops
+
+namespace {
+using namespace tensor_ops;
+
+// ---- Concat ----
+
+void concat_kernel(KernelContext& ctx) {
+  std::vector<const Tensor*> parts;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) parts.push_back(&ctx.input(i));
+  concat_tensors(ctx, parts, ctx.node().attr_int("axis", 1), 0);
 }
 
 void concat_rule(ShapeContext& ctx) {
@@ -101,32 +135,13 @@ void split_kernel(KernelContext& ctx) {
   int64_t axis = normalize_axis(node, node.attr_int("axis", 0), x.rank());
   size_t nout = ctx.num_outputs();
   auto sizes = split_sizes(node, x.dim(int(axis)), nout, attr_or_input_ints(ctx, "split", 1));
-  int64_t outer = 1, inner = 1;
-  for (int64_t d = 0; d < x.rank(); ++d) {
-    if (d < axis) outer *= x.dim(int(d));
-    else if (d > axis) inner *= x.dim(int(d));
-  }
-  const size_t es = dtype_size(x.dtype());
-  const int64_t row = x.dim(int(axis)) * inner;
-  std::vector<std::pair<char*, int64_t>> parts;
+  std::vector<Tensor*> outs;
   for (size_t i = 0; i < nout; ++i) {
     Shape s = x.shape();
     s[size_t(axis)] = sizes[i];
-    Tensor& out = ctx.output(i, x.dtype(), s);
-    parts.push_back({static_cast<char*>(out.data()), sizes[i] * inner});
+    outs.push_back(&ctx.output(i, x.dtype(), s));
   }
-  if (x.numel() == 0) return;
-  const char* src = static_cast<const char*>(x.data());
-  int64_t grain = std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(row, 1));
-  parallel_for(outer, grain, [&](int64_t b, int64_t e) {
-    for (int64_t o = b; o < e; ++o) {
-      const char* s = src + size_t(o * row) * es;
-      for (const auto& [dst, n] : parts) {
-        copy_bytes(dst + size_t(o * n) * es, s, size_t(n) * es);
-        s += size_t(n) * es;
-      }
-    }
-  });
+  split_tensor(x, axis, outs);
 }
 
 void split_rule(ShapeContext& ctx) {

@@ -202,7 +202,12 @@ void unsqueeze_rule(ShapeContext& ctx) {
   ctx.set_output(0, ctx.input_dtype(0), unsqueeze_shape(ctx.node(), *in, *axes.value));
 }
 
-void identity_kernel(KernelContext& ctx) { ctx.set_output(0, ctx.input(0)); }
+// Identity passes sequences and optionals through too.
+void identity_kernel(KernelContext& ctx) { ctx.set_output_value(0, ctx.input_value(0)); }
+
+void identity_rule(ShapeContext& ctx) {
+  if (const ValueInfo* info = ctx.input_info(0)) ctx.set_output_info(0, *info);
+}
 
 // The views only rename the elements: the gradient is dy viewed with x's shape.
 void view_gradient(GradientBuilder& g) { g.set(0, reshape_like(g, g.dy(0), g.x(0))); }
@@ -226,7 +231,7 @@ ONNXTRAIN_OP(Squeeze, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(squeeze_rule
 ONNXTRAIN_OP(Unsqueeze, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(unsqueeze_rule).cpu(unsqueeze_kernel)
     .gradient(view_gradient);
 // y = x.  dx = dy
-ONNXTRAIN_OP(Identity, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).cpu(identity_kernel)
+ONNXTRAIN_OP(Identity, kOnnxDomain, 1).inputs(1).outputs(1).shape(identity_rule).cpu(identity_kernel)
     .gradient([](GradientBuilder& g) { g.set(0, g.dy(0)); });
 
 }  // namespace onnxtrain

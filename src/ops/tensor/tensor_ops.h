@@ -71,6 +71,14 @@ inline void copy_bytes(void* dst, const void* src, size_t bytes) {
   if (bytes) std::memcpy(dst, src, bytes);
 }
 
+// Concatenates `inputs` along axis `axis_attr` (negative counts from the back) into output
+// `output` of ctx, checking dtypes and the other dims (Concat, ConcatFromSequence).
+Tensor& concat_tensors(KernelContext& ctx, const std::vector<const Tensor*>& inputs, int64_t axis_attr,
+                       size_t output);
+// Copies consecutive slices of x along `axis` (in range) into outs, each already shaped like x but
+// for its length on the axis; the lengths sum to x's (Split, SplitToSequence).
+void split_tensor(const Tensor& x, int64_t axis, const std::vector<Tensor*>& outs);
+
 // ---- Gradient-rule helpers ----
 
 // Shape rule of the backward ops that take the forward input's shape as input 1: output 0 has that
