@@ -4,6 +4,10 @@
 #include <random>
 #include <numeric>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "ir/subgraph.h"
 #include "ops/subgraph.h"
 #include "passes/memory_optimizer.h"
@@ -11,6 +15,17 @@
 #include "runtime/memory_planner.h"
 
 namespace onnxtrain {
+
+namespace {
+// The recording run allocates every intermediate separately; glibc keeps most of those freed
+// blocks in its heap (its mmap threshold rises as large blocks are freed), so without this the
+// process would hold them beside the arena that replaces them for the rest of its life.
+void release_freed_heap() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+}  // namespace
 
 struct Executor::Plan {
   std::vector<std::unique_ptr<Kernel>> kernels;  // one per step
@@ -537,6 +552,7 @@ std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& feeds,
     if (options_.check_shape_rules) check_shape_rules(plan);
     build_arena(plan);
     plan.recorded = true;
+    release_freed_heap();
   }
   std::vector<Tensor> results;
   for (int id : wanted) {
