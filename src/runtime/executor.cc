@@ -456,10 +456,14 @@ void Executor::build_arena(Plan& plan) {
     if (b < 0) continue;
     plan.planned[id] = Tensor::borrow(plan.dtypes[id], plan.shapes[id], base + layout.offsets[size_t(b)], plan.arena);
   }
-  // Live bytes per step, and the stashed part: buffers a forward step writes and a backward step reads.
+  // Live bytes per step, and the stashed part: buffers a forward step writes and a backward step
+  // after the forward reads (a backward step inside the forward, such as the Shape of a value that
+  // autodiff places beside its producer, keeps nothing alive across it).
   std::vector<char> stashed(buffers.size(), 0);
+  size_t forward_end = 0;
+  for (size_t s = 0; s < forward_step_.size(); ++s) if (forward_step_[s]) forward_end = s + 1;
   if (!forward_step_.empty())
-    for (size_t s = 0; s < steps_.size(); ++s) {
+    for (size_t s = forward_end; s < steps_.size(); ++s) {
       if (forward_step_[s]) continue;
       for (int id : steps_[s].inputs) {
         if (id < 0 || produced_at[size_t(id)] < 0 || !forward_step_[size_t(produced_at[size_t(id)])]) continue;
