@@ -5,8 +5,8 @@
 1. MatMulNBits forward (int4, block 32) against ONNX Runtime (npm onnxruntime-node), on the
    example's projection shapes, for one token and for a 512-token prompt (batch 1).
 2. Training tokens/s: onnxtrain int4 base + LoRA (rank 8 on q/k/v/o/gate/up/down) against PyTorch
-   eager LoRA on the fp32 base (frozen base, the same adapters; PyTorch at the same threads and at
-   one thread, the ratio taken against its faster setting). Each engine trains in its own process.
+   eager LoRA on the fp32 base (frozen base, the same adapters), both at --threads threads and at
+   one thread; each engine trains in its own process.
 3. Peak memory of int4 + LoRA fine-tuning against full fp32 fine-tuning (AdamW), same batch and
    sequence: the artifacts are generated here, then a fresh process loads them and trains 3 steps;
    its peak RSS growth over its RSS after imports is the figure. int4 + LoRA is measured as
@@ -94,6 +94,86 @@ def bench_matmul_nbits(args, workdir):
 # One engine's training steps in a fresh process (so neither engine's thread pools, spinning
 # OpenMP workers or BLAS threads run beside the other's): prints the step times in seconds.
 STEPS_CHILD = r"""
+import os, sys, json, time
+sys.path.insert(0, {examples!r}); sys.path.insert(0, {bench!r})
+import numpy as np
+from tiny_llm import byte_windows
+rng = np.random.default_rng(0)
+batches = [byte_windows(bytes(range(256)) * 64, {seq}, rng, {batch}) for _ in range(4)]
+if {engine!r} == "onnxtrain":
+    from common import import_onnxtrain
+    ot = import_onnxtrain()
+    from onnxtrain.api import CheckpointState, Module, Optimizer
+    ot.set_num_threads({threads})
+    state = CheckpointState.load_checkpoint(os.path.join({dir!r}, "checkpoint"))
+    module = Module(os.path.join({dir!r}, "training_model.onnx"), state)
+    opt = Optimizer(os.path.join({dir!r}, "optimizer_model.onnx"), module)
+
+    def step(x, y):
+        module(x, y)
+        opt.step()
+        module.lazy_reset_grad()
+else:
+    import torch
+    from tiny_llm import Config, init_weights, torch_lm
+    torch.set_num_threads({threads})
+    cfg = Config()
+    model = torch_lm(cfg, init_weights(cfg), lora_rank=8, lora_alpha=16, targets={targets!r})
+    topt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+
+    def step(x, y):
+        loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y))
+        loss.backward()
+        topt.step()
+        topt.zero_grad()
+step(*batches[0])  # warm-up: plans, primitive caches, the optimizer's state
+times = []
+for i in range({steps}):
+    t = time.perf_counter()
+    step(*batches[i % 4])
+    times.append(time.perf_counter() - t)
+print(json.dumps(times))
+"""
+
+
+def run_steps(args, engine, threads, art_dir):
+    code = STEPS_CHILD.format(examples=os.path.join(REPO, "examples"), bench=HERE, engine=engine, threads=threads,
+                              dir=art_dir, seq=args.seq, batch=args.batch, steps=args.steps, targets=TARGETS)
+    # PyTorch's BLAS (Debian: OpenBLAS, own pthreads) gets the same thread count as its OpenMP pool.
+    env = dict(os.environ, OPENBLAS_NUM_THREADS=str(threads), OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=3600, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{engine} training steps failed:\n{proc.stderr}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench_tokens(args):
+    """Training tokens/s: rounds alternate between the engines, each round a fresh process. Each
+    engine runs with --threads threads and with 1: on a loaded machine (more runnable threads than
+    cores) a step of many short parallel regions waits for descheduled workers, and one thread can
+    be several times faster. Ratios: at equal threads, and each engine at its faster setting."""
+    threads = sorted({args.threads, 1}, reverse=True)
+    engines = [(e, t) for t in threads for e in ("onnxtrain", "torch")]
+    times = {e: [] for e in engines}
+    with tempfile.TemporaryDirectory() as d:
+        make_training_artifacts(d, lora=True)
+        for _ in range(args.rounds):
+            for engine, t in engines:
+                times[(engine, t)] += run_steps(args, engine, t, d)
+    tok = args.batch * args.seq
+    rate = {e: tok / median(t) for e, t in times.items()}
+    print(f"\nLoRA training step (rank 8 on q/k/v/o/gate/up/down), batch {args.batch} x seq {args.seq}: tokens/s,"
+          f" median of {args.rounds} x {args.steps} steps")
+    for t in threads:
+        print(f"  {t} thread(s): onnxtrain int4 + LoRA {rate[('onnxtrain', t)]:8.0f}   PyTorch eager fp32 LoRA "
+              f"{rate[('torch', t)]:8.0f}   ratio {rate[('onnxtrain', t)] / rate[('torch', t)]:.2f}x")
+    ours = max(rate[("onnxtrain", t)] for t in threads)
+    peer = max(rate[("torch", t)] for t in threads)
+    print(f"  each at its faster setting: ratio {ours / peer:.2f}x (target >= 2x)")
+    return rate[("onnxtrain", args.threads)], rate[("torch", args.threads)], ours, peer
+
+
+CHILD = r"""
 import os, sys, json, time
 sys.path.insert(0, {examples!r}); sys.path.insert(0, {bench!r})
 import numpy as np
@@ -271,9 +351,10 @@ def main():
             verdict.append(f"MatMulNBits forward, M={m}: slowest shape at {worst:.2f}x ONNX Runtime's speed"
                            f" (target >= 1x): {'met' if worst >= 1 else 'not met'}")
     if "tokens" not in skip:
-        ours, peer = bench_tokens(args)
-        verdict.append(f"LoRA training tokens/s: {ours / peer:.2f}x PyTorch eager LoRA (target >= 2x): "
-                       f"{'met' if ours >= 2 * peer else 'not met'}")
+        ours, peer, ours_best, peer_best = bench_tokens(args)
+        verdict.append(f"LoRA training tokens/s: {ours / peer:.2f}x PyTorch eager LoRA at {args.threads} threads, "
+                       f"{ours_best / peer_best:.2f}x each at its faster thread count (target >= 2x): "
+                       f"{'met' if min(ours / peer, ours_best / peer_best) >= 2 else 'not met'}")
     if "memory" not in skip:
         for batch, seq, full, (lora, lora_rc) in bench_memory(args):
             verdict.append(f"peak memory, batch {batch} x seq {seq}: int4 + LoRA {100 * lora / full:.1f}%, with recompute "
