@@ -100,6 +100,37 @@ SubgraphGradient differentiate_subgraph(const Graph& sub, const std::vector<bool
 
 [[maybe_unused]] const bool kSubgraphDifferentiatorInstalled = (set_subgraph_differentiator(differentiate_subgraph), true);
 
+// Appends the backward nodes to the forward graph. A Shape node of a forward value (sum_to's
+// target shape) moves to just after that value's producer: read at its place in the backward, it
+// would keep the whole activation alive through the forward only for its shape.
+void append_backward(Graph& g, std::vector<Node> backward) {
+  std::unordered_set<std::string> from_backward, from_forward;
+  for (const auto& n : backward)
+    for (const auto& o : n.outputs) from_backward.insert(o);
+  for (const auto& n : g.nodes)
+    for (const auto& o : n.outputs) from_forward.insert(o);
+  std::unordered_map<std::string, std::vector<Node>> after;  // forward value -> Shape nodes reading it
+  std::vector<Node> early;                                   // Shape nodes of graph inputs, initializers
+  std::vector<Node> rest;
+  for (auto& n : backward) {
+    if (n.op_type == "Shape" && n.domain.empty() && n.inputs.size() == 1 && !from_backward.count(n.inputs[0])) {
+      (from_forward.count(n.inputs[0]) ? after[n.inputs[0]] : early).push_back(std::move(n));
+    } else {
+      rest.push_back(std::move(n));
+    }
+  }
+  std::vector<Node> nodes = std::move(early);
+  for (auto& f : g.nodes) {
+    std::vector<std::string> outs = f.outputs;
+    nodes.push_back(std::move(f));
+    for (const auto& o : outs)
+      if (auto it = after.find(o); it != after.end())
+        for (auto& s : it->second) nodes.push_back(std::move(s));
+  }
+  for (auto& n : rest) nodes.push_back(std::move(n));
+  g.nodes = std::move(nodes);
+}
+
 }  // namespace
 
 Model build_gradient_graph(const Model& forward, const std::vector<std::string>& wrt,
@@ -250,11 +281,14 @@ Model build_gradient_graph(const Model& forward, const std::vector<std::string>&
     result.gradient_outputs.push_back(out);
   }
   std::stable_sort(namings.begin(), namings.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::vector<Node> ordered;
+  ordered.reserve(backward.size() + namings.size());
   auto naming = namings.begin();
   for (size_t k = 0; k <= backward.size(); ++k) {
-    for (; naming != namings.end() && naming->first == k; ++naming) g.nodes.push_back(std::move(naming->second));
-    if (k < backward.size()) g.nodes.push_back(std::move(backward[k]));
+    for (; naming != namings.end() && naming->first == k; ++naming) ordered.push_back(std::move(naming->second));
+    if (k < backward.size()) ordered.push_back(std::move(backward[k]));
   }
+  append_backward(g, std::move(ordered));
   if (info) *info = result;
   return model;
 }

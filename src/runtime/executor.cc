@@ -4,6 +4,10 @@
 #include <random>
 #include <numeric>
 
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
 #include "ir/subgraph.h"
 #include "ops/subgraph.h"
 #include "passes/memory_optimizer.h"
@@ -11,6 +15,17 @@
 #include "runtime/memory_planner.h"
 
 namespace onnxtrain {
+
+namespace {
+// The recording run allocates every intermediate separately; glibc keeps most of those freed
+// blocks in its heap (its mmap threshold rises as large blocks are freed), so without this the
+// process would hold them beside the arena that replaces them for the rest of its life.
+void release_freed_heap() {
+#if defined(__GLIBC__)
+  malloc_trim(0);
+#endif
+}
+}  // namespace
 
 struct Executor::Plan {
   std::vector<std::unique_ptr<Kernel>> kernels;  // one per step
@@ -542,10 +557,14 @@ void Executor::build_arena(Plan& plan) {
     if (b < 0) continue;
     plan.planned[id] = Tensor::borrow(plan.dtypes[id], plan.shapes[id], base + layout.offsets[size_t(b)], plan.arena);
   }
-  // Live bytes per step, and the stashed part: buffers a forward step writes and a backward step reads.
+  // Live bytes per step, and the stashed part: buffers a forward step writes and a backward step
+  // after the forward reads (a backward step inside the forward, such as the Shape of a value that
+  // autodiff places beside its producer, keeps nothing alive across it).
   std::vector<char> stashed(buffers.size(), 0);
+  size_t forward_end = 0;
+  for (size_t s = 0; s < forward_step_.size(); ++s) if (forward_step_[s]) forward_end = s + 1;
   if (!forward_step_.empty())
-    for (size_t s = 0; s < steps_.size(); ++s) {
+    for (size_t s = forward_end; s < steps_.size(); ++s) {
       if (forward_step_[s]) continue;
       for (int id : steps_[s].inputs) {
         if (id < 0 || produced_at[size_t(id)] < 0 || !forward_step_[size_t(produced_at[size_t(id)])]) continue;
@@ -670,6 +689,7 @@ std::vector<Value> Executor::run_values(const std::map<std::string, Value>& feed
     if (options_.check_shape_rules) check_shape_rules(plan);
     build_arena(plan);
     plan.recorded = true;
+    release_freed_heap();
   }
   if (!on_ready)
     for (size_t k = 0; k < wanted.size(); ++k) results[k] = result_of(plan, wanted[k]);

@@ -13,6 +13,7 @@
 
 #include "backends/cpu/gemm.h"
 #include "ops/contrib/contrib.h"
+#include "ops/contrib/nbits_gemv.h"
 #include "ops/contrib/nbits_layout.h"
 #include "ops/gradient_builder.h"
 #include "ops/registry.h"
@@ -180,6 +181,12 @@ void matmul_nbits_kernel(KernelContext& ctx) {
     const T* pa = a.data<T>();
     T* py = y.data<T>();
     if (M == 0) return;
+    if constexpr (std::is_same_v<T, float>) {
+      if (M <= 4 && nbits::gemv4_supported(w.l)) {
+        nbits::gemv4_f32(w.l, w.b, w.scales, w.zp_packed, w.zp_float, pa, M, bias, py);
+        return;
+      }
+    }
     if (M <= 4) {  // decode: W read once, straight from its blobs
       // y[m, n] = sum_blk scale (sum_k a_k q_k - zp sum_k a_k): the block sums of A are computed once
       const int64_t bs = w.l.block_size, kb = w.l.k_blocks(), blob = w.l.blob_bytes();
