@@ -44,4 +44,24 @@ std::string mixed_precision_name(DType low);
 // Returns the number of Cast nodes inserted.
 int convert_to_mixed_precision(Model& model, DType low, const std::set<std::string>& parameters = {});
 
+// ---- Dynamic loss scaling (fp16): the graph half. fp16's 5 exponent bits flush small gradients
+// to zero, so the backward starts from loss * scale and the fp32 gradients are multiplied by
+// 1/scale before anyone reads them. The scale is a graph input (Module feeds it from the
+// checkpoint); the optimizer half (skip on overflow, grow and back off) is in src/optim/loss_scaler.h.
+//
+//   std::string scaled = scale_loss(forward, "loss");             // before autodiff
+//   Model training = build_gradient_graph(forward, params, {scaled}, &info);
+//   unscale_gradients(training, info.gradient_outputs);            // "<p>_grad" now unscaled
+
+// The training graph input holding the scale: an fp32 scalar.
+inline constexpr const char* kLossScaleInput = "loss_scale";
+// Adds the input kLossScaleInput and "<loss>_scaled" = loss * loss_scale; returns that name, the
+// value to differentiate. Throws when the graph already has a value named kLossScaleInput or the
+// loss is not fp32.
+std::string scale_loss(Model& forward, const std::string& loss);
+// Each named gradient output g (fp32) becomes g_scaled * Reciprocal(loss_scale) under its own name.
+// Powers of two make the reciprocal and the product exact, so a finite gradient is unscaled
+// without rounding; an inf or NaN stays one, for the optimizer to see.
+void unscale_gradients(Model& training, const std::vector<std::string>& gradient_outputs);
+
 }  // namespace onnxtrain
