@@ -19,11 +19,11 @@ OpClass classify(const Node& n) {
     return OpClass::kFp32;
   }
   if (!n.domain.empty()) return OpClass::kFp32;
-  static const std::set<std::string> low{"MatMul", "Gemm"};
+  static const std::set<std::string> low{"MatMul", "Gemm", "Conv"};
   static const std::set<std::string> follow{
       "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "LeakyRelu", "Gelu", "Tanh", "Sigmoid", "Dropout",
       "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split", "Slice",
-      "Gather", "Expand", "Where", "Tile", "Max", "Min", "Softmax"};
+      "Gather", "Expand", "Where", "Tile", "Max", "Min", "Softmax", "MaxPool", "AveragePool"};
   static const std::set<std::string> any{"Shape", "Size", "Cast"};
   if (low.count(n.op_type)) return OpClass::kLow;
   if (follow.count(n.op_type)) return OpClass::kFollow;

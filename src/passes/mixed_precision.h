@@ -10,15 +10,16 @@
 //
 // Op classes (DESIGN.md, "Mixed precision", says where they differ from PyTorch's CPU autocast
 // and ONNX Runtime's transformer, and why):
-//   low     MatMul, Gemm, onnxtrain.FusedMatMul: every float input in the low precision (oneDNN
-//           accumulates in fp32 inside the product).
+//   low     MatMul, Gemm, onnxtrain.FusedMatMul, Conv: every float input in the low precision
+//           (oneDNN accumulates in fp32 inside the product or convolution).
 //   follow  elementwise arithmetic and activations, Softmax (fp32 sums inside the kernel),
-//           Dropout, data movement (Reshape, Transpose, Concat, Slice, Gather, ...): computed in
+//           Dropout, MaxPool, AveragePool, data movement (Reshape, Transpose, Concat, Slice,
+//           Gather, ...): computed in
 //           the widest type of their float inputs, as
 //           PyTorch promotes; constants (initializers that are not parameters, Constant nodes)
 //           adapt instead of widening.
 //   fp32    everything else: losses, LogSoftmax, LayerNorm, BatchNorm and every other
-//           normalisation, reductions, Exp/Log/Pow/Sqrt, Conv (no bf16 convolution kernel yet).
+//           normalisation, reductions, Exp/Log/Pow/Sqrt, ConvTranspose (no bf16 kernel wired).
 //   any     Shape, Size, Cast: read any dtype, left alone.
 // Each value is cast at most once per dtype, whatever the number of readers (a parameter gets one
 // Cast per step, not one per use); a cast back to a value's source dtype reuses the source.
