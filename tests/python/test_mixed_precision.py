@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
 from onnxtrain import artifacts
@@ -403,3 +403,36 @@ def test_cli_fp16_train_prints_skipped_updates(bert_onnx, tmp_path):
     out = CheckpointState.load_checkpoint(tmp_path / "out")
     assert len(lines) == out.properties[SKIPPED] >= 5, r.stderr
     assert lines[0].startswith("update 1 skipped") and "loss scale now 5.36871e+08" in lines[0]
+
+
+def test_bf16_conv_and_pooling_run_low(tmp_path):
+    """Conv is a low op and MaxPool follows: with a Relu between them (no fp32 op), the whole
+    convolution block, forward and backward, runs in bf16 (through oneDNN where the CPU has it)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((4, 1, 3, 3)) * 0.3).astype(np.float32), "conv.w")
+    b = numpy_helper.from_array(np.zeros(4, np.float32), "conv.b")
+    w2 = numpy_helper.from_array((rng.standard_normal((36, 3)) * 0.2).astype(np.float32), "fc.w")
+    nodes = [helper.make_node("Conv", ["x", "conv.w", "conv.b"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["p"], ["f"]), helper.make_node("MatMul", ["f", "fc.w"], ["logits"])]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 1, 8, 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [8, 3])],
+                              initializer=[w, b, w2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    paths = artifacts.generate_artifacts(model, requires_grad=["conv.w", "conv.b", "fc.w"],
+                                         loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.AdamW(lr=1e-2),
+                                         artifact_directory=str(tmp_path), mixed_precision="bf16")
+    g = onnx.load(paths[0]).graph
+    types = _dtypes(g)
+    ops = {n.op_type: n for n in g.node}
+    for op in ("Conv", "ConvGrad", "MaxPool", "MaxPoolGrad"):
+        assert all(types.get(v) == TensorProto.BFLOAT16 for v in ops[op].input if v), (op, list(ops[op].input))
+    x = rng.standard_normal((8, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 8)
+    l16, _ = _train(paths, x, y, 15)
+    l32, _ = _train(artifacts.generate_artifacts(model, requires_grad=["conv.w", "conv.b", "fc.w"],
+                                                 loss=artifacts.LossType.CrossEntropyLoss,
+                                                 optimizer=artifacts.AdamW(lr=1e-2),
+                                                 artifact_directory=str(tmp_path / "fp32")), x, y, 15)
+    np.testing.assert_allclose(l16, l32, rtol=0.05, atol=0.02)
+    assert l16[-1] < 0.7 * l16[0]

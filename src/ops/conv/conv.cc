@@ -128,18 +128,7 @@ class ConvKernel final : public Kernel {
  private:
   void run_onednn(const Node& node, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y,
                   const WindowGeometry& g, bool w_constant) {
-    cpu::ConvSpec s;
-    s.dtype = x.dtype();
-    s.x = x.shape();
-    s.out_channels = w.dim(0);
-    s.group = group_;
-    s.bias = b != nullptr;
-    s.kernel = g.kernel;
-    s.stride = g.stride;
-    s.dilation = g.dilation;
-    s.pad_l = g.pad_l;
-    s.pad_r = g.pad_r;
-    s.out = g.out;
+    cpu::ConvSpec s = conv_spec(x, w.dim(0), group_, b != nullptr, g);
     s.activation = activation_.kind;
     s.act_alpha = activation_.alpha;
     s.act_beta = activation_.beta;
@@ -238,18 +227,7 @@ class ConvGradKernel final : public Kernel {
   // dx / dw / db null: not wanted (db also when the forward has no bias).
   void run_onednn(const Node& node, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
                   Tensor* db, bool bias, const WindowGeometry& g) {
-    cpu::ConvSpec s;
-    s.dtype = x.dtype();
-    s.x = x.shape();
-    s.out_channels = w.dim(0);
-    s.group = group_;
-    s.bias = bias;
-    s.kernel = g.kernel;
-    s.stride = g.stride;
-    s.dilation = g.dilation;
-    s.pad_l = g.pad_l;
-    s.pad_r = g.pad_r;
-    s.out = g.out;
+    cpu::ConvSpec s = conv_spec(x, w.dim(0), group_, bias, g);
     auto key = s.key();
     key.push_back(dx != nullptr);
     key.push_back(dw != nullptr);
