@@ -9,9 +9,10 @@
    ``torch.autocast("cpu", dtype=torch.bfloat16)``, all interleaved round by round. Achieved
    TFLOP/s counts the GEMM work of a step as 3x the forward's (bench/onnx_flops.py).
    Targets: bf16 step >= 2x onnxtrain's fp32 step, >= 2.5x torch autocast.
-3. With ``--curves``: 200 steps of BERT-style, GPT-style and the digits CNN in fp32 and bf16 from
-   the same initial weights; the largest relative gap of the smoothed (10-step mean) loss curves
-   at every 10th step (target: within 2%).
+3. With ``--curves``: 200 steps of BERT-style, GPT-style and the digits CNN in fp32, bf16 and
+   fp16 (dynamic loss scaling) from the same initial weights; the largest relative gap of the
+   smoothed (10-step mean) loss curves at every 10th step (target: within 2%), and the updates
+   fp16's loss scaler skipped.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_mixed_precision.py [--threads 2] [--curves]
 
@@ -125,6 +126,22 @@ class Trainer:
         self.optimizer = Optimizer(paths[2], self.module)
         self.feeds = (x.numpy(), target.numpy())
         self.onnx = data
+        self.paths = paths
+
+    def profile(self, ot, runs: int) -> str:
+        """Kernel time per op type of the training graph (forward and backward; the optimizer
+        step is not in it), through an InferenceSession with profiling over the same feeds."""
+        import onnx
+        options = ot.SessionOptions()
+        options.enable_profiling = True
+        session = ot.InferenceSession(self.paths[0], options)
+        names = [i.name for i in onnx.load(self.paths[0], load_external_data=False).graph.input]
+        feeds = dict(zip(names[:2], self.feeds))
+        for name in names[2:]:
+            feeds[name] = self.state.parameters[name].data
+        for _ in range(runs):
+            session.run(None, feeds)
+        return session.profile_report()
 
     def step(self) -> float:
         loss = self.module(*self.feeds)
@@ -176,19 +193,31 @@ def bench_step(ot, args, workdir: str) -> dict:
             "tflops": {k: flops / (v["best"] * 1e-3) / 1e12 for k, v in ms.items()}}
 
 
+LOW_MODES = ("bf16", "fp16")
+
+
 def curves(ot, args, workdir: str) -> dict:
+    """Per model and low mode: the largest relative gap to fp32 of the smoothed curves, first and
+    last losses, and (fp16) the updates the loss scaler skipped and its final scale."""
     out = {}
-    for name in ("bert", "gpt", "digits"):
+    for name in args.curve_models.split(","):
         module, model, x, t = build_model(name)
-        losses = {}
-        for mode in (None, "bf16"):
+        losses, scaler = {}, {}
+        for mode in (None,) + LOW_MODES:
             tr = Trainer(ot, model, x, t, os.path.join(workdir, f"curve_{name}_{mode}"), mode)
             losses[mode or "fp32"] = np.array([tr.step() for _ in range(args.steps)])
+            print(f"  {name} {mode or 'fp32'}: loss every 10th step {np.round(losses[mode or 'fp32'][::10], 4).tolist()}",
+                  flush=True)
+            if mode == "fp16":
+                scaler = {"skipped": tr.state.properties["onnxtrain.skipped_steps"],
+                          "loss_scale": tr.state.properties["onnxtrain.loss_scale"]}
         smooth = {k: np.convolve(v, np.ones(10) / 10, mode="valid") for k, v in losses.items()}
         idx = np.arange(0, len(smooth["fp32"]), 10)
-        gap = np.abs(smooth["bf16"][idx] - smooth["fp32"][idx]) / np.abs(smooth["fp32"][idx])
-        out[name] = {"max_rel_gap": float(gap.max()), "fp32_first_last": [float(losses["fp32"][0]), float(losses["fp32"][-1])],
-                     "bf16_first_last": [float(losses["bf16"][0]), float(losses["bf16"][-1])]}
+        out[name] = {"fp32_first_last": [float(losses["fp32"][0]), float(losses["fp32"][-1])], "fp16_scaler": scaler}
+        for mode in LOW_MODES:
+            gap = np.abs(smooth[mode][idx] - smooth["fp32"][idx]) / np.abs(smooth["fp32"][idx])
+            out[name][mode] = {"max_rel_gap": float(gap.max()),
+                               "first_last": [float(losses[mode][0]), float(losses[mode][-1])]}
     return out
 
 
@@ -201,6 +230,9 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=float, default=120.0, help="seconds for the train-step timing at most")
     p.add_argument("--curves", action="store_true", help="also the 200-step loss curves (minutes)")
     p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--curve-models", default="bert,gpt,digits", help="comma-separated: bert, gpt, digits")
+    p.add_argument("--profile", action="store_true",
+                   help="also the kernel time per op type of the fp32 and bf16 training graphs")
     args = p.parse_args(argv)
     import torch
     ot = import_onnxtrain()
@@ -210,6 +242,10 @@ def main(argv=None) -> int:
     result["gemm_gflops"] = gemm_peak(ot, args.n, 5)
     with tempfile.TemporaryDirectory() as workdir:
         result["bert_step"] = bench_step(ot, args, workdir)
+        if args.profile:
+            module, model, x, t = build_model("bert")
+            result["profile"] = {mode or "fp32": Trainer(ot, model, x, t, os.path.join(workdir, f"profile_{mode}"),
+                                                         mode).profile(ot, 6) for mode in (None, "bf16")}
         if args.curves:
             result["curves"] = curves(ot, args, workdir)
     st = result["bert_step"]["step_ms"]
@@ -228,10 +264,16 @@ def main(argv=None) -> int:
     print(f"  bf16 vs own fp32: {vs32:.2f}x (target {TARGET_VS_FP32}x); vs torch autocast: {vsac:.2f}x "
           f"(target {TARGET_VS_AUTOCAST}x); bf16 step at {100 * bf16_peak_frac:.0f}% of the bf16 GEMM peak")
     result["ratios"] = {"bf16_vs_fp32": vs32, "bf16_vs_torch_autocast": vsac, "bf16_fraction_of_peak": bf16_peak_frac}
+    for mode, report in result.get("profile", {}).items():
+        print(f"BERT-style training graph, {mode}, kernel time by op type (6 runs):\n{report}")
     if args.curves:
         for name, c in result["curves"].items():
-            print(f"  {name}: {args.steps} steps, smoothed bf16 vs fp32 max gap {100 * c['max_rel_gap']:.2f}% "
-                  f"(target {100 * TARGET_CURVE_GAP:.0f}%); loss fp32 {c['fp32_first_last']}, bf16 {c['bf16_first_last']}")
+            for mode in LOW_MODES:
+                print(f"  {name}: {args.steps} steps, smoothed {mode} vs fp32 max gap "
+                      f"{100 * c[mode]['max_rel_gap']:.2f}% (target {100 * TARGET_CURVE_GAP:.0f}%); loss fp32 "
+                      f"{c['fp32_first_last']}, {mode} {c[mode]['first_last']}")
+            print(f"  {name}: fp16 loss scaler skipped {c['fp16_scaler']['skipped']} updates, "
+                  f"scale now {c['fp16_scaler']['loss_scale']:g}")
     print(json.dumps(result, default=float))
     return 0
 

@@ -107,8 +107,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0, help="0: onnxtrain's default (all cores)")
     parser.add_argument("--out", default=OUT_DIR)
-    parser.add_argument("--mixed-precision", default=None, choices=["bf16"],
-                        help="GEMMs in bf16, the rest and the checkpoint in fp32 (default: fp32)")
+    parser.add_argument("--mixed-precision", default=None, choices=["bf16", "fp16"],
+                        help="GEMMs and convolutions in bf16 (or fp16, with a dynamic loss scaler), the rest "
+                             "and the checkpoint in fp32 (default: fp32)")
     args = parser.parse_args(argv)
 
     from tqdm import tqdm

@@ -52,8 +52,9 @@ struct TrainingGraphOptions {
   std::vector<std::string> loss_input_names;   // model outputs fed to the loss (default: the first output)
   std::vector<std::string> additional_output_names;
   // "bf16": GEMMs and their gradients in bfloat16 (fp32 accumulation), losses, normalisations and
-  // the optimizer in fp32, fp32 master parameters in the checkpoint. "" for fp32 only. "fp16"
-  // needs the dynamic loss scaler, not implemented yet (an error says so).
+  // the optimizer in fp32, fp32 master parameters in the checkpoint. "fp16": the same in float16,
+  // with a dynamic loss scaler (the training graph takes the scale, Optimizer::step skips updates
+  // whose gradients overflowed; the scale lives in the checkpoint). "" for fp32 only.
   std::string mixed_precision;
 };
 

@@ -211,6 +211,8 @@ OT_API OtStatus ot_artifact_options_set_additional_output_names(OtArtifactOption
 /* Nonzero: the checkpoint holds shapes and dtypes only (fill it with ot_module_copy_buffer_to_parameters
  * after loading it elsewhere). */
 OT_API OtStatus ot_artifact_options_set_nominal_checkpoint(OtArtifactOptions* options, int nominal);
+/* "bf16", "fp16" (with a dynamic loss scaler: see ot_optimizer_step_report) or NULL/"" for fp32. */
+OT_API OtStatus ot_artifact_options_set_mixed_precision(OtArtifactOptions* options, const char* mode);
 
 /* Writes training_model.onnx, eval_model.onnx, optimizer_model.onnx and checkpoint into
  * artifact_directory (created when missing). */
@@ -260,6 +262,10 @@ OT_API OtStatus ot_optimizer_create(const char* optimizer_model_path, OtModule* 
 OT_API void ot_optimizer_release(OtOptimizer* optimizer);
 /* One update of every trainable parameter from its gradient (run a train step first). */
 OT_API OtStatus ot_optimizer_step(OtOptimizer* optimizer);
+/* The same step, reporting the fp16 loss scaler's verdict: *skipped = 1 when a gradient was inf
+ * or NaN and the update was skipped, *loss_scale = the scale after the step (0 for artifacts
+ * without loss scaling). Either pointer may be NULL. */
+OT_API OtStatus ot_optimizer_step_report(OtOptimizer* optimizer, int* skipped, double* loss_scale);
 OT_API OtStatus ot_optimizer_set_learning_rate(OtOptimizer* optimizer, double learning_rate);
 OT_API OtStatus ot_optimizer_get_learning_rate(const OtOptimizer* optimizer, double* learning_rate);
 OT_API OtStatus ot_optimizer_step_count(const OtOptimizer* optimizer, int64_t* count);

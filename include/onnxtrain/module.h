@@ -80,6 +80,9 @@ class Module {
 
   CheckpointState& state() { return state_; }
   const std::vector<std::string>& trainable_parameters() const { return trainable_; }
+  // fp16 artifacts: the training graph takes a loss scale, which Module feeds from the
+  // checkpoint (CheckpointState::kLossScaleProperty; Optimizer::step moves it).
+  bool has_loss_scaler() const;
 
  private:
   struct Graphs;
@@ -114,7 +117,9 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
 
   // One fused multi-tensor update of every trainable parameter from its gradient; the step count
-  // and moments live in the checkpoint's optimizer state.
+  // and moments live in the checkpoint's optimizer state. With a loss scaler (fp16 artifacts) it
+  // first checks every gradient: an inf or NaN skips the update (StepStats::skipped) and halves
+  // the scale; 2000 finite steps in a row double it (src/optim/loss_scaler.h).
   StepStats step();
   void set_learning_rate(double lr);
   double get_learning_rate() const;

@@ -62,6 +62,10 @@ struct OptimizerConfig {
 struct StepStats {
   double grad_norm = -1.0;   // global L2 norm of the gradients before clipping; -1 if not computed
   double clip_coef = 1.0;    // the factor the gradients were scaled by
+  // fp16 mixed precision (dynamic loss scaling): true when a gradient was inf or NaN and the
+  // update was skipped; loss_scale is the scale after this step (0 without loss scaling).
+  bool skipped = false;
+  double loss_scale = 0.0;
 };
 
 }  // namespace onnxtrain

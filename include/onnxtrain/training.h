@@ -127,6 +127,11 @@ class CheckpointState {
   // from a checkpoint draws exactly what an uninterrupted one would.
   static constexpr const char* kRandomSeedProperty = "onnxtrain.random_seed";
   static constexpr const char* kTrainStepsProperty = "onnxtrain.train_steps";
+  // Reserved: fp16 dynamic loss scaling, so a resumed run scales exactly as an uninterrupted one:
+  // the scale (float), the finite steps since it last changed and the updates skipped (ints).
+  static constexpr const char* kLossScaleProperty = "onnxtrain.loss_scale";
+  static constexpr const char* kLossScaleGoodStepsProperty = "onnxtrain.loss_scale_good_steps";
+  static constexpr const char* kSkippedStepsProperty = "onnxtrain.skipped_steps";
   void add_property(const std::string& name, PropertyValue value);
   const PropertyValue& get_property(const std::string& name) const;
   bool has_property(const std::string& name) const { return properties_.count(name) > 0; }

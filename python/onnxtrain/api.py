@@ -14,13 +14,13 @@ The checkpoint file is in the safetensors layout, so any safetensors reader open
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _C
 
-__all__ = ["CheckpointState", "Parameter", "Parameters", "Properties", "Module", "Optimizer",
+__all__ = ["CheckpointState", "Parameter", "Parameters", "Properties", "Module", "Optimizer", "StepResult",
            "LinearLRScheduler", "CosineLRScheduler", "StepLRScheduler", "ConstantLRScheduler"]
 
 _NUMPY_DTYPES = {
@@ -382,6 +382,16 @@ class Module:
         return file
 
 
+class StepResult(NamedTuple):
+    """What :meth:`Optimizer.step` did. ``skipped``: fp16 artifacts' loss scaler found an inf or
+    NaN gradient, so the parameters, moments and step count were left alone and the scale halved.
+    ``loss_scale``: the scale after the step (0.0 for artifacts without loss scaling).
+    ``grad_norm``: the global gradient norm when clipping computed it, else -1.0."""
+    skipped: bool
+    loss_scale: float
+    grad_norm: float
+
+
 class Optimizer:
     """Applies the optimizer model's update rule to the module's parameters: one fused
     multi-tensor pass per :meth:`step`. Moments and the step count live in the checkpoint."""
@@ -414,8 +424,9 @@ class Optimizer:
         than seconds when overlapped), overlapped_steps."""
         return self._optimizer.data_parallel_stats()
 
-    def step(self) -> None:
-        self._optimizer.step()
+    def step(self) -> StepResult:
+        stats = self._optimizer.step()
+        return StepResult(bool(stats["skipped"]), float(stats["loss_scale"]), float(stats["grad_norm"]))
 
     def set_learning_rate(self, learning_rate: float) -> None:
         self._optimizer.set_learning_rate(float(learning_rate))

@@ -121,7 +121,10 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     names of floating-point ``Constant`` nodes (they become parameters), or ``"all"``.
     ``mixed_precision``: ``"bf16"`` runs the GEMMs
     and their gradients in bfloat16 (fp32 accumulation) with losses, normalisations, the optimizer
-    and the checkpoint's master parameters in fp32; None for fp32. ``lora``: a :class:`LoraConfig`;
+    and the checkpoint's master parameters in fp32; ``"fp16"`` does the same in float16 with a
+    dynamic loss scaler (the training graph scales the loss and unscales the gradients;
+    ``Optimizer.step()`` skips an update whose gradients overflowed and reports it; the scale,
+    2^16 to start, lives in the checkpoint); None for fp32. ``lora``: a :class:`LoraConfig`;
     then only the adapters train (``requires_grad`` may be empty), the base stays in the graphs and
     the checkpoint holds the adapters and the base's hash.
     ``memory_opt_level`` (0, 1: layer-wise recompute, 2: plus compromised plans) and

@@ -7,6 +7,7 @@
 #include <map>
 #include <string>
 
+#include "onnxtrain/optimizer_config.h"
 #include "onnxtrain/tensor.h"
 
 namespace onnxtrain::python {
@@ -18,6 +19,8 @@ py::dtype numpy_dtype(DType dt);
 Tensor tensor_from_numpy(py::handle obj, const std::string& what);  // zero-copy when C-contiguous
 py::array tensor_to_numpy(const Tensor& t);                          // zero-copy
 std::map<std::string, Tensor> feeds_from_dict(const py::dict& feeds);
+// {grad_norm, clip_coef, skipped, loss_scale}: what one optimizer step reports (python/src/optim.cc).
+py::dict stats_dict(const StepStats& stats);
 
 }  // namespace onnxtrain::python
 

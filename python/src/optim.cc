@@ -17,6 +17,7 @@ using namespace onnxtrain;
 using namespace onnxtrain::optim;
 using onnxtrain::python::tensor_from_numpy;
 using onnxtrain::python::tensor_to_numpy;
+using onnxtrain::python::stats_dict;
 
 namespace {
 
@@ -123,14 +124,16 @@ std::vector<std::vector<Tensor>> state_lists(const OptimizerConfig& cfg, const p
   return lists;
 }
 
-py::dict stats_dict(const StepStats& s) {
+}  // namespace
+
+py::dict onnxtrain::python::stats_dict(const StepStats& s) {
   py::dict d;
   d["grad_norm"] = s.grad_norm;
   d["clip_coef"] = s.clip_coef;
+  d["skipped"] = s.skipped;
+  d["loss_scale"] = s.loss_scale;
   return d;
 }
-
-}  // namespace
 
 void bind_optim(pybind11::module_& root) {
   py::module_ m = root.def_submodule("optim", "multi-tensor optimizer updates and LR schedules (src/optim)");

@@ -139,9 +139,14 @@ void bind_training(py::module_& m) {
       .def(py::init([](const std::string& path, Module& module) { return std::make_unique<Optimizer>(path, module); }),
            py::arg("optimizer_model"), py::arg("module"), py::keep_alive<1, 3>())
       .def("step", [](Optimizer& o) {
-        py::gil_scoped_release release;
-        return o.step().grad_norm;
-      })
+        StepStats stats;
+        {
+          py::gil_scoped_release release;
+          stats = o.step();
+        }
+        return stats_dict(stats);
+      }, "One update; returns {grad_norm, clip_coef, skipped, loss_scale} (skipped: the fp16 loss scaler "
+         "found an inf or NaN gradient and left the parameters alone).")
       .def("set_learning_rate", &Optimizer::set_learning_rate)
       .def("get_learning_rate", &Optimizer::get_learning_rate)
       .def("step_count", &Optimizer::step_count)

@@ -7,6 +7,7 @@
 #include "capi/handles.h"
 #include "core/parallel.h"
 #include "onnxtrain/artifacts.h"
+#include "passes/mixed_precision.h"
 
 using namespace onnxtrain;
 using namespace onnxtrain::capi;
@@ -389,6 +390,14 @@ OtStatus ot_artifact_options_set_additional_output_names(OtArtifactOptions* opti
 
 OtStatus ot_artifact_options_set_nominal_checkpoint(OtArtifactOptions* options, int nominal) {
   return guard(__func__, [&](Call& c) { c.ref(options, "options").options.nominal_checkpoint = nominal != 0; });
+}
+
+OtStatus ot_artifact_options_set_mixed_precision(OtArtifactOptions* options, const char* mode) {
+  return guard(__func__, [&](Call& c) {
+    std::string m = mode ? mode : "";
+    mixed_precision_dtype(m);  // an unknown mode fails here, naming it
+    c.ref(options, "options").options.graphs.mixed_precision = m;
+  });
 }
 
 OtStatus ot_generate_artifacts(const char* model_path, const OtArtifactOptions* options,

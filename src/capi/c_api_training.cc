@@ -195,6 +195,14 @@ OtStatus ot_optimizer_step(OtOptimizer* optimizer) {
   return guard(__func__, [&](Call& c) { c.ref(optimizer, "optimizer").optimizer->step(); });
 }
 
+OtStatus ot_optimizer_step_report(OtOptimizer* optimizer, int* skipped, double* loss_scale) {
+  return guard(__func__, [&](Call& c) {
+    StepStats stats = c.ref(optimizer, "optimizer").optimizer->step();
+    if (skipped) *skipped = stats.skipped ? 1 : 0;
+    if (loss_scale) *loss_scale = stats.loss_scale;
+  });
+}
+
 OtStatus ot_optimizer_set_learning_rate(OtOptimizer* optimizer, double learning_rate) {
   return guard(__func__, [&](Call& c) { c.ref(optimizer, "optimizer").optimizer->set_learning_rate(learning_rate); });
 }

@@ -1,5 +1,11 @@
 #include "ops/common.h"
 
+#include <cstdio>
+#include <mutex>
+#include <set>
+
+#include "core/parallel.h"
+
 namespace onnxtrain {
 
 int64_t normalize_axis(const Node& node, int64_t axis, int64_t rank) {
@@ -69,6 +75,37 @@ std::vector<int64_t> int_list_input(const KernelContext& ctx, size_t i) {
   OT_CHECK(t.dtype() == DType::kInt64 || t.dtype() == DType::kInt32, ctx.node().context(), "input ", i,
            " should be int64, got ", dtype_name(t.dtype()));
   return t.to_int_vector();
+}
+
+Tensor widen_to_fp32(const Tensor& t) {
+  Tensor out = Tensor::empty(DType::kFloat32, t.shape());
+  dispatch_float(t.dtype(), [&]<typename T>() {
+    const T* src = t.data<T>();
+    float* dst = out.data<float>();
+    parallel_for(t.numel(), 4096, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) dst[i] = float(src[i]);
+    });
+  });
+  return out;
+}
+
+void narrow_from_fp32(const Tensor& fp32, Tensor& half) {
+  dispatch_float(half.dtype(), [&]<typename T>() {
+    const float* src = fp32.data<float>();
+    T* dst = half.data<T>();
+    parallel_for(half.numel(), 4096, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) dst[i] = T(src[i]);
+    });
+  });
+}
+
+void note_half_through_fp32(const char* kernel, DType dt) {
+  static std::mutex mutex;
+  static std::set<std::pair<std::string, DType>> said;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!said.insert({kernel, dt}).second) return;
+  std::fprintf(stderr, "onnxtrain: this CPU has no native %s %s kernel (see onnxtrain.cpu_features()); "
+               "%s %ss compute through fp32\n", dtype_name(dt).c_str(), kernel, dtype_name(dt).c_str(), kernel);
 }
 
 }  // namespace onnxtrain

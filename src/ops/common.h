@@ -32,6 +32,13 @@ void shape_broadcast_to_bool(ShapeContext& ctx);  // comparisons: broadcast shap
 // Reads an int64 list input (axes, shape, repeats, ...) as a vector; empty when absent.
 std::vector<int64_t> int_list_input(const KernelContext& ctx, size_t i);
 
+// Half-precision kernels on CPUs without native ones (no AVX512-BF16/AMX for bf16, no
+// AVX512-FP16/AMX-FP16 for fp16) compute through fp32: widen the operands (exact), run the fp32
+// kernel, round each result once. Said once per process, kernel family and dtype, on stderr.
+Tensor widen_to_fp32(const Tensor& half);
+void narrow_from_fp32(const Tensor& fp32, Tensor& half);  // same shape; rounds to half's dtype
+void note_half_through_fp32(const char* kernel, DType dtype);  // kernel: "matmul", "convolution"
+
 // Walks the broadcast of up to three operands over an output shape. After collapsing dimensions
 // the innermost loop has stride 0 (broadcast) or 1 (contiguous) per operand, so the callback gets
 // contiguous runs: fn(out_offset, {in_offsets...}, {in_inner_strides...}, count).

@@ -19,11 +19,11 @@ OpClass classify(const Node& n) {
     return OpClass::kFp32;
   }
   if (!n.domain.empty()) return OpClass::kFp32;
-  static const std::set<std::string> low{"MatMul", "Gemm"};
+  static const std::set<std::string> low{"MatMul", "Gemm", "Conv"};
   static const std::set<std::string> follow{
       "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "LeakyRelu", "Gelu", "Tanh", "Sigmoid", "Dropout",
       "Identity", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Concat", "Split", "Slice",
-      "Gather", "Expand", "Where", "Tile", "Max", "Min", "Softmax"};
+      "Gather", "Expand", "Where", "Tile", "Max", "Min", "Softmax", "MaxPool", "AveragePool"};
   static const std::set<std::string> any{"Shape", "Size", "Cast"};
   if (low.count(n.op_type)) return OpClass::kLow;
   if (follow.count(n.op_type)) return OpClass::kFollow;
@@ -208,6 +208,45 @@ int convert_to_mixed_precision(Model& model, DType low, const std::set<std::stri
   OT_CHECK(low == DType::kBFloat16 || low == DType::kFloat16, "mixed precision: the low precision is bf16 or fp16, got ",
            dtype_name(low));
   return Converter(model, low, parameters).run();
+}
+
+std::string scale_loss(Model& forward, const std::string& loss) {
+  Graph& g = forward.graph;
+  OT_CHECK(!g.is_input(kLossScaleInput) && !g.is_initializer(kLossScaleInput) && !g.producers().count(kLossScaleInput),
+           "loss scaling: the model already has a value named '", kLossScaleInput, "' (the loss scale's input)");
+  infer_shapes(g, forward.opsets);
+  auto info = g.value_info.find(loss);
+  const DType loss_dtype = info != g.value_info.end() ? info->second.dtype : DType::kUndefined;
+  OT_CHECK(loss_dtype == DType::kFloat32, "loss scaling: the loss '", loss, "' should be float32, got ",
+           dtype_name(loss_dtype));
+  g.inputs.push_back({kLossScaleInput, ValueInfo{DType::kFloat32, Shape{}, {}}});
+  const std::string scaled = g.unique_name(loss + "_scaled");
+  g.nodes.push_back(Node{"loss_scaling/scale", "Mul", "", {loss, kLossScaleInput}, {scaled}, {}});
+  return scaled;
+}
+
+void unscale_gradients(Model& training, const std::vector<std::string>& gradient_outputs) {
+  Graph& g = training.graph;
+  OT_CHECK(g.is_input(kLossScaleInput), "loss scaling: the training graph has no '", kLossScaleInput, "' input");
+  const std::string inverse = g.unique_name("loss_scale_inverse");
+  g.nodes.push_back(Node{"loss_scaling/inverse", "Reciprocal", "", {kLossScaleInput}, {inverse}, {}});
+  for (const std::string& grad : gradient_outputs) {
+    const std::string scaled = g.unique_name(grad + "_scaled");
+    bool renamed = false;
+    for (auto& n : g.nodes)
+      for (auto& v : n.outputs)
+        if (v == grad) {
+          v = scaled;
+          renamed = true;
+        }
+    OT_CHECK(renamed, "loss scaling: no node computes the gradient '", grad, "'");
+    for (auto& n : g.nodes)
+      for (auto& v : n.inputs)
+        if (v == grad) v = scaled;
+    g.value_info.erase(grad);
+    g.nodes.push_back(Node{"loss_scaling/unscale/" + grad, "Mul", "", {scaled, inverse}, {grad}, {}});
+  }
+  g.topological_sort();
 }
 
 }  // namespace onnxtrain

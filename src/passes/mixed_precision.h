@@ -10,15 +10,16 @@
 //
 // Op classes (DESIGN.md, "Mixed precision", says where they differ from PyTorch's CPU autocast
 // and ONNX Runtime's transformer, and why):
-//   low     MatMul, Gemm, onnxtrain.FusedMatMul: every float input in the low precision (oneDNN
-//           accumulates in fp32 inside the product).
+//   low     MatMul, Gemm, onnxtrain.FusedMatMul, Conv: every float input in the low precision
+//           (oneDNN accumulates in fp32 inside the product or convolution).
 //   follow  elementwise arithmetic and activations, Softmax (fp32 sums inside the kernel),
-//           Dropout, data movement (Reshape, Transpose, Concat, Slice, Gather, ...): computed in
+//           Dropout, MaxPool, AveragePool, data movement (Reshape, Transpose, Concat, Slice,
+//           Gather, ...): computed in
 //           the widest type of their float inputs, as
 //           PyTorch promotes; constants (initializers that are not parameters, Constant nodes)
 //           adapt instead of widening.
 //   fp32    everything else: losses, LogSoftmax, LayerNorm, BatchNorm and every other
-//           normalisation, reductions, Exp/Log/Pow/Sqrt, Conv (no bf16 convolution kernel yet).
+//           normalisation, reductions, Exp/Log/Pow/Sqrt, ConvTranspose (no bf16 kernel wired).
 //   any     Shape, Size, Cast: read any dtype, left alone.
 // Each value is cast at most once per dtype, whatever the number of readers (a parameter gets one
 // Cast per step, not one per use); a cast back to a value's source dtype reuses the source.
@@ -43,5 +44,25 @@ std::string mixed_precision_name(DType low);
 // naming the value when the model already holds half-precision values (it converts fp32 models).
 // Returns the number of Cast nodes inserted.
 int convert_to_mixed_precision(Model& model, DType low, const std::set<std::string>& parameters = {});
+
+// ---- Dynamic loss scaling (fp16): the graph half. fp16's 5 exponent bits flush small gradients
+// to zero, so the backward starts from loss * scale and the fp32 gradients are multiplied by
+// 1/scale before anyone reads them. The scale is a graph input (Module feeds it from the
+// checkpoint); the optimizer half (skip on overflow, grow and back off) is in src/optim/loss_scaler.h.
+//
+//   std::string scaled = scale_loss(forward, "loss");             // before autodiff
+//   Model training = build_gradient_graph(forward, params, {scaled}, &info);
+//   unscale_gradients(training, info.gradient_outputs);            // "<p>_grad" now unscaled
+
+// The training graph input holding the scale: an fp32 scalar.
+inline constexpr const char* kLossScaleInput = "loss_scale";
+// Adds the input kLossScaleInput and "<loss>_scaled" = loss * loss_scale; returns that name, the
+// value to differentiate. Throws when the graph already has a value named kLossScaleInput or the
+// loss is not fp32.
+std::string scale_loss(Model& forward, const std::string& loss);
+// Each named gradient output g (fp32) becomes g_scaled * Reciprocal(loss_scale) under its own name.
+// Powers of two make the reciprocal and the product exact, so a finite gradient is unscaled
+// without rounding; an inf or NaN stays one, for the optimizer to see.
+void unscale_gradients(Model& training, const std::vector<std::string>& gradient_outputs);
 
 }  // namespace onnxtrain

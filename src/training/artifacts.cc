@@ -276,9 +276,6 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
              "', which is not an initializer or a Constant node's output of the model");
   OT_CHECK(!trainable.empty(), kWhere, "requires_grad is empty: nothing to train");
   const DType low = mixed_precision_dtype(o.mixed_precision);
-  if (low == DType::kFloat16)
-    OT_THROW(kNotImplemented, kWhere, "mixed_precision \"fp16\" needs the dynamic loss scaler, which is not ",
-             "implemented yet; use \"bf16\" (same speed on CPUs, no loss scaling needed)");
 
   std::vector<std::string> model_inputs;
   for (const auto& in : g.inputs) model_inputs.push_back(in.name);
@@ -321,7 +318,11 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   fuse_for_training(fused);
   if (low != DType::kUndefined)  // GEMMs in bf16; parameters stay fp32 inputs, cast once per step
     convert_to_mixed_precision(fused, low, std::set<std::string>(param_order.begin(), param_order.end()));
-  Model training = build_gradient_graph(fused, out.trainable, {"loss"}, &info);
+  // fp16: the backward starts from loss * scale, and the gradients leave the graph unscaled.
+  const bool loss_scaling = low == DType::kFloat16;
+  const std::string differentiated = loss_scaling ? scale_loss(fused, "loss") : std::string("loss");
+  Model training = build_gradient_graph(fused, out.trainable, {differentiated}, &info);
+  if (loss_scaling) unscale_gradients(training, info.gradient_outputs);
   out.gradient_outputs = info.gradient_outputs;
   for (const auto& u : updates) {
     std::string name = u.buffer + "_updated";
@@ -345,6 +346,7 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
     model->metadata[kMetaLossInputs] = names_json(predictions);
     model->metadata[kMetaTargets] = names_json(targets);
     if (low != DType::kUndefined && model == &training) model->metadata[kMetaMixedPrecision] = mixed_precision_name(low);
+    if (loss_scaling && model == &training) model->metadata[kMetaLossScaleInput] = kLossScaleInput;
   }
   out.training = std::move(training);
   out.eval = std::move(eval);

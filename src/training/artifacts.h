@@ -34,9 +34,12 @@ struct TrainingGraphs {
 inline constexpr const char* kMetaModelOutputs = "onnxtrain.model_outputs";
 inline constexpr const char* kMetaLossInputs = "onnxtrain.loss_inputs";
 inline constexpr const char* kMetaTargets = "onnxtrain.targets";
-// "bf16" where the graphs run in mixed precision (absent for fp32); the checkpoint records the
+// "bf16" or "fp16" where the graphs run in mixed precision (absent for fp32); the checkpoint records the
 // same under the property of that name, and Module refuses a checkpoint of another mode.
 inline constexpr const char* kMetaMixedPrecision = "onnxtrain.mixed_precision";
+// fp16: the name of the training graph's loss-scale input (an fp32 scalar Module feeds from the
+// checkpoint's loss scaler, src/optim/loss_scaler.h); absent without loss scaling.
+inline constexpr const char* kMetaLossScaleInput = "onnxtrain.loss_scale_input";
 // The names recorded under key, or nullopt when the model has no such metadata (artifacts from
 // another generator); malformed metadata throws.
 std::optional<std::vector<std::string>> recorded_names(const Model& model, const std::string& key);

@@ -8,6 +8,7 @@
 #include "onnx/model_io.h"
 #include "onnxtrain/training.h"
 #include "ops/optimizer/optimizer_ops.h"
+#include "optim/loss_scaler.h"
 #include "passes/memory_optimizer.h"
 #include "training/lora.h"
 
@@ -124,6 +125,11 @@ ArtifactPaths generate_artifacts(const Model& original, const ArtifactOptions& i
   if (!options.graphs.mixed_precision.empty())  // Module checks it against the graphs' mode
     state.add_property(kMetaMixedPrecision, graphs.training.metadata.count(kMetaMixedPrecision)
                                                 ? graphs.training.metadata.at(kMetaMixedPrecision) : std::string());
+  if (graphs.training.metadata.count(kMetaLossScaleInput)) {  // the scaler starts at 2^16
+    state.add_property(CheckpointState::kLossScaleProperty, optim::LossScaler::kInitialScale);
+    state.add_property(CheckpointState::kLossScaleGoodStepsProperty, int64_t{0});
+    state.add_property(CheckpointState::kSkippedStepsProperty, int64_t{0});
+  }
   if (adapted) state.add_property(kLoraBaseHashProperty, lora_info(model).base_hash);
   state.save(out.checkpoint, false);
   return out;

@@ -16,6 +16,7 @@
 #include "training/lora.h"
 #include "core/dispatch.h"
 #include "distributed/data_parallel.h"
+#include "optim/loss_scaler.h"
 
 namespace onnxtrain {
 
@@ -36,6 +37,35 @@ void bind(BoundGraph& b, const CheckpointState& state, const char* what) {
   b.executor = std::make_unique<Executor>(b.model);
 }
 
+// The fp16 loss scaler's state, from the checkpoint's reserved properties (defaults when absent).
+optim::LossScaler load_loss_scaler(const CheckpointState& state) {
+  optim::LossScaler s;
+  if (state.has_property(CheckpointState::kLossScaleProperty)) {
+    const PropertyValue& v = state.get_property(CheckpointState::kLossScaleProperty);
+    const double* scale = std::get_if<double>(&v);
+    OT_CHECK(scale, "checkpoint property '", CheckpointState::kLossScaleProperty, "' should be a float, got ",
+             property_type_name(v));
+    OT_CHECK(std::isfinite(*scale) && *scale > 0, "checkpoint property '", CheckpointState::kLossScaleProperty,
+             "' should be a finite positive loss scale, got ", *scale);
+    s.scale = *scale;
+  }
+  for (auto [name, slot] : {std::pair{CheckpointState::kLossScaleGoodStepsProperty, &s.good_steps},
+                            std::pair{CheckpointState::kSkippedStepsProperty, &s.skipped_steps}}) {
+    if (!state.has_property(name)) continue;
+    const int64_t* count = std::get_if<int64_t>(&state.get_property(name));
+    OT_CHECK(count && *count >= 0, "checkpoint property '", name, "' should be a count (an int >= 0), got ",
+             count ? std::to_string(*count) : std::string(property_type_name(state.get_property(name))));
+    *slot = *count;
+  }
+  return s;
+}
+
+void store_loss_scaler(CheckpointState& state, const optim::LossScaler& s) {
+  state.add_property(CheckpointState::kLossScaleProperty, s.scale);
+  state.add_property(CheckpointState::kLossScaleGoodStepsProperty, s.good_steps);
+  state.add_property(CheckpointState::kSkippedStepsProperty, s.skipped_steps);
+}
+
 }  // namespace
 
 struct Module::Graphs {
@@ -51,6 +81,7 @@ struct Module::Graphs {
   int64_t micro_steps = 0;        // train steps since the update began
   bool update_from_reset = false; // the update's first train step overwrote the gradients
   bool reduced = false;           // the update's gradients were averaged during its last train step
+  std::string loss_scale_input;                              // fp16: fed from the checkpoint's scaler
 };
 
 Module::Module(const std::string& training_model_path, CheckpointState& state, const std::string& eval_model_path)
@@ -85,6 +116,15 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
   }
   graphs_->training.model = std::move(training_model);
   bind(graphs_->training, state, "training");
+  if (auto it = graphs_->training.model.metadata.find(kMetaLossScaleInput); it != graphs_->training.model.metadata.end()) {
+    std::vector<std::string>& user = graphs_->training.user_inputs;
+    auto input = std::find(user.begin(), user.end(), it->second);
+    OT_CHECK(input != user.end(), "Module: the training model names '", it->second,
+             "' as its loss-scale input, but has no such input");
+    user.erase(input);
+    graphs_->loss_scale_input = it->second;
+    store_loss_scaler(state, load_loss_scaler(state));  // checks the properties, writes defaults where absent
+  }
   for (const auto& out : graphs_->training.outputs) {
     auto ends_with = [&](const std::string& suffix, std::string& stem) {
       if (out.size() <= suffix.size() || out.compare(out.size() - suffix.size(), suffix.size(), suffix) != 0) return false;
@@ -135,6 +175,8 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
 
 Module::~Module() = default;
 
+bool Module::has_loss_scaler() const { return !graphs_->loss_scale_input.empty(); }
+
 std::vector<std::string> Module::input_names(bool training) const {
   OT_CHECK(training || graphs_->eval, "Module: no eval model was given");
   return training ? graphs_->training.user_inputs : graphs_->eval->user_inputs;
@@ -158,6 +200,8 @@ std::vector<Tensor> Module::run(bool training, const std::vector<Tensor>& inputs
   std::map<std::string, Tensor> feeds;
   for (size_t i = 0; i < inputs.size(); ++i) feeds[g.user_inputs[i]] = inputs[i];
   for (const auto& p : g.param_inputs) feeds[p] = state_.parameter(p).data();  // shares storage
+  if (training && has_loss_scaler())
+    feeds[graphs_->loss_scale_input] = Tensor::scalar<float>(float(load_loss_scaler(state_).scale));
   std::vector<std::string> wanted = training ? graphs_->training.outputs : g.outputs;
   return g.executor->run(feeds, wanted, on_output_ready);
 }
@@ -369,9 +413,24 @@ StepStats Optimizer::step() {
     params.push_back(p.data());
     grads.push_back(p.grad());
   }
-  // Overlapped data parallelism averaged them during the update's last train step.
+  // Overlapped data parallelism averaged them during the update's last train step; either way
+  // every rank then sees the same overflow.
   if (rule_->reducer && !std::exchange(module_.graphs_->reduced, false)) rule_->reducer->average(grads);
-  StepStats stats = rule_->groups.empty() ? rule_->optimizer.step(params, grads, rule_->state) : grouped_step(params, grads);
+  std::optional<optim::LossScaler> scaler;
+  bool finite = true;
+  if (module_.has_loss_scaler()) {
+    scaler = load_loss_scaler(ckpt);
+    finite = optim::all_finite(grads);
+  }
+  StepStats stats;
+  if (finite)
+    stats = rule_->groups.empty() ? rule_->optimizer.step(params, grads, rule_->state) : grouped_step(params, grads);
+  if (scaler) {
+    stats.skipped = !scaler->update(finite);
+    stats.loss_scale = scaler->scale;
+    store_loss_scaler(ckpt, *scaler);
+  }
+  if (!finite) return stats;  // nothing else moved
   store_state();
   if (rule_->reducer && rule_->data_parallel.check_every > 0 && rule_->state.step % rule_->data_parallel.check_every == 0)
     distributed::check_same_on_all_ranks(distributed::world(), distributed::checksum(params),

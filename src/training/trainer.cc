@@ -317,12 +317,13 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
       if (!std::isfinite(loss))
         OT_THROW(kRuntime, who, "the loss is ", loss, " at update ", step + 1, " (epoch ", epoch + 1, ", update ",
                  epoch_step + 1, " of the epoch): training diverged; try a lower learning rate");
-      optimizer_->step();
+      const StepStats stats = optimizer_->step();
       module_->lazy_reset_grad();
       ++step;
       ++epoch_step;
       loss_sum += loss;
-      if (cb.on_step) cb.on_step({epoch, o.epochs, epoch_step, epoch_steps, step, total_steps, loss, lr});
+      if (cb.on_step)
+        cb.on_step({epoch, o.epochs, epoch_step, epoch_steps, step, total_steps, loss, lr, stats.skipped, stats.loss_scale});
       if (o.checkpoint_every && step % o.checkpoint_every == 0) {
         if (epoch_step < epoch_steps) {
           save_progress(o.checkpoint_out);

@@ -87,6 +87,8 @@ struct StepReport {
   int64_t epoch_step, epoch_steps;    // updates done in this epoch, of
   int64_t step, total_steps;          // updates done in all, of
   double loss, lr;                    // loss: of the update's examples (micro-batch losses weighted by rows)
+  bool skipped = false;               // fp16: the loss scaler found an inf/NaN gradient and skipped the update
+  double loss_scale = 0.0;            // fp16: the scale after this update (0 without loss scaling)
 };
 
 struct EpochReport {

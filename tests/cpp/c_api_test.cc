@@ -546,6 +546,57 @@ TEST_F(CApiTest, ArtifactOptionsAreChecked) {
                OT_INVALID_ARGUMENT, "nominal");
 }
 
+// fp16 artifacts: a scale of 2^40 overflows, so the first updates are skipped, each halving the
+// scale (torch.amp.GradScaler's backoff), until the gradients are finite and updates run again.
+TEST_F(CApiTest, Fp16LossScalerSkipsOverflowingUpdates) {
+  Options o;
+  ASSERT_OK(ot_artifact_options_create(o.out()));
+  ASSERT_OK(ot_artifact_options_set_requires_grad(o, kParams, 6));
+  ASSERT_OK(ot_artifact_options_set_loss(o, OT_LOSS_CROSS_ENTROPY));
+  expect_error(ot_artifact_options_set_mixed_precision(o, "fp8"), OT_INVALID_ARGUMENT, "'fp8'");
+  ASSERT_OK(ot_artifact_options_set_mixed_precision(o, "fp16"));
+  const std::string out = path("fp16");
+  ASSERT_OK(ot_generate_artifacts(model_path().c_str(), o, out.c_str()));
+  Checkpoint ckpt;
+  Module module;
+  ASSERT_OK(ot_checkpoint_load((fs::path(out) / "checkpoint").c_str(), ckpt.out()));
+  double scale = 0;
+  ASSERT_OK(ot_checkpoint_get_float_property(ckpt, "onnxtrain.loss_scale", &scale));
+  EXPECT_EQ(scale, 65536.0);
+  ASSERT_OK(ot_checkpoint_set_float_property(ckpt, "onnxtrain.loss_scale", std::ldexp(1.0, 40)));
+  ASSERT_OK(ot_module_create((fs::path(out) / "training_model.onnx").c_str(), ckpt, nullptr, module.out()));
+  size_t n = 0;
+  ASSERT_OK(ot_module_input_count(module, &n));
+  EXPECT_EQ(n, 2u);  // x and the target: the module feeds the loss scale itself
+  Optimizer opt;
+  ASSERT_OK(ot_optimizer_create((fs::path(out) / "optimizer_model.onnx").c_str(), module, opt.out()));
+  auto in = inputs();
+  double expected = std::ldexp(1.0, 40);
+  int64_t skipped_count = 0, applied = 0;
+  for (int step = 0; step < 30; ++step) {
+    Outputs loss(1);
+    ASSERT_OK(ot_module_train_step(module, in.data(), in.size(), loss.t.data(), 1));
+    int skipped = -1;
+    ASSERT_OK(ot_optimizer_step_report(opt, &skipped, &scale));
+    if (skipped) {
+      expected *= 0.5;
+      ++skipped_count;
+      EXPECT_EQ(applied, 0) << "step " << step << ": a skip after finite steps at this scale";
+    } else {
+      ++applied;
+    }
+    EXPECT_EQ(scale, expected) << "step " << step;
+    ASSERT_OK(ot_module_lazy_reset_grad(module));
+  }
+  EXPECT_GE(skipped_count, 10);  // fp16 overflows above 65504
+  EXPECT_GT(applied, 0);
+  int64_t count = 0;
+  ASSERT_OK(ot_optimizer_step_count(opt, &count));
+  EXPECT_EQ(count, applied);  // a skipped update does not count
+  ASSERT_OK(ot_checkpoint_get_int_property(ckpt, "onnxtrain.skipped_steps", &count));
+  EXPECT_EQ(count, skipped_count);
+}
+
 TEST_F(CApiTest, SessionRunChecksItsFeeds) {
   Session session;
   ASSERT_OK(ot_session_create(model_path().c_str(), session.out()));

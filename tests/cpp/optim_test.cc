@@ -9,6 +9,7 @@
 
 #include "ops/kernel.h"
 #include "ops/registry.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_scheduler.h"
 #include "optim/optimizer.h"
 #include "ops/optimizer/optimizer_ops.h"
@@ -190,6 +191,46 @@ OptimizerConfig cfg_of(OptimizerType type) {
   OptimizerConfig c = OptimizerConfig::defaults(type);
   c.lr = 1e-2;
   return c;
+}
+
+// torch.amp.GradScaler's defaults: x0.5 and a skip on overflow, x2 after 2000 finite steps in a row.
+TEST(LossScaler, BacksOffOnOverflowAndGrowsAfter2000FiniteSteps) {
+  LossScaler s;
+  EXPECT_EQ(s.scale, 65536.0);
+  EXPECT_FALSE(s.update(false));
+  EXPECT_EQ(s.scale, 32768.0);
+  EXPECT_EQ(s.skipped_steps, 1);
+  for (int i = 0; i < 1999; ++i) EXPECT_TRUE(s.update(true));
+  EXPECT_EQ(s.scale, 32768.0);
+  EXPECT_EQ(s.good_steps, 1999);
+  EXPECT_TRUE(s.update(true));  // the 2000th
+  EXPECT_EQ(s.scale, 65536.0);
+  EXPECT_EQ(s.good_steps, 0);
+  for (int i = 0; i < 1500; ++i) s.update(true);
+  EXPECT_FALSE(s.update(false));  // an overflow restarts the count
+  EXPECT_EQ(s.good_steps, 0);
+  EXPECT_EQ(s.scale, 32768.0);
+  EXPECT_EQ(s.skipped_steps, 2);
+}
+
+TEST(LossScaler, AllFiniteFindsEveryNonFiniteValue) {
+  for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+    std::vector<Tensor> ts = {Tensor::zeros(dt, {7}), Tensor::zeros(dt, {300001})};
+    EXPECT_TRUE(all_finite(ts));
+    for (double bad : {INFINITY, -INFINITY, NAN})
+      for (int64_t at : {int64_t(0), int64_t(65536), int64_t(300000)}) {
+        auto set = [&](double v) {
+          if (dt == DType::kFloat32) ts[1].data<float>()[at] = float(v);
+          else ts[1].data<double>()[at] = v;
+        };
+        set(bad);
+        EXPECT_FALSE(all_finite(ts)) << dtype_name(dt) << " " << bad << " at " << at;
+        set(3.0e38);  // large but finite
+        EXPECT_TRUE(all_finite(ts));
+        set(0);
+      }
+  }
+  EXPECT_THROW(all_finite({Tensor::zeros(DType::kFloat16, {2})}), Error);
 }
 
 TEST(OptimAdam, AdamWMatchesReference) {

@@ -27,7 +27,7 @@ MUST_HAVE_HALF = {
     "MatMul", "Gemm", "onnxtrain.FusedMatMul", "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "LeakyRelu",
     "Gelu", "onnxtrain.Gelu", "Tanh", "Sigmoid", "Dropout", "Identity", "Reshape", "Transpose", "Squeeze",
     "Unsqueeze", "Flatten", "Concat", "Split", "Slice", "Gather", "Expand", "Where", "Tile", "Max", "Min",
-    "Softmax", "LayerNormalization", "ReduceSum", "ReduceMean", "onnxtrain.SumTo",
+    "Softmax", "LayerNormalization", "ReduceSum", "ReduceMean", "onnxtrain.SumTo", "Conv", "MaxPool", "AveragePool",
 }
 
 # Where the op's own rounding exceeds the generic bound, with the reason (rtol, atol per dtype).

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
 from onnxtrain import artifacts
@@ -190,21 +190,21 @@ def test_bad_mixed_precision_value_changes_nothing_on_disk(bert_onnx, tmp_path):
     assert not out.exists()
     with pytest.raises(TypeError, match="mixed_precision"):
         _artifacts(bert_onnx, out, 16)
-    with pytest.raises(onnxtrain.NotImplemented, match="loss scaler"):
-        _artifacts(bert_onnx, out, "fp16")
     assert not out.exists()
 
 
 def test_checkpoint_of_another_mode_is_refused(bert_onnx, tmp_path):
-    fp32 = _artifacts(bert_onnx, tmp_path / "fp32", None)
-    bf16 = _artifacts(bert_onnx, tmp_path / "bf16", "bf16")
-    before = open(fp32[3], "rb").read()
-    for ckpt, graph, msg in ((fp32[3], bf16[0], "saved for fp32 training, the training model is mixed precision bf16"),
-                             (bf16[3], fp32[0], "saved for mixed precision bf16 training, the training model is fp32")):
-        state = CheckpointState.load_checkpoint(ckpt)
+    paths = {mode: _artifacts(bert_onnx, tmp_path / str(mode), mode) for mode in (None, "bf16", "fp16")}
+    shown = {None: "fp32", "bf16": "mixed precision bf16", "fp16": "mixed precision fp16"}
+    before = {mode: open(p[3], "rb").read() for mode, p in paths.items()}
+    for ckpt_mode, graph_mode in ((None, "bf16"), ("bf16", None), (None, "fp16"), ("fp16", None), ("bf16", "fp16"),
+                                  ("fp16", "bf16")):
+        state = CheckpointState.load_checkpoint(paths[ckpt_mode][3])
+        msg = f"saved for {shown[ckpt_mode]} training, the training model is {shown[graph_mode]}"
         with pytest.raises(onnxtrain.InvalidArgument, match=msg):
-            Module(graph, state)
-    assert open(fp32[3], "rb").read() == before
+            Module(paths[graph_mode][0], state)
+    for mode, p in paths.items():  # nothing on disk changed
+        assert open(p[3], "rb").read() == before[mode]
 
 
 def test_model_already_in_half_precision_is_named(tmp_path):
@@ -253,3 +253,186 @@ def test_bf16_resume_is_bit_identical(bert_onnx, tmp_path):
     resumed = run(CheckpointState.load_checkpoint(tmp_path / "resume.ckpt"), 3).get_contiguous_parameters()
     assert resumed.dtype == np.float32  # fp32 masters
     np.testing.assert_array_equal(resumed, straight)
+
+
+# --------------------------------------------------------------------------------------------------
+# fp16: the dynamic loss scaler
+
+LOSS_SCALE, GOOD_STEPS, SKIPPED = "onnxtrain.loss_scale", "onnxtrain.loss_scale_good_steps", "onnxtrain.skipped_steps"
+
+
+class ReferenceScaler:
+    """torch.amp.GradScaler's update rule with its defaults, written out."""
+
+    def __init__(self, scale=2.0 ** 16, good_steps=0):
+        self.scale, self.good_steps, self.skipped = scale, good_steps, 0
+
+    def update(self, finite):
+        if not finite:
+            self.scale *= 0.5
+            self.good_steps = 0
+            self.skipped += 1
+            return
+        self.good_steps += 1
+        if self.good_steps == 2000:
+            self.scale *= 2.0
+            self.good_steps = 0
+
+
+def test_fp16_training_graph_and_checkpoint(bert_onnx, tmp_path):
+    paths = _artifacts(bert_onnx, tmp_path, "fp16")
+    m = onnx.load(paths[0])
+    types = _dtypes(m.graph)
+    meta = {p.key: p.value for p in m.metadata_props}
+    assert meta["onnxtrain.mixed_precision"] == "fp16"
+    assert meta["onnxtrain.loss_scale_input"] == "loss_scale"
+    assert types["loss_scale"] == TensorProto.FLOAT
+    for n in (n for n in m.graph.node if n.op_type in GEMMS):
+        for v in (v for v in list(n.input) + list(n.output) if v):
+            assert types.get(v) == TensorProto.FLOAT16, (n.name, v, types.get(v))
+    for p in bert_onnx[1]:  # fp32 masters and fp32 unscaled gradients
+        assert types[p] == TensorProto.FLOAT and types[p + "_grad"] == TensorProto.FLOAT
+    state = CheckpointState.load_checkpoint(paths[3])
+    assert (state.properties[LOSS_SCALE], state.properties[GOOD_STEPS], state.properties[SKIPPED]) == (65536.0, 0, 0)
+    module = Module(paths[0], state, paths[1])
+    assert "loss_scale" not in module.input_names()  # fed from the checkpoint, not by the caller
+
+
+def test_fp16_curve_follows_fp32(bert_onnx, tmp_path):
+    _, _, x, y = bert_onnx
+    l32, _ = _train(_artifacts(bert_onnx, tmp_path / "fp32", None), x, y, 25)
+    l16, eval16 = _train(_artifacts(bert_onnx, tmp_path / "fp16", "fp16"), x, y, 25)
+    assert np.isfinite(l16).all()
+    assert abs(l16[0] - l32[0]) < 0.005 * abs(l32[0])  # one fp16 forward: 3 more mantissa bits than bf16
+    np.testing.assert_allclose(l16[::5], l32[::5], rtol=0.05, atol=0.02)
+    assert np.asarray(eval16).dtype == np.float32
+
+
+def _grads_finite(state, params):
+    return all(np.isfinite(state.parameters[p].grad).all() for p in params)
+
+
+def test_fp16_overflow_skips_updates_and_recovers(bert_onnx, tmp_path):
+    _, params, x, y = bert_onnx
+    paths = _artifacts(bert_onnx, tmp_path, "fp16")
+    state = CheckpointState.load_checkpoint(paths[3])
+    # A huge scale overflows fp16 in the backward; a count one short of 2000 makes the first
+    # finite step double the scale.
+    state.properties[LOSS_SCALE] = 2.0 ** 40
+    state.properties[GOOD_STEPS] = 1999
+    ref = ReferenceScaler(2.0 ** 40, 1999)
+    module = Module(paths[0], state, paths[1])
+    optimizer = Optimizer(paths[2], module)
+    verdicts, losses = [], []
+    for step in range(40):
+        losses.append(float(module(x, y)))
+        finite = _grads_finite(state, params)  # read before the optimizer looks
+        before = module.get_contiguous_parameters()
+        count = optimizer._optimizer.step_count()
+        result = optimizer.step()
+        ref.update(finite)
+        verdicts.append(finite)
+        assert result.skipped == (not finite), step
+        assert result.loss_scale == ref.scale, step
+        assert (state.properties[LOSS_SCALE], state.properties[GOOD_STEPS], state.properties[SKIPPED]) == \
+            (ref.scale, ref.good_steps, ref.skipped), step
+        after = module.get_contiguous_parameters()
+        if result.skipped:  # nothing moved: parameters and the step count
+            np.testing.assert_array_equal(after, before)
+            assert optimizer._optimizer.step_count() == count
+        else:
+            assert not np.array_equal(after, before)
+            assert optimizer._optimizer.step_count() == count + 1
+        module.lazy_reset_grad()
+    skips = verdicts.index(True)
+    assert skips >= 10, verdicts  # 2^40 overflows fp16 (max 65504): halved at least ten times first
+    assert ref.scale < 2.0 ** 30
+    # Recovery: once updates run, the model learns the batch as an fp32 run does.
+    assert losses[-1] < 0.5 * losses[skips], losses
+
+
+def test_fp16_resume_is_bit_identical(bert_onnx, tmp_path):
+    _, _, x, y = bert_onnx
+    paths = _artifacts(bert_onnx, tmp_path / "a", "fp16")
+
+    def start(state):
+        state.properties[LOSS_SCALE] = 2.0 ** 21  # overflows for the first steps: skips on both sides of the save
+        state.properties[GOOD_STEPS] = 1997       # and the scale doubles after the save
+        return state
+
+    def run(state, steps):
+        module = Module(paths[0], state, paths[1])
+        optimizer = Optimizer(paths[2], module)
+        skipped = []
+        for _ in range(steps):
+            module(x, y)
+            skipped.append(optimizer.step().skipped)
+            module.lazy_reset_grad()
+        return module.get_contiguous_parameters(), skipped
+
+    straight_state = start(CheckpointState.load_checkpoint(paths[3]))
+    straight, skipped_straight = run(straight_state, 8)
+    state = start(CheckpointState.load_checkpoint(paths[3]))
+    _, first = run(state, 4)
+    CheckpointState.save_checkpoint(state, tmp_path / "resume.ckpt", include_optimizer_state=True)
+    resumed_state = CheckpointState.load_checkpoint(tmp_path / "resume.ckpt")
+    resumed, second = run(resumed_state, 4)
+    assert first + second == skipped_straight
+    assert any(first) and not all(skipped_straight), skipped_straight
+    np.testing.assert_array_equal(resumed, straight)
+    for key in (LOSS_SCALE, GOOD_STEPS, SKIPPED):
+        assert resumed_state.properties[key] == straight_state.properties[key], key
+
+
+def test_cli_fp16_train_prints_skipped_updates(bert_onnx, tmp_path):
+    _, _, x, y = bert_onnx
+    cli = str(ONNXTRAIN)
+    r = subprocess.run([cli, "artifacts", bert_onnx[0], "--out", str(tmp_path / "art"), "--all", "--loss",
+                        "cross_entropy", "--mixed-precision", "fp16"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    ckpt = tmp_path / "art" / "checkpoint"
+    state = CheckpointState.load_checkpoint(ckpt)
+    state.properties[LOSS_SCALE] = 2.0 ** 30  # overflows: the first updates are skipped
+    CheckpointState.save_checkpoint(state, ckpt)
+    np.savez(tmp_path / "train.npz", x=np.tile(x, (3, 1)), y=np.tile(y, 3))
+    r = subprocess.run([cli, "train", str(tmp_path / "art"), "--data", str(tmp_path / "train.npz"), "--inputs", "x",
+                        "--labels", "y", "--batch-size", "4", "--epochs", "6", "--progress", "lines",
+                        "--checkpoint-out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stderr.splitlines() if "skipped: a gradient overflowed in fp16" in line]
+    out = CheckpointState.load_checkpoint(tmp_path / "out")
+    assert len(lines) == out.properties[SKIPPED] >= 5, r.stderr
+    assert lines[0].startswith("update 1 skipped") and "loss scale now 5.36871e+08" in lines[0]
+
+
+def test_bf16_conv_and_pooling_run_low(tmp_path):
+    """Conv is a low op and MaxPool follows: with a Relu between them (no fp32 op), the whole
+    convolution block, forward and backward, runs in bf16 (through oneDNN where the CPU has it)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((4, 1, 3, 3)) * 0.3).astype(np.float32), "conv.w")
+    b = numpy_helper.from_array(np.zeros(4, np.float32), "conv.b")
+    w2 = numpy_helper.from_array((rng.standard_normal((36, 3)) * 0.2).astype(np.float32), "fc.w")
+    nodes = [helper.make_node("Conv", ["x", "conv.w", "conv.b"], ["c"]), helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("MaxPool", ["r"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             helper.make_node("Flatten", ["p"], ["f"]), helper.make_node("MatMul", ["f", "fc.w"], ["logits"])]
+    graph = helper.make_graph(nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 1, 8, 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [8, 3])],
+                              initializer=[w, b, w2])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    paths = artifacts.generate_artifacts(model, requires_grad=["conv.w", "conv.b", "fc.w"],
+                                         loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.AdamW(lr=1e-2),
+                                         artifact_directory=str(tmp_path), mixed_precision="bf16")
+    g = onnx.load(paths[0]).graph
+    types = _dtypes(g)
+    ops = {n.op_type: n for n in g.node}
+    for op in ("Conv", "ConvGrad", "MaxPool", "MaxPoolGrad"):
+        assert all(types.get(v) == TensorProto.BFLOAT16 for v in ops[op].input if v), (op, list(ops[op].input))
+    x = rng.standard_normal((8, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 3, 8)
+    l16, _ = _train(paths, x, y, 15)
+    l32, _ = _train(artifacts.generate_artifacts(model, requires_grad=["conv.w", "conv.b", "fc.w"],
+                                                 loss=artifacts.LossType.CrossEntropyLoss,
+                                                 optimizer=artifacts.AdamW(lr=1e-2),
+                                                 artifact_directory=str(tmp_path / "fp32")), x, y, 15)
+    np.testing.assert_allclose(l16, l32, rtol=0.05, atol=0.02)
+    assert l16[-1] < 0.7 * l16[0]

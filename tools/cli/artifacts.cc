@@ -89,7 +89,7 @@ const Command kArtifactsCommand{
         {"--max-grad-norm", "NORM", "clip the global gradient norm to NORM first"},
         {"--prefix", "PREFIX", "prefix of the file names"},
         {"--nominal", "", "checkpoint with shapes and dtypes only (fill the parameters later)"},
-        {"--mixed-precision", "MODE", "bf16: GEMMs in bfloat16, the rest and the checkpoint in fp32 (default: fp32)"},
+        {"--mixed-precision", "MODE", "bf16: GEMMs in bfloat16, the rest and the checkpoint in fp32; fp16: the same in float16 with a dynamic loss scaler (default: fp32)"},
         {"--lora-target", "PATTERNS", "train LoRA adapters on these layers only (module/node/weight names, "
                                       "substring or glob), instead of --all/--requires-grad"},
         {"--lora-rank", "R", "LoRA rank (default 8)"},

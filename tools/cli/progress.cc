@@ -30,7 +30,13 @@ void ProgressPrinter::clear_bar() {
 
 void ProgressPrinter::step(const StepReport& r) {
   if (++steps_ == 1) first_step_ = std::chrono::steady_clock::now();
+  if (r.skipped) ++skipped_;
   if (style_ == ProgressStyle::kNone) return;
+  if (r.skipped) {  // every skip gets its own line, whatever the style
+    clear_bar();
+    std::fprintf(stderr, "update %lld skipped: a gradient overflowed in fp16; loss scale now %g (%lld skipped in this run)\n",
+                 (long long)r.step, r.loss_scale, (long long)skipped_);
+  }
   if (style_ == ProgressStyle::kLines) {
     const int64_t every = every_ > 0 ? every_ : std::max<int64_t>(1, r.epoch_steps / 10);
     if (r.epoch_step % every != 0 && r.epoch_step != r.epoch_steps) return;

@@ -30,6 +30,7 @@ class ProgressPrinter {
   ProgressStyle style_;
   int64_t every_;
   int64_t steps_ = 0;    // updates seen by this process
+  int64_t skipped_ = 0;  // of them, skipped by the fp16 loss scaler
   bool bar_shown_ = false;
   std::chrono::steady_clock::time_point first_step_{};
   std::chrono::steady_clock::time_point last_draw_{};

@@ -14,13 +14,22 @@ using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
 std::vector<int64_t> ConvSpec::key() const {
-  std::vector<int64_t> k{transposed, out_channels, group, bias, x_channels_last, y_channels_last,
+  std::vector<int64_t> k{transposed, int64_t(dtype), out_channels, group, bias, x_channels_last, y_channels_last,
                         int64_t(x.size()), int64_t(activation),
                         int64_t(std::bit_cast<uint32_t>(act_alpha)), int64_t(std::bit_cast<uint32_t>(act_beta))};
   for (const auto* v : {&x, &kernel, &stride, &dilation, &pad_l, &pad_r, &out}) k.insert(k.end(), v->begin(), v->end());
   return k;
 }
 
+namespace {
+
+dt data_type(const ConvSpec& s, const std::string& context) {
+  OT_CHECK(s.dtype == DType::kFloat32 || s.dtype == DType::kBFloat16, context, "oneDNN convolution takes float32 ",
+           "or bfloat16, got ", dtype_name(s.dtype));
+  return s.dtype == DType::kBFloat16 ? dt::bf16 : dt::f32;
+}
+
+}  // namespace
 
 struct DnnlConv::Impl {
   std::string context;
@@ -34,6 +43,7 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
   Impl& p = *impl_;
   p.context = context;
   p.bias = s.bias;
+  const dt f = data_type(s, context);
   dnnl_guard(context, "create a convolution primitive", [&] {
     auto& eng = dnnl_engine();
     size_t nd = s.kernel.size();
@@ -61,13 +71,13 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
       wstrides[o + 1] = (m / g) * ksz;
       if (g > 1) wstrides[0] = (c / g) * (m / g) * ksz;
     }
-    auto user_src = s.x_channels_last ? channels_last_md(src_dims, dt::f32) : plain_md(src_dims, dt::f32);
-    auto user_dst = s.y_channels_last ? channels_last_md(dst_dims, dt::f32) : plain_md(dst_dims, dt::f32);
-    auto user_wei = strided_md(wdims, dt::f32, wstrides);
-    p.bias_md = plain_md({m}, dt::f32);
-    auto any_src = dnnl::memory::desc(src_dims, dt::f32, tag::any);
-    auto any_dst = dnnl::memory::desc(dst_dims, dt::f32, tag::any);
-    auto any_wei = dnnl::memory::desc(wdims, dt::f32, tag::any);
+    auto user_src = s.x_channels_last ? channels_last_md(src_dims, f) : plain_md(src_dims, f);
+    auto user_dst = s.y_channels_last ? channels_last_md(dst_dims, f) : plain_md(dst_dims, f);
+    auto user_wei = strided_md(wdims, f, wstrides);
+    p.bias_md = plain_md({m}, f);
+    auto any_src = dnnl::memory::desc(src_dims, f, tag::any);
+    auto any_dst = dnnl::memory::desc(dst_dims, f, tag::any);
+    auto any_wei = dnnl::memory::desc(wdims, f, tag::any);
     dnnl::memory::dims strides(s.stride.begin(), s.stride.end()), dil(nd), pl(s.pad_l.begin(), s.pad_l.end()),
         pr(s.pad_r.begin(), s.pad_r.end());
     for (size_t i = 0; i < nd; ++i) dil[i] = s.dilation[i] - 1;
@@ -106,7 +116,7 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
   });
 }
 
-void DnnlConv::run(const float* x, const float* w, const float* bias, float* y, bool w_constant) const {
+void DnnlConv::run(const void* x, const void* w, const void* bias, void* y, bool w_constant) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a convolution", [&] {
     auto& strm = dnnl_stream();
@@ -114,7 +124,7 @@ void DnnlConv::run(const float* x, const float* w, const float* bias, float* y, 
         {DNNL_ARG_SRC, p.src.read(x, strm)},
         {DNNL_ARG_WEIGHTS, w_constant ? p.wei.read_constant(w, strm) : p.wei.read(w, strm)},
         {DNNL_ARG_DST, p.dst.write(y)}};
-    if (p.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, dnnl_engine(), const_cast<float*>(bias)));
+    if (p.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, dnnl_engine(), const_cast<void*>(bias)));
     p.conv.execute(strm, args);
     p.dst.finish_write(y, strm);
     strm.wait();
@@ -191,6 +201,7 @@ DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw
   p.need_dw = need_dw;
   p.bias = s.bias;
   OT_CHECK(!s.transposed, context, "DnnlConvBackward handles convolutions only");
+  const dt f = data_type(s, context);
   dnnl_guard(context, "create convolution backward primitives", [&] {
     auto& eng = dnnl_engine();
     size_t nd = s.kernel.size();
@@ -200,12 +211,10 @@ DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw
     // ONNX [M, C/G, k...] is plain [G, M/G, C/G, k...] (or [M, C, k...] for one group).
     dnnl::memory::dims wdims = g > 1 ? dnnl::memory::dims{g, m / g, c / g} : dnnl::memory::dims{m, c};
     wdims.insert(wdims.end(), s.kernel.begin(), s.kernel.end());
-    auto user_src = plain_md(src_dims, dt::f32), user_dst = plain_md(dst_dims, dt::f32),
-         user_wei = plain_md(wdims, dt::f32);
-    auto any_src = dnnl::memory::desc(src_dims, dt::f32, tag::any),
-         any_dst = dnnl::memory::desc(dst_dims, dt::f32, tag::any),
-         any_wei = dnnl::memory::desc(wdims, dt::f32, tag::any);
-    p.bias_md = plain_md({m}, dt::f32);
+    auto user_src = plain_md(src_dims, f), user_dst = plain_md(dst_dims, f), user_wei = plain_md(wdims, f);
+    auto any_src = dnnl::memory::desc(src_dims, f, tag::any), any_dst = dnnl::memory::desc(dst_dims, f, tag::any),
+         any_wei = dnnl::memory::desc(wdims, f, tag::any);
+    p.bias_md = plain_md({m}, f);
     dnnl::memory::dims strides(s.stride.begin(), s.stride.end()), dil(nd), pl(s.pad_l.begin(), s.pad_l.end()),
         pr(s.pad_r.begin(), s.pad_r.end());
     for (size_t i = 0; i < nd; ++i) dil[i] = s.dilation[i] - 1;
@@ -255,7 +264,7 @@ DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw
   });
 }
 
-void DnnlConvBackward::run(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db) const {
+void DnnlConvBackward::run(const void* dy, const void* x, const void* w, void* dx, void* dw, void* db) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a convolution backward", [&] {
     // Reorders into the primitives' layouts on all threads first, then the primitives (side by

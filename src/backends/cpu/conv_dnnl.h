@@ -1,4 +1,4 @@
-// fp32 convolution and transposed convolution (1-d/2-d/3-d, groups, dilations, asymmetric pads)
+// fp32 and bf16 convolution and transposed convolution (1-d/2-d/3-d, groups, dilations, asymmetric pads)
 // through oneDNN. One DnnlConv per input/weight shape: the primitive picks its own (blocked)
 // layouts and the reorders to and from the plain ONNX layouts are built with it.
 #pragma once
@@ -16,6 +16,9 @@ enum class ConvActivation : int64_t { kNone, kRelu, kLeakyRelu, kSigmoid, kTanh,
 
 struct ConvSpec {
   bool transposed = false;    // ConvTranspose (oneDNN deconvolution)
+  // Of every tensor argument (X, W, B, Y and their gradients): kFloat32, or kBFloat16 where the
+  // CPU has bf16 kernels (oneDNN accumulates in fp32 inside the primitive).
+  DType dtype = DType::kFloat32;
   ConvActivation activation = ConvActivation::kNone;
   float act_alpha = 0, act_beta = 0;  // LeakyRelu: alpha; Clip: [alpha, beta]
   Shape x;                    // [N, C, in...]
@@ -34,7 +37,8 @@ class DnnlConv {
   DnnlConv(const ConvSpec& spec, const std::string& context);
   // w in ONNX layout: Conv [M, C/G, k...], ConvTranspose [C, M/G, k...]. `w_constant`: w's
   // contents never change for this pointer (an initializer), so its reorder is done once.
-  void run(const float* x, const float* w, const float* bias, float* y, bool w_constant = false) const;
+  // Pointers to data of spec.dtype.
+  void run(const void* x, const void* w, const void* bias, void* y, bool w_constant = false) const;
 
  private:
   struct Impl;
@@ -49,7 +53,7 @@ class DnnlConvBackward {
  public:
   DnnlConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);
   // dx may be null when !need_dx; dw and db null when !need_dw (db also when !spec.bias).
-  void run(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db) const;
+  void run(const void* dy, const void* x, const void* w, void* dx, void* dw, void* db) const;
 
  private:
   struct Impl;

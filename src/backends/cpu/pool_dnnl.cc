@@ -10,7 +10,7 @@ namespace onnxtrain::cpu {
 using dt = dnnl::memory::data_type;
 
 std::vector<int64_t> PoolSpec::key() const {
-  std::vector<int64_t> k{max, count_include_pad, int64_t(x.size())};
+  std::vector<int64_t> k{max, count_include_pad, int64_t(dtype), int64_t(x.size())};
   for (const auto* v : {&x, &kernel, &stride, &dilation, &pad_l, &pad_r, &out}) k.insert(k.end(), v->begin(), v->end());
   return k;
 }
@@ -46,8 +46,11 @@ std::optional<DnnlPool> DnnlPool::make(const PoolSpec& s, bool backward, const s
   p.context = context;
   dnnl::memory::dims dst_dims{s.x[0], s.x[1]};
   dst_dims.insert(dst_dims.end(), s.out.begin(), s.out.end());
-  p.src_md = plain_md(to_dims(s.x), dt::f32);
-  p.dst_md = plain_md(dst_dims, dt::f32);
+  OT_CHECK(s.dtype == DType::kFloat32 || s.dtype == DType::kBFloat16, context, "oneDNN pooling takes float32 or ",
+           "bfloat16, got ", dtype_name(s.dtype));
+  const dt data = s.dtype == DType::kBFloat16 ? dt::bf16 : dt::f32;
+  p.src_md = plain_md(to_dims(s.x), data);
+  p.dst_md = plain_md(dst_dims, data);
   auto alg = s.max ? dnnl::algorithm::pooling_max
                    : s.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
                                          : dnnl::algorithm::pooling_avg_exclude_padding;
@@ -75,26 +78,26 @@ std::optional<DnnlPool> DnnlPool::make(const PoolSpec& s, bool backward, const s
   return pool;
 }
 
-void DnnlPool::forward(const float* x, float* y) const {
+void DnnlPool::forward(const void* x, void* y) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a pooling", [&] {
     auto& strm = dnnl_stream();
     auto& eng = dnnl_engine();
-    p.forward.execute(strm, {{DNNL_ARG_SRC, dnnl::memory(p.src_md, eng, const_cast<float*>(x))},
+    p.forward.execute(strm, {{DNNL_ARG_SRC, dnnl::memory(p.src_md, eng, const_cast<void*>(x))},
                              {DNNL_ARG_DST, dnnl::memory(p.dst_md, eng, y)}});
     strm.wait();
   });
 }
 
-void DnnlPool::backward(const float* dy, const float* x, float* dx) const {
+void DnnlPool::backward(const void* dy, const void* x, void* dx) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a pooling backward", [&] {
     auto& strm = dnnl_stream();
     auto& eng = dnnl_engine();
-    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DIFF_DST, dnnl::memory(p.dst_md, eng, const_cast<float*>(dy))},
+    std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_DIFF_DST, dnnl::memory(p.dst_md, eng, const_cast<void*>(dy))},
                                                {DNNL_ARG_DIFF_SRC, dnnl::memory(p.src_md, eng, dx)}};
     if (p.workspace) {
-      p.forward_training.execute(strm, {{DNNL_ARG_SRC, dnnl::memory(p.src_md, eng, const_cast<float*>(x))},
+      p.forward_training.execute(strm, {{DNNL_ARG_SRC, dnnl::memory(p.src_md, eng, const_cast<void*>(x))},
                                         {DNNL_ARG_DST, p.y_scratch},
                                         {DNNL_ARG_WORKSPACE, p.workspace}});
       args.emplace(DNNL_ARG_WORKSPACE, p.workspace);

@@ -1,4 +1,4 @@
-// fp32 max and average pooling (1-d/2-d/3-d; strides, dilations, pads, ceil mode) and their
+// fp32 and bf16 max and average pooling (1-d/2-d/3-d; strides, dilations, pads, ceil mode) and their
 // backward passes through oneDNN, in the plain ONNX layout (pooling reduces no channels, so a
 // blocked layout would only add reorders). One DnnlPool per shape; DnnlPool::make returns none
 // for geometry whose ONNX meaning oneDNN's pooling does not reproduce, and the kernels then take
@@ -17,6 +17,7 @@ namespace onnxtrain::cpu {
 struct PoolSpec {
   bool max = true;                  // else average
   bool count_include_pad = false;   // average only: divide by the taps inside input + explicit pads
+  DType dtype = DType::kFloat32;    // of X, Y, dX, dY: kFloat32 or kBFloat16
   Shape x;                          // [N, C, in...]
   // pad_r as the attributes give it; `out` may need more (ceil mode) or less of it.
   std::vector<int64_t> kernel, stride, dilation, pad_l, pad_r, out;
@@ -29,10 +30,11 @@ class DnnlPool {
   // averages whose windows reach past the explicit pads (ceil mode), which oneDNN would count.
   static std::optional<DnnlPool> make(const PoolSpec& spec, bool backward, const std::string& context);
 
-  void forward(const float* x, float* y) const;
+  // Pointers to data of spec.dtype.
+  void forward(const void* x, void* y) const;
   // dX from dY; max pooling recomputes its argmax from X (a forward pass into a workspace), as
   // MaxPoolGrad receives X, not indices.
-  void backward(const float* dy, const float* x, float* dx) const;
+  void backward(const void* dy, const void* x, void* dx) const;
 
  private:
   struct Impl;

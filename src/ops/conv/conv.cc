@@ -1,10 +1,13 @@
 // Conv (1-d/2-d/3-d; group, strides, dilations, pads, auto_pad, bias). fp32 through oneDNN with
-// the primitive cached per shape; other float dtypes through the direct reference loop.
+// the primitive cached per shape, bf16 too where the CPU has bf16 kernels (fp32 accumulation);
+// other half types through fp32 (widened operands, one rounding of the result); float64 through
+// the direct reference loop.
 #include <algorithm>
 #include <cmath>
 
 #include "ops/gradient_builder.h"
 #include "backends/cpu/conv_dnnl.h"
+#include "backends/cpu/gemm.h"  // matmul_native: whether the CPU has bf16 kernels
 #include "backends/cpu/shape_cache.h"
 #include "ops/common.h"
 #include "ops/conv/conv_reference.h"
@@ -13,6 +16,13 @@
 
 namespace onnxtrain {
 namespace {
+
+// Whether oneDNN convolves this dtype natively here.
+bool onednn_dtype(DType dt) {
+  return dt == DType::kFloat32 || (dt == DType::kBFloat16 && cpu::matmul_native(DType::kBFloat16));
+}
+
+bool is_half(DType dt) { return dt == DType::kBFloat16 || dt == DType::kFloat16; }
 
 void conv_shape(ShapeContext& ctx) {
   DType dt = ctx.input_dtype(0);
@@ -97,28 +107,13 @@ class ConvKernel final : public Kernel {
     out.insert(out.end(), g.out.begin(), g.out.end());
     Tensor& y = ctx.output(0, x.dtype(), out);
     if (y.numel() == 0) return;
-    if (x.dtype() == DType::kFloat32 && c > 0) {
-      cpu::ConvSpec s;
-      s.x = x.shape();
-      s.out_channels = m;
-      s.group = group_;
-      s.bias = b != nullptr;
-      s.kernel = g.kernel;
-      s.stride = g.stride;
-      s.dilation = g.dilation;
-      s.pad_l = g.pad_l;
-      s.pad_r = g.pad_r;
-      s.out = g.out;
-      s.activation = activation_.kind;
-      s.act_alpha = activation_.alpha;
-      s.act_beta = activation_.beta;
-      s.x_channels_last = x_channels_last_;
-      s.y_channels_last = y_channels_last_;
-      auto key = s.key();
-      cpu::DnnlConv* conv = cache_.find(key);
-      if (!conv) conv = &cache_.insert(key, cpu::DnnlConv(s, node.context()));
-      conv->run(x.data<float>(), w.data<float>(), b ? b->data<float>() : nullptr, y.data<float>(),
-                ctx.input_is_constant(1));
+    if (onednn_dtype(x.dtype()) && c > 0) return run_onednn(node, x, w, b, y, g, ctx.input_is_constant(1));
+    if (is_half(x.dtype()) && c > 0) {  // no native kernel: through fp32
+      note_half_through_fp32("convolution", x.dtype());
+      Tensor x32 = widen_to_fp32(x), w32 = widen_to_fp32(w), b32 = b ? widen_to_fp32(*b) : Tensor();
+      Tensor y32 = Tensor::empty(DType::kFloat32, y.shape());
+      run_onednn(node, x32, w32, b ? &b32 : nullptr, y32, g, false);
+      narrow_from_fp32(y32, y);
       return;
     }
     OT_CHECK(!x_channels_last_ && !y_channels_last_, node.context(),
@@ -131,6 +126,20 @@ class ConvKernel final : public Kernel {
   }
 
  private:
+  void run_onednn(const Node& node, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y,
+                  const WindowGeometry& g, bool w_constant) {
+    cpu::ConvSpec s = conv_spec(x, w.dim(0), group_, b != nullptr, g);
+    s.activation = activation_.kind;
+    s.act_alpha = activation_.alpha;
+    s.act_beta = activation_.beta;
+    s.x_channels_last = x_channels_last_;
+    s.y_channels_last = y_channels_last_;
+    auto key = s.key();
+    cpu::DnnlConv* conv = cache_.find(key);
+    if (!conv) conv = &cache_.insert(key, cpu::DnnlConv(s, node.context()));
+    conv->run(x.data(), w.data(), b ? b->data() : nullptr, y.data(), w_constant);
+  }
+
   int64_t group_;
   Activation activation_;
   bool x_channels_last_, y_channels_last_;
@@ -192,25 +201,19 @@ class ConvGradKernel final : public Kernel {
       need_dw = false;
     }
     if (!need_dx && !need_dw) return;
-    if (x.dtype() == DType::kFloat32) {
-      cpu::ConvSpec s;
-      s.x = x.shape();
-      s.out_channels = m;
-      s.group = group_;
-      s.bias = bias;
-      s.kernel = g.kernel;
-      s.stride = g.stride;
-      s.dilation = g.dilation;
-      s.pad_l = g.pad_l;
-      s.pad_r = g.pad_r;
-      s.out = g.out;
-      auto key = s.key();
-      key.push_back(need_dx);
-      key.push_back(need_dw);
-      cpu::DnnlConvBackward* conv = cache_.find(key);
-      if (!conv) conv = &cache_.insert(key, cpu::DnnlConvBackward(s, need_dx, need_dw, node.context()));
-      conv->run(dy.data<float>(), x.data<float>(), w.data<float>(), need_dx ? dx.data<float>() : nullptr,
-                need_dw ? dw.data<float>() : nullptr, need_dw && db ? db->data<float>() : nullptr);
+    if (onednn_dtype(x.dtype()))
+      return run_onednn(node, dy, x, w, need_dx ? &dx : nullptr, need_dw ? &dw : nullptr, need_dw ? db : nullptr,
+                        bias, g);
+    if (is_half(x.dtype())) {  // no native kernel: through fp32
+      note_half_through_fp32("convolution", x.dtype());
+      Tensor dy32 = widen_to_fp32(dy), x32 = widen_to_fp32(x), w32 = widen_to_fp32(w);
+      Tensor dx32 = Tensor::empty(DType::kFloat32, dx.shape()), dw32 = Tensor::empty(DType::kFloat32, dw.shape());
+      Tensor db32 = db ? Tensor::empty(DType::kFloat32, db->shape()) : Tensor();
+      run_onednn(node, dy32, x32, w32, need_dx ? &dx32 : nullptr, need_dw ? &dw32 : nullptr,
+                 need_dw && db ? &db32 : nullptr, bias, g);
+      if (need_dx) narrow_from_fp32(dx32, dx);
+      if (need_dw) narrow_from_fp32(dw32, dw);
+      if (need_dw && db) narrow_from_fp32(db32, *db);
       return;
     }
     dispatch_float(x.dtype(), [&]<typename T>() {
@@ -221,6 +224,19 @@ class ConvGradKernel final : public Kernel {
   }
 
  private:
+  // dx / dw / db null: not wanted (db also when the forward has no bias).
+  void run_onednn(const Node& node, const Tensor& dy, const Tensor& x, const Tensor& w, Tensor* dx, Tensor* dw,
+                  Tensor* db, bool bias, const WindowGeometry& g) {
+    cpu::ConvSpec s = conv_spec(x, w.dim(0), group_, bias, g);
+    auto key = s.key();
+    key.push_back(dx != nullptr);
+    key.push_back(dw != nullptr);
+    cpu::DnnlConvBackward* conv = cache_.find(key);
+    if (!conv) conv = &cache_.insert(key, cpu::DnnlConvBackward(s, dx != nullptr, dw != nullptr, node.context()));
+    conv->run(dy.data(), x.data(), w.data(), dx ? dx->data() : nullptr, dw ? dw->data() : nullptr,
+              db ? db->data() : nullptr);
+  }
+
   int64_t group_;
   bool need_dx_, need_dw_;
   cpu::ShapeCache<cpu::DnnlConvBackward> cache_;

@@ -54,18 +54,8 @@ class ConvTransposeKernel final : public Kernel {
     bool pads_ok = true;
     for (size_t i = 0; i < in.size(); ++i) pads_ok = pads_ok && g.pad_l[i] >= 0 && g.pad_r[i] >= 0;
     if (x.dtype() == DType::kFloat32 && pads_ok && x.numel() > 0) {
-      cpu::ConvSpec s;
+      cpu::ConvSpec s = conv_spec(x, m, group_, b != nullptr, g);
       s.transposed = true;
-      s.x = x.shape();
-      s.out_channels = m;
-      s.group = group_;
-      s.bias = b != nullptr;
-      s.kernel = g.kernel;
-      s.stride = g.stride;
-      s.dilation = g.dilation;
-      s.pad_l = g.pad_l;
-      s.pad_r = g.pad_r;
-      s.out = g.out;
       auto key = s.key();
       cpu::DnnlConv* conv = cache_.find(key);
       if (!conv) conv = &cache_.insert(key, cpu::DnnlConv(s, node.context()));

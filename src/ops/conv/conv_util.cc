@@ -116,4 +116,20 @@ WindowGeometry transpose_geometry(const Node& node, const std::vector<int64_t>& 
   return g;
 }
 
+cpu::ConvSpec conv_spec(const Tensor& x, int64_t out_channels, int64_t group, bool bias, const WindowGeometry& g) {
+  cpu::ConvSpec s;
+  s.dtype = x.dtype();
+  s.x = x.shape();
+  s.out_channels = out_channels;
+  s.group = group;
+  s.bias = bias;
+  s.kernel = g.kernel;
+  s.stride = g.stride;
+  s.dilation = g.dilation;
+  s.pad_l = g.pad_l;
+  s.pad_r = g.pad_r;
+  s.out = g.out;
+  return s;
+}
+
 }  // namespace onnxtrain

@@ -5,6 +5,7 @@
 
 #include <vector>
 
+#include "backends/cpu/conv_dnnl.h"
 #include "ir/graph.h"
 
 namespace onnxtrain {
@@ -26,5 +27,9 @@ WindowGeometry window_geometry(const Node& node, const std::vector<int64_t>& in,
 // floor(total/2) first, the others put it last. pad_r here already has output_padding subtracted,
 // so out = s*(in-1) + ek - pad_l - pad_r; pads may be negative when output_shape asks for more.
 WindowGeometry transpose_geometry(const Node& node, const std::vector<int64_t>& in, std::vector<int64_t> kernel);
+
+// The oneDNN convolution spec of X (its dtype and shape), M output channels and a geometry;
+// callers add what only they know (activation, layouts, transposed).
+cpu::ConvSpec conv_spec(const Tensor& x, int64_t out_channels, int64_t group, bool bias, const WindowGeometry& g);
 
 }  // namespace onnxtrain

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "ops/gradient_builder.h"
+#include "backends/cpu/gemm.h"  // matmul_native: whether the CPU has bf16 kernels
 #include "backends/cpu/pool_dnnl.h"
 #include "backends/cpu/shape_cache.h"
 #include "ops/common.h"
@@ -124,14 +125,17 @@ void for_each_tap(const std::vector<const std::vector<int64_t>*>& w, const std::
   }
 }
 
-// The oneDNN pooling for fp32 X, built once per shape; null when the generic loop must run.
+// The oneDNN pooling for fp32 X (and bf16 X where the CPU has bf16 kernels), built once per shape;
+// null when the generic loop must run.
 class DnnlPools {
  public:
   DnnlPools(bool max, bool backward) : max_(max), backward_(backward) {}
 
   const cpu::DnnlPool* find(const Node& node, const Tensor& x, const PoolSetup& s) {
-    if (x.dtype() != DType::kFloat32 || x.numel() == 0) return nullptr;
+    const bool bf16 = x.dtype() == DType::kBFloat16 && cpu::matmul_native(DType::kBFloat16);
+    if ((x.dtype() != DType::kFloat32 && !bf16) || x.numel() == 0) return nullptr;
     cpu::PoolSpec spec;
+    spec.dtype = x.dtype();
     spec.max = max_;
     spec.count_include_pad = !max_ && node.attr_int("count_include_pad", 0) != 0;
     spec.x = x.shape();
@@ -384,7 +388,7 @@ class PoolKernel final : public Kernel {
     const cpu::DnnlPool* pool = indices ? nullptr : dnnl_.find(ctx.node(), x, s);
     if (!pool) return kMax ? max_pool_generic(ctx, s) : average_pool_generic(ctx, s);
     Tensor& y = ctx.output(0, x.dtype(), s.out);
-    pool->forward(x.data<float>(), y.data<float>());
+    pool->forward(x.data(), y.data());
   }
 
  private:
@@ -406,7 +410,7 @@ class PoolGradKernel final : public Kernel {
     Tensor& dx = ctx.output(0, x.dtype(), x.shape());
     const cpu::DnnlPool* pool = dy.numel() > 0 ? dnnl_.find(node, x, s) : nullptr;
     if (!pool) return pool_grad_generic<kMax>(ctx, s, dx);
-    pool->backward(dy.data<float>(), x.data<float>(), dx.data<float>());
+    pool->backward(dy.data(), x.data(), dx.data());
   }
 
  private:

@@ -9,28 +9,6 @@ namespace onnxtrain {
 
 namespace {
 
-// A half-precision tensor widened to fp32 (exact).
-Tensor to_fp32(const Tensor& t) {
-  Tensor out = Tensor::empty(DType::kFloat32, t.shape());
-  dispatch_float(t.dtype(), [&]<typename T>() {
-    const T* src = t.data<T>();
-    float* dst = out.data<float>();
-    parallel_for(t.numel(), 4096, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) dst[i] = float(src[i]);
-    });
-  });
-  return out;
-}
-
-// Said once per process and dtype: the CPU lacks a native kernel, so products go through fp32.
-void note_half_matmul_through_fp32(DType dt) {
-  static std::once_flag bf16_once, fp16_once;
-  std::call_once(dt == DType::kBFloat16 ? bf16_once : fp16_once, [dt] {
-    std::fprintf(stderr, "onnxtrain: this CPU has no native %s matmul kernel (see onnxtrain.cpu_features()); "
-                 "%s products compute through fp32\n", dtype_name(dt).c_str(), dtype_name(dt).c_str());
-  });
-}
-
 // The logical (transposed when asked) shape of an operand of rank >= 2.
 Shape logical(const Shape& s, bool trans) {
   Shape r = s;
@@ -110,18 +88,12 @@ void run_matmul(const Node& node, const cpu::MatmulDims& dims, const Tensor& a, 
   }
   if (dt == DType::kBFloat16 || dt == DType::kFloat16) {
     // No native kernel on this CPU: up-convert to fp32, multiply there, round the result once.
-    note_half_matmul_through_fp32(dt);
-    Tensor a32 = to_fp32(a), b32 = to_fp32(b);
-    Tensor y32 = d.beta != 0.0f ? to_fp32(y) : Tensor::empty(DType::kFloat32, y.shape());
-    Tensor bias32 = bias ? to_fp32(*bias) : Tensor();
+    note_half_through_fp32("matmul", dt);
+    Tensor a32 = widen_to_fp32(a), b32 = widen_to_fp32(b);
+    Tensor y32 = d.beta != 0.0f ? widen_to_fp32(y) : Tensor::empty(DType::kFloat32, y.shape());
+    Tensor bias32 = bias ? widen_to_fp32(*bias) : Tensor();
     cache.get(d, node.context()).run(a32.data(), b32.data(), y32.data(), bias ? bias32.data() : nullptr);
-    dispatch_float(dt, [&]<typename T>() {
-      const float* src = y32.data<float>();
-      T* dst = y.data<T>();
-      parallel_for(y.numel(), 4096, [&](int64_t b0, int64_t e0) {
-        for (int64_t i = b0; i < e0; ++i) dst[i] = T(src[i]);
-      });
-    });
+    narrow_from_fp32(y32, y);
     return;
   }
   dispatch_numeric(y.dtype(), [&]<typename T>() {
