@@ -4,7 +4,7 @@ BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
 
-.PHONY: setup deps build test test-cpp test-python conformance demo demo-inference bench sanitize clean
+.PHONY: setup deps build test test-cpp test-python conformance demo demo-inference bench sanitize clean minimal demo-minimal
 
 setup: deps build
 
@@ -46,6 +46,21 @@ demo: setup
 	$(PYTHON) examples/demo.py
 	$(BUILD_DIR)/examples/train_digits examples/out/digits_artifacts examples/out/digits.npz examples/out/cpp 0.97
 
+# The minimal training runtime (cmake/minimal.cmake): no protobuf, ONNX library, oneDNN or zlib.
+# ONNXTRAIN_OPS="Conv;Relu;..." or ONNXTRAIN_OPS_FILE=ART_DIR/ops.txt keep only those ops' kernels.
+MINIMAL_DIR ?= build-minimal
+ONNXTRAIN_OPS ?=
+ONNXTRAIN_OPS_FILE ?=
+minimal:
+	cmake -S . -B $(MINIMAL_DIR) -G Ninja -DONNXTRAIN_MINIMAL=ON $(LAUNCHER) \
+	  -DONNXTRAIN_OPS="$(ONNXTRAIN_OPS)" -DONNXTRAIN_OPS_FILE="$(ONNXTRAIN_OPS_FILE)"
+	cmake --build $(MINIMAL_DIR) -j $(JOBS)
+
+# The digits demo's artifacts trained from C++ and C on the full build and on the minimal runtime.
+demo-minimal: setup minimal
+	$(PYTHON) examples/demo.py
+	./scripts/check_minimal_digits.sh $(BUILD_DIR) $(MINIMAL_DIR) 0.97
+
 # Runs exported PyTorch models (MLP, CNN, BERT) through InferenceSession and checks them.
 demo-inference: setup
 	$(PYTHON) examples/inference_demo.py
@@ -67,4 +82,4 @@ sanitize: deps
 	cd build-asan && ctest --output-on-failure -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan
+	rm -rf $(BUILD_DIR) build-asan $(MINIMAL_DIR)

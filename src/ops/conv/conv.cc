@@ -1,10 +1,11 @@
-// Conv (1-d/2-d/3-d; group, strides, dilations, pads, auto_pad, bias). fp32 through oneDNN with
-// the primitive cached per shape; other float dtypes through the direct reference loop.
+// Conv (1-d/2-d/3-d; group, strides, dilations, pads, auto_pad, bias). fp32 through the backend's
+// convolution primitive (backends/cpu/conv.h), cached per shape; other float dtypes through the
+// direct reference loop.
 #include <algorithm>
 #include <cmath>
 
 #include "ops/gradient_builder.h"
-#include "backends/cpu/conv_dnnl.h"
+#include "backends/cpu/conv.h"
 #include "backends/cpu/shape_cache.h"
 #include "ops/common.h"
 #include "ops/conv/conv_reference.h"
@@ -115,8 +116,8 @@ class ConvKernel final : public Kernel {
       s.x_channels_last = x_channels_last_;
       s.y_channels_last = y_channels_last_;
       auto key = s.key();
-      cpu::DnnlConv* conv = cache_.find(key);
-      if (!conv) conv = &cache_.insert(key, cpu::DnnlConv(s, node.context()));
+      cpu::ConvPrimitive* conv = cache_.find(key);
+      if (!conv) conv = &cache_.insert(key, cpu::ConvPrimitive(s, node.context()));
       conv->run(x.data<float>(), w.data<float>(), b ? b->data<float>() : nullptr, y.data<float>(),
                 ctx.input_is_constant(1));
       return;
@@ -134,7 +135,7 @@ class ConvKernel final : public Kernel {
   int64_t group_;
   Activation activation_;
   bool x_channels_last_, y_channels_last_;
-  cpu::ShapeCache<cpu::DnnlConv> cache_;
+  cpu::ShapeCache<cpu::ConvPrimitive> cache_;
 };
 
 // onnxtrain.ConvGrad(dY, X, W) -> dX, dW [, dB] with the forward Conv's attributes; compute_dx /
@@ -207,8 +208,8 @@ class ConvGradKernel final : public Kernel {
       auto key = s.key();
       key.push_back(need_dx);
       key.push_back(need_dw);
-      cpu::DnnlConvBackward* conv = cache_.find(key);
-      if (!conv) conv = &cache_.insert(key, cpu::DnnlConvBackward(s, need_dx, need_dw, node.context()));
+      cpu::ConvBackwardPrimitive* conv = cache_.find(key);
+      if (!conv) conv = &cache_.insert(key, cpu::ConvBackwardPrimitive(s, need_dx, need_dw, node.context()));
       conv->run(dy.data<float>(), x.data<float>(), w.data<float>(), need_dx ? dx.data<float>() : nullptr,
                 need_dw ? dw.data<float>() : nullptr, need_dw && db ? db->data<float>() : nullptr);
       return;
@@ -223,7 +224,7 @@ class ConvGradKernel final : public Kernel {
  private:
   int64_t group_;
   bool need_dx_, need_dw_;
-  cpu::ShapeCache<cpu::DnnlConvBackward> cache_;
+  cpu::ShapeCache<cpu::ConvBackwardPrimitive> cache_;
 };
 
 }  // namespace

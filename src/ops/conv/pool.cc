@@ -1,13 +1,13 @@
 // AveragePool, MaxPool (with Indices), GlobalAveragePool, GlobalMaxPool over N-d spatial dims.
 // Pools are memory-bound. fp32 MaxPool (without Indices), AveragePool and their gradients go through
-// oneDNN's pooling (backends/cpu/pool_dnnl.h) when it can express the geometry; everything else
-// (other dtypes, Indices, geometry oneDNN rejects) takes the generic path: a direct loop per (n, c)
+// the backend's pooling (backends/cpu/pool.h) when it can express the geometry; everything else
+// (other dtypes, Indices, geometry the backend declines) takes the generic path: a direct loop per (n, c)
 // plane with per-axis tap tables, parallel over planes.
 #include <limits>
 #include <optional>
 
 #include "ops/gradient_builder.h"
-#include "backends/cpu/pool_dnnl.h"
+#include "backends/cpu/pool.h"
 #include "backends/cpu/shape_cache.h"
 #include "ops/common.h"
 #include "ops/conv/conv_util.h"
@@ -124,12 +124,13 @@ void for_each_tap(const std::vector<const std::vector<int64_t>*>& w, const std::
   }
 }
 
-// The oneDNN pooling for fp32 X, built once per shape; null when the generic loop must run.
-class DnnlPools {
+// The pooling primitive (backends/cpu/pool.h) for fp32 X, built once per shape; null when the
+// generic loop must run.
+class PoolPrimitives {
  public:
-  DnnlPools(bool max, bool backward) : max_(max), backward_(backward) {}
+  PoolPrimitives(bool max, bool backward) : max_(max), backward_(backward) {}
 
-  const cpu::DnnlPool* find(const Node& node, const Tensor& x, const PoolSetup& s) {
+  const cpu::PoolPrimitive* find(const Node& node, const Tensor& x, const PoolSetup& s) {
     if (x.dtype() != DType::kFloat32 || x.numel() == 0) return nullptr;
     cpu::PoolSpec spec;
     spec.max = max_;
@@ -142,14 +143,14 @@ class DnnlPools {
     spec.pad_r = s.g.pad_r;
     spec.out = s.g.out;
     auto key = spec.key();
-    std::optional<cpu::DnnlPool>* pool = cache_.find(key);
-    if (!pool) pool = &cache_.insert(key, cpu::DnnlPool::make(spec, backward_, node.context()));
+    std::optional<cpu::PoolPrimitive>* pool = cache_.find(key);
+    if (!pool) pool = &cache_.insert(key, cpu::PoolPrimitive::make(spec, backward_, node.context()));
     return *pool ? &**pool : nullptr;
   }
 
  private:
   bool max_, backward_;
-  cpu::ShapeCache<std::optional<cpu::DnnlPool>> cache_;
+  cpu::ShapeCache<std::optional<cpu::PoolPrimitive>> cache_;
 };
 
 void max_pool_generic(KernelContext& ctx, const PoolSetup& s) {
@@ -370,31 +371,31 @@ void global_pool_grad_kernel(KernelContext& ctx) {
   });
 }
 
-// MaxPool / AveragePool: oneDNN for fp32 (MaxPool only when Indices is not requested), else the
+// MaxPool / AveragePool: the backend's pooling for fp32 (MaxPool only when Indices is not requested), else the
 // generic loop.
 template <bool kMax>
 class PoolKernel final : public Kernel {
  public:
-  explicit PoolKernel(const Node&) : dnnl_(kMax, false) {}
+  explicit PoolKernel(const Node&) : primitives_(kMax, false) {}
 
   void compute(KernelContext& ctx) override {
     const Tensor& x = ctx.input(0);
     PoolSetup s = pool_setup(ctx.node(), x.shape());
     bool indices = kMax && ctx.num_outputs() > 1 && ctx.output_requested(1);
-    const cpu::DnnlPool* pool = indices ? nullptr : dnnl_.find(ctx.node(), x, s);
+    const cpu::PoolPrimitive* pool = indices ? nullptr : primitives_.find(ctx.node(), x, s);
     if (!pool) return kMax ? max_pool_generic(ctx, s) : average_pool_generic(ctx, s);
     Tensor& y = ctx.output(0, x.dtype(), s.out);
     pool->forward(x.data<float>(), y.data<float>());
   }
 
  private:
-  DnnlPools dnnl_;
+  PoolPrimitives primitives_;
 };
 
 template <bool kMax>
 class PoolGradKernel final : public Kernel {
  public:
-  explicit PoolGradKernel(const Node&) : dnnl_(kMax, true) {}
+  explicit PoolGradKernel(const Node&) : primitives_(kMax, true) {}
 
   void compute(KernelContext& ctx) override {
     const Node& node = ctx.node();
@@ -404,13 +405,13 @@ class PoolGradKernel final : public Kernel {
     OT_CHECK(dy.shape() == s.out && dy.dtype() == x.dtype(), node.context(), "dY must be ", shape_str(s.out),
              " of X's dtype, got ", dtype_name(dy.dtype()), shape_str(dy.shape()));
     Tensor& dx = ctx.output(0, x.dtype(), x.shape());
-    const cpu::DnnlPool* pool = dy.numel() > 0 ? dnnl_.find(node, x, s) : nullptr;
+    const cpu::PoolPrimitive* pool = dy.numel() > 0 ? primitives_.find(node, x, s) : nullptr;
     if (!pool) return pool_grad_generic<kMax>(ctx, s, dx);
     pool->backward(dy.data<float>(), x.data<float>(), dx.data<float>());
   }
 
  private:
-  DnnlPools dnnl_;
+  PoolPrimitives primitives_;
 };
 
 void pool_grad_shape(ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1)); }

@@ -1,6 +1,8 @@
-// fp32 convolution and transposed convolution (1-d/2-d/3-d, groups, dilations, asymmetric pads)
-// through oneDNN. One DnnlConv per input/weight shape: the primitive picks its own (blocked)
-// layouts and the reorders to and from the plain ONNX layouts are built with it.
+// fp32 convolution and transposed convolution (1-d/2-d/3-d, groups, dilations, asymmetric pads),
+// forward and backward, one primitive per input/weight shape. The full build runs them through
+// oneDNN (conv_dnnl.cc: the primitive picks its own blocked layouts, with reorders to and from the
+// plain ONNX layouts built with it); the minimal build through im2col and the blocked GEMM
+// (conv_minimal.cc).
 #pragma once
 
 #include <memory>
@@ -11,11 +13,11 @@
 
 namespace onnxtrain::cpu {
 
-// An activation applied to a convolution's output inside the primitive (a oneDNN post-op).
+// An activation applied to a convolution's output inside the primitive (oneDNN: a post-op).
 enum class ConvActivation : int64_t { kNone, kRelu, kLeakyRelu, kSigmoid, kTanh, kClip };
 
 struct ConvSpec {
-  bool transposed = false;    // ConvTranspose (oneDNN deconvolution)
+  bool transposed = false;    // ConvTranspose
   ConvActivation activation = ConvActivation::kNone;
   float act_alpha = 0, act_beta = 0;  // LeakyRelu: alpha; Clip: [alpha, beta]
   Shape x;                    // [N, C, in...]
@@ -29,9 +31,9 @@ struct ConvSpec {
   std::vector<int64_t> key() const;
 };
 
-class DnnlConv {
+class ConvPrimitive {
  public:
-  DnnlConv(const ConvSpec& spec, const std::string& context);
+  ConvPrimitive(const ConvSpec& spec, const std::string& context);
   // w in ONNX layout: Conv [M, C/G, k...], ConvTranspose [C, M/G, k...]. `w_constant`: w's
   // contents never change for this pointer (an initializer), so its reorder is done once.
   void run(const float* x, const float* w, const float* bias, float* y, bool w_constant = false) const;
@@ -41,13 +43,11 @@ class DnnlConv {
   std::shared_ptr<Impl> impl_;
 };
 
-// Convolution backward (spec.transposed must be false): dX through oneDNN's backward-data
-// primitive, dW (and dB when spec.bias) through backward-weights, both built with a
-// forward-training primitive_desc as their hint. The primitives choose their (blocked) layouts and
-// reorders to and from the plain ONNX layouts are built with them, as for DnnlConv.
-class DnnlConvBackward {
+// Convolution backward (spec.transposed must be false): dX (backward data) and dW, plus dB when
+// spec.bias (backward weights).
+class ConvBackwardPrimitive {
  public:
-  DnnlConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);
+  ConvBackwardPrimitive(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);
   // dx may be null when !need_dx; dw and db null when !need_dw (db also when !spec.bias).
   void run(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db) const;
 

@@ -1,8 +1,8 @@
 // fp32 max and average pooling (1-d/2-d/3-d; strides, dilations, pads, ceil mode) and their
-// backward passes through oneDNN, in the plain ONNX layout (pooling reduces no channels, so a
-// blocked layout would only add reorders). One DnnlPool per shape; DnnlPool::make returns none
-// for geometry whose ONNX meaning oneDNN's pooling does not reproduce, and the kernels then take
-// their generic loop.
+// backward passes, in the plain ONNX layout. The full build runs them through oneDNN
+// (pool_dnnl.cc); the minimal build has no pooling library (pool_minimal.cc declines every spec).
+// One PoolPrimitive per shape; PoolPrimitive::make returns none for geometry the library does not
+// reproduce with ONNX's meaning, and the kernels then take their generic loop.
 #pragma once
 
 #include <memory>
@@ -23,11 +23,11 @@ struct PoolSpec {
   std::vector<int64_t> key() const;
 };
 
-class DnnlPool {
+class PoolPrimitive {
  public:
-  // Null when oneDNN cannot express the spec: a window wholly inside padding, or count_include_pad
+  // Null when no library runs the spec; for oneDNN, when it cannot express it: a window wholly inside padding, or count_include_pad
   // averages whose windows reach past the explicit pads (ceil mode), which oneDNN would count.
-  static std::optional<DnnlPool> make(const PoolSpec& spec, bool backward, const std::string& context);
+  static std::optional<PoolPrimitive> make(const PoolSpec& spec, bool backward, const std::string& context);
 
   void forward(const float* x, float* y) const;
   // dX from dY; max pooling recomputes its argmax from X (a forward pass into a workspace), as
