@@ -4,7 +4,7 @@ BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
 
-.PHONY: setup deps build test test-cpp test-python conformance demo demo-inference bench sanitize clean minimal demo-minimal
+.PHONY: setup deps build test test-cpp test-python conformance demo demo-inference bench sanitize clean minimal demo-minimal cross-aarch64
 
 setup: deps build
 
@@ -56,6 +56,16 @@ minimal:
 	  -DONNXTRAIN_OPS="$(ONNXTRAIN_OPS)" -DONNXTRAIN_OPS_FILE="$(ONNXTRAIN_OPS_FILE)"
 	cmake --build $(MINIMAL_DIR) -j $(JOBS)
 
+# The minimal runtime cross-compiled for aarch64 (g++-aarch64-linux-gnu), its tests run under
+# qemu-aarch64 (qemu-user); the digits demo's artifacts trained there from C when present.
+CROSS_DIR ?= build-aarch64
+cross-aarch64: deps
+	cmake -S . -B $(CROSS_DIR) -G Ninja -DONNXTRAIN_MINIMAL=ON $(LAUNCHER) \
+	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+	  -DONNXTRAIN_OPS="$(ONNXTRAIN_OPS)" -DONNXTRAIN_OPS_FILE="$(ONNXTRAIN_OPS_FILE)"
+	cmake --build $(CROSS_DIR) -j $(JOBS)
+	cd $(CROSS_DIR) && ctest --output-on-failure -j $(JOBS)
+
 # The digits demo's artifacts trained from C++ and C on the full build and on the minimal runtime.
 demo-minimal: setup minimal
 	$(PYTHON) examples/demo.py
@@ -82,4 +92,4 @@ sanitize: deps
 	cd build-asan && ctest --output-on-failure -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan $(MINIMAL_DIR)
+	rm -rf $(BUILD_DIR) build-asan $(MINIMAL_DIR) $(CROSS_DIR)

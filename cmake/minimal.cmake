@@ -141,4 +141,21 @@ if(ONNXTRAIN_BUILD_TESTS)
   target_link_libraries(onnxtrain_minimal_tests PRIVATE onnxtrain ${_gtest_main})
   # add_test runs targets through CMAKE_CROSSCOMPILING_EMULATOR (qemu-aarch64) when cross compiling.
   add_test(NAME minimal_backend COMMAND onnxtrain_minimal_tests)
+  if(ONNXTRAIN_BUILD_EXAMPLES)
+    # The digits demo's prepared artifacts (examples/demo.py, `make demo`) trained from C and C++ to
+    # 97%; skipped (77) when the demo has not run.
+    set(_digits ${CMAKE_SOURCE_DIR}/examples/out)
+    foreach(_example train_digits_c train_digits)
+      set(_data ${_digits}/digits_raw)
+      if(_example STREQUAL "train_digits")
+        set(_data ${_digits}/digits.npz)
+      endif()
+      # sh -c SCRIPT sh ARTIFACTS OUT [EMULATOR...] PROGRAM ARTIFACTS DATA: runs PROGRAM ... OUT 0.97
+      add_test(NAME minimal_${_example}
+               COMMAND sh -c "test -d \"$1\" || exit 77; out=$2; shift 2; mkdir -p \"$out\" && exec \"$@\" \"$out\" 0.97"
+                       sh ${_digits}/digits_artifacts ${CMAKE_BINARY_DIR}/${_example}_out ${CMAKE_CROSSCOMPILING_EMULATOR}
+                       $<TARGET_FILE:${_example}> ${_digits}/digits_artifacts ${_data})
+      set_tests_properties(minimal_${_example} PROPERTIES SKIP_RETURN_CODE 77)
+    endforeach()
+  endif()
 endif()
