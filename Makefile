@@ -84,6 +84,8 @@ bench: setup
 	$(PYTHON) bench/bench_mixed_precision.py
 	$(PYTHON) bench/bench_lora.py
 	$(PYTHON) bench/bench_memory.py
+	$(BUILD_DIR)/bench/gemm_backends
+	$(PYTHON) bench/bench_minimal.py
 
 # AddressSanitizer/UBSan build of the library and C++ tests.
 sanitize: deps

@@ -3,10 +3,19 @@
 #include <charconv>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "core/file_io.h"
 
 namespace onnxtrain {
+
+std::string read_model_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) OT_THROW(kInvalidArgument, "cannot open model file '", path, "'");
+  std::ostringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
 
 void read_external_data(Tensor& t, const std::vector<std::pair<std::string, std::string>>& entries,
                         const std::string& base_dir, const std::string& what) {

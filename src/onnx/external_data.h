@@ -1,5 +1,5 @@
-// ONNX external data (a tensor's bytes in a file next to the model), read and written the same
-// way by the protobuf-based model_io.cc and the wire-format model_io_minimal.cc.
+// Model files and ONNX external data (a tensor's bytes in a file next to the model), read and
+// written the same way by the protobuf-based model_io.cc and the wire-format model_io_minimal.cc.
 #pragma once
 
 #include <string>
@@ -9,6 +9,12 @@
 #include "onnxtrain/tensor.h"
 
 namespace onnxtrain {
+
+// Protobuf's limit on one serialized message: larger models keep their initializers as external data.
+inline constexpr int64_t kProtobufLimit = (int64_t(1) << 31) - 1;
+
+// The whole model file; a missing or unreadable file is Error(kInvalidArgument) naming it.
+std::string read_model_file(const std::string& path);
 
 // Fills t (already shaped) from the external_data entries (key, value): "location" relative to
 // base_dir, "offset", "length" (absent: t's byte size). Throws, naming `what`, on a location that

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
@@ -19,15 +18,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int64_t kProtobufLimit = (int64_t(1) << 31) - 1;
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) OT_THROW(kInvalidArgument, "cannot open model file '", path, "'");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 ValueInfo value_info_from_proto(const onnx::ValueInfoProto& v, const std::string& where) {
   ValueInfo info;
@@ -259,7 +249,7 @@ Model load_model_from_bytes(const std::string& bytes, const std::string& base_di
 
 Model load_model(const std::string& path) {
   std::string dir = fs::path(path).parent_path().string();
-  return load_model_from_bytes(read_file(path), dir, "'" + path + "'");
+  return load_model_from_bytes(read_model_file(path), dir, "'" + path + "'");
 }
 
 namespace {

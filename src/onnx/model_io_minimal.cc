@@ -2,8 +2,6 @@
 // external data by external_data.cc. The protobuf-typed functions of model_io.h (from_proto,
 // to_proto, tensor_from_proto, tensor_to_proto) exist only in the full build.
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "core/file_io.h"
 #include "onnx/external_data.h"
@@ -15,15 +13,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int64_t kProtobufLimit = (int64_t(1) << 31) - 1;
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) OT_THROW(kInvalidArgument, "cannot open model file '", path, "'");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // Bytes of the model once inline, without building it: the initializers' bytes plus at most
 // 33 bytes of framing each (as model_io.cc's inline_size), plus the rest serialized without them.
@@ -51,7 +40,7 @@ Model load_model_from_bytes(const std::string& bytes, const std::string& base_di
 
 Model load_model(const std::string& path) {
   std::string dir = fs::path(path).parent_path().string();
-  return load_model_from_bytes(read_file(path), dir, "'" + path + "'");
+  return load_model_from_bytes(read_model_file(path), dir, "'" + path + "'");
 }
 
 std::string save_model_to_bytes(const Model& model) {

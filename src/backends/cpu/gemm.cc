@@ -27,6 +27,35 @@ std::vector<int64_t> MatmulDims::key() const {
   return key;
 }
 
+BatchOffsets batch_offsets(const Shape& a_batch, const Shape& b_batch, int64_t m, int64_t n, int64_t k) {
+  const size_t rank = a_batch.size();
+  Shape ob(rank);
+  for (size_t i = 0; i < rank; ++i) ob[i] = a_batch[i] == 1 ? b_batch[i] : a_batch[i];
+  std::vector<int64_t> as(rank), bs(rank);
+  int64_t sa = m * k, sb = k * n;
+  for (size_t i = rank; i-- > 0;) {
+    as[i] = a_batch[i] == 1 ? 0 : sa;
+    bs[i] = b_batch[i] == 1 ? 0 : sb;
+    sa *= a_batch[i];
+    sb *= b_batch[i];
+  }
+  BatchOffsets out;
+  const int64_t batches = numel(ob);
+  for (int64_t bi = 0; bi < batches; ++bi) {
+    int64_t ao = 0, bo = 0, rem = bi;
+    for (size_t x = rank; x-- > 0;) {
+      const int64_t idx = rem % ob[x];
+      rem /= ob[x];
+      ao += idx * as[x];
+      bo += idx * bs[x];
+    }
+    out.a.push_back(ao);
+    out.b.push_back(bo);
+    out.c.push_back(bi * m * n);
+  }
+  return out;
+}
+
 const Matmul& MatmulCache::get(const MatmulDims& dims, const std::string& context) {
   auto key = dims.key();
   if (Matmul* m = cache_.find(key)) return *m;

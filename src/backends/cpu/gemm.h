@@ -59,6 +59,13 @@ class Matmul {
   std::shared_ptr<Impl> impl_;
 };
 
+// Element offsets of A, B and C for each product of [a_batch..., m, k] x [b_batch..., k, n] (numpy
+// broadcasting over the batch dims; C is dense [out_batch..., m, n]).
+struct BatchOffsets {
+  std::vector<int64_t> a, b, c;
+};
+BatchOffsets batch_offsets(const Shape& a_batch, const Shape& b_batch, int64_t m, int64_t n, int64_t k);
+
 // Matmuls by shape, for a kernel that sees a few shapes over its life.
 class MatmulCache {
  public:

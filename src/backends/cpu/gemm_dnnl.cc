@@ -101,28 +101,10 @@ Matmul::Matmul(const MatmulDims& dims, const std::string& context) : impl_(std::
     // fall through: some batch broadcasts are not implemented; loop over the batch instead
   }
   dnnl_guard(context, "create a matmul primitive", [&] { build({}, {}, {}); });
-  size_t rank = ob.size();
-  int64_t batches = numel(ob);
-  int64_t sa = m * dims.k, sb = dims.k * dims.n;
-  std::vector<int64_t> as(rank), bs(rank);
-  for (size_t i = rank; i-- > 0;) {
-    as[i] = ab[i] == 1 ? 0 : sa;
-    bs[i] = bb[i] == 1 ? 0 : sb;
-    sa *= ab[i];
-    sb *= bb[i];
-  }
-  for (int64_t bi = 0; bi < batches; ++bi) {
-    int64_t ao = 0, bo = 0, rem = bi;
-    for (size_t x = rank; x-- > 0;) {
-      int64_t idx = rem % ob[x];
-      rem /= ob[x];
-      ao += idx * as[x];
-      bo += idx * bs[x];
-    }
-    p.a_off.push_back(ao);
-    p.b_off.push_back(bo);
-    p.c_off.push_back(bi * m * dims.n);
-  }
+  BatchOffsets offsets = batch_offsets(ab, bb, m, dims.n, dims.k);
+  p.a_off = std::move(offsets.a);
+  p.b_off = std::move(offsets.b);
+  p.c_off = std::move(offsets.c);
 }
 
 const MatmulDims& Matmul::dims() const { return impl_->dims; }

@@ -28,29 +28,10 @@ Matmul::Matmul(const MatmulDims& dims, const std::string& context) : impl_(std::
     p.a_off = p.b_off = p.c_off = {0};
     return;
   }
-  const Shape ob = dims.out_batch();
-  const size_t rank = ob.size();
-  std::vector<int64_t> as(rank), bs(rank);
-  int64_t sa = dims.m * dims.k, sb = dims.k * dims.n;
-  for (size_t i = rank; i-- > 0;) {
-    as[i] = dims.a_batch[i] == 1 ? 0 : sa;
-    bs[i] = dims.b_batch[i] == 1 ? 0 : sb;
-    sa *= dims.a_batch[i];
-    sb *= dims.b_batch[i];
-  }
-  const int64_t batches = numel(ob);
-  for (int64_t bi = 0; bi < batches; ++bi) {
-    int64_t ao = 0, bo = 0, rem = bi;
-    for (size_t x = rank; x-- > 0;) {
-      const int64_t idx = rem % ob[x];
-      rem /= ob[x];
-      ao += idx * as[x];
-      bo += idx * bs[x];
-    }
-    p.a_off.push_back(ao);
-    p.b_off.push_back(bo);
-    p.c_off.push_back(bi * dims.m * dims.n);
-  }
+  BatchOffsets offsets = batch_offsets(dims.a_batch, dims.b_batch, dims.m, dims.n, dims.k);
+  p.a_off = std::move(offsets.a);
+  p.b_off = std::move(offsets.b);
+  p.c_off = std::move(offsets.c);
 }
 
 const MatmulDims& Matmul::dims() const { return impl_->dims; }

@@ -40,6 +40,11 @@ AxisTaps axis_taps(int64_t in, int64_t out, int64_t kernel, int64_t stride, int6
 struct PoolPrimitive::Impl {
   PoolSpec spec;
   AxisTaps h, w;
+  // An average's divisor at output (i, j): the taps inside the input, or inside the explicit pads.
+  float count(int64_t i, int64_t j) const {
+    return float(spec.count_include_pad ? h.padded[size_t(i)] * w.padded[size_t(j)]
+                                        : (h.end[size_t(i)] - h.begin[size_t(i)]) * (w.end[size_t(j)] - w.begin[size_t(j)]));
+  }
 };
 
 std::optional<PoolPrimitive> PoolPrimitive::make(const PoolSpec& spec, bool, const std::string&) {
@@ -78,11 +83,7 @@ void PoolPrimitive::forward(const float* x, float* y) const {
               else acc += v;
             }
           }
-          if (!p.max) {
-            const int64_t count = p.count_include_pad ? s.h.padded[i] * s.w.padded[j]
-                                                      : (s.h.end[i] - s.h.begin[i]) * (s.w.end[j] - s.w.begin[j]);
-            acc /= float(count);
-          }
+          if (!p.max) acc /= s.count(i, j);
           yp[i * ow + j] = acc;
         }
       }
@@ -115,9 +116,7 @@ void PoolPrimitive::backward(const float* dy, const float* x, float* dx) const {
               }
             dxp[best] += g;
           } else {
-            const int64_t count = p.count_include_pad ? s.h.padded[i] * s.w.padded[j]
-                                                      : (s.h.end[i] - s.h.begin[i]) * (s.w.end[j] - s.w.begin[j]);
-            const float share = g / float(count);
+            const float share = g / s.count(i, j);
             for (int64_t kh = s.h.begin[i]; kh < s.h.end[i]; ++kh)
               for (int64_t kw = s.w.begin[j]; kw < s.w.end[j]; ++kw)
                 dxp[(r0 + kh * p.dilation[0]) * iw + c0 + kw * p.dilation[1]] += share;
