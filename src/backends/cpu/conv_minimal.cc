@@ -86,9 +86,10 @@ struct TapTable {
   }
 };
 
-// Images per chunk: the column matrix stays near 32 MB.
+// Images per chunk: the column matrix stays near 4 MB (its scratch lives as long as the thread,
+// so this bounds the memory the convolutions keep).
 int64_t chunk_images(int64_t rows, int64_t grid, int64_t images) {
-  return std::clamp<int64_t>((int64_t(8) << 20) / std::max<int64_t>(1, rows * grid), 1, std::max<int64_t>(images, 1));
+  return std::clamp<int64_t>((int64_t(1) << 20) / std::max<int64_t>(1, rows * grid), 1, std::max<int64_t>(images, 1));
 }
 
 // [N, C, S] <-> [N, S, C] (channels-last X or Y of FusedConv chains).

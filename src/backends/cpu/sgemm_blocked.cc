@@ -63,7 +63,7 @@ inline void micro_kernel(int64_t kc, const float* ap, const float* bp, float* ti
 
 // Rows [i0, i0 + rows) of A's columns [p0, p0 + kc) as kMR-tall panels (column-major within a
 // panel, zero rows past the end).
-void pack_a(const SgemmArgs& g, int64_t i0, int64_t rows, int64_t p0, int64_t kc, float* out, bool parallel) {
+void pack_a(const SgemmArgs& g, int64_t i0, int64_t rows, int64_t p0, int64_t kc, float* out) {
   const int64_t panels = (rows + kMR - 1) / kMR;
   auto pack = [&](int64_t begin, int64_t end) {
     for (int64_t panel = begin; panel < end; ++panel) {
@@ -75,13 +75,12 @@ void pack_a(const SgemmArgs& g, int64_t i0, int64_t rows, int64_t p0, int64_t kc
       }
     }
   };
-  if (parallel) parallel_for(panels, 4, pack);
-  else pack(0, panels);
+  pack(0, panels);
 }
 
 // B's rows [p0, p0 + kc) and columns [j0, j0 + cols) as kNR-wide panels (row-major within a
 // panel, zero columns past the end).
-void pack_b(const SgemmArgs& g, int64_t j0, int64_t cols, int64_t p0, int64_t kc, float* out, bool parallel) {
+void pack_b(const SgemmArgs& g, int64_t j0, int64_t cols, int64_t p0, int64_t kc, float* out) {
   const int64_t panels = (cols + kNR - 1) / kNR;
   auto pack = [&](int64_t begin, int64_t end) {
     for (int64_t panel = begin; panel < end; ++panel) {
@@ -105,8 +104,7 @@ void pack_b(const SgemmArgs& g, int64_t j0, int64_t cols, int64_t p0, int64_t kc
       }
     }
   };
-  if (parallel) parallel_for(panels, 4, pack);
-  else pack(0, panels);
+  pack(0, panels);
 }
 
 // Writes a tile's valid part into C: the first depth slice applies beta and the bias, later
@@ -135,6 +133,40 @@ std::vector<float>& scratch(int which) {
   return buffers[which];
 }
 
+// The whole product on the calling thread.
+void sgemm_serial(const SgemmArgs& g) {
+  std::vector<float>& a_pack = scratch(0);
+  std::vector<float>& b_pack = scratch(1);
+  for (int64_t j0 = 0; j0 < g.n; j0 += kNC) {
+    const int64_t cols = std::min(kNC, g.n - j0), n_panels = (cols + kNR - 1) / kNR;
+    // Depth slices of at most kKC, evened out (k = 288 is one slice, not 256 + 32: every slice
+    // costs a pass over C).
+    const int64_t slices = (g.k + kKC - 1) / kKC, slice_depth = (g.k + slices - 1) / slices;
+    for (int64_t p0 = 0; p0 < g.k; p0 += slice_depth) {
+      const int64_t kc = std::min(slice_depth, g.k - p0);
+      b_pack.resize(size_t(n_panels * kNR * kc));
+      pack_b(g, j0, cols, p0, kc, b_pack.data());
+      for (int64_t i0 = 0; i0 < g.m; i0 += kMC) {
+        const int64_t rows = std::min(kMC, g.m - i0), m_panels = (rows + kMR - 1) / kMR;
+        a_pack.resize(size_t(m_panels * kMR * kc));
+        pack_a(g, i0, rows, p0, kc, a_pack.data());
+        // Tiles in B-panel-major order: consecutive tiles of one thread share a B panel.
+        auto compute = [&](int64_t begin, int64_t end) {  // tiles [begin, end)
+          alignas(64) float tile[kMR * kNR];
+          for (int64_t t = begin; t < end; ++t) {
+            const int64_t jp = t / m_panels, ip = t % m_panels;
+            micro_kernel(kc, a_pack.data() + ip * kMR * kc, b_pack.data() + jp * kNR * kc, tile);
+            const int64_t r = ip * kMR, c = jp * kNR;
+            store_tile(g, tile, i0 + r, j0 + c, std::min<int64_t>(kMR, rows - r), std::min<int64_t>(kNR, cols - c),
+                       p0 == 0);
+          }
+        };
+        compute(0, m_panels * n_panels);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void sgemm_blocked(const SgemmArgs& g, bool parallel) {
@@ -147,39 +179,31 @@ void sgemm_blocked(const SgemmArgs& g, bool parallel) {
       }
     return;
   }
-  parallel = parallel && g.m * g.n * g.k >= kParallelFlops && num_threads() > 1;
-  std::vector<float>& a_pack = scratch(0);
-  std::vector<float>& b_pack = scratch(1);
-  for (int64_t j0 = 0; j0 < g.n; j0 += kNC) {
-    const int64_t cols = std::min(kNC, g.n - j0), n_panels = (cols + kNR - 1) / kNR;
-    // Depth slices of at most kKC, evened out (k = 288 is one slice, not 256 + 32: every slice
-    // costs a pass over C).
-    const int64_t slices = (g.k + kKC - 1) / kKC, slice_depth = (g.k + slices - 1) / slices;
-    for (int64_t p0 = 0; p0 < g.k; p0 += slice_depth) {
-      const int64_t kc = std::min(slice_depth, g.k - p0);
-      b_pack.resize(size_t(n_panels * kNR * kc));
-      pack_b(g, j0, cols, p0, kc, b_pack.data(), parallel);
-      for (int64_t i0 = 0; i0 < g.m; i0 += kMC) {
-        const int64_t rows = std::min(kMC, g.m - i0), m_panels = (rows + kMR - 1) / kMR;
-        a_pack.resize(size_t(m_panels * kMR * kc));
-        pack_a(g, i0, rows, p0, kc, a_pack.data(), parallel);
-        // Tiles in B-panel-major order: consecutive tiles of one thread share a B panel.
-        auto compute = [&](int64_t begin, int64_t end) {
-          alignas(64) float tile[kMR * kNR];
-          for (int64_t t = begin; t < end; ++t) {
-            const int64_t jp = t / m_panels, ip = t % m_panels;
-            micro_kernel(kc, a_pack.data() + ip * kMR * kc, b_pack.data() + jp * kNR * kc, tile);
-            const int64_t r = ip * kMR, c = jp * kNR;
-            store_tile(g, tile, i0 + r, j0 + c, std::min<int64_t>(kMR, rows - r), std::min<int64_t>(kNR, cols - c),
-                       p0 == 0);
-          }
-        };
-        const int64_t tiles = m_panels * n_panels;
-        if (parallel) parallel_for(tiles, 2, compute);
-        else compute(0, tiles);
+  const int threads = parallel && g.m * g.n * g.k >= kParallelFlops ? num_threads() : 1;
+  if (threads <= 1) return sgemm_serial(g);
+  // One parallel region per product: each thread computes a band of C's columns (or rows, when C
+  // is taller than wide) with its own packing buffers; bands are whole register tiles.
+  const bool by_columns = g.n >= g.m;
+  const int64_t extent = by_columns ? g.n : g.m, unit = by_columns ? kNR : kMR;
+  const int64_t band = (extent / threads + unit - 1) / unit * unit;
+  const int64_t bands = (extent + band - 1) / band;
+  parallel_for(bands, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t start = t * band, size = std::min(band, extent - start);
+      SgemmArgs part = g;
+      if (by_columns) {
+        part.n = size;
+        part.b += start * g.b_col;
+        part.c += start;
+        if (part.bias) part.bias += start;
+      } else {
+        part.m = size;
+        part.a += start * g.a_row;
+        part.c += start * g.ldc;
       }
+      sgemm_serial(part);
     }
-  }
+  });
 }
 
 std::string sgemm_blocked_isa() { return kIsa; }
