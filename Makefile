@@ -23,10 +23,12 @@ $(BUILD_DIR)/build.ninja:
 build: $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# The whole suite: C++ unit tests, Python tests, then the ONNX node conformance run. The Python
+# The whole suite: C++ unit tests (full and minimal build), Python tests, then the ONNX node
+# conformance run. The minimal build's digits tests run when `make demo` has written the artifacts. The Python
 # tests install ONNX Runtime (npm onnxruntime-node, bench/setup_peers.sh) for the export check.
-test: setup
+test: setup minimal
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	cd $(MINIMAL_DIR) && ctest --output-on-failure -j $(JOBS)
 	$(PYTHON) -m pytest -q tests/python
 	$(PYTHON) tests/conformance/run_node_tests.py
 
