@@ -4,7 +4,7 @@ BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
 
-.PHONY: setup deps build test test-cpp test-python conformance demo demo-inference bench sanitize clean
+.PHONY: setup deps build test test-cpp test-python conformance demo demo-inference bench sanitize clean minimal demo-minimal cross-aarch64
 
 setup: deps build
 
@@ -23,10 +23,12 @@ $(BUILD_DIR)/build.ninja:
 build: $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-# The whole suite: C++ unit tests, Python tests, then the ONNX node conformance run. The Python
+# The whole suite: C++ unit tests (full and minimal build), Python tests, then the ONNX node
+# conformance run. The minimal build's digits tests run when `make demo` has written the artifacts. The Python
 # tests install ONNX Runtime (npm onnxruntime-node, bench/setup_peers.sh) for the export check.
-test: setup
+test: setup minimal
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	cd $(MINIMAL_DIR) && ctest --output-on-failure -j $(JOBS)
 	$(PYTHON) -m pytest -q tests/python
 	$(PYTHON) tests/conformance/run_node_tests.py
 
@@ -46,6 +48,31 @@ demo: setup
 	$(PYTHON) examples/demo.py
 	$(BUILD_DIR)/examples/train_digits examples/out/digits_artifacts examples/out/digits.npz examples/out/cpp 0.97
 
+# The minimal training runtime (cmake/minimal.cmake): no protobuf, ONNX library, oneDNN or zlib.
+# ONNXTRAIN_OPS="Conv;Relu;..." or ONNXTRAIN_OPS_FILE=ART_DIR/ops.txt keep only those ops' kernels.
+MINIMAL_DIR ?= build-minimal
+ONNXTRAIN_OPS ?=
+ONNXTRAIN_OPS_FILE ?=
+minimal:
+	cmake -S . -B $(MINIMAL_DIR) -G Ninja -DONNXTRAIN_MINIMAL=ON $(LAUNCHER) \
+	  -DONNXTRAIN_OPS="$(ONNXTRAIN_OPS)" -DONNXTRAIN_OPS_FILE="$(ONNXTRAIN_OPS_FILE)"
+	cmake --build $(MINIMAL_DIR) -j $(JOBS)
+
+# The minimal runtime cross-compiled for aarch64 (g++-aarch64-linux-gnu), its tests run under
+# qemu-aarch64 (qemu-user); the digits demo's artifacts trained there from C when present.
+CROSS_DIR ?= build-aarch64
+cross-aarch64: deps
+	cmake -S . -B $(CROSS_DIR) -G Ninja -DONNXTRAIN_MINIMAL=ON $(LAUNCHER) \
+	  -DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake \
+	  -DONNXTRAIN_OPS="$(ONNXTRAIN_OPS)" -DONNXTRAIN_OPS_FILE="$(ONNXTRAIN_OPS_FILE)"
+	cmake --build $(CROSS_DIR) -j $(JOBS)
+	cd $(CROSS_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# The digits demo's artifacts trained from C++ and C on the full build and on the minimal runtime.
+demo-minimal: setup minimal
+	$(PYTHON) examples/demo.py
+	./scripts/check_minimal_digits.sh $(BUILD_DIR) $(MINIMAL_DIR) 0.97
+
 # Runs exported PyTorch models (MLP, CNN, BERT) through InferenceSession and checks them.
 demo-inference: setup
 	$(PYTHON) examples/inference_demo.py
@@ -60,6 +87,8 @@ bench: setup
 	$(PYTHON) bench/bench_lora.py
 	$(PYTHON) bench/bench_memory.py
 	$(PYTHON) bench/bench_sparsity.py
+	$(BUILD_DIR)/bench/gemm_backends
+	$(PYTHON) bench/bench_minimal.py
 
 # AddressSanitizer/UBSan build of the library and C++ tests.
 sanitize: deps
@@ -68,4 +97,4 @@ sanitize: deps
 	cd build-asan && ctest --output-on-failure -j $(JOBS)
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan
+	rm -rf $(BUILD_DIR) build-asan $(MINIMAL_DIR) $(CROSS_DIR)

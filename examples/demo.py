@@ -5,7 +5,8 @@
 
 1. Loads the digits (they ship inside sklearn: no download), splits them 80/20 (stratified) and
    writes them to examples/out/digits.npz (x_train, y_train, x_test, y_test: float32 NCHW images in
-   [0, 1], int64 labels), for the C++ example to train from.
+   [0, 1], int64 labels), for the C++ example to train from, and as raw arrays to
+   examples/out/digits_raw/ for the C example.
 2. Exports the PyTorch model (bench/models.py DigitsCNN: Conv, BatchNorm, MaxPool, Dropout, Linear)
    to ONNX in training mode, opset 17, with a dynamic batch dimension.
 3. Generates the training artifacts with ``onnxtrain.artifacts.generate_artifacts`` (cross-entropy
@@ -128,6 +129,11 @@ def main(argv=None) -> int:
     (x_train, y_train), (x_test, y_test) = load_digits_split(args.seed)
     np.savez(out("digits.npz"), x_train=x_train, y_train=y_train, x_test=x_test, y_test=y_test)
     print(f"digits: {len(x_train)} training and {len(x_test)} held-out images of 1x8x8 -> {out('digits.npz')}")
+    # The same splits as raw little-endian arrays for the C example (examples/c/train_digits.c).
+    os.makedirs(out("digits_raw"), exist_ok=True)
+    for name, array in (("x_train.f32", x_train), ("y_train.i64", y_train), ("x_test.f32", x_test),
+                        ("y_test.i64", y_test)):
+        array.astype("<f4" if name.endswith(".f32") else "<i8").tofile(out(os.path.join("digits_raw", name)))
 
     # 2-3. Export and training artifacts.
     model_path = out("digits_cnn.onnx")

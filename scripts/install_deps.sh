@@ -17,6 +17,8 @@ packages=(
   python3-sklearn python3-tqdm python3-matplotlib # examples and demo
   libopenblas0-pthread                            # an optimised BLAS for numpy/torch, the benchmark peers
   libopenmpi-dev openmpi-bin python3-mpi4py       # data-parallel training (src/distributed)
+  g++-aarch64-linux-gnu qemu-user                 # the minimal runtime for aarch64 (make cross-aarch64)
+  libxnnpack-dev libpthreadpool-dev               # XNNPACK, measured against our GEMM (bench/gemm_backends.cc)
 )
 # node and npm run ONNX Runtime (npm onnxruntime-node, installed by bench/setup_peers.sh) for the
 # export test and the benchmarks. A node from elsewhere (nodesource bundles npm) is kept as it is.

@@ -9,9 +9,13 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+// The minimal build (cmake/minimal.cmake) has no zlib: stored members only, and its own CRC-32.
+#ifndef ONNXTRAIN_NPZ_WITHOUT_ZLIB
 #include <zlib.h>
+#endif
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cerrno>
 #include <climits>
@@ -61,6 +65,24 @@ void put64(std::string& s, uint64_t v) {
   put32(s, uint32_t(v >> 32));
 }
 
+#ifdef ONNXTRAIN_NPZ_WITHOUT_ZLIB
+// CRC-32 (the zip polynomial 0xEDB88320, reflected), a byte at a time from a 256-entry table.
+uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
+  static const auto table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  const auto* p = static_cast<const uint8_t*>(data);
+  crc = ~crc;
+  for (size_t i = 0; i < n; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
+  return ~crc;
+}
+#else
 uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
   const auto* p = static_cast<const Bytef*>(data);
   while (n > 0) {
@@ -71,6 +93,7 @@ uint32_t crc32_update(uint32_t crc, const void* data, size_t n) {
   }
   return crc;
 }
+#endif
 
 // Re-throws an error with a prefix naming where it happened.
 template <typename F>
@@ -229,14 +252,21 @@ class MemberReader {
       : fd_(fd), file_size_(file_size), offset_(offset), stored_size_(stored_size), size_(size), method_(method),
         crc_(crc) {
     if (method_ == kDeflated) {
+#ifdef ONNXTRAIN_NPZ_WITHOUT_ZLIB
+      OT_THROW(kNotImplemented, "is deflated (np.savez_compressed), and this minimal build has no zlib: save the "
+               "arrays with np.savez");
+#else
       std::memset(&z_, 0, sizeof z_);
       if (inflateInit2(&z_, -MAX_WBITS) != Z_OK) OT_THROW(kRuntime, "zlib: inflateInit2 failed");
       z_open_ = true;
       in_.resize(size_t(std::min<uint64_t>(stored_size_, 1 << 18)) + 1);
+#endif
     }
   }
   ~MemberReader() {
+#ifndef ONNXTRAIN_NPZ_WITHOUT_ZLIB
     if (z_open_) inflateEnd(&z_);
+#endif
   }
   MemberReader(const MemberReader&) = delete;
   MemberReader& operator=(const MemberReader&) = delete;
@@ -271,6 +301,9 @@ class MemberReader {
  private:
   // Inflates exactly n bytes into dst; n == 0 checks that the stream ends with no more output.
   void inflate_into(uint8_t* dst, uint64_t n) {
+#ifdef ONNXTRAIN_NPZ_WITHOUT_ZLIB
+    (void)dst, (void)n;  // unreachable: the constructor refuses deflated members
+#else
     uint8_t scratch;
     const bool check_end = n == 0;
     uint64_t left = check_end ? 1 : n;
@@ -311,6 +344,7 @@ class MemberReader {
       left -= check_end ? 0 : got;
       if (check_end && ended_) return;
     }
+#endif
   }
 
   int fd_;
@@ -319,7 +353,9 @@ class MemberReader {
   std::optional<uint32_t> crc_;
   uint32_t crc_now_ = 0;
   uint64_t produced_ = 0, consumed_ = 0;
+#ifndef ONNXTRAIN_NPZ_WITHOUT_ZLIB
   z_stream z_{};
+#endif
   bool z_open_ = false, ended_ = false;
   std::vector<uint8_t> in_;
 };

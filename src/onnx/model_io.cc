@@ -3,30 +3,21 @@
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
-#include <charconv>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <utility>
 #include <vector>
 
 #include "core/dispatch.h"
+#include "onnx/external_data.h"
+#include "onnx/typed_data.h"
 
 namespace onnxtrain {
 namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int64_t kProtobufLimit = (int64_t(1) << 31) - 1;
-
-std::string read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) OT_THROW(kInvalidArgument, "cannot open model file '", path, "'");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
 
 // Reads a tensor type's element type and shape into info.
 void tensor_type_from_proto(const onnx::TypeProto::Tensor& tt, ValueInfo& info) {
@@ -97,8 +88,6 @@ struct DeferredInitializer {
   onnx::TensorProto* proto;
   const Tensor* tensor;
 };
-// Initializers smaller than this always stay inline (as ONNX's own external-data writer does).
-constexpr size_t kExternalDataMinBytes = 1024;
 
 Graph graph_from_proto(const onnx::GraphProto& g, const std::string& base_dir, const std::string& where);
 void graph_to_proto(const Graph& graph, onnx::GraphProto* g, std::vector<DeferredInitializer>* deferred = nullptr);
@@ -227,22 +216,6 @@ void graph_to_proto(const Graph& graph, onnx::GraphProto* g, std::vector<Deferre
   }
 }
 
-// Reads typed repeated fields (used when raw_data is absent) into a tensor of the proto's dtype.
-template <typename Src, typename Field>
-void copy_field(const Field& field, Tensor& t, const std::string& what) {
-  OT_CHECK(int64_t(field.size()) == t.numel(), what, ": holds ", field.size(), " values for shape ",
-           shape_str(t.shape()));
-  dispatch_all(t.dtype(), [&]<typename T>() {
-    T* out = t.data<T>();
-    for (int64_t i = 0; i < t.numel(); ++i) {
-      if constexpr (std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>)
-        out[i] = T::from_bits(uint16_t(field.Get(int(i))));  // int32_data holds the raw bits
-      else
-        out[i] = static_cast<T>(static_cast<Src>(field.Get(int(i))));
-    }
-  });
-}
-
 }  // namespace
 
 Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir) {
@@ -256,36 +229,9 @@ Tensor tensor_from_proto(const onnx::TensorProto& p, const std::string& base_dir
   Tensor t = Tensor::empty(dt, shape);
   size_t nbytes = t.nbytes();
   if (p.data_location() == onnx::TensorProto::EXTERNAL) {
-    std::string location;
-    int64_t offset = 0, length = -1;
-    auto parse_int = [&](const std::string& key, const std::string& text) {
-      int64_t v = 0;
-      auto [end, err] = std::from_chars(text.data(), text.data() + text.size(), v);
-      OT_CHECK(err == std::errc() && end == text.data() + text.size() && v >= 0, what, ": external data ", key, " '",
-               text, "' is not a non-negative integer");
-      return v;
-    };
-    for (const auto& kv : p.external_data()) {
-      if (kv.key() == "location") location = kv.value();
-      else if (kv.key() == "offset") offset = parse_int("offset", kv.value());
-      else if (kv.key() == "length") length = parse_int("length", kv.value());
-    }
-    OT_CHECK(!location.empty(), what, ": external data without a location");
-    OT_CHECK(location.find("..") == std::string::npos && location[0] != '/', what,
-             ": external data location '", location, "' must be a relative path inside the model folder");
-    fs::path file = fs::path(base_dir.empty() ? "." : base_dir) / location;
-    std::ifstream f(file, std::ios::binary);
-    OT_CHECK(bool(f), what, ": cannot open external data file '", file.string(), "'");
-    f.seekg(0, std::ios::end);
-    int64_t file_size = f.tellg();
-    if (length < 0) length = int64_t(nbytes);
-    OT_CHECK(length == int64_t(nbytes), what, ": external data length ", length, " does not match ",
-             nbytes, " bytes of shape ", shape_str(shape));
-    OT_CHECK(offset >= 0 && offset + length <= file_size, what, ": external data range [", offset, ", ",
-             offset + length, ") is outside '", file.string(), "' (", file_size, " bytes)");
-    f.seekg(offset);
-    f.read(static_cast<char*>(t.data()), std::streamsize(nbytes));
-    OT_CHECK(bool(f), what, ": short read from '", file.string(), "'");
+    std::vector<std::pair<std::string, std::string>> entries;
+    for (const auto& kv : p.external_data()) entries.emplace_back(kv.key(), kv.value());
+    read_external_data(t, entries, base_dir, what);
     return t;
   }
   if (p.has_raw_data()) {
@@ -339,7 +285,7 @@ Model load_model_from_bytes(const std::string& bytes, const std::string& base_di
 
 Model load_model(const std::string& path) {
   std::string dir = fs::path(path).parent_path().string();
-  return load_model_from_bytes(read_file(path), dir, "'" + path + "'");
+  return load_model_from_bytes(read_model_file(path), dir, "'" + path + "'");
 }
 
 namespace {
@@ -377,44 +323,23 @@ void fill_inline(const std::vector<DeferredInitializer>& deferred) {
   for (const auto& d : deferred) d.proto->set_raw_data(d.tensor->data(), d.tensor->nbytes());
 }
 
-void write_or_throw(std::ofstream& f, const void* data, size_t n, const std::string& path) {
-  constexpr size_t kChunk = size_t(64) << 20;  // streamsize-safe pieces
-  const char* p = static_cast<const char*>(data);
-  for (size_t done = 0; done < n; done += kChunk) f.write(p + done, std::streamsize(std::min(kChunk, n - done)));
-  OT_CHECK(bool(f), "failed writing '", path, "' (disk full?)");
-}
-
-// Writes every deferred initializer to data_path (each one page-aligned, as ONNX's writer does)
-// and points its proto at it. The file is written under a temporary name and renamed into place.
+// Writes every deferred initializer to data_path (external_data.h) and points its proto at it.
 void write_external_data(const std::vector<DeferredInitializer>& deferred, const std::string& data_path,
                          const std::string& location) {
-  std::string tmp = data_path + ".tmp";
-  {
-    std::ofstream data(tmp, std::ios::binary | std::ios::trunc);
-    OT_CHECK(bool(data), "cannot write external data file '", tmp, "'");
-    const std::string zeros(4096, '\0');
-    int64_t offset = 0;
-    for (const auto& d : deferred) {
-      int64_t pad = (4096 - offset % 4096) % 4096;
-      write_or_throw(data, zeros.data(), size_t(pad), tmp);
-      offset += pad;
-      int64_t length = int64_t(d.tensor->nbytes());
-      write_or_throw(data, d.tensor->data(), size_t(length), tmp);
-      d.proto->set_data_location(onnx::TensorProto::EXTERNAL);
-      for (const auto& [k, v] : {std::pair<const char*, std::string>{"location", location},
-                                 {"offset", std::to_string(offset)}, {"length", std::to_string(length)}}) {
-        auto* kv = d.proto->add_external_data();
-        kv->set_key(k);
-        kv->set_value(v);
-      }
-      offset += length;
+  std::vector<const Tensor*> tensors;
+  for (const auto& d : deferred) tensors.push_back(d.tensor);
+  const std::vector<int64_t> offsets = write_external_data_file(tensors, data_path);
+  for (size_t i = 0; i < deferred.size(); ++i) {
+    auto* proto = deferred[i].proto;
+    proto->set_data_location(onnx::TensorProto::EXTERNAL);
+    for (const auto& [k, v] : {std::pair<const char*, std::string>{"location", location},
+                               {"offset", std::to_string(offsets[i])},
+                               {"length", std::to_string(deferred[i].tensor->nbytes())}}) {
+      auto* kv = proto->add_external_data();
+      kv->set_key(k);
+      kv->set_value(v);
     }
-    data.flush();
-    OT_CHECK(bool(data), "failed writing external data file '", tmp, "' (disk full?)");
   }
-  std::error_code ec;
-  fs::rename(tmp, data_path, ec);
-  OT_CHECK(!ec, "cannot rename '", tmp, "' to '", data_path, "': ", ec.message());
 }
 
 }  // namespace

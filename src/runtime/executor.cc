@@ -9,6 +9,7 @@
 #endif
 
 #include "ir/subgraph.h"
+#include "ops/build_ops.h"
 #include "ops/subgraph.h"
 #include "passes/memory_optimizer.h"
 #include "passes/shape_inference.h"
@@ -195,6 +196,9 @@ void Executor::compile() {
     step.schema = OpRegistry::global().find(domain, node.op_type, opset);
     if (!step.schema) {
       auto versions = OpRegistry::global().versions(domain, node.op_type);
+      if (versions.empty() && op_left_out_of_build(node.op_type))
+        OT_THROW(kNotImplemented, "model ", model_.description, ": ", node.context(), "op '",
+                 (domain.empty() ? "" : domain + "."), node.op_type, "' is not in this minimal build: ", kAddOpHint);
       if (versions.empty())
         OT_THROW(kNotImplemented, "model ", model_.description, ": ", node.context(), "unknown op '",
                  (domain.empty() ? "" : domain + "."), node.op_type, "' (no kernel is registered)");

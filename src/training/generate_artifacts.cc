@@ -5,6 +5,7 @@
 #include <set>
 #include <random>
 
+#include "core/file_io.h"
 #include "onnx/model_io.h"
 #include "onnxtrain/training.h"
 #include "ops/optimizer/optimizer_ops.h"
@@ -81,6 +82,31 @@ void keep_base_in_graphs(TrainingGraphs& graphs, const Model& source) {
 
 }  // namespace
 
+namespace {
+
+void collect_op_types(const Graph& graph, std::set<std::string>& ops) {
+  for (const auto& node : graph.nodes) {
+    ops.insert(node.op_type);
+    for (const auto& [name, a] : node.attributes)
+      if (a.kind == Attribute::Kind::kGraph && a.g) collect_op_types(*a.g, ops);
+  }
+}
+
+// The op types the artifacts run (subgraphs included), one a line: what a minimal runtime built
+// with -DONNXTRAIN_OPS_FILE=<this file> must keep (cmake/minimal.cmake).
+void write_ops_file(const std::filesystem::path& path, std::initializer_list<const Model*> models) {
+  std::set<std::string> ops;
+  for (const Model* m : models) collect_op_types(m->graph, ops);
+  std::string text = "# op types of these training artifacts: a minimal runtime built with\n"
+                     "# -DONNXTRAIN_OPS_FILE=<this file> runs them (make minimal ONNXTRAIN_OPS_FILE=...)\n";
+  for (const auto& op : ops) text += op + "\n";
+  file_io::write_file_atomically(path.string(), [&](int fd, const std::string& what) {
+    file_io::write_all(fd, text.data(), text.size(), what);
+  });
+}
+
+}  // namespace
+
 ArtifactPaths generate_artifacts(const Model& original, const ArtifactOptions& input_options) {
   namespace fs = std::filesystem;
   ArtifactOptions options = input_options;
@@ -132,6 +158,7 @@ ArtifactPaths generate_artifacts(const Model& original, const ArtifactOptions& i
   }
   if (adapted) state.add_property(kLoraBaseHashProperty, lora_info(model).base_hash);
   state.save(out.checkpoint, false);
+  write_ops_file(fs::path(options.directory) / (options.prefix + "ops.txt"), {&graphs.training, &graphs.eval, &optimizer});
   return out;
 }
 

@@ -1,4 +1,4 @@
-#include "backends/cpu/conv_dnnl.h"
+#include "backends/cpu/conv.h"
 
 #include <omp.h>
 
@@ -13,14 +13,6 @@ namespace onnxtrain::cpu {
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
-std::vector<int64_t> ConvSpec::key() const {
-  std::vector<int64_t> k{transposed, int64_t(dtype), out_channels, group, bias, x_channels_last, y_channels_last,
-                        int64_t(x.size()), int64_t(activation),
-                        int64_t(std::bit_cast<uint32_t>(act_alpha)), int64_t(std::bit_cast<uint32_t>(act_beta))};
-  for (const auto* v : {&x, &kernel, &stride, &dilation, &pad_l, &pad_r, &out}) k.insert(k.end(), v->begin(), v->end());
-  return k;
-}
-
 namespace {
 
 dt data_type(const ConvSpec& s, const std::string& context) {
@@ -31,7 +23,7 @@ dt data_type(const ConvSpec& s, const std::string& context) {
 
 }  // namespace
 
-struct DnnlConv::Impl {
+struct ConvPrimitive::Impl {
   std::string context;
   bool bias = false;
   dnnl::memory::desc bias_md;
@@ -39,7 +31,7 @@ struct DnnlConv::Impl {
   Relayout src, wei, dst;  // plain ONNX layouts <-> the primitive's
 };
 
-DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::make_shared<Impl>()) {
+ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : impl_(std::make_shared<Impl>()) {
   Impl& p = *impl_;
   p.context = context;
   p.bias = s.bias;
@@ -116,7 +108,7 @@ DnnlConv::DnnlConv(const ConvSpec& s, const std::string& context) : impl_(std::m
   });
 }
 
-void DnnlConv::run(const void* x, const void* w, const void* bias, void* y, bool w_constant) const {
+void ConvPrimitive::run(const void* x, const void* w, const void* bias, void* y, bool w_constant) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a convolution", [&] {
     auto& strm = dnnl_stream();
@@ -172,7 +164,7 @@ void run_pair(A&& a, B&& b) {
 
 }  // namespace
 
-struct DnnlConvBackward::Impl {
+struct ConvBackwardPrimitive::Impl {
   std::string context;
   bool need_dx = false, need_dw = false, bias = false;
   dnnl::memory::desc bias_md;
@@ -193,14 +185,14 @@ struct DnnlConvBackward::Impl {
   dnnl::memory data_scratch, weights_scratch;
 };
 
-DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw, const std::string& context)
+ConvBackwardPrimitive::ConvBackwardPrimitive(const ConvSpec& s, bool need_dx, bool need_dw, const std::string& context)
     : impl_(std::make_shared<Impl>()) {
   Impl& p = *impl_;
   p.context = context;
   p.need_dx = need_dx;
   p.need_dw = need_dw;
   p.bias = s.bias;
-  OT_CHECK(!s.transposed, context, "DnnlConvBackward handles convolutions only");
+  OT_CHECK(!s.transposed, context, "ConvBackwardPrimitive handles convolutions only");
   const dt f = data_type(s, context);
   dnnl_guard(context, "create convolution backward primitives", [&] {
     auto& eng = dnnl_engine();
@@ -264,7 +256,7 @@ DnnlConvBackward::DnnlConvBackward(const ConvSpec& s, bool need_dx, bool need_dw
   });
 }
 
-void DnnlConvBackward::run(const void* dy, const void* x, const void* w, void* dx, void* dw, void* db) const {
+void ConvBackwardPrimitive::run(const void* dy, const void* x, const void* w, void* dx, void* dw, void* db) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a convolution backward", [&] {
     // Reorders into the primitives' layouts on all threads first, then the primitives (side by

@@ -1,5 +1,5 @@
 // cpu_features(): CPUID for what the hardware has, XGETBV for what the OS lets programs use, and
-// oneDNN for which kernels the engine then runs.
+// the matmul backend for which kernels the engine then runs.
 #include "onnxtrain/cpu_features.h"
 
 #include <cstdint>
@@ -9,7 +9,6 @@
 #include <cpuid.h>
 #endif
 
-#include "backends/cpu/dnnl_utils.h"
 #include "backends/cpu/gemm.h"
 
 namespace onnxtrain {
@@ -59,20 +58,6 @@ void probe_x86(CpuFeatures& f) {
 }
 #endif
 
-std::string isa_name(dnnl::cpu_isa isa) {
-  switch (isa) {
-    case dnnl::cpu_isa::sse41: return "sse41";
-    case dnnl::cpu_isa::avx: return "avx";
-    case dnnl::cpu_isa::avx2: return "avx2";
-    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
-    case dnnl::cpu_isa::avx512_core: return "avx512_core";
-    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
-    default: return "other (" + std::to_string(int(isa)) + ")";
-  }
-}
-
 }  // namespace
 
 const CpuFeatures& cpu_features() {
@@ -81,7 +66,7 @@ const CpuFeatures& cpu_features() {
 #if defined(__x86_64__) || defined(__i386__)
     probe_x86(f);
 #endif
-    f.onednn_isa = isa_name(dnnl::get_effective_cpu_isa());
+    f.onednn_isa = cpu::matmul_isa();
     f.bf16_matmul_native = cpu::matmul_native(DType::kBFloat16);
     f.fp16_matmul_native = cpu::matmul_native(DType::kFloat16);
     return f;

@@ -6,6 +6,8 @@
 // with numpy broadcasting over the batch dims. fp32, and bf16 / fp16 where the CPU has native
 // kernels for them (matmul_native), run through oneDNN's matmul primitive, built once per
 // MatmulDims (JIT, ~4 ms) and reused; the half types accumulate in fp32 inside the primitive.
+// The minimal build (gemm_minimal.cc) runs fp32 through the blocked kernels of sgemm_blocked.h and
+// has no native half kernels.
 // Transposed operands are read through strides, never copied. Other dtypes use matmul_reference.
 #pragma once
 
@@ -29,7 +31,7 @@ struct MatmulDims {
   float beta = 0.0f;       // != 0: C's existing contents are scaled by beta and accumulated
   bool bias = false;       // add a length-n row vector to every output row (fp32: fused)
   bool b_constant = false; // B never changes at its address (an initializer): packed once into
-                           // oneDNN's preferred layout and reused, as ONNX Runtime prepacks
+                           // the backend's preferred layout and reused, as ONNX Runtime prepacks
   DType dtype = DType::kFloat32;  // of A, B, C and bias: kFloat32, or a half type matmul_native() takes
 
   Shape out_batch() const;  // broadcast of a_batch and b_batch
@@ -37,7 +39,10 @@ struct MatmulDims {
   std::vector<int64_t> key() const;
 };
 
-// Whether oneDNN has a native matmul kernel for dtype on this CPU (fp32 always; bf16 with
+// The instruction set the matmul kernels dispatch to (oneDNN's, or the blocked kernels' vector width).
+std::string matmul_isa();
+
+// Whether the backend has a native matmul kernel for dtype on this CPU (fp32 always; bf16 with
 // AVX512-BF16 or AMX; fp16 with AVX512-FP16 or AMX-FP16). Probed once per dtype.
 bool matmul_native(DType dtype);
 
@@ -53,6 +58,13 @@ class Matmul {
   struct Impl;
   std::shared_ptr<Impl> impl_;
 };
+
+// Element offsets of A, B and C for each product of [a_batch..., m, k] x [b_batch..., k, n] (numpy
+// broadcasting over the batch dims; C is dense [out_batch..., m, n]).
+struct BatchOffsets {
+  std::vector<int64_t> a, b, c;
+};
+BatchOffsets batch_offsets(const Shape& a_batch, const Shape& b_batch, int64_t m, int64_t n, int64_t k);
 
 // Matmuls by shape, for a kernel that sees a few shapes over its life.
 class MatmulCache {

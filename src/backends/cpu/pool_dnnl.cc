@@ -1,4 +1,4 @@
-#include "backends/cpu/pool_dnnl.h"
+#include "backends/cpu/pool.h"
 
 #include <algorithm>
 #include <unordered_map>
@@ -9,13 +9,7 @@ namespace onnxtrain::cpu {
 
 using dt = dnnl::memory::data_type;
 
-std::vector<int64_t> PoolSpec::key() const {
-  std::vector<int64_t> k{max, count_include_pad, int64_t(dtype), int64_t(x.size())};
-  for (const auto* v : {&x, &kernel, &stride, &dilation, &pad_l, &pad_r, &out}) k.insert(k.end(), v->begin(), v->end());
-  return k;
-}
-
-struct DnnlPool::Impl {
+struct PoolPrimitive::Impl {
   std::string context;
   dnnl::memory::desc src_md, dst_md;
   dnnl::pooling_v2_forward forward;            // forward_inference
@@ -26,7 +20,7 @@ struct DnnlPool::Impl {
   dnnl::memory workspace, y_scratch;
 };
 
-std::optional<DnnlPool> DnnlPool::make(const PoolSpec& s, bool backward, const std::string& context) {
+std::optional<PoolPrimitive> PoolPrimitive::make(const PoolSpec& s, bool backward, const std::string& context) {
   size_t nd = s.kernel.size();
   if (nd < 1 || nd > 3 || s.x.size() != nd + 2) return std::nullopt;
   // oneDNN derives out = floor((in + pl + pr - ek) / s) + 1, so ceil mode becomes extra right pad.
@@ -40,7 +34,7 @@ std::optional<DnnlPool> DnnlPool::make(const PoolSpec& s, bool backward, const s
     dil[i] = s.dilation[i] - 1;
     pr[i] = std::max<int64_t>(reach, 0);
   }
-  DnnlPool pool;
+  PoolPrimitive pool;
   pool.impl_ = std::make_shared<Impl>();
   Impl& p = *pool.impl_;
   p.context = context;
@@ -78,7 +72,7 @@ std::optional<DnnlPool> DnnlPool::make(const PoolSpec& s, bool backward, const s
   return pool;
 }
 
-void DnnlPool::forward(const void* x, void* y) const {
+void PoolPrimitive::forward(const void* x, void* y) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a pooling", [&] {
     auto& strm = dnnl_stream();
@@ -89,7 +83,7 @@ void DnnlPool::forward(const void* x, void* y) const {
   });
 }
 
-void DnnlPool::backward(const void* dy, const void* x, void* dx) const {
+void PoolPrimitive::backward(const void* dy, const void* x, void* dx) const {
   const Impl& p = *impl_;
   dnnl_guard(p.context, "run a pooling backward", [&] {
     auto& strm = dnnl_stream();

@@ -1,4 +1,4 @@
-// Conv (1-d/2-d/3-d; group, strides, dilations, pads, auto_pad, bias). fp32 through oneDNN with
+// Conv (1-d/2-d/3-d; group, strides, dilations, pads, auto_pad, bias). fp32 through the backend's convolution primitive (backends/cpu/conv.h) with
 // the primitive cached per shape, bf16 too where the CPU has bf16 kernels (fp32 accumulation);
 // other half types through fp32 (widened operands, one rounding of the result); float64 through
 // the direct reference loop.
@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "ops/gradient_builder.h"
-#include "backends/cpu/conv_dnnl.h"
+#include "backends/cpu/conv.h"
 #include "backends/cpu/gemm.h"  // matmul_native: whether the CPU has bf16 kernels
 #include "backends/cpu/shape_cache.h"
 #include "ops/common.h"
@@ -135,15 +135,15 @@ class ConvKernel final : public Kernel {
     s.x_channels_last = x_channels_last_;
     s.y_channels_last = y_channels_last_;
     auto key = s.key();
-    cpu::DnnlConv* conv = cache_.find(key);
-    if (!conv) conv = &cache_.insert(key, cpu::DnnlConv(s, node.context()));
+    cpu::ConvPrimitive* conv = cache_.find(key);
+    if (!conv) conv = &cache_.insert(key, cpu::ConvPrimitive(s, node.context()));
     conv->run(x.data(), w.data(), b ? b->data() : nullptr, y.data(), w_constant);
   }
 
   int64_t group_;
   Activation activation_;
   bool x_channels_last_, y_channels_last_;
-  cpu::ShapeCache<cpu::DnnlConv> cache_;
+  cpu::ShapeCache<cpu::ConvPrimitive> cache_;
 };
 
 // onnxtrain.ConvGrad(dY, X, W) -> dX, dW [, dB] with the forward Conv's attributes; compute_dx /
@@ -231,15 +231,15 @@ class ConvGradKernel final : public Kernel {
     auto key = s.key();
     key.push_back(dx != nullptr);
     key.push_back(dw != nullptr);
-    cpu::DnnlConvBackward* conv = cache_.find(key);
-    if (!conv) conv = &cache_.insert(key, cpu::DnnlConvBackward(s, dx != nullptr, dw != nullptr, node.context()));
+    cpu::ConvBackwardPrimitive* conv = cache_.find(key);
+    if (!conv) conv = &cache_.insert(key, cpu::ConvBackwardPrimitive(s, dx != nullptr, dw != nullptr, node.context()));
     conv->run(dy.data(), x.data(), w.data(), dx ? dx->data() : nullptr, dw ? dw->data() : nullptr,
               db ? db->data() : nullptr);
   }
 
   int64_t group_;
   bool need_dx_, need_dw_;
-  cpu::ShapeCache<cpu::DnnlConvBackward> cache_;
+  cpu::ShapeCache<cpu::ConvBackwardPrimitive> cache_;
 };
 
 }  // namespace

@@ -1,8 +1,8 @@
 // ConvTranspose (1-d/2-d/3-d; group, strides, dilations, pads, output_padding, output_shape,
-// auto_pad, bias). fp32 through oneDNN deconvolution when the pads are non-negative; otherwise,
+// auto_pad, bias). fp32 through the backend's transposed convolution (backends/cpu/conv.h) when the pads are non-negative; otherwise,
 // and for other float dtypes, the direct reference loop.
 #include "ops/gradient_builder.h"
-#include "backends/cpu/conv_dnnl.h"
+#include "backends/cpu/conv.h"
 #include "backends/cpu/shape_cache.h"
 #include "ops/common.h"
 #include "ops/conv/conv_reference.h"
@@ -57,8 +57,8 @@ class ConvTransposeKernel final : public Kernel {
       cpu::ConvSpec s = conv_spec(x, m, group_, b != nullptr, g);
       s.transposed = true;
       auto key = s.key();
-      cpu::DnnlConv* conv = cache_.find(key);
-      if (!conv) conv = &cache_.insert(key, cpu::DnnlConv(s, node.context()));
+      cpu::ConvPrimitive* conv = cache_.find(key);
+      if (!conv) conv = &cache_.insert(key, cpu::ConvPrimitive(s, node.context()));
       conv->run(x.data<float>(), w.data<float>(), b ? b->data<float>() : nullptr, y.data<float>());
       return;
     }
@@ -70,7 +70,7 @@ class ConvTransposeKernel final : public Kernel {
 
  private:
   int64_t group_;
-  cpu::ShapeCache<cpu::DnnlConv> cache_;
+  cpu::ShapeCache<cpu::ConvPrimitive> cache_;
 };
 
 // ConvTranspose is the adjoint of a Conv from Y's space to X's (same W, strides, dilations, group;

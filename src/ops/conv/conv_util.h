@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "backends/cpu/conv_dnnl.h"
+#include "backends/cpu/conv.h"
 #include "ir/graph.h"
 
 namespace onnxtrain {

@@ -1,14 +1,14 @@
 // AveragePool, MaxPool (with Indices), GlobalAveragePool, GlobalMaxPool over N-d spatial dims.
 // Pools are memory-bound. fp32 MaxPool (without Indices), AveragePool and their gradients go through
-// oneDNN's pooling (backends/cpu/pool_dnnl.h) when it can express the geometry; everything else
-// (other dtypes, Indices, geometry oneDNN rejects) takes the generic path: a direct loop per (n, c)
+// the backend's pooling (backends/cpu/pool.h) when it can express the geometry; everything else
+// (other dtypes, Indices, geometry the backend declines) takes the generic path: a direct loop per (n, c)
 // plane with per-axis tap tables, parallel over planes.
 #include <limits>
 #include <optional>
 
 #include "ops/gradient_builder.h"
 #include "backends/cpu/gemm.h"  // matmul_native: whether the CPU has bf16 kernels
-#include "backends/cpu/pool_dnnl.h"
+#include "backends/cpu/pool.h"
 #include "backends/cpu/shape_cache.h"
 #include "ops/common.h"
 #include "ops/conv/conv_util.h"
@@ -127,11 +127,11 @@ void for_each_tap(const std::vector<const std::vector<int64_t>*>& w, const std::
 
 // The oneDNN pooling for fp32 X (and bf16 X where the CPU has bf16 kernels), built once per shape;
 // null when the generic loop must run.
-class DnnlPools {
+class PoolPrimitives {
  public:
-  DnnlPools(bool max, bool backward) : max_(max), backward_(backward) {}
+  PoolPrimitives(bool max, bool backward) : max_(max), backward_(backward) {}
 
-  const cpu::DnnlPool* find(const Node& node, const Tensor& x, const PoolSetup& s) {
+  const cpu::PoolPrimitive* find(const Node& node, const Tensor& x, const PoolSetup& s) {
     const bool bf16 = x.dtype() == DType::kBFloat16 && cpu::matmul_native(DType::kBFloat16);
     if ((x.dtype() != DType::kFloat32 && !bf16) || x.numel() == 0) return nullptr;
     cpu::PoolSpec spec;
@@ -146,14 +146,14 @@ class DnnlPools {
     spec.pad_r = s.g.pad_r;
     spec.out = s.g.out;
     auto key = spec.key();
-    std::optional<cpu::DnnlPool>* pool = cache_.find(key);
-    if (!pool) pool = &cache_.insert(key, cpu::DnnlPool::make(spec, backward_, node.context()));
+    std::optional<cpu::PoolPrimitive>* pool = cache_.find(key);
+    if (!pool) pool = &cache_.insert(key, cpu::PoolPrimitive::make(spec, backward_, node.context()));
     return *pool ? &**pool : nullptr;
   }
 
  private:
   bool max_, backward_;
-  cpu::ShapeCache<std::optional<cpu::DnnlPool>> cache_;
+  cpu::ShapeCache<std::optional<cpu::PoolPrimitive>> cache_;
 };
 
 void max_pool_generic(KernelContext& ctx, const PoolSetup& s) {
@@ -385,14 +385,14 @@ class PoolKernel final : public Kernel {
     const Tensor& x = ctx.input(0);
     PoolSetup s = pool_setup(ctx.node(), x.shape());
     bool indices = kMax && ctx.num_outputs() > 1 && ctx.output_requested(1);
-    const cpu::DnnlPool* pool = indices ? nullptr : dnnl_.find(ctx.node(), x, s);
+    const cpu::PoolPrimitive* pool = indices ? nullptr : dnnl_.find(ctx.node(), x, s);
     if (!pool) return kMax ? max_pool_generic(ctx, s) : average_pool_generic(ctx, s);
     Tensor& y = ctx.output(0, x.dtype(), s.out);
     pool->forward(x.data(), y.data());
   }
 
  private:
-  DnnlPools dnnl_;
+  PoolPrimitives dnnl_;
 };
 
 template <bool kMax>
@@ -408,13 +408,13 @@ class PoolGradKernel final : public Kernel {
     OT_CHECK(dy.shape() == s.out && dy.dtype() == x.dtype(), node.context(), "dY must be ", shape_str(s.out),
              " of X's dtype, got ", dtype_name(dy.dtype()), shape_str(dy.shape()));
     Tensor& dx = ctx.output(0, x.dtype(), x.shape());
-    const cpu::DnnlPool* pool = dy.numel() > 0 ? dnnl_.find(node, x, s) : nullptr;
+    const cpu::PoolPrimitive* pool = dy.numel() > 0 ? dnnl_.find(node, x, s) : nullptr;
     if (!pool) return pool_grad_generic<kMax>(ctx, s, dx);
     pool->backward(dy.data(), x.data(), dx.data());
   }
 
  private:
-  DnnlPools dnnl_;
+  PoolPrimitives dnnl_;
 };
 
 void pool_grad_shape(ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1)); }

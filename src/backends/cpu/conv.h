@@ -1,6 +1,8 @@
-// fp32 and bf16 convolution and transposed convolution (1-d/2-d/3-d, groups, dilations, asymmetric pads)
-// through oneDNN. One DnnlConv per input/weight shape: the primitive picks its own (blocked)
-// layouts and the reorders to and from the plain ONNX layouts are built with it.
+// Convolution and transposed convolution (1-d/2-d/3-d, groups, dilations, asymmetric pads),
+// forward and backward, one primitive per input/weight shape; fp32, and bf16 where the backend has
+// kernels for it. The full build runs them through oneDNN (conv_dnnl.cc: the primitive picks its
+// own blocked layouts, with reorders to and from the plain ONNX layouts built with it); the minimal
+// build through im2col and the blocked GEMM (conv_minimal.cc, fp32 only).
 #pragma once
 
 #include <memory>
@@ -15,7 +17,7 @@ namespace onnxtrain::cpu {
 enum class ConvActivation : int64_t { kNone, kRelu, kLeakyRelu, kSigmoid, kTanh, kClip };
 
 struct ConvSpec {
-  bool transposed = false;    // ConvTranspose (oneDNN deconvolution)
+  bool transposed = false;    // ConvTranspose
   // Of every tensor argument (X, W, B, Y and their gradients): kFloat32, or kBFloat16 where the
   // CPU has bf16 kernels (oneDNN accumulates in fp32 inside the primitive).
   DType dtype = DType::kFloat32;
@@ -32,9 +34,9 @@ struct ConvSpec {
   std::vector<int64_t> key() const;
 };
 
-class DnnlConv {
+class ConvPrimitive {
  public:
-  DnnlConv(const ConvSpec& spec, const std::string& context);
+  ConvPrimitive(const ConvSpec& spec, const std::string& context);
   // w in ONNX layout: Conv [M, C/G, k...], ConvTranspose [C, M/G, k...]. `w_constant`: w's
   // contents never change for this pointer (an initializer), so its reorder is done once.
   // Pointers to data of spec.dtype.
@@ -48,10 +50,10 @@ class DnnlConv {
 // Convolution backward (spec.transposed must be false): dX through oneDNN's backward-data
 // primitive, dW (and dB when spec.bias) through backward-weights, both built with a
 // forward-training primitive_desc as their hint. The primitives choose their (blocked) layouts and
-// reorders to and from the plain ONNX layouts are built with them, as for DnnlConv.
-class DnnlConvBackward {
+// reorders to and from the plain ONNX layouts are built with them, as for ConvPrimitive.
+class ConvBackwardPrimitive {
  public:
-  DnnlConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);
+  ConvBackwardPrimitive(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);
   // dx may be null when !need_dx; dw and db null when !need_dw (db also when !spec.bias).
   void run(const void* dy, const void* x, const void* w, void* dx, void* dw, void* db) const;
 

@@ -1,8 +1,9 @@
-// fp32 and bf16 max and average pooling (1-d/2-d/3-d; strides, dilations, pads, ceil mode) and their
-// backward passes through oneDNN, in the plain ONNX layout (pooling reduces no channels, so a
-// blocked layout would only add reorders). One DnnlPool per shape; DnnlPool::make returns none
-// for geometry whose ONNX meaning oneDNN's pooling does not reproduce, and the kernels then take
-// their generic loop.
+// Max and average pooling (1-d/2-d/3-d; strides, dilations, pads, ceil mode) and their backward
+// passes, in the plain ONNX layout; fp32, and bf16 where the backend has kernels for it. The full
+// build runs them through oneDNN (pool_dnnl.cc); the minimal build through 2-d fp32 loops
+// (pool_minimal.cc). One PoolPrimitive per shape; PoolPrimitive::make returns none for geometry
+// (or a dtype) the backend does not reproduce with ONNX's meaning, and the kernels then take their
+// generic loop.
 #pragma once
 
 #include <memory>
@@ -24,11 +25,11 @@ struct PoolSpec {
   std::vector<int64_t> key() const;
 };
 
-class DnnlPool {
+class PoolPrimitive {
  public:
   // Null when oneDNN cannot express the spec: a window wholly inside padding, or count_include_pad
   // averages whose windows reach past the explicit pads (ceil mode), which oneDNN would count.
-  static std::optional<DnnlPool> make(const PoolSpec& spec, bool backward, const std::string& context);
+  static std::optional<PoolPrimitive> make(const PoolSpec& spec, bool backward, const std::string& context);
 
   // Pointers to data of spec.dtype.
   void forward(const void* x, void* y) const;

@@ -1,0 +1,161 @@
+# The minimal training runtime (-DONNXTRAIN_MINIMAL=ON, `make minimal`): the same sources as the
+# full build, less what only artifact generation, TrainModule, Python and the CLI need, with no
+# library outside the C++ runtime and OpenMP:
+#   - ONNX files through the protobuf wire-format reader/writer (src/onnx/wire_format.cc), not
+#     protobuf and the ONNX library;
+#   - GEMM and convolution through the blocked kernels of src/backends/cpu (sgemm_blocked.cc under
+#     gemm_minimal.cc and conv_minimal.cc), pooling through the kernels' own loops, not oneDNN;
+# Files named *_minimal.cc replace their full-build counterparts here and only here.
+#   - .npz archives stored uncompressed (np.savez), not zlib;
+#   - the ops of ONNXTRAIN_OPS (a ;- or ,-separated list) and/or ONNXTRAIN_OPS_FILE (one op type a
+#     line, as `onnxtrain artifacts` writes into ops.txt); neither: every op.
+# A model that needs an op left out fails with the op's name and the option that adds it.
+
+set(ONNXTRAIN_OPS "" CACHE STRING "Minimal build: op types to include (list); empty with no ops file: all")
+set(ONNXTRAIN_OPS_FILE "" CACHE FILEPATH "Minimal build: a file of op types to include, one a line")
+find_package(OpenMP REQUIRED)
+
+# ---- sources: everything under src/ except what only artifact generation and the full build use
+file(GLOB_RECURSE _all_sources CONFIGURE_DEPENDS src/*.cc)
+set(_left_out
+  src/autodiff/                               # gradient graphs: artifact generation, TrainModule
+  src/training/artifacts.cc src/training/generate_artifacts.cc src/training/losses.cc
+  src/training/forward_backward.cc            # TrainModule's forward/backward split
+  src/training/trainer.cc                     # the CLI's training loop
+  src/passes/mixed_precision.cc src/passes/compute_optimizer.cc  # artifact/TrainModule-time passes
+  src/onnx/model_io.cc                        # protobuf (replaced by model_io_minimal.cc)
+  src/backends/cpu/gemm_dnnl.cc src/backends/cpu/conv_dnnl.cc src/backends/cpu/pool_dnnl.cc
+  src/backends/cpu/dnnl_utils.cc              # oneDNN (replaced by gemm_, conv_, pool_minimal.cc)
+  src/ops/build_ops.cc                        # replaced by the generated list of left-out ops
+)
+set(ONNXTRAIN_MINIMAL_SOURCES "")
+foreach(_f IN LISTS _all_sources)
+  file(RELATIVE_PATH _rel ${CMAKE_CURRENT_SOURCE_DIR} ${_f})
+  set(_keep TRUE)
+  foreach(_out IN LISTS _left_out)
+    string(FIND "${_rel}" "${_out}" _at)
+    if(_at EQUAL 0)
+      set(_keep FALSE)
+    endif()
+  endforeach()
+  if(_keep)
+    list(APPEND ONNXTRAIN_MINIMAL_SOURCES ${_f})
+  endif()
+endforeach()
+
+# ---- ops: each op file (src/ops/<family>/*.cc) stays when it registers a selected op; files that
+# register none (shared helpers) always stay, as does the optimizer family (Optimizer needs it).
+include(${CMAKE_CURRENT_LIST_DIR}/op_files.cmake)
+set(_wanted ${ONNXTRAIN_OPS})
+string(REPLACE "," ";" _wanted "${_wanted}")
+if(ONNXTRAIN_OPS_FILE)
+  file(STRINGS "${ONNXTRAIN_OPS_FILE}" _file_ops REGEX "^[A-Za-z]")
+  list(APPEND _wanted ${_file_ops})
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${ONNXTRAIN_OPS_FILE}")
+endif()
+list(TRANSFORM _wanted STRIP)
+list(REMOVE_DUPLICATES _wanted)
+set(_ops_left_out "")
+if(_wanted)
+  onnxtrain_op_files("${ONNXTRAIN_MINIMAL_SOURCES}" _op_of_file)
+  set(_known_ops "")
+  foreach(_entry IN LISTS _op_of_file)
+    string(REPLACE "=" ";" _pair "${_entry}")
+    list(GET _pair 0 _file)
+    list(GET _pair 1 _ops)
+    string(REPLACE "," ";" _ops "${_ops}")
+    list(APPEND _known_ops ${_ops})
+    set(_selected FALSE)
+    foreach(_op IN LISTS _ops)
+      if(_op IN_LIST _wanted)
+        set(_selected TRUE)
+      endif()
+    endforeach()
+    if(_file MATCHES "/ops/optimizer/")
+      set(_selected TRUE)
+    endif()
+    if(NOT _selected)
+      list(REMOVE_ITEM ONNXTRAIN_MINIMAL_SOURCES ${_file})
+      list(APPEND _ops_left_out ${_ops})
+    endif()
+  endforeach()
+  foreach(_op IN LISTS _wanted)
+    if(NOT _op IN_LIST _known_ops)
+      message(FATAL_ERROR "ONNXTRAIN_OPS: no op file registers '${_op}'")
+    endif()
+  endforeach()
+  list(REMOVE_ITEM _ops_left_out ${_wanted})
+  list(REMOVE_DUPLICATES _ops_left_out)
+  list(SORT _ops_left_out)
+  list(LENGTH _wanted _n_wanted)
+  list(LENGTH _ops_left_out _n_out)
+  message(STATUS "onnxtrain minimal: ${_n_wanted} ops asked for; the files registering them leave ${_n_out} ops out")
+else()
+  message(STATUS "onnxtrain minimal: every op (set ONNXTRAIN_OPS or ONNXTRAIN_OPS_FILE to choose)")
+endif()
+# The left-out list, so an unknown op can say which option adds it (src/ops/build_ops.h).
+list(JOIN _ops_left_out "\",\n    \"" _left_out_lines)
+if(_ops_left_out)
+  set(_left_out_lines "\"${_left_out_lines}\"")
+endif()
+configure_file(${CMAKE_CURRENT_SOURCE_DIR}/src/ops/build_ops_minimal.cc.in ${CMAKE_BINARY_DIR}/generated/build_ops.cc @ONLY)
+list(APPEND ONNXTRAIN_MINIMAL_SOURCES ${CMAKE_BINARY_DIR}/generated/build_ops.cc)
+
+# ---- the library
+add_library(onnxtrain SHARED ${ONNXTRAIN_MINIMAL_SOURCES})
+target_include_directories(onnxtrain PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
+                           PRIVATE src)
+# The same definitions as the full build (ONNX_* are unused here) keep every shared source's command
+# line identical, so the compiler cache serves both builds.
+target_compile_definitions(onnxtrain PUBLIC ONNX_ML=1 ONNX_NAMESPACE=onnx
+                           PRIVATE ONNXTRAIN_VERSION_STRING="${PROJECT_VERSION}")
+set_source_files_properties(src/data/npz.cc PROPERTIES COMPILE_DEFINITIONS ONNXTRAIN_NPZ_WITHOUT_ZLIB=1)
+target_link_libraries(onnxtrain PUBLIC OpenMP::OpenMP_CXX)
+# An excluded file still called from a kept one is a link error here, not a load-time surprise.
+target_link_options(onnxtrain PRIVATE -Wl,--no-undefined)
+
+# ---- what runs on it: the C++ and C digits examples, the C MLP example, and the runtime's tests
+if(ONNXTRAIN_BUILD_EXAMPLES)
+  add_executable(train_digits examples/cpp/train_digits.cc)
+  target_link_libraries(train_digits PRIVATE onnxtrain)
+  add_executable(train_digits_c examples/c/train_digits.c)
+  set_target_properties(train_digits_c PROPERTIES C_STANDARD 99 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
+  target_compile_options(train_digits_c PRIVATE -Wall -Wextra -Werror -pedantic)
+  target_link_libraries(train_digits_c PRIVATE onnxtrain m)
+  set_target_properties(train_digits train_digits_c PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/examples)
+endif()
+
+if(ONNXTRAIN_BUILD_TESTS)
+  enable_testing()
+  if(CMAKE_CROSSCOMPILING)
+    # No target GoogleTest package: build it from the sources Debian's libgtest-dev ships.
+    add_subdirectory(/usr/src/googletest ${CMAKE_BINARY_DIR}/googletest EXCLUDE_FROM_ALL)
+    set(_gtest_main gtest_main)
+  else()
+    find_package(GTest REQUIRED)
+    set(_gtest_main GTest::gtest_main)
+  endif()
+  file(GLOB _minimal_tests CONFIGURE_DEPENDS tests/minimal/*.cc)
+  add_executable(onnxtrain_minimal_tests ${_minimal_tests})
+  target_include_directories(onnxtrain_minimal_tests PRIVATE src)
+  target_link_libraries(onnxtrain_minimal_tests PRIVATE onnxtrain ${_gtest_main})
+  # add_test runs targets through CMAKE_CROSSCOMPILING_EMULATOR (qemu-aarch64) when cross compiling.
+  add_test(NAME minimal_backend COMMAND onnxtrain_minimal_tests)
+  if(ONNXTRAIN_BUILD_EXAMPLES)
+    # The digits demo's prepared artifacts (examples/demo.py, `make demo`) trained from C and C++ to
+    # 97%; skipped (77) when the demo has not run.
+    set(_digits ${CMAKE_SOURCE_DIR}/examples/out)
+    foreach(_example train_digits_c train_digits)
+      set(_data ${_digits}/digits_raw)
+      if(_example STREQUAL "train_digits")
+        set(_data ${_digits}/digits.npz)
+      endif()
+      # sh -c SCRIPT sh ARTIFACTS OUT [EMULATOR...] PROGRAM ARTIFACTS DATA: runs PROGRAM ... OUT 0.97
+      add_test(NAME minimal_${_example}
+               COMMAND sh -c "test -d \"$1\" || exit 77; out=$2; shift 2; mkdir -p \"$out\" && exec \"$@\" \"$out\" 0.97"
+                       sh ${_digits}/digits_artifacts ${CMAKE_BINARY_DIR}/${_example}_out ${CMAKE_CROSSCOMPILING_EMULATOR}
+                       $<TARGET_FILE:${_example}> ${_digits}/digits_artifacts ${_data})
+      set_tests_properties(minimal_${_example} PROPERTIES SKIP_RETURN_CODE 77)
+    endforeach()
+  endif()
+endif()

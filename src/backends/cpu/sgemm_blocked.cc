@@ -1,0 +1,211 @@
+#include "backends/cpu/sgemm_blocked.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "core/parallel.h"
+
+namespace onnxtrain::cpu {
+namespace {
+
+// The widest vector the target compiles for; the micro-kernel holds kMR x 2 of them.
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+constexpr const char* kIsa = "blocked-avx512";
+#elif defined(__AVX2__)
+constexpr int kLanes = 8;
+constexpr const char* kIsa = "blocked-avx2";
+#elif defined(__ARM_NEON)
+constexpr int kLanes = 4;
+constexpr const char* kIsa = "blocked-neon";
+#else
+constexpr int kLanes = 4;
+constexpr const char* kIsa = "blocked-generic";
+#endif
+using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
+
+// 6 x 2 vector accumulators: 12 registers, leaving room for the two B vectors and the broadcast
+// A value on every target (16 YMM, 32 ZMM, 32 NEON q registers).
+constexpr int kMR = 6;
+constexpr int kNR = 2 * kLanes;
+constexpr int64_t kKC = 384;         // most depth of one packed slice: an A panel (6 x 384) stays in L1
+constexpr int64_t kMC = kMR * 128;   // rows of A packed at once (768 x 384 floats: 1.1 MB, L2)
+constexpr int64_t kNC = kNR * 128;   // columns of B packed at once
+// Below this many multiply-adds one thread does the whole product (waking the pool costs more).
+constexpr int64_t kParallelFlops = int64_t(1) << 18;
+
+// Every lane = x: a broadcast. x - (+0) is exactly x for every x, so the compiler drops the
+// subtraction (x + 0 is not: -0 + 0 = +0, and a lane-by-lane fill goes through memory).
+inline Vec splat(float x) { return x - Vec{}; }
+
+inline Vec load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// tile[kMR][kNR] = sum over p < kc of A panel column p times B panel row p.
+inline void micro_kernel(int64_t kc, const float* ap, const float* bp, float* tile) {
+  Vec acc[kMR][2] = {};
+  for (int64_t p = 0; p < kc; ++p) {
+    const Vec b0 = load(bp), b1 = load(bp + kLanes);
+    for (int i = 0; i < kMR; ++i) {
+      const Vec a = splat(ap[i]);
+      acc[i][0] += a * b0;
+      acc[i][1] += a * b1;
+    }
+    ap += kMR;
+    bp += kNR;
+  }
+  std::memcpy(tile, acc, sizeof acc);
+}
+
+// Rows [i0, i0 + rows) of A's columns [p0, p0 + kc) as kMR-tall panels (column-major within a
+// panel, zero rows past the end).
+void pack_a(const SgemmArgs& g, int64_t i0, int64_t rows, int64_t p0, int64_t kc, float* out) {
+  const int64_t panels = (rows + kMR - 1) / kMR;
+  auto pack = [&](int64_t begin, int64_t end) {
+    for (int64_t panel = begin; panel < end; ++panel) {
+      float* dst = out + panel * kMR * kc;
+      const int64_t r0 = i0 + panel * kMR, valid = std::min<int64_t>(kMR, i0 + rows - r0);
+      for (int64_t p = 0; p < kc; ++p) {
+        const float* src = g.a + r0 * g.a_row + (p0 + p) * g.a_col;
+        for (int64_t i = 0; i < kMR; ++i) dst[p * kMR + i] = i < valid ? src[i * g.a_row] : 0.0f;
+      }
+    }
+  };
+  pack(0, panels);
+}
+
+// B's rows [p0, p0 + kc) and columns [j0, j0 + cols) as kNR-wide panels (row-major within a
+// panel, zero columns past the end).
+void pack_b(const SgemmArgs& g, int64_t j0, int64_t cols, int64_t p0, int64_t kc, float* out) {
+  const int64_t panels = (cols + kNR - 1) / kNR;
+  auto pack = [&](int64_t begin, int64_t end) {
+    for (int64_t panel = begin; panel < end; ++panel) {
+      float* dst = out + panel * kNR * kc;
+      const int64_t c0 = j0 + panel * kNR, valid = std::min<int64_t>(kNR, j0 + cols - c0);
+      if (g.b_row == 1 && g.b_col != 1) {  // B transposed: read each column along its contiguous depth
+        for (int64_t j = 0; j < kNR; ++j) {
+          const float* src = g.b + p0 + (c0 + j) * g.b_col;
+          for (int64_t p = 0; p < kc; ++p) dst[p * kNR + j] = j < valid ? src[p] : 0.0f;
+        }
+        continue;
+      }
+      for (int64_t p = 0; p < kc; ++p) {
+        const float* src = g.b + (p0 + p) * g.b_row + c0 * g.b_col;
+        float* row = dst + p * kNR;
+        if (g.b_col == 1 && valid == kNR) {
+          std::memcpy(row, src, sizeof(float) * kNR);
+        } else {
+          for (int64_t j = 0; j < kNR; ++j) row[j] = j < valid ? src[j * g.b_col] : 0.0f;
+        }
+      }
+    }
+  };
+  pack(0, panels);
+}
+
+// Writes a tile's valid part into C: the first depth slice applies beta and the bias, later
+// slices accumulate.
+void store_tile(const SgemmArgs& g, const float* tile, int64_t i0, int64_t j0, int64_t rows, int64_t cols,
+                bool first_slice) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* c = g.c + (i0 + i) * g.ldc + j0;
+    const float* t = tile + i * kNR;
+    if (!first_slice) {
+      for (int64_t j = 0; j < cols; ++j) c[j] += g.alpha * t[j];
+      continue;
+    }
+    for (int64_t j = 0; j < cols; ++j) {
+      float v = g.alpha * t[j];
+      if (g.beta != 0.0f) v += g.beta * c[j];
+      if (g.bias) v += g.bias[j0 + j];
+      c[j] = v;
+    }
+  }
+}
+
+// Scratch buffers that outlive a call (a step's GEMMs reuse them).
+std::vector<float>& scratch(int which) {
+  thread_local std::vector<float> buffers[2];
+  return buffers[which];
+}
+
+// The whole product on the calling thread.
+void sgemm_serial(const SgemmArgs& g) {
+  std::vector<float>& a_pack = scratch(0);
+  std::vector<float>& b_pack = scratch(1);
+  for (int64_t j0 = 0; j0 < g.n; j0 += kNC) {
+    const int64_t cols = std::min(kNC, g.n - j0), n_panels = (cols + kNR - 1) / kNR;
+    // Depth slices of at most kKC, evened out (k = 288 is one slice, not 256 + 32: every slice
+    // costs a pass over C).
+    const int64_t slices = (g.k + kKC - 1) / kKC, slice_depth = (g.k + slices - 1) / slices;
+    for (int64_t p0 = 0; p0 < g.k; p0 += slice_depth) {
+      const int64_t kc = std::min(slice_depth, g.k - p0);
+      b_pack.resize(size_t(n_panels * kNR * kc));
+      pack_b(g, j0, cols, p0, kc, b_pack.data());
+      for (int64_t i0 = 0; i0 < g.m; i0 += kMC) {
+        const int64_t rows = std::min(kMC, g.m - i0), m_panels = (rows + kMR - 1) / kMR;
+        a_pack.resize(size_t(m_panels * kMR * kc));
+        pack_a(g, i0, rows, p0, kc, a_pack.data());
+        // Tiles in B-panel-major order: consecutive tiles of one thread share a B panel.
+        auto compute = [&](int64_t begin, int64_t end) {  // tiles [begin, end)
+          alignas(64) float tile[kMR * kNR];
+          for (int64_t t = begin; t < end; ++t) {
+            const int64_t jp = t / m_panels, ip = t % m_panels;
+            micro_kernel(kc, a_pack.data() + ip * kMR * kc, b_pack.data() + jp * kNR * kc, tile);
+            const int64_t r = ip * kMR, c = jp * kNR;
+            store_tile(g, tile, i0 + r, j0 + c, std::min<int64_t>(kMR, rows - r), std::min<int64_t>(kNR, cols - c),
+                       p0 == 0);
+          }
+        };
+        compute(0, m_panels * n_panels);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void sgemm_blocked(const SgemmArgs& g, bool parallel) {
+  if (g.m <= 0 || g.n <= 0) return;
+  if (g.k <= 0) {  // an empty sum: C = beta C + bias
+    for (int64_t i = 0; i < g.m; ++i)
+      for (int64_t j = 0; j < g.n; ++j) {
+        float* c = g.c + i * g.ldc + j;
+        *c = (g.beta != 0.0f ? g.beta * *c : 0.0f) + (g.bias ? g.bias[j] : 0.0f);
+      }
+    return;
+  }
+  const int threads = parallel && g.m * g.n * g.k >= kParallelFlops ? num_threads() : 1;
+  if (threads <= 1) return sgemm_serial(g);
+  // One parallel region per product: each thread computes a band of C's columns (or rows, when C
+  // is taller than wide) with its own packing buffers; bands are whole register tiles.
+  const bool by_columns = g.n >= g.m;
+  const int64_t extent = by_columns ? g.n : g.m, unit = by_columns ? kNR : kMR;
+  const int64_t band = (extent / threads + unit - 1) / unit * unit;
+  const int64_t bands = (extent + band - 1) / band;
+  parallel_for(bands, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t start = t * band, size = std::min(band, extent - start);
+      SgemmArgs part = g;
+      if (by_columns) {
+        part.n = size;
+        part.b += start * g.b_col;
+        part.c += start;
+        if (part.bias) part.bias += start;
+      } else {
+        part.m = size;
+        part.a += start * g.a_row;
+        part.c += start * g.ldc;
+      }
+      sgemm_serial(part);
+    }
+  });
+}
+
+std::string sgemm_blocked_isa() { return kIsa; }
+
+}  // namespace onnxtrain::cpu
