@@ -23,6 +23,7 @@ set(_left_out
   src/training/forward_backward.cc            # TrainModule's forward/backward split
   src/training/trainer.cc                     # the CLI's training loop
   src/passes/mixed_precision.cc src/passes/compute_optimizer.cc  # artifact/TrainModule-time passes
+  src/passes/sparsity.cc                      # TrainModule-time label/padding sparsity
   src/onnx/model_io.cc                        # protobuf (replaced by model_io_minimal.cc)
   src/backends/cpu/gemm_dnnl.cc src/backends/cpu/conv_dnnl.cc src/backends/cpu/pool_dnnl.cc
   src/backends/cpu/dnnl_utils.cc              # oneDNN (replaced by gemm_, conv_, pool_minimal.cc)

@@ -18,9 +18,9 @@ namespace graph_f { enum { kNode = 1, kName = 2, kInitializer = 5, kInput = 11, 
                            kSparseInitializer = 15 }; }
 namespace node_f { enum { kInput = 1, kOutput = 2, kName = 3, kOpType = 4, kAttribute = 5, kDomain = 7 }; }
 namespace attr_f { enum { kName = 1, kF = 2, kI = 3, kS = 4, kT = 5, kG = 6, kFloats = 7, kInts = 8, kStrings = 9,
-                          kTensors = 10, kType = 20, kRefAttrName = 21 }; }
+                          kTensors = 10, kTp = 14, kType = 20, kRefAttrName = 21 }; }
 namespace attr_type { enum { kFloat = 1, kInt = 2, kString = 3, kTensor = 4, kGraph = 5, kFloats = 6, kInts = 7,
-                             kStrings = 8, kTensors = 9 }; }
+                             kStrings = 8, kTensors = 9, kTypeProto = 13 }; }
 namespace tensor_f { enum { kDims = 1, kDataType = 2, kSegment = 3, kFloatData = 4, kInt32Data = 5, kInt64Data = 7,
                             kName = 8, kRawData = 9, kDoubleData = 10, kUint64Data = 11, kExternalData = 13,
                             kDataLocation = 14 }; }
@@ -294,7 +294,7 @@ Attribute parse_attribute(std::string_view bytes, const std::string& base_dir, c
   std::string name, ref_attr_name;
   int64_t type = 0;
   Attribute out;
-  std::optional<std::string_view> t, g;
+  std::optional<std::string_view> t, g, tp;
   std::vector<std::string_view> tensors;
   for (const Field& f : fields_of(bytes, where)) {
     switch (f.number) {
@@ -310,6 +310,7 @@ Attribute parse_attribute(std::string_view bytes, const std::string& base_dir, c
       case attr_f::kInts: append_scalars(f, out.ints, where); break;
       case attr_f::kStrings: out.strings.push_back(str(f, "strings", where)); break;
       case attr_f::kTensors: expect_wire(f, kLengthDelimited, "tensors", where); tensors.push_back(f.bytes); break;
+      case attr_f::kTp: expect_wire(f, kLengthDelimited, "tp", where); tp = f.bytes; break;
       default: break;
     }
   }
@@ -335,6 +336,10 @@ Attribute parse_attribute(std::string_view bytes, const std::string& base_dir, c
     case attr_type::kTensors:
       a.kind = K::kTensors;
       for (auto tb : tensors) a.tensors.push_back(parse_tensor(tb, base_dir, attr_where));
+      break;
+    case attr_type::kTypeProto:  // kept serialized, as the protobuf path keeps it
+      a.kind = K::kTypeProto;
+      a.s = tp ? std::string(*tp) : std::string();
       break;
     default: OT_THROW(kNotImplemented, attr_where, "attribute '", name, "' has unsupported type ", type);
   }
@@ -514,6 +519,7 @@ std::string attribute_bytes(const std::string& name, const Attribute& a) {
       for (const auto& t : a.tensors) w.bytes_field(attr_f::kTensors, tensor_bytes(t, nullptr, nullptr));
       type = attr_type::kTensors;
       break;
+    case K::kTypeProto: w.bytes_field(attr_f::kTp, a.s); type = attr_type::kTypeProto; break;
   }
   w.int_field(attr_f::kType, type);
   return w.out;
