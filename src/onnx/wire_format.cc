@@ -243,24 +243,46 @@ std::pair<std::string, ValueInfo> parse_value_info(std::string_view bytes, const
   }
   ValueInfo info;
   if (!type) return {name, info};
-  std::optional<std::string_view> tensor_type;
-  bool other_type = false;  // the last of TypeProto's oneof wins, as in protobuf
-  for (const Field& f : fields_of(*type, where)) {
-    if (f.number == type_f::kTensorType) {
-      expect_wire(f, kLengthDelimited, "tensor_type", where);
-      tensor_type = f.bytes;
-      other_type = false;
-    } else if (f.number == type_f::kSequenceType || f.number == type_f::kMapType ||
-               f.number == type_f::kSparseTensorType || f.number == type_f::kOptionalType) {
-      other_type = true;
-      tensor_type.reset();
-    }
-  }
+  // TypeProto is a oneof (the last one set wins, as in protobuf): optional(elem), sequence(elem),
+  // tensor, or a kind onnxtrain does not run (map, sparse tensor).
+  struct TypeCase {
+    int number = 0;  // 0: nothing set
+    std::string_view bytes;
+  };
+  auto type_case = [&](std::string_view t) {
+    TypeCase c;
+    for (const Field& f : fields_of(t, where))
+      if (f.number == type_f::kTensorType || f.number == type_f::kSequenceType || f.number == type_f::kMapType ||
+          f.number == type_f::kSparseTensorType || f.number == type_f::kOptionalType) {
+        expect_wire(f, kLengthDelimited, "type", where);
+        c = {int(f.number), f.bytes};
+      }
+    return c;
+  };
+  auto elem_type = [&](std::string_view container) {  // Sequence / Optional: elem_type = 1
+    std::optional<std::string_view> elem;
+    for (const Field& f : fields_of(container, where))
+      if (f.number == 1) {
+        expect_wire(f, kLengthDelimited, "elem_type", where);
+        elem = f.bytes;
+      }
+    return elem ? type_case(*elem) : TypeCase{};
+  };
+  TypeCase c = type_case(*type);
   // An empty type (exporters such as spox write one for values of unknown type) says nothing.
-  if (!tensor_type && !other_type) return {name, info};
-  if (!tensor_type)
+  if (c.number == 0) return {name, info};
+  const bool optional = c.number == type_f::kOptionalType;
+  if (optional) c = elem_type(c.bytes);
+  const bool sequence = c.number == type_f::kSequenceType;
+  if (sequence) c = elem_type(c.bytes);
+  info.kind = sequence ? (optional ? ValueKind::kOptionalSequence : ValueKind::kSequence)
+                       : (optional ? ValueKind::kOptionalTensor : ValueKind::kTensor);
+  if (c.number == 0) return {name, info};
+  if (c.number != type_f::kTensorType)
     OT_THROW(kNotImplemented, where, "value '", name,
-             "' is not a tensor (sequence, map and optional types are not supported)");
+             "' is not a tensor, a sequence of tensors or an optional of either (map types and nested "
+             "sequences are not supported)");
+  const std::optional<std::string_view> tensor_type = c.bytes;
   for (const Field& f : fields_of(*tensor_type, where)) {
     if (f.number == tensor_type_f::kElemType) {
       expect_wire(f, kVarint, "elem_type", where);
@@ -493,6 +515,16 @@ std::string value_info_bytes(const std::string& name, const ValueInfo& info) {
   }
   Writer type;
   type.bytes_field(type_f::kTensorType, tensor_type.out);
+  // As model_io.cc's value_info_to_proto: sequence(tensor), then optional(...) around it.
+  auto wrap = [&](int field) {
+    Writer elem;
+    elem.bytes_field(1, type.out);
+    Writer outer;
+    outer.bytes_field(field, elem.out);
+    type = std::move(outer);
+  };
+  if (info.kind == ValueKind::kSequence || info.kind == ValueKind::kOptionalSequence) wrap(type_f::kSequenceType);
+  if (info.kind == ValueKind::kOptionalTensor || info.kind == ValueKind::kOptionalSequence) wrap(type_f::kOptionalType);
   Writer w;
   w.bytes_field(vi_f::kName, name);
   w.bytes_field(vi_f::kType, type.out);

@@ -222,13 +222,59 @@ TEST_F(WireFormatTest, RefusesWhatTheProtobufReaderRefuses) {
   const std::string fbytes = functions.SerializeAsString();
   EXPECT_EQ(test::error_of([&] { wire::parse_model(fbytes, "", "'m'"); }),
             test::error_of([&] { load_model_from_bytes(fbytes, "", "'m'"); }));
-  onnx::ModelProto seq;
-  auto* in = seq.mutable_graph()->add_input();
-  in->set_name("s");
-  in->mutable_type()->mutable_sequence_type();
-  const std::string sbytes = seq.SerializeAsString();
-  EXPECT_EQ(test::error_of([&] { wire::parse_model(sbytes, "", "'m'"); }),
-            test::error_of([&] { load_model_from_bytes(sbytes, "", "'m'"); }));
+  onnx::ModelProto map;
+  auto* in = map.mutable_graph()->add_input();
+  in->set_name("m");
+  in->mutable_type()->mutable_map_type()->set_key_type(7);
+  const std::string mbytes = map.SerializeAsString();
+  EXPECT_NE(test::error_of([&] { load_model_from_bytes(mbytes, "", "'m'"); }), "<no error>");
+  EXPECT_EQ(test::error_of([&] { wire::parse_model(mbytes, "", "'m'"); }),
+            test::error_of([&] { load_model_from_bytes(mbytes, "", "'m'"); }));
+}
+
+// Sequence and optional values (of tensors, of sequences, of unknown element type) read as the
+// protobuf path reads them, and write back to protobuf's bytes.
+TEST_F(WireFormatTest, SequenceAndOptionalTypesReadTheSame) {
+  onnx::ModelProto proto;
+  proto.set_ir_version(8);
+  auto* opset = proto.add_opset_import();
+  opset->set_version(18);
+  auto* g = proto.mutable_graph();
+  g->set_name("g");
+  auto tensor_of = [](onnx::TypeProto* t) {
+    t->mutable_tensor_type()->set_elem_type(1);
+    t->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(3);
+  };
+  auto* s = g->add_input();
+  s->set_name("s");
+  tensor_of(s->mutable_type()->mutable_sequence_type()->mutable_elem_type());
+  auto* o = g->add_input();
+  o->set_name("o");
+  tensor_of(o->mutable_type()->mutable_optional_type()->mutable_elem_type());
+  auto* os = g->add_input();
+  os->set_name("os");
+  tensor_of(os->mutable_type()->mutable_optional_type()->mutable_elem_type()->mutable_sequence_type()->mutable_elem_type());
+  auto* u = g->add_output();
+  u->set_name("u");
+  u->mutable_type()->mutable_sequence_type();
+  auto* n = g->add_node();
+  n->set_op_type("SequenceConstruct");
+  n->add_input("s");
+  n->add_output("u");
+  const std::string bytes = proto.SerializeAsString();
+  const Model via_wire = wire::parse_model(bytes, "", "'m'");
+  const Model via_protobuf = load_model_from_bytes(bytes, "", "'m'");
+  ASSERT_EQ(via_wire.graph.inputs.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(int(via_wire.graph.inputs[i].info.kind), int(via_protobuf.graph.inputs[i].info.kind)) << i;
+    EXPECT_EQ(via_wire.graph.inputs[i].info.dtype, via_protobuf.graph.inputs[i].info.dtype) << i;
+    EXPECT_EQ(via_wire.graph.inputs[i].info.shape, via_protobuf.graph.inputs[i].info.shape) << i;
+  }
+  EXPECT_EQ(int(via_wire.graph.inputs[0].info.kind), int(ValueKind::kSequence));
+  EXPECT_EQ(int(via_wire.graph.inputs[1].info.kind), int(ValueKind::kOptionalTensor));
+  EXPECT_EQ(int(via_wire.graph.inputs[2].info.kind), int(ValueKind::kOptionalSequence));
+  EXPECT_EQ(int(via_wire.graph.outputs[0].info.kind), int(via_protobuf.graph.outputs[0].info.kind));
+  EXPECT_EQ(wire::serialize_model(via_protobuf), save_model_to_bytes(via_protobuf));
 }
 
 }  // namespace
