@@ -62,34 +62,41 @@ std::optional<PoolPrimitive> PoolPrimitive::make(const PoolSpec& spec, bool, con
   return p;
 }
 
+namespace {
+
+// Calls fn(plane, i, j, top, left) for every output (i, j) of every (n, c) plane, planes in
+// parallel; (top, left) is the window's first tap in the unpadded input (negative in the padding).
+template <typename Fn>
+void for_each_window(const PoolSpec& p, Fn&& fn) {
+  const int64_t planes = p.x[0] * p.x[1], oh = p.out[0], ow = p.out[1];
+  parallel_for(planes, 1, [&](int64_t b, int64_t e) {
+    for (int64_t plane = b; plane < e; ++plane)
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) fn(plane, i, j, i * p.stride[0] - p.pad_l[0], j * p.stride[1] - p.pad_l[1]);
+  });
+}
+
+}  // namespace
+
 void PoolPrimitive::forward(const void* x_data, void* y_data) const {
   const auto* x = static_cast<const float*>(x_data);
   auto* y = static_cast<float*>(y_data);
   const Impl& s = *impl_;
   const PoolSpec& p = s.spec;
-  const int64_t planes = p.x[0] * p.x[1], ih = p.x[2], iw = p.x[3], oh = p.out[0], ow = p.out[1];
-  parallel_for(planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t plane = b; plane < e; ++plane) {
-      const float* xp = x + plane * ih * iw;
-      float* yp = y + plane * oh * ow;
-      for (int64_t i = 0; i < oh; ++i) {
-        const int64_t r0 = i * p.stride[0] - p.pad_l[0];
-        for (int64_t j = 0; j < ow; ++j) {
-          const int64_t c0 = j * p.stride[1] - p.pad_l[1];
-          float acc = p.max ? -std::numeric_limits<float>::infinity() : 0.0f;
-          for (int64_t kh = s.h.begin[i]; kh < s.h.end[i]; ++kh) {
-            const float* row = xp + (r0 + kh * p.dilation[0]) * iw + c0;
-            for (int64_t kw = s.w.begin[j]; kw < s.w.end[j]; ++kw) {
-              const float v = row[kw * p.dilation[1]];
-              if (p.max) acc = v > acc ? v : acc;
-              else acc += v;
-            }
-          }
-          if (!p.max) acc /= s.count(i, j);
-          yp[i * ow + j] = acc;
-        }
+  const int64_t ih = p.x[2], iw = p.x[3], oh = p.out[0], ow = p.out[1];
+  for_each_window(p, [&](int64_t plane, int64_t i, int64_t j, int64_t r0, int64_t c0) {
+    const float* xp = x + plane * ih * iw;
+    float acc = p.max ? -std::numeric_limits<float>::infinity() : 0.0f;
+    for (int64_t kh = s.h.begin[i]; kh < s.h.end[i]; ++kh) {
+      const float* row = xp + (r0 + kh * p.dilation[0]) * iw + c0;
+      for (int64_t kw = s.w.begin[j]; kw < s.w.end[j]; ++kw) {
+        const float v = row[kw * p.dilation[1]];
+        if (p.max) acc = v > acc ? v : acc;
+        else acc += v;
       }
     }
+    if (!p.max) acc /= s.count(i, j);
+    y[(plane * oh + i) * ow + j] = acc;
   });
 }
 
@@ -99,35 +106,26 @@ void PoolPrimitive::backward(const void* dy_data, const void* x_data, void* dx_d
   auto* dx = static_cast<float*>(dx_data);
   const Impl& s = *impl_;
   const PoolSpec& p = s.spec;
-  const int64_t planes = p.x[0] * p.x[1], ih = p.x[2], iw = p.x[3], oh = p.out[0], ow = p.out[1];
-  parallel_for(planes, 1, [&](int64_t b, int64_t e) {
-    for (int64_t plane = b; plane < e; ++plane) {
-      const float* xp = x + plane * ih * iw;
-      const float* dyp = dy + plane * oh * ow;
-      float* dxp = dx + plane * ih * iw;
-      std::fill(dxp, dxp + ih * iw, 0.0f);
-      for (int64_t i = 0; i < oh; ++i) {
-        const int64_t r0 = i * p.stride[0] - p.pad_l[0];
-        for (int64_t j = 0; j < ow; ++j) {
-          const int64_t c0 = j * p.stride[1] - p.pad_l[1];
-          const float g = dyp[i * ow + j];
-          if (p.max) {  // the first maximum in window order takes the gradient
-            int64_t best = -1;
-            float best_v = -std::numeric_limits<float>::infinity();
-            for (int64_t kh = s.h.begin[i]; kh < s.h.end[i]; ++kh)
-              for (int64_t kw = s.w.begin[j]; kw < s.w.end[j]; ++kw) {
-                const int64_t at = (r0 + kh * p.dilation[0]) * iw + c0 + kw * p.dilation[1];
-                if (best < 0 || xp[at] > best_v) best = at, best_v = xp[at];
-              }
-            dxp[best] += g;
-          } else {
-            const float share = g / s.count(i, j);
-            for (int64_t kh = s.h.begin[i]; kh < s.h.end[i]; ++kh)
-              for (int64_t kw = s.w.begin[j]; kw < s.w.end[j]; ++kw)
-                dxp[(r0 + kh * p.dilation[0]) * iw + c0 + kw * p.dilation[1]] += share;
-          }
+  const int64_t ih = p.x[2], iw = p.x[3], oh = p.out[0], ow = p.out[1];
+  std::fill(dx, dx + p.x[0] * p.x[1] * ih * iw, 0.0f);
+  for_each_window(p, [&](int64_t plane, int64_t i, int64_t j, int64_t r0, int64_t c0) {
+    const float* xp = x + plane * ih * iw;
+    float* dxp = dx + plane * ih * iw;
+    const float g = dy[(plane * oh + i) * ow + j];
+    if (p.max) {  // the first maximum in window order takes the gradient
+      int64_t best = -1;
+      float best_v = -std::numeric_limits<float>::infinity();
+      for (int64_t kh = s.h.begin[i]; kh < s.h.end[i]; ++kh)
+        for (int64_t kw = s.w.begin[j]; kw < s.w.end[j]; ++kw) {
+          const int64_t at = (r0 + kh * p.dilation[0]) * iw + c0 + kw * p.dilation[1];
+          if (best < 0 || xp[at] > best_v) best = at, best_v = xp[at];
         }
-      }
+      dxp[best] += g;
+    } else {
+      const float share = g / s.count(i, j);
+      for (int64_t kh = s.h.begin[i]; kh < s.h.end[i]; ++kh)
+        for (int64_t kw = s.w.begin[j]; kw < s.w.end[j]; ++kw)
+          dxp[(r0 + kh * p.dilation[0]) * iw + c0 + kw * p.dilation[1]] += share;
     }
   });
 }
