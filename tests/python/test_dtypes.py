@@ -18,7 +18,8 @@ SAMPLES = collect_samples()
 # converting a node's own inputs, does not rewrite; their bodies' ops are covered one by one.
 # Sequence ops: their samples feed or return sequences (lists), which the harness's Cast wrapper
 # does not convert; their kernels only move tensors, whatever the dtype.
-NOT_APPLICABLE = {"Cast", "CastLike", "If", "Loop", "Scan", "SequenceConstruct", "SequenceAt", "SplitToSequence",
+NOT_APPLICABLE = {"Cast", "CastLike", "If", "Loop", "Scan", "SequenceConstruct", "SequenceAt", "SequenceInsert",
+                  "SequenceErase", "SplitToSequence",
                   "ConcatFromSequence"}
 
 # The op set mixed precision puts in the low precision (low and follow classes) plus the fp32

@@ -144,12 +144,41 @@ def test_gradient_of_a_sequence_read_by_several_nodes():
     np.testing.assert_allclose(db, a + w[2:], rtol=1e-12)
 
 
-def test_sequence_edits_say_they_are_not_differentiated():
-    nodes = [helper.make_node("SequenceEmpty", [], ["e"], dtype=TensorProto.DOUBLE),
-             helper.make_node("SequenceInsert", ["e", "a"], ["s"], name="ins"),
-             helper.make_node("ConcatFromSequence", ["s"], ["y"], axis=0)]
+def test_gradient_through_sequence_edits():
+    """s = [b, c, a] by three inserts (at the end, at 0, at -1), then erase position 0 -> [c, a];
+    z = sum(w * Concat(s)). Every position form is exercised: a wrong one moves a gradient."""
+    D = TensorProto.DOUBLE
+    nodes = [helper.make_node("SequenceEmpty", [], ["e"], dtype=D),
+             helper.make_node("SequenceInsert", ["e", "a"], ["s1"]),                 # [a]
+             helper.make_node("SequenceInsert", ["s1", "b", "zero"], ["s2"]),        # [b, a]
+             helper.make_node("SequenceInsert", ["s2", "c", "minus_one"], ["s3"]),   # [b, c, a]
+             helper.make_node("SequenceErase", ["s3", "zero"], ["s4"]),              # [c, a]
+             helper.make_node("ConcatFromSequence", ["s4"], ["y"], axis=0),
+             helper.make_node("Mul", ["y", "w"], ["yw"]),
+             helper.make_node("ReduceSum", ["yw"], ["z"], keepdims=0)]
+    inits = [const("zero", np.array(0, np.int64)), const("minus_one", np.array(-1, np.int64))]
+    data = model(nodes, [tensor(n, D, [2]) for n in "abc"] + [tensor("w", D, [4])], [tensor("z", D, [])], inits)
+    grad_model = autodiff.build_gradient_graph(data, ["a", "b", "c"], ["z"])
+    rng = np.random.default_rng(5)
+    feeds = {n: rng.standard_normal(2) for n in "abc"}
+    feeds["w"] = rng.standard_normal(4)
+    sess = onnxtrain.InferenceSession(grad_model)
+    if "z_grad" in {i.name for i in sess.get_inputs()}:
+        feeds["z_grad"] = np.array(1.0)
+    da, db, dc = sess.run(["a_grad", "b_grad", "c_grad"], feeds)
+    np.testing.assert_array_equal(da, feeds["w"][2:])
+    np.testing.assert_array_equal(db, np.zeros(2))
+    np.testing.assert_array_equal(dc, feeds["w"][:2])
+
+
+def test_sequence_map_says_it_is_not_differentiated():
+    body = helper.make_graph([helper.make_node("Neg", ["x"], ["y"])], "body",
+                             [tensor("x", TensorProto.DOUBLE, [2])], [tensor("y", TensorProto.DOUBLE, [2])])
+    nodes = [helper.make_node("SequenceConstruct", ["a"], ["s"]),
+             helper.make_node("SequenceMap", ["s"], ["m"], name="map", body=body),
+             helper.make_node("ConcatFromSequence", ["m"], ["y"], axis=0)]
     data = model(nodes, [tensor("a", TensorProto.DOUBLE, [2])], [tensor("y", TensorProto.DOUBLE, None)])
-    with pytest.raises(onnxtrain.Error, match=r"\[SequenceInsert\] node 'ins': no gradient rule: .*not differentiated"):
+    with pytest.raises(onnxtrain.Error, match=r"\[SequenceMap\] node 'map': no gradient rule: .*not differentiated"):
         autodiff.build_gradient_graph(data, ["a"], ["y"])
 
 

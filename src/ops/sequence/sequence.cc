@@ -275,6 +275,36 @@ void concat_from_sequence_grad_kernel(KernelContext& ctx) {
   ctx.set_output_value(0, Value::of_sequence(std::move(items)));
 }
 
+// SequenceInsertGrad(ds', s[, p]) -> (ds, dx): the gradient of s' = SequenceInsert(s, x, p).
+// Position p indexes s (in [-n, n], absent = n), so it is resolved against s's length, not ds''s.
+void sequence_insert_grad_kernel(KernelContext& ctx) {
+  const std::vector<Tensor>& d_out = ctx.input_sequence(0);
+  const int64_t n = int64_t(ctx.input_sequence(1).size());
+  OT_CHECK(int64_t(d_out.size()) == n + 1, ctx.node().context(), "the gradient holds ", d_out.size(),
+           " tensors, expected one more than the ", n, " of the input sequence");
+  const size_t at = size_t(ctx.has_input(2) ? position(ctx, 2, n, true) : n);
+  std::vector<Tensor> rest;
+  for (size_t i = 0; i < d_out.size(); ++i)
+    if (i != at) rest.push_back(d_out[i]);
+  ctx.set_output_value(0, Value::of_sequence(std::move(rest)));
+  ctx.set_output(1, d_out[at]);
+}
+
+// SequenceEraseGrad(ds', s[, p]) -> ds: the gradient of s' = SequenceErase(s, p): ds' with zeros
+// shaped like the erased element put back at p (in [-n, n), absent = n - 1).
+void sequence_erase_grad_kernel(KernelContext& ctx) {
+  const std::vector<Tensor>& d_out = ctx.input_sequence(0);
+  const std::vector<Tensor>& like = ctx.input_sequence(1);
+  const int64_t n = int64_t(like.size());
+  OT_CHECK(n > 0 && int64_t(d_out.size()) == n - 1, ctx.node().context(), "the gradient holds ", d_out.size(),
+           " tensors, expected one fewer than the ", n, " of the input sequence");
+  const int64_t at = ctx.has_input(2) ? position(ctx, 2, n, false) : n - 1;
+  const DType dtype = d_out.empty() ? like[size_t(at)].dtype() : d_out[0].dtype();
+  std::vector<Tensor> items = d_out;
+  items.insert(items.begin() + at, Tensor::zeros(dtype, like[size_t(at)].shape()));
+  ctx.set_output_value(0, Value::of_sequence(std::move(items)));
+}
+
 // SequenceSum(s_0..s_n): the element-wise sum of sequences of the same length and shapes (the
 // gradient of a sequence read by several nodes).
 void sequence_sum_kernel(KernelContext& ctx) {
@@ -331,20 +361,32 @@ void concat_from_sequence_gradient(GradientBuilder& g) {
                   kOnnxTrainDomain));
 }
 
+// s' = SequenceInsert(s, x, p).  ds = ds' without position p; dx = ds'[p]
+void sequence_insert_gradient(GradientBuilder& g) {
+  std::vector<std::string> in = {g.dy(0), g.x(0)};
+  if (g.node().inputs.size() > 2 && !g.node().inputs[2].empty()) in.push_back(g.x(2));
+  std::vector<std::string> d = g.emit_n("SequenceInsertGrad", in, 2, {}, kOnnxTrainDomain);
+  if (g.needs(0)) g.set(0, d[0]);
+  if (g.needs(1)) g.set(1, d[1]);
+}
+
+// s' = SequenceErase(s, p).  ds = ds' with zeros (shaped like s[p]) put back at p
+void sequence_erase_gradient(GradientBuilder& g) {
+  std::vector<std::string> in = {g.dy(0), g.x(0)};
+  if (g.node().inputs.size() > 1 && !g.node().inputs[1].empty()) in.push_back(g.x(1));
+  if (g.needs(0)) g.set(0, g.emit("SequenceEraseGrad", in, {}, kOnnxTrainDomain));
+}
+
 ONNXTRAIN_OP(SequenceEmpty, kOnnxDomain, 11).inputs(0).outputs(1).shape(sequence_empty_rule)
     .not_differentiable().cpu(sequence_empty_kernel);
 ONNXTRAIN_OP(SequenceConstruct, kOnnxDomain, 11).inputs(1, INT_MAX).outputs(1).shape(sequence_construct_rule)
     .cpu(sequence_construct_kernel).gradient(sequence_construct_gradient);
 ONNXTRAIN_OP(SequenceInsert, kOnnxDomain, 11).inputs(2, 3).outputs(1).shape(sequence_insert_rule)
-    .cpu(sequence_insert_kernel)
-    .gradient_not_implemented("a gradient flowing into a sequence value is only formed by SequenceAt and "
-                              "ConcatFromSequence; edits of a sequence are not differentiated");
+    .cpu(sequence_insert_kernel).gradient(sequence_insert_gradient);
 ONNXTRAIN_OP(SequenceAt, kOnnxDomain, 11).inputs(2).outputs(1).shape(sequence_at_rule).cpu(sequence_at_kernel)
     .gradient(sequence_at_gradient);
 ONNXTRAIN_OP(SequenceErase, kOnnxDomain, 11).inputs(1, 2).outputs(1).shape(same_sequence_rule)
-    .cpu(sequence_erase_kernel)
-    .gradient_not_implemented("a gradient flowing into a sequence value is only formed by SequenceAt and "
-                              "ConcatFromSequence; edits of a sequence are not differentiated");
+    .cpu(sequence_erase_kernel).gradient(sequence_erase_gradient);
 ONNXTRAIN_OP(SequenceLength, kOnnxDomain, 11).inputs(1).outputs(1).shape(sequence_length_rule)
     .not_differentiable().cpu(sequence_length_kernel);
 ONNXTRAIN_OP(SplitToSequence, kOnnxDomain, 11).inputs(1, 2).outputs(1).shape(split_to_sequence_rule)
@@ -362,6 +404,14 @@ ONNXTRAIN_OP(SequenceAtGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape(sam
 ONNXTRAIN_OP(ConcatFromSequenceGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1)
     .shape([](ShapeContext& ctx) { ctx.set_output_info(0, sequence_info(ctx.input_dtype(0))); })
     .cpu(concat_from_sequence_grad_kernel).gradient_not_implemented("second derivatives are not needed for training");
+ONNXTRAIN_OP(SequenceInsertGrad, kOnnxTrainDomain, 1).inputs(2, 3).outputs(2)
+    .shape([](ShapeContext& ctx) {
+      ctx.set_output_info(0, sequence_info(ctx.input_dtype(0), ctx.input_shape(0)));
+      ctx.set_output(1, ctx.input_dtype(0), ctx.input_shape(0));
+    })
+    .cpu(sequence_insert_grad_kernel).gradient_not_implemented("second derivatives are not needed for training");
+ONNXTRAIN_OP(SequenceEraseGrad, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1).shape(same_sequence_rule)
+    .cpu(sequence_erase_grad_kernel).gradient_not_implemented("second derivatives are not needed for training");
 ONNXTRAIN_OP(SequenceSum, kOnnxTrainDomain, 1).inputs(1, INT_MAX).outputs(1).shape(same_sequence_rule)
     .cpu(sequence_sum_kernel).gradient_not_implemented("second derivatives are not needed for training");
 

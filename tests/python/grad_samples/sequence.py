@@ -20,6 +20,15 @@ SAMPLES = {
         Sample([[_r(2, 3), _r(4), _r(2, 3)], np.array(1)], name="middle element of a mixed-shape sequence"),
         Sample([[_r(2, 3), _r(2, 3)], np.array(-1, np.int32)], name="negative int32 position"),
     ],
+    "SequenceInsert": [
+        Sample([[_r(2, 3), _r(4)], _r(3, 1)], name="at the end (no position)"),
+        Sample([[_r(2, 3), _r(4)], _r(3, 1), np.array(-2)], name="negative position counts in the input sequence"),
+        Sample([[_r(2)], _r(2), np.array(1, np.int32)], name="position n (int32)"),
+    ],
+    "SequenceErase": [
+        Sample([[_r(2, 3), _r(4), _r(1)]], name="the last (no position)"),
+        Sample([[_r(2, 3), _r(4), _r(1)], np.array(-3)], name="the first, counted from the back"),
+    ],
     "SplitToSequence": [
         Sample([_r(4, 3), np.array([1, 3])], {"axis": 0}, name="sizes along axis 0"),
         Sample([_r(2, 5), np.array(2)], {"axis": 1}, name="pieces of 2, the last one shorter"),
