@@ -16,23 +16,15 @@ using namespace rnn;
 template <typename T>
 void run_gru(KernelContext& ctx) {
   using C = compute_t<T>;
-  const Node& node = ctx.node();
-  RnnSetup s = parse_setup(ctx, 3);
-  std::vector<Activation> acts = parse_activations(node, {"Sigmoid", "Tanh"}, s.dirs);
-  const bool lbr = node.attr_int("linear_before_reset", 0) != 0;
+  auto [s, acts, x, w, r, b, max_len] = load_operands<T>(ctx, 3, {"Sigmoid", "Tanh"});
+  const bool lbr = ctx.node().attr_int("linear_before_reset", 0) != 0;
   const DType dt = ctx.input(0).dtype();
   const int64_t H = s.hidden, G = 3 * H;
-
-  std::vector<C> x = time_major_input<T>(ctx.input(0), s);
-  std::vector<C> w = to_compute<T>(ctx.input(1));
-  std::vector<C> r = to_compute<T>(ctx.input(2));
-  std::vector<C> b = ctx.has_input(3) ? to_compute<T>(ctx.input(3)) : std::vector<C>();
 
   Tensor y = optional_output(ctx, 0, dt, y_shape(s));
   Tensor yh = optional_output(ctx, 1, dt, state_shape(s));
   if (y.defined()) zero_fill<T>(y);
 
-  int64_t max_len = s.batch ? *std::max_element(s.lens.begin(), s.lens.end()) : 0;
   for (int64_t d = 0; d < s.dirs; ++d) {
     const Activation& f = acts[size_t(2 * d)];
     const Activation& g = acts[size_t(2 * d + 1)];
@@ -110,27 +102,12 @@ void run_gru(KernelContext& ctx) {
 template <typename T>
 void run_gru_grad(KernelContext& ctx) {
   using C = compute_t<T>;
-  const Node& node = ctx.node();
-  RnnSetup s = parse_setup(ctx, 3);
-  std::vector<Activation> acts = parse_activations(node, {"Sigmoid", "Tanh"}, s.dirs);
-  const bool lbr = node.attr_int("linear_before_reset", 0) != 0;
-  const DType dt = ctx.input(0).dtype();
+  auto [s, acts, x, w, r, b, max_len] = load_operands<T>(ctx, 3, {"Sigmoid", "Tanh"});
+  const bool lbr = ctx.node().attr_int("linear_before_reset", 0) != 0;
   const int64_t H = s.hidden, G = 3 * H, B = s.batch, I = s.input, SB = s.seq * s.batch;
-
-  std::vector<C> x = time_major_input<T>(ctx.input(0), s);
-  std::vector<C> w = to_compute<T>(ctx.input(1));
-  std::vector<C> r = to_compute<T>(ctx.input(2));
-  std::vector<C> b = ctx.has_input(3) ? to_compute<T>(ctx.input(3)) : std::vector<C>();
   const Tensor* dy = upstream_y(ctx, 6, s);
+  BpttOutputs<T> out(ctx, s, G);
 
-  Tensor dx_t = optional_output(ctx, 0, dt, ctx.input(0).shape());
-  Tensor dw_t = optional_output(ctx, 1, dt, ctx.input(1).shape());
-  Tensor dr_t = optional_output(ctx, 2, dt, ctx.input(2).shape());
-  Tensor db_t = optional_output(ctx, 3, dt, {s.dirs, 2 * G});
-  Tensor dh0_t = optional_output(ctx, 4, dt, state_shape(s));
-  std::vector<C> dx(size_t(SB * I), C(0));
-
-  int64_t max_len = B ? *std::max_element(s.lens.begin(), s.lens.end()) : 0;
   for (int64_t d = 0; d < s.dirs; ++d) {
     const Activation& f = acts[size_t(2 * d)];
     const Activation& g = acts[size_t(2 * d + 1)];
@@ -255,32 +232,25 @@ void run_gru_grad(KernelContext& ctx) {
         for (int64_t j = 0; j < H; ++j) dh[size_t(bi * H + j)] = dpart[size_t(bi * H + j)] + dtmp[size_t(bi * H + j)];
       }
     }
-    if (dw_t.defined()) {
-      std::vector<C> dw(size_t(G * I));
-      gemm_tn(daw.data(), SB, G, x.data(), I, dw.data());
-      store_range<T>(dw_t, d * G * I, dw);
-    }
-    if (dr_t.defined()) {
+    out.input_projection(daw, x, wd, s, d, G);
+    // The recurrent side differs from the input side in Rh (it reads rt (.) Ht-1, or Ht-1 inside rt)
+    // and in the biases (Rbh apart from Wbh when linear_before_reset).
+    if (out.dr.defined()) {
       std::vector<C> drm(size_t(G * H));
       std::vector<C> at = transposed(dar.data(), SB, G);  // [G, SB]
       gemm_nn(at.data(), 2 * H, SB, SB, hprev.data(), H, H, drm.data(), H);
       gemm_nn(at.data() + 2 * H * SB, H, SB, SB, lbr ? hprev.data() : aux.data(), H, H, drm.data() + 2 * H * H, H);
-      store_range<T>(dr_t, d * G * H, drm);
+      store_range<T>(out.dr, d * G * H, drm);
     }
-    if (db_t.defined()) {
+    if (out.db.defined()) {
       std::vector<C> db(size_t(2 * G));
       column_sums(daw.data(), SB, G, db.data());
       column_sums(dar.data(), SB, G, db.data() + G);
-      store_range<T>(db_t, d * 2 * G, db);
+      store_range<T>(out.db, d * 2 * G, db);
     }
-    if (dx_t.defined()) {
-      std::vector<C> part(size_t(SB * I));
-      gemm_nn(daw.data(), SB, G, G, wd, I, I, part.data(), I);
-      for (size_t i = 0; i < dx.size(); ++i) dx[i] += part[i];
-    }
-    if (dh0_t.defined()) store_state<T>(dh0_t, s, d, dh);
+    out.initial_h(s, d, dh);
   }
-  if (dx_t.defined()) store_time_major<T>(dx_t, s, dx);
+  out.finish(s);
 }
 
 void gru_grad_kernel(KernelContext& ctx) {

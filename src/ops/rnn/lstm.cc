@@ -18,35 +18,32 @@ namespace {
 
 using namespace rnn;
 
+// The peepholes P [num_directions, 3 * hidden] (i, o, f) in the compute type; empty when absent.
+template <typename T, typename C = compute_t<T>>
+std::vector<C> peepholes(KernelContext& ctx, const RnnSetup& s) {
+  if (!ctx.has_input(7)) return {};
+  const Tensor& pt = ctx.input(7);
+  const DType dt = ctx.input(0).dtype();
+  const Shape want{s.dirs, 3 * s.hidden};
+  OT_CHECK(pt.dtype() == dt && pt.shape() == want, ctx.node().context(), "expected P of shape ", shape_str(want),
+           " and dtype ", dtype_name(dt), ", got ", shape_str(pt.shape()), " ", dtype_name(pt.dtype()));
+  return to_compute<T>(pt);
+}
+
 template <typename T>
 void run_lstm(KernelContext& ctx) {
   using C = compute_t<T>;
-  const Node& node = ctx.node();
-  RnnSetup s = parse_setup(ctx, 4);
-  std::vector<Activation> acts = parse_activations(node, {"Sigmoid", "Tanh", "Tanh"}, s.dirs);
-  const bool input_forget = node.attr_int("input_forget", 0) != 0;
+  auto [s, acts, x, w, r, b, max_len] = load_operands<T>(ctx, 4, {"Sigmoid", "Tanh", "Tanh"});
+  const bool input_forget = ctx.node().attr_int("input_forget", 0) != 0;
   const DType dt = ctx.input(0).dtype();
   const int64_t H = s.hidden, G = 4 * H;
-
-  std::vector<C> x = time_major_input<T>(ctx.input(0), s);
-  std::vector<C> w = to_compute<T>(ctx.input(1));
-  std::vector<C> r = to_compute<T>(ctx.input(2));
-  std::vector<C> b = ctx.has_input(3) ? to_compute<T>(ctx.input(3)) : std::vector<C>();
-  std::vector<C> p;
-  if (ctx.has_input(7)) {
-    const Tensor& pt = ctx.input(7);
-    OT_CHECK(pt.dtype() == dt && pt.shape() == (Shape{s.dirs, 3 * H}), node.context(), "expected P of shape ",
-             shape_str({s.dirs, 3 * H}), " and dtype ", dtype_name(dt), ", got ", shape_str(pt.shape()), " ",
-             dtype_name(pt.dtype()));
-    p = to_compute<T>(pt);
-  }
+  const std::vector<C> p = peepholes<T>(ctx, s);
 
   Tensor y = optional_output(ctx, 0, dt, y_shape(s));
   Tensor yh = optional_output(ctx, 1, dt, state_shape(s));
   Tensor yc = optional_output(ctx, 2, dt, state_shape(s));
   if (y.defined()) zero_fill<T>(y);
 
-  int64_t max_len = s.batch ? *std::max_element(s.lens.begin(), s.lens.end()) : 0;
   for (int64_t d = 0; d < s.dirs; ++d) {
     const Activation& f = acts[size_t(3 * d)];
     const Activation& g = acts[size_t(3 * d + 1)];
@@ -114,37 +111,16 @@ void run_lstm(KernelContext& ctx) {
 template <typename T>
 void run_lstm_grad(KernelContext& ctx) {
   using C = compute_t<T>;
-  const Node& node = ctx.node();
-  RnnSetup s = parse_setup(ctx, 4);
-  std::vector<Activation> acts = parse_activations(node, {"Sigmoid", "Tanh", "Tanh"}, s.dirs);
-  const bool input_forget = node.attr_int("input_forget", 0) != 0;
+  auto [s, acts, x, w, r, b, max_len] = load_operands<T>(ctx, 4, {"Sigmoid", "Tanh", "Tanh"});
+  const bool input_forget = ctx.node().attr_int("input_forget", 0) != 0;
   const DType dt = ctx.input(0).dtype();
   const int64_t H = s.hidden, G = 4 * H, B = s.batch, I = s.input, SB = s.seq * s.batch;
-
-  std::vector<C> x = time_major_input<T>(ctx.input(0), s);
-  std::vector<C> w = to_compute<T>(ctx.input(1));
-  std::vector<C> r = to_compute<T>(ctx.input(2));
-  std::vector<C> b = ctx.has_input(3) ? to_compute<T>(ctx.input(3)) : std::vector<C>();
-  std::vector<C> p;
-  if (ctx.has_input(7)) {
-    const Tensor& pt = ctx.input(7);
-    OT_CHECK(pt.dtype() == dt && pt.shape() == (Shape{s.dirs, 3 * H}), node.context(), "expected P of shape ",
-             shape_str({s.dirs, 3 * H}), " and dtype ", dtype_name(dt), ", got ", shape_str(pt.shape()), " ",
-             dtype_name(pt.dtype()));
-    p = to_compute<T>(pt);
-  }
+  const std::vector<C> p = peepholes<T>(ctx, s);
   const Tensor* dy = upstream_y(ctx, 8, s);
-
-  Tensor dx_t = optional_output(ctx, 0, dt, ctx.input(0).shape());
-  Tensor dw_t = optional_output(ctx, 1, dt, ctx.input(1).shape());
-  Tensor dr_t = optional_output(ctx, 2, dt, ctx.input(2).shape());
-  Tensor db_t = optional_output(ctx, 3, dt, {s.dirs, 2 * G});
-  Tensor dh0_t = optional_output(ctx, 4, dt, state_shape(s));
+  BpttOutputs<T> out(ctx, s, G);
   Tensor dc0_t = optional_output(ctx, 5, dt, state_shape(s));
   Tensor dp_t = optional_output(ctx, 6, dt, {s.dirs, 3 * H});
-  std::vector<C> dx(size_t(SB * I), C(0));
 
-  int64_t max_len = B ? *std::max_element(s.lens.begin(), s.lens.end()) : 0;
   for (int64_t d = 0; d < s.dirs; ++d) {
     const Activation& f = acts[size_t(3 * d)];
     const Activation& g = acts[size_t(3 * d + 1)];
@@ -251,32 +227,13 @@ void run_lstm_grad(KernelContext& ctx) {
       for (int64_t bi = 0; bi < B; ++bi)
         if (time_index(s, d, step, bi) >= 0) std::copy(dhp.begin() + bi * H, dhp.begin() + (bi + 1) * H, dh.begin() + bi * H);
     }
-    if (dw_t.defined()) {
-      std::vector<C> dw(size_t(G * I));
-      gemm_tn(da.data(), SB, G, x.data(), I, dw.data());
-      store_range<T>(dw_t, d * G * I, dw);
-    }
-    if (dr_t.defined()) {
-      std::vector<C> drm(size_t(G * H));
-      gemm_tn(da.data(), SB, G, hprev.data(), H, drm.data());
-      store_range<T>(dr_t, d * G * H, drm);
-    }
-    if (db_t.defined()) {
-      std::vector<C> db(size_t(2 * G));
-      column_sums(da.data(), SB, G, db.data());
-      std::copy(db.begin(), db.begin() + G, db.begin() + G);  // dRb = dWb
-      store_range<T>(db_t, d * 2 * G, db);
-    }
-    if (dx_t.defined()) {
-      std::vector<C> part(size_t(SB * I));
-      gemm_nn(da.data(), SB, G, G, wd, I, I, part.data(), I);
-      for (size_t i = 0; i < dx.size(); ++i) dx[i] += part[i];
-    }
-    if (dh0_t.defined()) store_state<T>(dh0_t, s, d, dh);
+    out.input_projection(da, x, wd, s, d, G);
+    out.plain_recurrence(da, hprev, s, d, G);
+    out.initial_h(s, d, dh);
     if (dc0_t.defined()) store_state<T>(dc0_t, s, d, dc);
     if (dp_t.defined()) store_range<T>(dp_t, d * 3 * H, dp);
   }
-  if (dx_t.defined()) store_time_major<T>(dx_t, s, dx);
+  out.finish(s);
 }
 
 void lstm_grad_kernel(KernelContext& ctx) {

@@ -14,22 +14,14 @@ using namespace rnn;
 template <typename T>
 void run_rnn(KernelContext& ctx) {
   using C = compute_t<T>;
-  const Node& node = ctx.node();
-  RnnSetup s = parse_setup(ctx, 1);
-  std::vector<Activation> acts = parse_activations(node, {"Tanh"}, s.dirs);
+  auto [s, acts, x, w, r, b, max_len] = load_operands<T>(ctx, 1, {"Tanh"});
   const DType dt = ctx.input(0).dtype();
   const int64_t H = s.hidden;
-
-  std::vector<C> x = time_major_input<T>(ctx.input(0), s);
-  std::vector<C> w = to_compute<T>(ctx.input(1));
-  std::vector<C> r = to_compute<T>(ctx.input(2));
-  std::vector<C> b = ctx.has_input(3) ? to_compute<T>(ctx.input(3)) : std::vector<C>();
 
   Tensor y = optional_output(ctx, 0, dt, y_shape(s));
   Tensor yh = optional_output(ctx, 1, dt, state_shape(s));
   if (y.defined()) zero_fill<T>(y);
 
-  int64_t max_len = s.batch ? *std::max_element(s.lens.begin(), s.lens.end()) : 0;
   for (int64_t d = 0; d < s.dirs; ++d) {
     const Activation& f = acts[size_t(d)];
     std::vector<C> bias;
@@ -69,26 +61,11 @@ void run_rnn(KernelContext& ctx) {
 template <typename T>
 void run_rnn_grad(KernelContext& ctx) {
   using C = compute_t<T>;
-  const Node& node = ctx.node();
-  RnnSetup s = parse_setup(ctx, 1);
-  std::vector<Activation> acts = parse_activations(node, {"Tanh"}, s.dirs);
-  const DType dt = ctx.input(0).dtype();
+  auto [s, acts, x, w, r, b, max_len] = load_operands<T>(ctx, 1, {"Tanh"});
   const int64_t H = s.hidden, B = s.batch, I = s.input, SB = s.seq * s.batch;
-
-  std::vector<C> x = time_major_input<T>(ctx.input(0), s);
-  std::vector<C> w = to_compute<T>(ctx.input(1));
-  std::vector<C> r = to_compute<T>(ctx.input(2));
-  std::vector<C> b = ctx.has_input(3) ? to_compute<T>(ctx.input(3)) : std::vector<C>();
   const Tensor* dy = upstream_y(ctx, 6, s);
+  BpttOutputs<T> out(ctx, s, H);
 
-  Tensor dx_t = optional_output(ctx, 0, dt, ctx.input(0).shape());
-  Tensor dw_t = optional_output(ctx, 1, dt, ctx.input(1).shape());
-  Tensor dr_t = optional_output(ctx, 2, dt, ctx.input(2).shape());
-  Tensor db_t = optional_output(ctx, 3, dt, {s.dirs, 2 * H});
-  Tensor dh0_t = optional_output(ctx, 4, dt, state_shape(s));
-  std::vector<C> dx(size_t(SB * I), C(0));
-
-  int64_t max_len = B ? *std::max_element(s.lens.begin(), s.lens.end()) : 0;
   for (int64_t d = 0; d < s.dirs; ++d) {
     const Activation& f = acts[size_t(d)];
     const C* wd = w.data() + d * H * I;
@@ -139,30 +116,11 @@ void run_rnn_grad(KernelContext& ctx) {
       for (int64_t bi = 0; bi < B; ++bi)
         if (time_index(s, d, step, bi) >= 0) std::copy(dhp.begin() + bi * H, dhp.begin() + (bi + 1) * H, dh.begin() + bi * H);
     }
-    if (dw_t.defined()) {
-      std::vector<C> dw(size_t(H * I));
-      gemm_tn(da.data(), SB, H, x.data(), I, dw.data());
-      store_range<T>(dw_t, d * H * I, dw);
-    }
-    if (dr_t.defined()) {
-      std::vector<C> dr(size_t(H * H));
-      gemm_tn(da.data(), SB, H, hprev.data(), H, dr.data());
-      store_range<T>(dr_t, d * H * H, dr);
-    }
-    if (db_t.defined()) {
-      std::vector<C> db(size_t(2 * H));
-      column_sums(da.data(), SB, H, db.data());
-      std::copy(db.begin(), db.begin() + H, db.begin() + H);  // dRb = dWb
-      store_range<T>(db_t, d * 2 * H, db);
-    }
-    if (dx_t.defined()) {
-      std::vector<C> part(size_t(SB * I));
-      gemm_nn(da.data(), SB, H, H, wd, I, I, part.data(), I);
-      for (size_t i = 0; i < dx.size(); ++i) dx[i] += part[i];
-    }
-    if (dh0_t.defined()) store_state<T>(dh0_t, s, d, dh);
+    out.input_projection(da, x, wd, s, d, H);
+    out.plain_recurrence(da, hprev, s, d, H);
+    out.initial_h(s, d, dh);
   }
-  if (dx_t.defined()) store_time_major<T>(dx_t, s, dx);
+  out.finish(s);
 }
 
 void rnn_grad_kernel(KernelContext& ctx) {

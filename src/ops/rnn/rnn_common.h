@@ -296,6 +296,30 @@ std::vector<C> initial_state(KernelContext& ctx, size_t input, const RnnSetup& s
   return h;
 }
 
+// The operands every kernel and grad kernel reads, in the compute type: the setup, the activations
+// (num_directions * one direction's count, direction-major), X time-major, W, R and B (empty when
+// absent), and the number of steps the recurrence runs (the longest sequence).
+template <typename T, typename C = compute_t<T>>
+struct Operands {
+  RnnSetup s;
+  std::vector<Activation> acts;
+  std::vector<C> x, w, r, b;
+  int64_t max_len = 0;
+};
+
+template <typename T, typename C = compute_t<T>>
+Operands<T, C> load_operands(KernelContext& ctx, int64_t gates, const std::vector<std::string>& default_activations) {
+  Operands<T, C> op;
+  op.s = parse_setup(ctx, gates);
+  op.acts = parse_activations(ctx.node(), default_activations, op.s.dirs);
+  op.x = time_major_input<T>(ctx.input(0), op.s);
+  op.w = to_compute<T>(ctx.input(1));
+  op.r = to_compute<T>(ctx.input(2));
+  if (ctx.has_input(3)) op.b = to_compute<T>(ctx.input(3));
+  op.max_len = op.s.batch ? *std::max_element(op.s.lens.begin(), op.s.lens.end()) : 0;
+  return op;
+}
+
 // ---- GEMM --------------------------------------------------------------------------------------
 
 // out[m, n] = sum_k a[m, k] * b[k, n] for m < M, n < N; rows of a, b and out are lda, ldb and ldo
@@ -505,5 +529,67 @@ void store_time_major(Tensor& out, const RnnSetup& s, const std::vector<C>& v) {
       for (int64_t i = 0; i < s.input; ++i) p[dst + i] = T(v[size_t((t * s.batch + b) * s.input + i)]);
     }
 }
+
+// The outputs every grad op has, dX, dW, dR, dB and dinitial_h (each undefined when the graph does
+// not ask for it), and the steps that are the same for every cell once the backward walk has
+// produced dA (the gate pre-activation gradients, [seq*batch, G] time-major, zero at padded steps).
+template <typename T, typename C = compute_t<T>>
+struct BpttOutputs {
+  Tensor dx, dw, dr, db, dh0;
+  std::vector<C> dx_sum;  // time-major dX, summed over the directions
+
+  BpttOutputs(KernelContext& ctx, const RnnSetup& s, int64_t G) {
+    const DType dt = ctx.input(0).dtype();
+    dx = optional_output(ctx, 0, dt, ctx.input(0).shape());
+    dw = optional_output(ctx, 1, dt, ctx.input(1).shape());
+    dr = optional_output(ctx, 2, dt, ctx.input(2).shape());
+    db = optional_output(ctx, 3, dt, {s.dirs, 2 * G});
+    dh0 = optional_output(ctx, 4, dt, state_shape(s));
+    if (dx.defined()) dx_sum.assign(size_t(s.seq * s.batch * s.input), C(0));
+  }
+
+  // The input projection XW = X·W[d]^T (+ Wb) with gradient daw: dW[d] = daw^T·X, dX += daw·W[d].
+  void input_projection(const std::vector<C>& daw, const std::vector<C>& x, const C* wd, const RnnSetup& s, int64_t d,
+                        int64_t G) {
+    const int64_t SB = s.seq * s.batch, I = s.input;
+    if (dw.defined()) {
+      std::vector<C> g(size_t(G * I));
+      gemm_tn(daw.data(), SB, G, x.data(), I, g.data());
+      store_range<T>(dw, d * G * I, g);
+    }
+    if (dx.defined()) {
+      std::vector<C> part(size_t(SB * I));
+      gemm_nn(daw.data(), SB, G, G, wd, I, I, part.data(), I);
+      for (size_t i = 0; i < dx_sum.size(); ++i) dx_sum[i] += part[i];
+    }
+  }
+
+  // For cells whose every gate reads R·Ht-1 and both biases unchanged (RNN, LSTM): dR[d] = dA^T·Ht-1
+  // and dWb = dRb = sum over (t, b) of dA.
+  void plain_recurrence(const std::vector<C>& da, const std::vector<C>& hprev, const RnnSetup& s, int64_t d,
+                        int64_t G) {
+    const int64_t SB = s.seq * s.batch, H = s.hidden;
+    if (dr.defined()) {
+      std::vector<C> g(size_t(G * H));
+      gemm_tn(da.data(), SB, G, hprev.data(), H, g.data());
+      store_range<T>(dr, d * G * H, g);
+    }
+    if (db.defined()) {
+      std::vector<C> g(size_t(2 * G));
+      column_sums(da.data(), SB, G, g.data());
+      std::copy(g.begin(), g.begin() + G, g.begin() + G);
+      store_range<T>(db, d * 2 * G, g);
+    }
+  }
+
+  void initial_h(const RnnSetup& s, int64_t d, const std::vector<C>& dh) {
+    if (dh0.defined()) store_state<T>(dh0, s, d, dh);
+  }
+
+  // Writes dX in X's layout, once every direction has added its part.
+  void finish(const RnnSetup& s) {
+    if (dx.defined()) store_time_major<T>(dx, s, dx_sum);
+  }
+};
 
 }  // namespace onnxtrain::rnn
