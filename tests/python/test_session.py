@@ -149,6 +149,32 @@ def test_kernel_error_names_node():
         sess.run(None, {"a": np.ones((2, 3), np.float32), "b": np.ones(4, np.float32)})
 
 
+@pytest.mark.parametrize("op", ["GatherElements", "ScatterElements"])
+def test_elements_indices_are_checked_against_the_data(op):
+    """Indices of another rank, or larger than the data outside the axis: an error naming the node."""
+    ins = ["data", "idx"] + (["upd"] if op == "ScatterElements" else [])
+    graph = helper.make_graph(
+        [helper.make_node(op, ins, ["y"], name="picker", axis=1)], "g",
+        [helper.make_tensor_value_info("data", TensorProto.FLOAT, None),
+         helper.make_tensor_value_info("idx", TensorProto.INT64, None)]
+        + ([helper.make_tensor_value_info("upd", TensorProto.FLOAT, None)] if op == "ScatterElements" else []),
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    sess = onnxtrain.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    data = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+    def run(idx):
+        f = {"data": data, "idx": idx}
+        if op == "ScatterElements":
+            f["upd"] = np.ones(idx.shape, np.float32)
+        return sess.run(None, f)[0]
+
+    assert run(np.array([[2], [0]])).shape == ((2, 1) if op == "GatherElements" else (2, 3))
+    with pytest.raises(onnxtrain.Error, match=rf"\[{op}\] node 'picker': indices \[2\] should have the rank of data \[2, 3\]"):
+        run(np.array([0, 1]))
+    with pytest.raises(onnxtrain.Error, match=rf"\[{op}\] node 'picker': indices \[3, 1\] exceed data \[2, 3\] in dim 0"):
+        run(np.zeros((3, 1), np.int64))
+
+
 @pytest.mark.parametrize("x_shape,y_shape", [((3, 50), (3, 50)), ((3, 50), ()), ((), (3, 50)), ((50,), (3, 1))])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int8])
 def test_where_paths_match_numpy(x_shape, y_shape, dtype):

@@ -67,18 +67,27 @@ void gather_rule(ShapeContext& ctx) {
 
 // ---- GatherElements ----
 
+// The axis of a GatherElements / ScatterElements node (and their gradients) after checking its
+// indices against the tensor they index (`what` names it in errors): the same rank (>= 1), and no
+// dim larger than the tensor's outside the axis.
+int64_t elements_axis(const Node& node, const Tensor& idx, const Shape& indexed, const char* what) {
+  const int64_t r = int64_t(indexed.size());
+  OT_CHECK(idx.rank() == r && r >= 1, node.context(), "indices ", shape_str(idx.shape()), " should have the rank of ",
+           what, " ", shape_str(indexed));
+  const int64_t axis = normalize_axis(node, node.attr_int("axis", 0), r);
+  for (int64_t d = 0; d < r; ++d)
+    OT_CHECK(d == axis || idx.dim(int(d)) <= indexed[size_t(d)], node.context(), "indices ", shape_str(idx.shape()),
+             " exceed ", what, " ", shape_str(indexed), " in dim ", d);
+  return axis;
+}
+
 void gather_elements_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
   const Tensor& data = ctx.input(0);
   const Tensor& idx = ctx.input(1);
   check_index_dtype(ctx, idx, "indices");
   int64_t r = data.rank();
-  OT_CHECK(idx.rank() == r && r >= 1, node.context(), "indices ", shape_str(idx.shape()),
-           " should have the rank of data ", shape_str(data.shape()));
-  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), r);
-  for (int64_t d = 0; d < r; ++d)
-    OT_CHECK(d == axis || idx.dim(int(d)) <= data.dim(int(d)), node.context(), "indices ", shape_str(idx.shape()),
-             " exceed data ", shape_str(data.shape()), " in dim ", d);
+  int64_t axis = elements_axis(node, idx, data.shape(), "data");
   Tensor& out = ctx.output(0, data.dtype(), idx.shape());
   if (out.numel() == 0) return;
   std::vector<int64_t> ds = strides_of(data.shape());
@@ -232,12 +241,7 @@ void scatter_elements_kernel(KernelContext& ctx) {
   OT_CHECK(upd.shape() == idx.shape(), node.context(), "updates ", shape_str(upd.shape()),
            " should have the shape of indices ", shape_str(idx.shape()));
   int64_t r = data.rank();
-  OT_CHECK(idx.rank() == r && r >= 1, node.context(), "indices ", shape_str(idx.shape()),
-           " should have the rank of data ", shape_str(data.shape()));
-  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), r);
-  for (int64_t d = 0; d < r; ++d)
-    OT_CHECK(d == axis || idx.dim(int(d)) <= data.dim(int(d)), node.context(), "indices ", shape_str(idx.shape()),
-             " exceed data ", shape_str(data.shape()), " in dim ", d);
+  int64_t axis = elements_axis(node, idx, data.shape(), "data");
   Tensor& out = ctx.output(0, data.dtype(), data.shape());
   if (out.data() != data.data()) copy_bytes(out.data(), data.data(), data.nbytes());
   if (idx.numel() == 0) return;
@@ -308,8 +312,28 @@ Tensor& zero_output(KernelContext& ctx, size_t i, DType dt) {
   return out;
 }
 
+// dst[slice_at(g, j) + i] += src[(g * per_group + j) * slice + i] for every group g, j < per_group
+// and i < slice: the scatter-add of the Gather family's gradients. Work is split over (g, i); the
+// groups' destinations never overlap, and within a group each i walks every j in order (repeated
+// indices add up deterministically).
+template <typename T, typename SliceAt>
+void scatter_add_slices(T* dst, const T* src, int64_t groups, int64_t per_group, int64_t slice, SliceAt slice_at) {
+  using C = compute_t<T>;
+  parallel_for(groups * slice, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(1, per_group)),
+               [&](int64_t b, int64_t e) {
+                 for (int64_t pos = b; pos < e;) {
+                   int64_t g = pos / slice, i0 = pos % slice, i1 = std::min(slice, i0 + (e - pos));
+                   for (int64_t j = 0; j < per_group; ++j) {
+                     T* to = dst + slice_at(g, j);
+                     const T* from = src + (g * per_group + j) * slice;
+                     for (int64_t i = i0; i < i1; ++i) to[i] = T(C(to[i]) + C(from[i]));
+                   }
+                   pos += i1 - i0;
+                 }
+               });
+}
+
 // onnxtrain.GatherGrad(dY, shape, indices; axis): dX = zeros(shape); dX[.., idx[j], ..] += dY[.., j, ..].
-// Work is split over (outer, inner) positions, which never collide; each walks every index in order.
 void gather_grad_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
   const Tensor& dy = ctx.input(0);
@@ -331,20 +355,8 @@ void gather_grad_kernel(KernelContext& ctx) {
     std::vector<int64_t> k(static_cast<size_t>(n));
     for (int64_t j = 0; j < n; ++j) k[size_t(j)] = checked_index(node, int64_t(ip[j]), dim, "gather");
     dispatch_float(dy.dtype(), [&]<typename T>() {
-      using C = compute_t<T>;
-      const T* src = dy.data<T>();
-      T* dst = dx.data<T>();
-      parallel_for(outer * inner, std::max<int64_t>(1, kElementwiseGrain / n), [&](int64_t b, int64_t e) {
-        for (int64_t pos = b; pos < e;) {
-          int64_t o = pos / inner, i0 = pos % inner, i1 = std::min(inner, i0 + (e - pos));
-          for (int64_t j = 0; j < n; ++j) {
-            T* to = dst + (o * dim + k[size_t(j)]) * inner;
-            const T* from = src + (o * n + j) * inner;
-            for (int64_t i = i0; i < i1; ++i) to[i] = T(C(to[i]) + C(from[i]));
-          }
-          pos += i1 - i0;
-        }
-      });
+      scatter_add_slices(dx.data<T>(), dy.data<T>(), outer, n, inner,
+                         [&](int64_t o, int64_t j) { return (o * dim + k[size_t(j)]) * inner; });
     });
   });
 }
@@ -358,12 +370,9 @@ void gather_elements_grad_kernel(KernelContext& ctx) {
   check_index_dtype(ctx, idx, "indices");
   Tensor& dx = zero_output(ctx, 1, dy.dtype());
   int64_t r = dx.rank();
-  OT_CHECK(idx.rank() == r && r >= 1 && dy.shape() == idx.shape(), node.context(), "dY ", shape_str(dy.shape()),
-           " and indices ", shape_str(idx.shape()), " should match and have the rank of ", shape_str(dx.shape()));
-  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), r);
-  for (int64_t d = 0; d < r; ++d)
-    OT_CHECK(d == axis || idx.dim(int(d)) <= dx.dim(int(d)), node.context(), "indices ", shape_str(idx.shape()),
-             " exceed ", shape_str(dx.shape()), " in dim ", d);
+  OT_CHECK(dy.shape() == idx.shape(), node.context(), "dY ", shape_str(dy.shape()), " and indices ",
+           shape_str(idx.shape()), " should match");
+  int64_t axis = elements_axis(node, idx, dx.shape(), "the forward data");
   if (idx.numel() == 0) return;
   std::vector<int64_t> ds = strides_of(dx.shape());
   int64_t outer = 1, inner = 1, len = idx.dim(int(axis)), dim = dx.dim(int(axis));
@@ -407,7 +416,7 @@ void gather_elements_grad_kernel(KernelContext& ctx) {
 }
 
 // onnxtrain.GatherNDGrad(dY, shape, indices; batch_dims): dX = zeros(shape); each index tuple's
-// slice of dY is added at its position. Split over (batch, slice element) positions.
+// slice of dY is added at its position.
 void gather_nd_grad_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
   const Tensor& dy = ctx.input(0);
@@ -426,21 +435,8 @@ void gather_nd_grad_kernel(KernelContext& ctx) {
     for (int64_t t = 0; t < p.batch * p.tuples; ++t)
       offs[size_t(t)] = (t / p.tuples) * p.data_batch_stride + nd_offset(node, ip + t * p.m, p.m, dx.shape(), b, ds);
     dispatch_float(dy.dtype(), [&]<typename T>() {
-      using C = compute_t<T>;
-      const T* src = dy.data<T>();
-      T* dst = dx.data<T>();
-      const int64_t slice = p.slice;
-      parallel_for(p.batch * slice, std::max<int64_t>(1, kElementwiseGrain / p.tuples), [&](int64_t s, int64_t e) {
-        for (int64_t pos = s; pos < e;) {
-          int64_t bt = pos / slice, i0 = pos % slice, i1 = std::min(slice, i0 + (e - pos));
-          for (int64_t t = bt * p.tuples; t < (bt + 1) * p.tuples; ++t) {
-            T* to = dst + offs[size_t(t)];
-            const T* from = src + t * slice;
-            for (int64_t i = i0; i < i1; ++i) to[i] = T(C(to[i]) + C(from[i]));
-          }
-          pos += i1 - i0;
-        }
-      });
+      scatter_add_slices(dx.data<T>(), dy.data<T>(), p.batch, p.tuples, p.slice,
+                         [&](int64_t bt, int64_t t) { return offs[size_t(bt * p.tuples + t)]; });
     });
   });
 }
@@ -454,12 +450,7 @@ void scatter_elements_grad_kernel(KernelContext& ctx) {
   const Tensor& idx = ctx.input(1);
   check_index_dtype(ctx, idx, "indices");
   int64_t r = dy.rank();
-  OT_CHECK(idx.rank() == r && r >= 1, node.context(), "indices ", shape_str(idx.shape()),
-           " should have the rank of dY ", shape_str(dy.shape()));
-  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), r);
-  for (int64_t d = 0; d < r; ++d)
-    OT_CHECK(d == axis || idx.dim(int(d)) <= dy.dim(int(d)), node.context(), "indices ", shape_str(idx.shape()),
-             " exceed dY ", shape_str(dy.shape()), " in dim ", d);
+  int64_t axis = elements_axis(node, idx, dy.shape(), "dY");
   Tensor& dd = ctx.output(0, dy.dtype(), dy.shape());
   Tensor& du = ctx.output(1, dy.dtype(), idx.shape());
   copy_bytes(dd.data(), dy.data(), dy.nbytes());
