@@ -175,7 +175,7 @@ void split(const Model& full, ForwardBackwardGraphs& fb) {
 // last (so a head on token 0 still runs on those rows only, not on every kept token).
 void optimize_rows(Model& m, const ForwardBackwardOptions& o) {
   if (o.label_sparsity) compute_kept_labels_only(m);
-  if (o.compute_optimizer) move_gathers_upstream(m);
+  if (o.compute_optimizer) move_selections_upstream(m);
   strip_padding(m, o.padding_index);
 }
 
