@@ -213,6 +213,51 @@ bool move_one(Model& model, size_t si, const std::unordered_map<std::string, siz
   return true;
 }
 
+// What a selection keeps, as text: equal keys select the same rows of the same value. "" for a
+// node that is not a selection the pass moves.
+std::string selection_key(const Model& model, const Node& n) {
+  if (!n.domain.empty() || (n.op_type != "Gather" && n.op_type != "Slice") || n.inputs.empty()) return "";
+  const std::optional<Shape> xs = known_shape(model.graph, n.inputs[0]);
+  if (!xs || xs->empty()) return "";
+  const std::optional<Selection> sel = read_selection(model, n, *xs);
+  if (!sel) return "";
+  auto join = [](const std::vector<int64_t>& v) {
+    std::string s;
+    for (int64_t x : v) s += std::to_string(x) + ",";
+    return s + ";";
+  };
+  std::string key = n.op_type + "|" + n.inputs[0] + "|" + join(sel->axes);
+  if (!sel->gather) return key + join(sel->starts) + join(sel->ends) + join(sel->steps);
+  const Tensor* index = constant_tensor(model.graph, sel->index);  // the pass adds a constant per move
+  if (!index) return key + sel->index;
+  return key + std::to_string(index->shape().size()) + ":" + join(index->to_int_vector());
+}
+
+// A value read by several selections of the same rows (the pass moved one selection into both
+// operands of an op whose operands share a producer, as GELU's x * Phi(x)) is selected once, so
+// the value has one reader again and the selection can move further up.
+int merge_same_selections(Model& model) {
+  Graph& g = model.graph;
+  std::unordered_map<std::string, std::string> first;  // key -> output
+  std::vector<Node> kept;
+  int merged = 0;
+  for (auto& n : g.nodes) {
+    const std::string key = selection_key(model, n);
+    if (!key.empty() && !g.is_output(n.outputs[0])) {
+      auto [it, inserted] = first.emplace(key, n.outputs[0]);
+      if (!inserted) {
+        replace_uses(g, n.outputs[0], it->second);
+        g.value_info.erase(n.outputs[0]);
+        ++merged;
+        continue;
+      }
+    }
+    kept.push_back(std::move(n));
+  }
+  g.nodes = std::move(kept);
+  return merged;
+}
+
 }  // namespace
 
 int move_selections_upstream(Model& model, const std::set<std::string>& keep) {
@@ -221,6 +266,7 @@ int move_selections_upstream(Model& model, const std::set<std::string>& keep) {
   for (bool changed = true; changed && moved < 10000;) {
     changed = false;
     infer_shapes(g, model.opsets);
+    merge_same_selections(model);
     const auto producers = g.producers();
     const auto uses = g.use_counts();
     for (size_t i = 0; i < g.nodes.size() && !changed; ++i) {
