@@ -21,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import models  # noqa: E402
 
 from .build_paths import ONNXTRAIN  # noqa: E402
+from .train_loops import train_artifacts, train_torch  # noqa: E402
 
 onnxtrain.set_num_threads(1)
 
@@ -68,14 +69,7 @@ def test_train_module_heads_train_alike(monkeypatch, pick):
         monkeypatch.setenv("ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER", flag)
         model = copy.deepcopy(base)
         wrapped = TrainModule(model)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        losses = []
-        for x, y in data:
-            loss = nn.functional.cross_entropy(wrapped(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
+        losses = train_torch(wrapped, data)
         runner = next(iter(wrapped._graphs.values())).runner
         forward = onnx.load_from_string(runner.forward_model())
         runs[flag] = (losses, model.state_dict(), ffn_rows(forward))
@@ -85,20 +79,6 @@ def test_train_module_heads_train_alike(monkeypatch, pick):
     # The last layer's FFN up-projection computes one row per sequence instead of SEQ.
     assert runs["0"][2] == [SEQ, SEQ], runs["0"][2]
     assert runs["1"][2] == [SEQ, 1], runs["1"][2]
-
-
-def train_artifacts(directory, data):
-    from onnxtrain.api import CheckpointState, Module, Optimizer
-    state = CheckpointState.load_checkpoint(os.path.join(directory, "checkpoint"))
-    module = Module(os.path.join(directory, "training_model.onnx"), state, os.path.join(directory, "eval_model.onnx"))
-    optimizer = Optimizer(os.path.join(directory, "optimizer_model.onnx"), module)
-    losses = []
-    for x, y in data:
-        losses.append(float(module(x, y)))
-        optimizer.step()
-        module.lazy_reset_grad()
-    module.train(False)
-    return losses, module(*data[0])  # the eval graph's loss
 
 
 @pytest.mark.parametrize("pick", ["gather_first", "slice_last"])
@@ -116,9 +96,11 @@ def test_artifacts_heads_train_alike(tmp_path, pick):
         d = str(tmp_path / f"on{int(on)}")
         artifacts.generate_artifacts(path, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
                                      optimizer=artifacts.OptimType.SGD, artifact_directory=d, compute_optimizer=on)
-        losses, logits = train_artifacts(d, data)
+        losses, module = train_artifacts(d, data)
+        module.train(False)
+        eval_loss = module(*data[0])
         rows = ffn_rows(onnx.load(os.path.join(d, "training_model.onnx")))
-        runs[on] = (losses, logits, rows)
+        runs[on] = (losses, eval_loss, rows)
     np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-5)
     np.testing.assert_allclose(runs[True][1], runs[False][1], rtol=1e-5, atol=1e-6)
     # The forward's FFN up-projections (the first two): the last layer's runs on one row.

@@ -18,6 +18,8 @@ from onnxtrain.torch import TrainModule
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import models  # noqa: E402
 
+from .train_loops import train_torch  # noqa: E402
+
 onnxtrain.set_num_threads(1)
 
 BATCH, SEQ, VOCAB = 2, 8, 40
@@ -46,18 +48,6 @@ class Encoder(models.BertEncoder):
         return self.head(x)
 
 
-def train(model, data):
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for x, y in data:
-        loss = nn.functional.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
-
-
 @pytest.mark.parametrize("mode", ["reentrant", "non_reentrant"])
 def test_checkpointed_layers_recompute_and_train_alike(mode):
     torch.manual_seed(0)
@@ -71,7 +61,7 @@ def test_checkpointed_layers_recompute_and_train_alike(mode):
         model.mode = m
         wrapped = TrainModule(model)
         torch.manual_seed(7)  # the same Dropout masks
-        runs[m] = (train(wrapped, data), model.state_dict(), wrapped.build_stats[0])
+        runs[m] = (train_torch(wrapped, data), model.state_dict(), wrapped.build_stats[0])
     plain, ckpt = runs[None], runs[mode]
     np.testing.assert_allclose(ckpt[0], plain[0], rtol=1e-5)
     for k, v in plain[1].items():
