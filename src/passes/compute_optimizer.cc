@@ -236,14 +236,14 @@ std::string selection_key(const Model& model, const Node& n) {
 // A value read by several selections of the same rows (the pass moved one selection into both
 // operands of an op whose operands share a producer, as GELU's x * Phi(x)) is selected once, so
 // the value has one reader again and the selection can move further up.
-int merge_same_selections(Model& model) {
+int merge_same_selections(Model& model, const std::set<std::string>& keep) {
   Graph& g = model.graph;
   std::unordered_map<std::string, std::string> first;  // key -> output
   std::vector<Node> kept;
   int merged = 0;
   for (auto& n : g.nodes) {
     const std::string key = selection_key(model, n);
-    if (!key.empty() && !g.is_output(n.outputs[0])) {
+    if (!key.empty() && !g.is_output(n.outputs[0]) && !keep.count(n.outputs[0])) {
       auto [it, inserted] = first.emplace(key, n.outputs[0]);
       if (!inserted) {
         replace_uses(g, n.outputs[0], it->second);
@@ -266,7 +266,7 @@ int move_selections_upstream(Model& model, const std::set<std::string>& keep) {
   for (bool changed = true; changed && moved < 10000;) {
     changed = false;
     infer_shapes(g, model.opsets);
-    merge_same_selections(model);
+    merge_same_selections(model, keep);
     const auto producers = g.producers();
     const auto uses = g.use_counts();
     for (size_t i = 0; i < g.nodes.size() && !changed; ++i) {
