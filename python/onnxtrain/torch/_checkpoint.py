@@ -41,6 +41,8 @@ def _mark(value: Any, region: int, end: int) -> Any:
         return _Boundary.apply(value, region, end)
     if isinstance(value, (tuple, list)):
         return type(value)(_mark(v, region, end) for v in value)
+    if isinstance(value, dict):
+        return {k: _mark(v, region, end) for k, v in value.items()}
     return value
 
 
