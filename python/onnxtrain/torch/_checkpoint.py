@@ -40,7 +40,8 @@ def _mark(value: Any, region: int, end: int) -> Any:
     if isinstance(value, torch.Tensor):
         return _Boundary.apply(value, region, end)
     if isinstance(value, (tuple, list)):
-        return type(value)(_mark(v, region, end) for v in value)
+        items = [_mark(v, region, end) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)  # namedtuples too
     if isinstance(value, dict):
         return {k: _mark(v, region, end) for k, v in value.items()}
     return value
