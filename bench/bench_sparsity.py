@@ -94,12 +94,84 @@ def run(name: str, steps: int, threads: int) -> dict:
             "on_cpu_ms": 1e3 * median(cpu["1"]), "off_cpu_ms": 1e3 * median(cpu["0"]), "applied": applied, "drift": drift}
 
 
+def profile(name: str, threads: int, runs: int = 7, top: int = 16) -> str:
+    """Per-op-type kernel time of the case's forward and backward graphs, with the pass and
+    without: TrainModule's graphs (after one step builds them) run as profiling sessions on the
+    first batch, the backward on the forward's saved values and a loss gradient of 1; the two
+    variants' runs interleaved, the first (planning) run left out."""
+    import numpy as np
+    import torch
+    import models
+
+    ot = import_onnxtrain()
+    ot.set_num_threads(threads)
+    torch.set_num_threads(threads)
+    from onnxtrain.torch import TrainModule
+
+    _, setting, _ = CASES[name]
+    model, data = case(name, 2)
+    x, y = data[0]
+    variants = {}
+    for flag in ("1", "0"):
+        os.environ[setting] = flag
+        wrapped = TrainModule(models.WithCrossEntropy(copy.deepcopy(model)))
+        wrapped(x, y).backward()
+        runner = next(iter(wrapped._graphs.values())).runner
+        state = {f"module.{k}": v.detach().numpy() for k, v in wrapped._original_module.state_dict().items()}
+        values = {"input_0": x.numpy(), "input_1": y.numpy(), **state}
+        sessions = []
+        for kind in ("forward", "backward"):
+            so = ot.SessionOptions()
+            so.optimize, so.enable_profiling, so.num_threads = False, True, threads
+            sessions.append((kind, ot.InferenceSession(getattr(runner, f"{kind}_model")(), so)))
+        variants[flag] = (sessions, values)
+    del os.environ[setting]
+
+    def step(sessions, values):
+        for _, session in sessions:
+            feeds = {i.name: values[i.name] if i.name in values else  # else: the loss's upstream gradient
+                     np.ones([d if isinstance(d, int) else 1 for d in (i.shape or [])], np.float32)
+                     for i in session.get_inputs()}
+            outs = [o.name for o in session.get_outputs()]
+            values.update(zip(outs, session.run(outs, feeds)))
+
+    for flag in variants:  # plans recorded, then the profiles count from zero
+        step(*variants[flag])
+    first = {flag: {(kind, r["node"]): r["total_us"] for kind, s in variants[flag][0] for r in s.profile()}
+             for flag in variants}
+    for _ in range(runs):
+        for flag in variants:
+            step(*variants[flag])
+    totals = {}
+    for flag, (sessions, _) in variants.items():
+        table = totals[flag] = {}
+        for kind, session in sessions:
+            for r in session.profile():
+                key = (kind, r["op_type"])
+                table[key] = table.get(key, 0.0) + (r["total_us"] - first[flag].get((kind, r["node"]), 0.0)) / runs / 1e3
+    on, off = totals["1"], totals["0"]
+    lines = [f"  kernel time by op ({name}, {threads} threads, ms per step, mean of {runs} interleaved runs): "
+             f"pass on {sum(on.values()):.1f}, off {sum(off.values()):.1f}: {sum(off.values()) / sum(on.values()):.2f}x"]
+    for kind in ("forward", "backward"):
+        lines.append(f"    {kind}: on {sum(v for k, v in on.items() if k[0] == kind):.1f}, "
+                     f"off {sum(v for k, v in off.items() if k[0] == kind):.1f}")
+    for key in sorted(set(on) | set(off), key=lambda k: -max(on.get(k, 0), off.get(k, 0)))[:top]:
+        lines.append(f"    {key[0]:8s} {key[1]:24s} on {on.get(key, 0):7.2f}  off {off.get(key, 0):7.2f}")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--models", default="gpt,bert")
+    parser.add_argument("--profile", action="store_true",
+                        help="per-op-type kernel times of the graphs with and without the pass, instead of step times")
     args = parser.parse_args(argv)
+    if args.profile:
+        for name in args.models.split(","):
+            print(profile(name, args.threads), flush=True)
+        return 0
     print(f"input-sparsity benchmark, {args.threads} threads (TrainModule SGD step, batch 8, seq 128)", flush=True)
     for name in args.models.split(","):
         title, setting, target = CASES[name]

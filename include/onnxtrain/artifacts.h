@@ -56,6 +56,11 @@ struct TrainingGraphOptions {
   // with a dynamic loss scaler (the training graph takes the scale, Optimizer::step skips updates
   // whose gradients overflowed; the scale lives in the checkpoint). "" for fp32 only.
   std::string mixed_precision;
+  // The compute optimizer (src/passes/compute_optimizer.h): a Gather or Slice that keeps a few
+  // positions (a head on token 0, the last token) moves upstream past elementwise ops, LayerNorm,
+  // Softmax and MatMul, so the training and eval graphs compute only those rows. Exact; on by
+  // default, as TrainModule's ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER.
+  bool compute_optimizer = true;
 };
 
 struct ArtifactOptions {

@@ -108,7 +108,8 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                        nominal_checkpoint: bool = False, loss_input_names: Optional[Sequence[str]] = None,
                        loss_options: Optional[Dict[str, Any]] = None,
                        mixed_precision: Optional[str] = None, lora: Optional["LoraConfig"] = None,
-                       memory_opt_level: int = 0, memory_opt_config: str = "") -> List[str]:
+                       memory_opt_level: int = 0, memory_opt_config: str = "",
+                       compute_optimizer: bool = True) -> List[str]:
     """Writes the training, eval and optimizer models and the checkpoint; returns their paths.
 
     ``model``: a path, bytes or ``onnx.ModelProto``; a model over 2 GB must be a path to a file
@@ -129,7 +130,10 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     the checkpoint holds the adapters and the base's hash.
     ``memory_opt_level`` (0, 1: layer-wise recompute, 2: plus compromised plans) and
     ``memory_opt_config`` (``"cluster:strategy:count,..."``) set the memory optimizer;
-    ``onnxtrain inspect`` prints the training model's plan table.
+    ``onnxtrain inspect`` prints the training model's plan table. ``compute_optimizer`` (on by
+    default): a Gather or Slice keeping a few positions (a head on token 0, the last token) moves
+    upstream past elementwise ops, LayerNorm, Softmax and MatMul, so the graphs compute only
+    those rows; exact, ``False`` computes every row.
     """
     source = _model_arg(model)  # a path stays a path: its external data is found beside it
     if requires_grad == "all":  # every weight: initializers and Constant-node weights (not frozen ones)
@@ -163,4 +167,5 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                                  lora=None if lora is None else {"rank": int(lora.rank), "alpha": float(lora.alpha),
                                                                  "target": list(lora.target),
                                                                  "dropout": float(lora.dropout), "seed": int(lora.seed)},
-                                 memory_opt_level=int(memory_opt_level), memory_opt_config=str(memory_opt_config))
+                                 memory_opt_level=int(memory_opt_level), memory_opt_config=str(memory_opt_config),
+                                 compute_optimizer=bool(compute_optimizer))

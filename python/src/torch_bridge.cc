@@ -272,7 +272,9 @@ void bind_torch_bridge(py::module_& m) {
   // The inputs whose density decides the sparsity passes: label inputs with their ignore_index,
   // embedding ids with their table.
   t.def("sparsity_inputs", [](py::bytes model) {
-    SparsityInputs found = find_sparsity_inputs(load_model_from_bytes(std::string(model), "", "TrainModule export"));
+    Model exported = load_model_from_bytes(std::string(model), "", "TrainModule export");
+    take_checkpoint_regions(exported.graph);  // ids may enter a checkpointed call
+    SparsityInputs found = find_sparsity_inputs(exported);
     py::list labels, embeddings;
     for (const auto& l : found.labels) labels.append(py::make_tuple(l.input, l.ignore_index));
     for (const auto& e : found.embeddings) embeddings.append(py::make_tuple(e.input, e.weight));

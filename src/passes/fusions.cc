@@ -12,6 +12,14 @@
 
 namespace onnxtrain {
 
+const Tensor* constant_tensor(const Graph& g, const std::string& value) {
+  if (auto it = g.initializers.find(value); it != g.initializers.end()) return &it->second;
+  for (const auto& n : g.nodes)
+    if (n.op_type == "Constant" && n.domain.empty() && n.outputs.size() == 1 && n.outputs[0] == value)
+      return n.attr_tensor("value");
+  return nullptr;
+}
+
 namespace {
 
 // Who reads each value; a fused-away intermediate must have exactly one reader.
@@ -30,16 +38,6 @@ struct Uses {
     return int(it->second[0]);
   }
 };
-
-// The value of `value` when it is a constant: an initializer, or the output of a Constant node
-// with a tensor `value` (training exports keep their constants as nodes: nothing folds them).
-const Tensor* constant_tensor(const Graph& g, const std::string& value) {
-  if (auto it = g.initializers.find(value); it != g.initializers.end()) return &it->second;
-  for (const auto& n : g.nodes)
-    if (n.op_type == "Constant" && n.domain.empty() && n.outputs.size() == 1 && n.outputs[0] == value)
-      return n.attr_tensor("value");
-  return nullptr;
-}
 
 bool is_scalar_constant(const Graph& g, const std::string& value, double expected, double tol = 1e-4) {
   const Tensor* t = constant_tensor(g, value);

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "passes/passes.h"
 #include "passes/shape_inference.h"
 
 namespace onnxtrain {
@@ -255,7 +256,8 @@ struct Subgraph {
   bool ok = true;
 };
 
-Subgraph collect(const Analysis& a, const std::string& v, int probe, const std::function<bool(const std::string&)>& keep) {
+Subgraph collect(const Analysis& a, const std::string& v, int probe, const std::function<bool(const std::string&)>& keep,
+                 size_t max_nodes = kMaxSubgraphNodes) {
   Subgraph s;
   std::set<size_t> nodes;
   std::set<std::string> new_stash;
@@ -276,7 +278,7 @@ Subgraph collect(const Analysis& a, const std::string& v, int probe, const std::
       continue;
     }
     if (!nodes.insert(idx).second) continue;
-    if (nodes.size() > kMaxSubgraphNodes) { s.ok = false; return s; }
+    if (nodes.size() > max_nodes) { s.ok = false; return s; }
     if (dropout_training(n)) {  // re-applied from the mask, which the backward keeps anyway
       pending.push_back(n.inputs[0]);
       if (!a.stashed_set.count(n.outputs[1])) new_stash.insert(n.outputs[1]);
@@ -382,6 +384,35 @@ Layers find_layers(const Analysis& a) {
   for (const auto& v : anc)
     if (desc.count(v) && !layers.checkpoints.count(v)) layers.inside.insert(v);
   return layers;
+}
+
+// The forward nodes of a checkpoint region: those that depend on one of its inputs and that one
+// of its outputs depends on. Empty when its boundary values are not in the graph any more.
+std::set<size_t> region_nodes(const Analysis& a, const CheckpointRegion& r) {
+  const Graph& g = *a.g;
+  auto present = [&](const std::string& v) { return a.producer.count(v) || g.is_input(v) || g.is_initializer(v); };
+  std::unordered_set<std::string> desc;
+  for (const auto& v : r.inputs) if (present(v)) desc.insert(v);
+  std::vector<char> below(g.nodes.size(), 0);
+  for (size_t i = 0; i < g.nodes.size(); ++i) {  // topologically sorted
+    if (!a.forward[i]) continue;
+    for (const auto& in : g.nodes[i].inputs) below[i] = below[i] || (!in.empty() && desc.count(in));
+    if (below[i]) for (const auto& o : g.nodes[i].outputs) if (!o.empty()) desc.insert(o);
+  }
+  std::set<size_t> nodes;
+  std::vector<std::string> pending;
+  for (const auto& v : r.outputs) if (present(v)) pending.push_back(v);
+  std::unordered_set<std::string> seen;
+  while (!pending.empty()) {
+    std::string u = std::move(pending.back());
+    pending.pop_back();
+    if (u.empty() || !seen.insert(u).second) continue;
+    auto it = a.producer.find(u);
+    if (it == a.producer.end() || !a.forward[it->second] || !below[it->second]) continue;
+    nodes.insert(it->second);
+    for (const auto& in : g.nodes[it->second].inputs) pending.push_back(in);
+  }
+  return nodes;
 }
 
 struct ConfigEntry {
@@ -523,6 +554,44 @@ std::vector<std::string> apply_recompute(Model& model, const Analysis& a, const 
 
 }  // namespace
 
+std::vector<CheckpointRegion> take_checkpoint_regions(Graph& g) {
+  std::map<int64_t, CheckpointRegion> by_number;
+  std::vector<Node> kept;
+  std::unordered_map<std::string, std::string> mark_input;  // mark output -> its input
+  for (auto& n : g.nodes) {
+    if (n.domain != kCheckpointBoundaryDomain || n.op_type != kCheckpointBoundaryOp) {
+      kept.push_back(std::move(n));
+      continue;
+    }
+    OT_CHECK(n.inputs.size() == 1 && n.outputs.size() == 1 && n.has_attr("region") && n.has_attr("end"), kWhere,
+             "node '", n.name, "' (", kCheckpointBoundaryOp, "): expected one input, one output and the attributes "
+             "'region' and 'end'");
+    CheckpointRegion& r = by_number[n.attr_int("region", 0)];
+    (n.attr_int("end", 0) == 0 ? r.inputs : r.outputs).push_back(n.inputs[0]);
+    if (g.is_output(n.outputs[0]))  // a returned value keeps its name
+      kept.push_back(Node{n.name, "Identity", "", {n.inputs[0]}, {n.outputs[0]}, {}});
+    else
+      mark_input[n.outputs[0]] = n.inputs[0];
+  }
+  g.nodes = std::move(kept);
+  // Marks in a row (one call's output entering the next call) resolve to the first mark's input.
+  auto unmarked = [&](std::string v) {
+    for (auto it = mark_input.find(v); it != mark_input.end(); it = mark_input.find(v)) v = it->second;
+    return v;
+  };
+  for (const auto& [mark, input] : mark_input) {
+    replace_uses(g, mark, unmarked(input));
+    g.value_info.erase(mark);
+  }
+  std::vector<CheckpointRegion> regions;
+  for (auto& [number, r] : by_number) {
+    for (auto* names : {&r.inputs, &r.outputs})
+      for (auto& v : *names) v = unmarked(v);
+    regions.push_back(std::move(r));
+  }
+  return regions;
+}
+
 std::vector<std::string> default_forward_outputs(const Graph& graph) {
   std::vector<std::string> out;
   for (const auto& o : graph.outputs) {
@@ -543,7 +612,8 @@ MemoryPlan analyze_memory(const Model& model, const std::vector<std::string>& fo
 }
 
 MemoryPlan optimize_memory(Model& model, const std::vector<std::string>& forward_outputs_in,
-                           const MemoryOptimizerOptions& options, const std::map<std::string, int64_t>& dims) {
+                           const MemoryOptimizerOptions& options, const std::map<std::string, int64_t>& dims,
+                           const std::vector<CheckpointRegion>& regions) {
   model.graph.topological_sort();
   const std::vector<std::string> forward_outputs =
       forward_outputs_in.empty() ? default_forward_outputs(model.graph) : forward_outputs_in;
@@ -562,6 +632,36 @@ MemoryPlan optimize_memory(Model& model, const std::vector<std::string>& forward
 
   std::set<size_t> chosen;
   std::unordered_set<std::string> recomputed;  // stashed values the plan recomputes
+  // Checkpoint regions: every stashed value computed inside is recomputed from what enters the
+  // region (and what the region returns, which stays stashed as torch keeps it).
+  for (size_t k = 0; k < regions.size(); ++k) {
+    const std::set<size_t> inside = region_nodes(a, regions[k]);
+    if (inside.empty()) {
+      plan.notes.push_back("checkpoint region " + std::to_string(k) +
+                           ": its boundary values were rewritten by an earlier pass; computed as exported");
+      continue;
+    }
+    std::unordered_set<std::string> outputs(regions[k].outputs.begin(), regions[k].outputs.end());
+    auto keep = [&](const std::string& u) {
+      auto it = a.producer.find(u);
+      return it == a.producer.end() || !inside.count(it->second) || outputs.count(u) || excluded.count(u);
+    };
+    int n = 0;
+    for (const auto& v : a.stashed) {
+      if (keep(v)) continue;
+      Subgraph s = collect(a, v, 2, keep, a.g->nodes.size());
+      if (!s.ok) continue;
+      chosen.insert(s.nodes.begin(), s.nodes.end());
+      recomputed.insert(v);
+      ++n;
+    }
+    if (n) ++plan.checkpoint_regions;
+  }
+  for (auto& c : plan.clusters) {
+    int n = 0;
+    for (const auto& v : c.stashed) n += recomputed.count(v) ? 1 : 0;
+    if (n) { c.applied_strategy = 1; c.applied_count = n; }
+  }
   if (options.level >= 1) {
     const Layers layers = find_layers(a);
     plan.layer_boundaries = int(layers.checkpoints.size());
@@ -671,6 +771,7 @@ std::string plan_table(const MemoryPlan& plan) {
         << c.extra_flops << " | " << c.applied_strategy << ":" << c.applied_count << "\n";
   }
   if (plan.level >= 1) out << "  layer-wise: " << plan.layer_boundaries << " residual boundaries kept\n";
+  if (plan.checkpoint_regions) out << "  torch.utils.checkpoint: " << plan.checkpoint_regions << " regions recomputed\n";
   out << "  stashed activations: " << mib(plan.stashed_bytes_before) << " before, " << mib(plan.stashed_bytes_after)
       << " after; " << plan.recompute_nodes.size() << " nodes recomputed, " << plan.extra_flops << " extra FLOPs\n";
   for (const auto& n : plan.notes) out << "  note: " << n << "\n";

@@ -42,10 +42,29 @@ struct RecomputeCluster {
   int applied_count = 0;               // occurrences applied
 };
 
+// A torch.utils.checkpoint call in a module TrainModule exported: the values entering it and the
+// values it returns. Everything the region computes between them is recomputed in the backward
+// from its inputs, as torch's checkpoint does (and for Dropout from its saved mask, the same
+// numbers torch's replayed RNG gives).
+struct CheckpointRegion {
+  std::vector<std::string> inputs, outputs;
+};
+
+// TrainModule's export marks each value entering or leaving a checkpointed call with this op
+// (python/onnxtrain/torch/train_module.py: attributes `region`, the call's number, and `end`,
+// 0 entering / 1 leaving). It never runs: take_checkpoint_regions removes it.
+inline constexpr const char* kCheckpointBoundaryDomain = "onnxtrain.torch";
+inline constexpr const char* kCheckpointBoundaryOp = "CheckpointBoundary";
+
+// Removes the boundary marks from `graph` (a mark's readers read its input) and returns the
+// regions, in order of their numbers.
+std::vector<CheckpointRegion> take_checkpoint_regions(Graph& graph);
+
 struct MemoryPlan {
   std::vector<RecomputeCluster> clusters;  // every cluster found, in forward order of first occurrence
   int level = 0;
   int layer_boundaries = 0;                // residual-stream values level 1 keeps (checkpoints)
+  int checkpoint_regions = 0;              // torch.utils.checkpoint regions recomputed
   int64_t stashed_bytes_before = 0;        // all stashed activations (current shapes)
   int64_t stashed_bytes_after = 0;         // those the applied plan keeps, new boundaries included
   int64_t extra_flops = 0;                 // of every recomputed node
@@ -62,11 +81,13 @@ std::vector<std::string> default_forward_outputs(const Graph& graph);
 MemoryPlan analyze_memory(const Model& model, const std::vector<std::string>& forward_outputs,
                           const MemoryOptimizerOptions& options, const std::map<std::string, int64_t>& dims = {});
 
-// Analyses and applies the plan the options ask for. Throws (listing the model's clusters) on a
-// level out of range, a malformed config entry or one naming no cluster; a plan that would not
-// save memory is left out and said so in `notes`.
+// Analyses and applies the plan the options ask for, and recomputes the checkpoint regions named
+// (whatever the level). Throws (listing the model's clusters) on a level out of range, a malformed
+// config entry or one naming no cluster; a plan that would not save memory is left out and said so
+// in `notes`, as is a region whose boundary values an earlier pass rewrote.
 MemoryPlan optimize_memory(Model& model, const std::vector<std::string>& forward_outputs,
-                           const MemoryOptimizerOptions& options, const std::map<std::string, int64_t>& dims = {});
+                           const MemoryOptimizerOptions& options, const std::map<std::string, int64_t>& dims = {},
+                           const std::vector<CheckpointRegion>& regions = {});
 
 // The plan as a table: cluster, occurrences, bytes saved per occurrence (formula and number),
 // extra FLOPs, what is applied, and a summary line.

@@ -30,6 +30,10 @@ void optimize_for_inference(Model& model);
 // Returns how many nodes were fused.
 int fuse_for_training(Model& model);
 
+// The value of `value` when it is a constant: an initializer, or the output of a Constant node
+// with a tensor `value` (training exports keep their constants as nodes: nothing folds them).
+const Tensor* constant_tensor(const Graph& graph, const std::string& value);
+
 // Replaces every read of `from` (node inputs, graph outputs excluded) with `to`.
 void replace_uses(Graph& graph, const std::string& from, const std::string& to);
 

@@ -83,12 +83,10 @@ struct Emitter {
   // backward's saved values), and a count that changes with every batch would record a plan per
   // batch; so at most 16. The rows added compute values that nothing reads (padding) or that the
   // loss ignores (labels), and their gradients are zeros.
-  std::string kept_positions(const std::string& values, int64_t skip, DType dtype, int64_t n,
-                             std::string* mask_out = nullptr) {
+  std::string kept_positions(const std::string& values, int64_t skip, DType dtype, int64_t n) {
     Tensor s = dtype == DType::kInt32 ? Tensor::scalar<int32_t>(int32_t(skip)) : Tensor::scalar<int64_t>(skip);
     std::string eq = node("Equal", {values, constant(std::move(s), "skipped_value")});
     std::string mask = node("Not", {eq});
-    if (mask_out) *mask_out = mask;
     std::string nz = node("NonZero", {mask});
     std::string kept = node("Reshape", {nz, int64s({-1}, "flat")});
     if (n <= 16) return kept;
@@ -390,15 +388,12 @@ int strip_padding(Model& model, const std::map<std::string, int64_t>& padding_in
   std::vector<Node> nodes;
   Emitter e{g, nodes, r.ids + "/padding"};
   const DType ids_dtype = known_dtype(g, r.ids);
-  std::string mask = "", kept = "", kept_ids = "", slot = "";
+  std::string kept = "", kept_ids = "";
   auto prepare = [&] {
     if (!kept.empty()) return;
     const std::string flat_ids = e.node("Reshape", {r.ids, e.int64s({-1}, "flat")});
-    kept = e.kept_positions(flat_ids, r.pad, ids_dtype, numel(r.ids_shape), &mask);
+    kept = e.kept_positions(flat_ids, r.pad, ids_dtype, numel(r.ids_shape));
     kept_ids = e.node("Gather", {flat_ids, kept}, {{"axis", Attribute::of(int64_t(0))}});
-    const std::string ones = e.node("Cast", {mask}, {{"to", Attribute::of(int64_t(DType::kInt64))}});
-    const std::string rank = e.node("CumSum", {ones, e.constant(Tensor::scalar<int64_t>(0), "axis")});
-    slot = e.node("Mul", {rank, ones});
   };
   std::unordered_map<std::string, std::string> compact_of;  // dense value -> its [K, t...] rows
   std::set<std::string> restored;
@@ -420,11 +415,14 @@ int strip_padding(Model& model, const std::map<std::string, int64_t>& padding_in
   auto restore = [&](const std::string& v) {
     if (restored.count(v) || !compact_of.count(v)) return;
     Shape t = *token_dims(g, v, r);
-    Shape zero_shape{1};
-    zero_shape.insert(zero_shape.end(), t.begin(), t.end());
-    const std::string zeros = e.constant(Tensor::zeros(known_dtype(g, v), zero_shape), "zero_row");
-    const std::string padded = e.node("Concat", {zeros, compact_of.at(v)}, {{"axis", Attribute::of(int64_t(0))}});
-    const std::string rows = e.node("Gather", {padded, slot}, {{"axis", Attribute::of(int64_t(0))}});
+    // The kept rows scattered into zeros: GatherGrad is the adjoint of the strip's Gather (its
+    // gradient is that Gather, K rows), one write of the dense rows and no zero row to concatenate.
+    Shape flat{numel(r.ids_shape)};
+    flat.insert(flat.end(), t.begin(), t.end());
+    const std::string rows = g.unique_name(e.base + "/restored");
+    nodes.push_back(Node{g.unique_name(e.base + "/GatherGrad"), "GatherGrad", kOnnxTrainDomain,
+                         {compact_of.at(v), e.int64s(flat, "shape"), kept}, {rows}, {{"axis", Attribute::of(int64_t(0))}}});
+    model.opsets.emplace(kOnnxTrainDomain, 1);
     Shape full = r.ids_shape;
     full.insert(full.end(), t.begin(), t.end());
     e.node("Reshape", {rows, e.int64s(full, "shape")}, {}, v);

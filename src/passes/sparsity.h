@@ -16,13 +16,15 @@
 // ops that treat tokens one by one (elementwise, LayerNorm over the hidden dims, MatMul with a
 // weight, Softmax over the hidden dims) run on the K non-padded tokens only, as [K, hidden...];
 // before any other op (attention's reshapes and batched MatMuls, a loss) the full [ids..., hidden...]
-// shape is restored, with zeros at the padded positions:
+// shape is restored, with zeros at the positions not kept:
 //
-//   restore(c) = Reshape(Gather(Concat(zeros[1, hidden...], c), slot), [ids..., hidden...])
-//   slot = CumSum(ids != pad) * (ids != pad)            (0 for a padded token, k + 1 for the k-th kept one)
+//   restore(c) = Reshape(GatherGrad(c, [N, hidden...], kept), [ids..., hidden...])   (a scatter into zeros)
+//   strip(x)   = Gather(Reshape(x, [N, hidden...]), kept),   kept = the kept positions, [K]
 //
+// (GatherGrad and Gather are each other's gradient, so the backward of a restore is a K-row Gather.)
 // That is the dense computation exactly at the kept positions; at padded positions the values
-// differ (zeros or stale rows instead of what the dense graph computes there). So the result equals the dense one
+// differ (zeros, or rows computed from the padding embedding for the few padded positions the
+// rounding below keeps, instead of what the dense graph computes there). So the result equals the dense one
 // when the model's loss does not depend on padded positions: its attention masks padded keys (or is
 // causal, with padding at the end) and its loss ignores the padded positions. That is a property of
 // the model the pass cannot check, so it runs only where its user asks for it.

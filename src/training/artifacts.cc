@@ -7,6 +7,7 @@
 #include "ops/graph_builder.h"
 #include "ops/kernel.h"     // run_node_once: a Constant node's value
 #include "ops/registry.h"
+#include "passes/compute_optimizer.h"
 #include "passes/mixed_precision.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
@@ -291,6 +292,11 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   g.outputs.clear();
   g.outputs.push_back({"loss", ValueInfo{}});
   for (const auto& name : o.additional_output_names) g.outputs.push_back({name, ValueInfo{}});
+
+  // Only the rows the loss and the additional outputs use; the model's outputs stay whole (the
+  // eval graph and the models exported from it return them).
+  if (o.compute_optimizer)
+    move_selections_upstream(m, std::set<std::string>(model_outputs.begin(), model_outputs.end()));
 
   // Buffers a training step updates (BatchNorm running statistics).
   const std::vector<BufferUpdate> updates = buffer_updates(m);

@@ -175,7 +175,7 @@ void split(const Model& full, ForwardBackwardGraphs& fb) {
 // last (so a head on token 0 still runs on those rows only, not on every kept token).
 void optimize_rows(Model& m, const ForwardBackwardOptions& o) {
   if (o.label_sparsity) compute_kept_labels_only(m);
-  if (o.compute_optimizer) move_gathers_upstream(m);
+  if (o.compute_optimizer) move_selections_upstream(m);
   strip_padding(m, o.padding_index);
 }
 
@@ -185,6 +185,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   ForwardBackwardGraphs fb;
   Model m = model;
   Graph& g = m.graph;
+  const std::vector<CheckpointRegion> checkpoints = take_checkpoint_regions(g);  // TrainModule's marks
   g.topological_sort();
   infer_shapes(g, m.opsets);
   for (const auto& in : g.inputs) fb.inputs.push_back(in.name);
@@ -238,10 +239,10 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   fb.gradients = info.gradient_outputs;
   if (o.optimize) optimize_for_inference(full);
   full.graph.topological_sort();
-  if (o.memory.level != 0 || !o.memory.config.empty()) {
+  if (o.memory.level != 0 || !o.memory.config.empty() || !checkpoints.empty()) {
     std::vector<std::string> forward_outputs = fb.outputs;
     forward_outputs.insert(forward_outputs.end(), fb.buffer_outputs.begin(), fb.buffer_outputs.end());
-    fb.memory_plan = optimize_memory(full, forward_outputs, o.memory);
+    fb.memory_plan = optimize_memory(full, forward_outputs, o.memory, {}, checkpoints);
   }
   split(full, fb);
   fb.forward_feeds = feeds_of(fb.forward.graph, fb.inputs);

@@ -28,7 +28,7 @@ struct ForwardBackwardOptions {
   std::vector<std::string> wrt;   // model inputs or bound initializers to differentiate; empty: forward only
   MemoryOptimizerOptions memory;  // recompute plans (memory for time); level 0 and no config: none
   bool optimize = true;           // simplify before autodiff, every fusion on the built graph
-  bool compute_optimizer = true;  // move Gathers of a few rows upstream (src/passes/compute_optimizer.h)
+  bool compute_optimizer = true;  // move Gathers/Slices of a few rows upstream (src/passes/compute_optimizer.h)
   // Input sparsity (src/passes/sparsity.h): losses with ignore_index take the kept rows only; the
   // embedding tables named (bound initializers) drop the tokens at their padding index.
   bool label_sparsity = false;

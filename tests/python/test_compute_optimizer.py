@@ -1,48 +1,121 @@
-"""The compute optimizer in TrainModule (ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER, on by default): a
-BERT-style classifier's head on token 0 makes the last layer's FFN and LayerNorm run on one token,
-and training follows the same losses and parameters as with it off."""
+"""The compute optimizer (ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER in TrainModule, `compute_optimizer=` /
+`--no-compute-optimizer` for artifacts; on by default): a head on token 0 (Gather) or on the first
+or last position (Slice) makes the last layer's FFN and LayerNorm run on those rows only, and
+training follows the same losses and parameters as with it off."""
 import copy
 import os
+import subprocess
 import sys
 
 import numpy as np
 import onnx
+import pytest
 import torch
 from torch import nn
 
 import onnxtrain
+from onnxtrain import artifacts
 from onnxtrain.torch import TrainModule
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import models  # noqa: E402
 
+from .build_paths import ONNXTRAIN  # noqa: E402
+from .train_loops import train_artifacts, train_torch  # noqa: E402
+
 onnxtrain.set_num_threads(1)
 
+BATCH, SEQ, HIDDEN, FFN = 4, 10, 16, 32
 
-def test_classifier_head_gathers_upstream_and_trains_alike(monkeypatch):
+
+def cfg():
+    return models.BertConfig(vocab_size=40, hidden=HIDDEN, layers=2, heads=2, ffn=FFN, max_len=12)
+
+
+class PositionHead(nn.Module):
+    """The encoder with a Linear head on one position, taken as `pick` says."""
+
+    PICKS = {"gather_first": lambda h: h[:, 0], "gather_last": lambda h: h[:, -1],
+             "slice_first": lambda h: h[:, :1].squeeze(1), "slice_last": lambda h: h[:, -1:].sum(1)}
+
+    def __init__(self, pick: str):
+        super().__init__()
+        self.encoder = models.BertEncoder(cfg())
+        self.head = nn.Linear(HIDDEN, 3)
+        self.pick = self.PICKS[pick]
+
+    def forward(self, ids):
+        return self.head(self.pick(self.encoder(ids)))
+
+
+def ffn_rows(m: onnx.ModelProto):
+    """Rows per sequence of every MatMul/FusedMatMul output whose width is the FFN's, in graph order
+    (the shapes onnxtrain recorded in the model)."""
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+              for v in list(m.graph.value_info) + list(m.graph.output)}
+    return [int(np.prod(shapes[n.output[0]][:-1])) // BATCH for n in m.graph.node
+            if n.op_type in ("MatMul", "FusedMatMul") and n.output[0] in shapes and shapes[n.output[0]][-1] == FFN]
+
+
+@pytest.mark.parametrize("pick", sorted(PositionHead.PICKS))
+def test_train_module_heads_train_alike(monkeypatch, pick):
     torch.manual_seed(0)
-    cfg = models.BertConfig(vocab_size=40, hidden=16, layers=2, heads=2, ffn=32, max_len=12)
-    base = models.BertClassifier(cfg, num_classes=3).train()
+    base = PositionHead(pick).train()
     g = torch.Generator().manual_seed(3)
-    data = [(torch.randint(0, 40, (4, 10), generator=g), torch.randint(0, 3, (4,), generator=g)) for _ in range(20)]
+    data = [(torch.randint(0, 40, (BATCH, SEQ), generator=g), torch.randint(0, 3, (BATCH,), generator=g))
+            for _ in range(20)]
     runs = {}
     for flag in ("1", "0"):
         monkeypatch.setenv("ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER", flag)
         model = copy.deepcopy(base)
         wrapped = TrainModule(model)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        losses = []
-        for x, y in data:
-            loss = nn.functional.cross_entropy(wrapped(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            losses.append(loss.item())
-        forward = onnx.load_from_string(next(iter(wrapped._graphs.values())).runner.forward_model())
-        gathers = sum(n.op_type == "Gather" for n in forward.graph.node)
-        runs[flag] = (losses, model.state_dict(), gathers)
+        losses = train_torch(wrapped, data)
+        runner = next(iter(wrapped._graphs.values())).runner
+        forward = onnx.load_from_string(runner.forward_model())
+        runs[flag] = (losses, model.state_dict(), ffn_rows(forward))
     np.testing.assert_allclose(runs["1"][0], runs["0"][0], rtol=1e-5)
     for k, v in runs["0"][1].items():
         torch.testing.assert_close(runs["1"][1][k], v, rtol=1e-5, atol=1e-6, msg=k)
-    # The token-0 Gather is split over the residual sum's operands: more Gathers, fewer rows.
-    assert runs["1"][2] > runs["0"][2]
+    # The last layer's FFN up-projection computes one row per sequence instead of SEQ.
+    assert runs["0"][2] == [SEQ, SEQ], runs["0"][2]
+    assert runs["1"][2] == [SEQ, 1], runs["1"][2]
+
+
+@pytest.mark.parametrize("pick", ["gather_first", "slice_last"])
+def test_artifacts_heads_train_alike(tmp_path, pick):
+    torch.manual_seed(0)
+    model = PositionHead(pick).eval()
+    ids = torch.randint(0, 40, (BATCH, SEQ), generator=torch.Generator().manual_seed(2))
+    path = models.export(model, (ids,), str(tmp_path / "head.onnx"), ["ids"], ["logits"])
+    params = [p.name for p in onnx.load(path).graph.initializer if len(p.dims) > 0]
+    g = np.random.default_rng(0)
+    data = [(g.integers(0, 40, (BATCH, SEQ)).astype(np.int64), g.integers(0, 3, (BATCH,)).astype(np.int64))
+            for _ in range(20)]
+    runs = {}
+    for on in (True, False):
+        d = str(tmp_path / f"on{int(on)}")
+        artifacts.generate_artifacts(path, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
+                                     optimizer=artifacts.OptimType.SGD, artifact_directory=d, compute_optimizer=on)
+        losses, module = train_artifacts(d, data)
+        module.train(False)
+        eval_loss = module(*data[0])
+        rows = ffn_rows(onnx.load(os.path.join(d, "training_model.onnx")))
+        runs[on] = (losses, eval_loss, rows)
+    np.testing.assert_allclose(runs[True][0], runs[False][0], rtol=1e-5)
+    np.testing.assert_allclose(runs[True][1], runs[False][1], rtol=1e-5, atol=1e-6)
+    # The forward's FFN up-projections (the first two): the last layer's runs on one row.
+    assert runs[False][2][:2] == [SEQ, SEQ] and runs[True][2][:2] == [SEQ, 1], (runs[False][2], runs[True][2])
+    assert sum(runs[True][2]) < sum(runs[False][2])  # the backward shrinks too
+
+
+def test_cli_turns_it_off(tmp_path):
+    model = PositionHead("gather_first").eval()
+    ids = torch.randint(0, 40, (BATCH, SEQ), generator=torch.Generator().manual_seed(2))
+    path = models.export(model, (ids,), str(tmp_path / "head.onnx"), ["ids"], ["logits"])
+    rows = {}
+    for flags in ([], ["--no-compute-optimizer"]):
+        out = tmp_path / ("off" if flags else "on")
+        subprocess.run([str(ONNXTRAIN), "artifacts", path, "--out", str(out), "--all", "--loss", "cross_entropy",
+                        *flags], check=True, capture_output=True)
+        rows[bool(flags)] = ffn_rows(onnx.load(str(out / "training_model.onnx")))[:2]
+    assert rows[False] == [SEQ, 1] and rows[True] == [SEQ, SEQ], rows

@@ -20,6 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import models  # noqa: E402
 
 from .build_paths import ONNXTRAIN  # noqa: E402
+from .train_loops import train_artifacts, train_torch  # noqa: E402
 
 onnxtrain.set_num_threads(1)
 
@@ -43,16 +44,7 @@ def batches(steps):
             for _ in range(steps)]
 
 
-def train(model, data):
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for x, y in data:
-        loss = nn.functional.cross_entropy(model(x).reshape(-1, 40), y.reshape(-1))
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    return losses
+train = train_torch
 
 
 @pytest.mark.parametrize("name", ["bert", "gpt"])
@@ -121,7 +113,6 @@ def test_plan_table_bytes_by_hand(tmp_path, name):
 
 
 def test_artifacts_level1_trains_like_level0(tmp_path):
-    from onnxtrain.api import CheckpointState, Module, Optimizer
     path = export_model("gpt", str(tmp_path))
     params = [p.name for p in __import__("onnx").load(path).graph.initializer if len(p.dims) > 0]
     g = np.random.default_rng(0)
@@ -132,14 +123,7 @@ def test_artifacts_level1_trains_like_level0(tmp_path):
         d = str(tmp_path / f"a{level}")
         artifacts.generate_artifacts(path, requires_grad=params, loss=artifacts.LossType.MSELoss,
                                      optimizer=artifacts.OptimType.SGD, artifact_directory=d, memory_opt_level=level)
-        state = CheckpointState.load_checkpoint(os.path.join(d, "checkpoint"))
-        module = Module(os.path.join(d, "training_model.onnx"), state, os.path.join(d, "eval_model.onnx"))
-        optimizer = Optimizer(os.path.join(d, "optimizer_model.onnx"), module)
-        losses = []
-        for x, y in data:
-            losses.append(float(module(x, y)))
-            optimizer.step()
-            module.lazy_reset_grad()
+        losses, module = train_artifacts(d, data)
         results.append(losses)
         report = module.memory_report()  # "... (all stashed: X MiB) ..."
         stashed.append(float(report.split("all stashed: ")[1].split(" MiB")[0]))

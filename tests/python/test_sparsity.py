@@ -95,7 +95,7 @@ def test_padding_sparsity_trains_as_dense_encoder(monkeypatch):
     dense = train(base, data, monkeypatch)
     assert sparse[2]["padding_sparsity"] == {"module.model.encoder.tokens.weight": 0}
     assert dense[2]["padding_sparsity"] == {}
-    assert sparse[3].count("CumSum") == 1 and "CumSum" not in dense[3]
+    assert "GatherGrad" in sparse[3] and "GatherGrad" not in dense[3]  # the forward restores padded shapes
     assert_same_training(sparse, dense)
 
 

@@ -97,6 +97,8 @@ const Command kArtifactsCommand{
         {"--lora-dropout", "P", "dropout on the adapters' input while training (default 0)"},
         {"--memory-opt-level", "N", "memory optimizer: 0 (default), 1 layer-wise recompute, 2 plus compromised plans"},
         {"--memory-opt-config", "CFG", "recompute plans cluster:strategy:count,... (clusters: onnxtrain inspect)"},
+        {"--no-compute-optimizer", "", "compute every row (default: a Gather/Slice of a few positions moves upstream "
+                                       "past elementwise ops, LayerNorm, Softmax and MatMul)"},
     },
     "example:\n  onnxtrain artifacts mlp.onnx --out out --all --loss cross_entropy --optimizer adamw --lr 1e-3\n"};
 
@@ -139,6 +141,7 @@ int run_artifacts(const Args& a) {
     o.memory.level = std::stoi(level);
   }
   o.memory.config = a.get("--memory-opt-config");
+  o.graphs.compute_optimizer = !a.flag("--no-compute-optimizer");
 
   Model model = load_model(a.positional(0));
   if (custom) o.graphs.custom_loss = std::make_shared<const Model>(load_model(loss));

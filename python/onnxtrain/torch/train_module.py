@@ -40,6 +40,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 from .. import Error as _OnnxtrainError
 from .. import _C
 from . import _tree
+from ._checkpoint import checkpoints_as_regions
 from .debug import DebugOptions, LogLevel, Settings
 
 __all__ = ["TrainModule", "TrainModuleError"]
@@ -417,7 +418,8 @@ class TrainModule(nn.Module):
         start = time.perf_counter()
         f = io.BytesIO()
         try:
-            with warnings.catch_warnings(record=True) as caught:
+            # torch.utils.checkpoint calls become marked regions that the backward recomputes.
+            with warnings.catch_warnings(record=True) as caught, checkpoints_as_regions():
                 warnings.simplefilter("always")
                 torch.onnx.export(
                     wrapper, tuple(inputs), f, opset_version=self._settings.opset, do_constant_folding=False,

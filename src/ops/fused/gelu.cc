@@ -17,7 +17,7 @@ constexpr double kInvSqrt2 = 0.70710678118654752440;
 constexpr double kInvSqrt2Pi = 0.39894228040143267794;
 
 template <typename T>
-inline T gelu(T x) {
+ONNXTRAIN_FAST_MATH_INLINE T gelu(T x) {  // inlined into the kernels' vector loops (fast_math.h)
   using C = compute_t<T>;
   C v = C(x);
   C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_fast(float(v) * float(kInvSqrt2)));
@@ -26,7 +26,7 @@ inline T gelu(T x) {
 
 // d gelu / dx = Phi(x) + x phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
 template <typename T>
-inline T gelu_grad(T dy, T x) {
+ONNXTRAIN_FAST_MATH_INLINE T gelu_grad(T dy, T x) {
   using C = compute_t<T>;
   C v = C(x);
   C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_fast(float(v) * float(kInvSqrt2)));

@@ -20,7 +20,7 @@
 namespace onnxtrain {
 
 template <typename C>
-inline C exp_shifted(C v) {  // exp of (value - row max)
+ONNXTRAIN_FAST_MATH_INLINE C exp_shifted(C v) {  // exp of (value - row max); inlined: see fast_math.h
   if constexpr (std::is_same_v<C, float>) return exp_fast(v);
   else return std::exp(v);
 }
