@@ -9,12 +9,19 @@
    ``torch.autocast("cpu", dtype=torch.bfloat16)``, all interleaved round by round. Achieved
    TFLOP/s counts the GEMM work of a step as 3x the forward's (bench/onnx_flops.py).
    Targets: bf16 step >= 2x onnxtrain's fp32 step, >= 2.5x torch autocast.
-3. With ``--curves``: 200 steps of BERT-style, GPT-style and the digits CNN in fp32, bf16 and
+3. **TrainModule** (an unchanged torch loop, AdamW) on the BERT-style encoder and the GPT-style
+   decoder (bench/models.py training_loop_case: hidden 256, 4 layers, seq 128, batch 8):
+   ``TrainModule(model, mixed_precision="bf16")`` against plain PyTorch fp32, PyTorch under
+   ``torch.autocast("cpu", dtype=torch.bfloat16)`` and fp32 TrainModule, steps interleaved, median
+   ms per step after the first. Targets: >= 3x torch fp32, >= 2x torch autocast.
+4. With ``--curves``: 200 steps of BERT-style, GPT-style and the digits CNN in fp32, bf16 and
    fp16 (dynamic loss scaling) from the same initial weights; the largest relative gap of the
    smoothed (10-step mean) loss curves at every 10th step (target: within 2%), and the updates
    fp16's loss scaler skipped.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_mixed_precision.py [--threads 2] [--curves]
+    # about 3 minutes: fewer rounds and steps, the GPT-style curve only (200 steps)
+    PYTHONPATH=build/python /usr/bin/python3 bench/bench_mixed_precision.py --short
 
 Prints a table and one JSON line. Only ratios measured in the same run mean anything on a shared
 machine.
@@ -37,6 +44,8 @@ from common import import_onnxtrain  # noqa: E402
 TARGET_VS_FP32 = 2.0
 TARGET_VS_AUTOCAST = 2.5
 TARGET_CURVE_GAP = 0.02
+TARGET_TM_VS_TORCH = 3.0
+TARGET_TM_VS_AUTOCAST = 2.0
 
 
 def gemm_peak(ot, n: int, rounds: int) -> Dict[str, float]:
@@ -193,6 +202,56 @@ def bench_step(ot, args, workdir: str) -> dict:
             "tflops": {k: flops / (v["best"] * 1e-3) / 1e12 for k, v in ms.items()}}
 
 
+def train_module_steps(ot, args) -> dict:
+    """Per model: median ms per step of the same torch loop (cross-entropy over the last dim,
+    AdamW) as plain torch fp32, torch autocast bf16, TrainModule fp32 and TrainModule bf16, steps
+    interleaved; the first step (export and build) is left out."""
+    import copy
+    import time
+
+    import torch
+
+    from models import training_loop_case
+    from onnxtrain.torch import TrainModule
+
+    def variant(module, autocast: bool):
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
+        times, losses = [], []
+
+        def step(x, y):
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                logits = module(x)
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            times.append((time.perf_counter() - start) * 1e3)
+            losses.append(loss.item())
+        return step, times, losses
+
+    out = {}
+    for name in args.tm_models.split(","):
+        model, batches = training_loop_case(name, args.tm_steps)
+        runs = {"torch fp32": variant(copy.deepcopy(model), False),
+                "torch autocast bf16": variant(copy.deepcopy(model), True),
+                "TrainModule fp32": variant(TrainModule(copy.deepcopy(model)), False),
+                "TrainModule bf16": variant(TrainModule(copy.deepcopy(model), mixed_precision="bf16"), False)}
+        for x, y in batches:
+            for step, _, _ in runs.values():
+                step(x, y)
+        ms = {k: float(np.median(t[1:])) for k, (_, t, _) in runs.items()}
+        losses = {k: l for k, (_, _, l) in runs.items()}
+        out[name] = {"step_ms": ms, "steps": args.tm_steps,
+                     "bf16_vs_torch_fp32": ms["torch fp32"] / ms["TrainModule bf16"],
+                     "bf16_vs_torch_autocast": ms["torch autocast bf16"] / ms["TrainModule bf16"],
+                     "bf16_vs_trainmodule_fp32": ms["TrainModule fp32"] / ms["TrainModule bf16"],
+                     "max_loss_rel_diff_bf16_vs_fp32": max(abs(a - b) / abs(b) for a, b in
+                                                           zip(losses["TrainModule bf16"], losses["torch fp32"]))}
+        print(f"  TrainModule {name}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in ms.items()), flush=True)
+    return out
+
+
 LOW_MODES = ("bf16", "fp16")
 
 
@@ -231,9 +290,16 @@ def main(argv=None) -> int:
     p.add_argument("--curves", action="store_true", help="also the 200-step loss curves (minutes)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--curve-models", default="bert,gpt,digits", help="comma-separated: bert, gpt, digits")
+    p.add_argument("--tm-models", default="bert,gpt", help="TrainModule models (bench/models.py training_loop_case)")
+    p.add_argument("--tm-steps", type=int, default=12, help="TrainModule steps per variant (the first is not timed)")
+    p.add_argument("--short", action="store_true",
+                   help="about 3 minutes: 3 rounds, 6 TrainModule steps, and the GPT-style curve (fp32/bf16/fp16)")
     p.add_argument("--profile", action="store_true",
                    help="also the kernel time per op type of the fp32 and bf16 training graphs")
     args = p.parse_args(argv)
+    if args.short:
+        args.rounds, args.budget, args.tm_steps = 3, 30.0, 6
+        args.curves, args.curve_models = True, "gpt"
     import torch
     ot = import_onnxtrain()
     torch.set_num_threads(args.threads)
@@ -242,6 +308,7 @@ def main(argv=None) -> int:
     result["gemm_gflops"] = gemm_peak(ot, args.n, 5)
     with tempfile.TemporaryDirectory() as workdir:
         result["bert_step"] = bench_step(ot, args, workdir)
+        result["train_module"] = train_module_steps(ot, args)
         if args.profile:
             module, model, x, t = build_model("bert")
             result["profile"] = {mode or "fp32": Trainer(ot, model, x, t, os.path.join(workdir, f"profile_{mode}"),
@@ -264,6 +331,13 @@ def main(argv=None) -> int:
     print(f"  bf16 vs own fp32: {vs32:.2f}x (target {TARGET_VS_FP32}x); vs torch autocast: {vsac:.2f}x "
           f"(target {TARGET_VS_AUTOCAST}x); bf16 step at {100 * bf16_peak_frac:.0f}% of the bf16 GEMM peak")
     result["ratios"] = {"bf16_vs_fp32": vs32, "bf16_vs_torch_autocast": vsac, "bf16_fraction_of_peak": bf16_peak_frac}
+    print(f"TrainModule, the same torch loop (AdamW), median ms per step of {args.tm_steps - 1}:")
+    for name, r in result["train_module"].items():
+        print(f"  {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in r["step_ms"].items()))
+        print(f"  {name}: TrainModule bf16 vs torch fp32 {r['bf16_vs_torch_fp32']:.2f}x (target {TARGET_TM_VS_TORCH}x), "
+              f"vs torch autocast {r['bf16_vs_torch_autocast']:.2f}x (target {TARGET_TM_VS_AUTOCAST}x), "
+              f"vs TrainModule fp32 {r['bf16_vs_trainmodule_fp32']:.2f}x; loss vs torch fp32 within "
+              f"{100 * r['max_loss_rel_diff_bf16_vs_fp32']:.2f}%")
     for mode, report in result.get("profile", {}).items():
         print(f"BERT-style training graph, {mode}, kernel time by op type (6 runs):\n{report}")
     if args.curves:
