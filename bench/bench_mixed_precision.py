@@ -9,12 +9,20 @@
    ``torch.autocast("cpu", dtype=torch.bfloat16)``, all interleaved round by round. Achieved
    TFLOP/s counts the GEMM work of a step as 3x the forward's (bench/onnx_flops.py).
    Targets: bf16 step >= 2x onnxtrain's fp32 step, >= 2.5x torch autocast.
-3. With ``--curves``: 200 steps of BERT-style, GPT-style and the digits CNN in fp32, bf16 and
+3. **TrainModule** (an unchanged torch loop, AdamW) on the BERT-style encoder and the GPT-style
+   decoder (bench/models.py training_loop_case: hidden 256, 4 layers, seq 128, batch 8):
+   ``TrainModule(model, mixed_precision="bf16")`` against plain PyTorch fp32, PyTorch under
+   ``torch.autocast("cpu", dtype=torch.bfloat16)`` and fp32 TrainModule, steps interleaved, median
+   ms per step after the first. Targets: >= 3x torch fp32, >= 2x torch autocast.
+4. With ``--curves``: 200 steps of BERT-style, GPT-style and the digits CNN in fp32, bf16 and
    fp16 (dynamic loss scaling) from the same initial weights; the largest relative gap of the
    smoothed (10-step mean) loss curves at every 10th step (target: within 2%), and the updates
    fp16's loss scaler skipped.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_mixed_precision.py [--threads 2] [--curves]
+    # about 3 minutes on a quiet machine: fewer rounds and steps, the kernel profile with the
+    # Amdahl split, the GPT-style curve only (200 steps)
+    PYTHONPATH=build/python /usr/bin/python3 bench/bench_mixed_precision.py --short
 
 Prints a table and one JSON line. Only ratios measured in the same run mean anything on a shared
 machine.
@@ -37,6 +45,8 @@ from common import import_onnxtrain  # noqa: E402
 TARGET_VS_FP32 = 2.0
 TARGET_VS_AUTOCAST = 2.5
 TARGET_CURVE_GAP = 0.02
+TARGET_TM_VS_TORCH = 3.0
+TARGET_TM_VS_AUTOCAST = 2.0
 
 
 def gemm_peak(ot, n: int, rounds: int) -> Dict[str, float]:
@@ -128,9 +138,12 @@ class Trainer:
         self.onnx = data
         self.paths = paths
 
-    def profile(self, ot, runs: int) -> str:
-        """Kernel time per op type of the training graph (forward and backward; the optimizer
-        step is not in it), through an InferenceSession with profiling over the same feeds."""
+    def kernel_ms(self, ot, runs: int) -> Dict[str, float]:
+        """Kernel ms per op type of the training graph (forward and backward; the optimizer step is
+        not in it), each node's fastest of ``runs`` runs, through an InferenceSession with
+        profiling over the same feeds. Minima per node, not totals: on a loaded machine a node's
+        slow runs are other processes' time, and a parallel region waiting on a descheduled
+        thread multiplies a small kernel's time."""
         import onnx
         options = ot.SessionOptions()
         options.enable_profiling = True
@@ -139,9 +152,21 @@ class Trainer:
         feeds = dict(zip(names[:2], self.feeds))
         for name in names[2:]:
             feeds[name] = self.state.parameters[name].data
+        session.run(None, feeds)  # the recording run
+        before = {e["node"]: e["total_us"] for e in session.profile()}
+        best: Dict[str, float] = {}
+        op_of: Dict[str, str] = {}
         for _ in range(runs):
             session.run(None, feeds)
-        return session.profile_report()
+            for e in session.profile():
+                us = e["total_us"] - before.get(e["node"], 0.0)
+                before[e["node"]] = e["total_us"]
+                best[e["node"]] = min(best.get(e["node"], float("inf")), us)
+                op_of[e["node"]] = e["op_type"]
+        by_op: Dict[str, float] = {}
+        for node, us in best.items():
+            by_op[op_of[node]] = by_op.get(op_of[node], 0.0) + us / 1e3
+        return dict(sorted(by_op.items(), key=lambda kv: -kv[1]))
 
     def step(self) -> float:
         loss = self.module(*self.feeds)
@@ -193,7 +218,75 @@ def bench_step(ot, args, workdir: str) -> dict:
             "tflops": {k: flops / (v["best"] * 1e-3) / 1e12 for k, v in ms.items()}}
 
 
-LOW_MODES = ("bf16", "fp16")
+def train_module_steps(ot, args) -> dict:
+    """Per model: median ms per step of the same torch loop (cross-entropy over the last dim,
+    AdamW) as plain torch fp32, torch autocast bf16, TrainModule fp32 and TrainModule bf16, steps
+    interleaved; the first step (export and build) is left out."""
+    import copy
+    import time
+
+    import torch
+
+    from models import training_loop_case
+    from onnxtrain.torch import TrainModule
+
+    def variant(module, autocast: bool):
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-4)
+        times, losses = [], []
+
+        def step(x, y):
+            start = time.perf_counter()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                logits = module(x)
+            loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            times.append((time.perf_counter() - start) * 1e3)
+            losses.append(loss.item())
+        return step, times, losses
+
+    out = {}
+    for name in args.tm_models.split(","):
+        model, batches = training_loop_case(name, args.tm_steps)
+        runs = {"torch fp32": variant(copy.deepcopy(model), False),
+                "torch autocast bf16": variant(copy.deepcopy(model), True),
+                "TrainModule fp32": variant(TrainModule(copy.deepcopy(model)), False),
+                "TrainModule bf16": variant(TrainModule(copy.deepcopy(model), mixed_precision="bf16"), False)}
+        for x, y in batches:
+            for step, _, _ in runs.values():
+                step(x, y)
+        ms = {k: float(np.median(t[1:])) for k, (_, t, _) in runs.items()}
+        losses = {k: l for k, (_, _, l) in runs.items()}
+        out[name] = {"step_ms": ms, "steps": args.tm_steps,
+                     "bf16_vs_torch_fp32": ms["torch fp32"] / ms["TrainModule bf16"],
+                     "bf16_vs_torch_autocast": ms["torch autocast bf16"] / ms["TrainModule bf16"],
+                     "bf16_vs_trainmodule_fp32": ms["TrainModule fp32"] / ms["TrainModule bf16"],
+                     "max_loss_rel_diff_bf16_vs_fp32": max(abs(a - b) / abs(b) for a, b in
+                                                           zip(losses["TrainModule bf16"], losses["torch fp32"]))}
+        print(f"  TrainModule {name}: " + ", ".join(f"{k} {v:.1f} ms" for k, v in ms.items()), flush=True)
+    return out
+
+
+GEMM_OPS = ("FusedMatMul", "MatMul", "Gemm")
+
+
+def amdahl(profile: Dict[str, Dict[str, float]]) -> dict:
+    """Where the bf16 step's time goes against fp32's: GEMMs against everything else, from the
+    per-node kernel minima of both training graphs. ``ceiling_rest_free`` is the step ratio if
+    everything but the GEMMs took no time in bf16; ``ceiling_rest_halved`` if it ran 2x faster
+    than in fp32 (half the bytes of a memory-bound kernel)."""
+    split = {}
+    for mode, ops in profile.items():
+        gemm = sum(v for k, v in ops.items() if k in GEMM_OPS)
+        split[mode] = {"gemm_ms": gemm, "rest_ms": sum(ops.values()) - gemm}
+    f, b = split["fp32"], split["bf16"]
+    total32 = f["gemm_ms"] + f["rest_ms"]
+    return {"split": split, "gemm_share_fp32": f["gemm_ms"] / total32,
+            "gemm_ratio": f["gemm_ms"] / b["gemm_ms"], "rest_ratio": f["rest_ms"] / b["rest_ms"],
+            "kernel_step_ratio": total32 / (b["gemm_ms"] + b["rest_ms"]),
+            "ceiling_rest_free": total32 / b["gemm_ms"],
+            "ceiling_rest_halved": total32 / (b["gemm_ms"] + f["rest_ms"] / 2)}
 
 
 def curves(ot, args, workdir: str) -> dict:
@@ -203,7 +296,8 @@ def curves(ot, args, workdir: str) -> dict:
     for name in args.curve_models.split(","):
         module, model, x, t = build_model(name)
         losses, scaler = {}, {}
-        for mode in (None,) + LOW_MODES:
+        low_modes = tuple(args.curve_modes.split(","))
+        for mode in (None,) + low_modes:
             tr = Trainer(ot, model, x, t, os.path.join(workdir, f"curve_{name}_{mode}"), mode)
             losses[mode or "fp32"] = np.array([tr.step() for _ in range(args.steps)])
             print(f"  {name} {mode or 'fp32'}: loss every 10th step {np.round(losses[mode or 'fp32'][::10], 4).tolist()}",
@@ -214,7 +308,7 @@ def curves(ot, args, workdir: str) -> dict:
         smooth = {k: np.convolve(v, np.ones(10) / 10, mode="valid") for k, v in losses.items()}
         idx = np.arange(0, len(smooth["fp32"]), 10)
         out[name] = {"fp32_first_last": [float(losses["fp32"][0]), float(losses["fp32"][-1])], "fp16_scaler": scaler}
-        for mode in LOW_MODES:
+        for mode in low_modes:
             gap = np.abs(smooth[mode][idx] - smooth["fp32"][idx]) / np.abs(smooth["fp32"][idx])
             out[name][mode] = {"max_rel_gap": float(gap.max()),
                                "first_last": [float(losses[mode][0]), float(losses[mode][-1])]}
@@ -231,27 +325,41 @@ def main(argv=None) -> int:
     p.add_argument("--curves", action="store_true", help="also the 200-step loss curves (minutes)")
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--curve-models", default="bert,gpt,digits", help="comma-separated: bert, gpt, digits")
+    p.add_argument("--curve-modes", default="bf16,fp16", help="low precisions whose curves run beside fp32")
+    p.add_argument("--tm-models", default="bert,gpt", help="TrainModule models (bench/models.py training_loop_case)")
+    p.add_argument("--tm-steps", type=int, default=12, help="TrainModule steps per variant (the first is not timed)")
+    p.add_argument("--short", action="store_true",
+                   help="about 3 minutes: 3 rounds, 8 TrainModule steps, the profile, the GPT-style bf16 curve")
     p.add_argument("--profile", action="store_true",
-                   help="also the kernel time per op type of the fp32 and bf16 training graphs")
+                   help="also the kernel time per op type of the fp32 and bf16 training graphs, and the Amdahl split")
+    p.add_argument("--profile-runs", type=int, default=8)
     args = p.parse_args(argv)
+    if args.short:
+        args.rounds, args.budget, args.tm_steps = 3, 30.0, 8
+        args.curves, args.curve_models, args.curve_modes, args.profile = True, "gpt", "bf16", True
     import torch
     ot = import_onnxtrain()
     torch.set_num_threads(args.threads)
     ot.set_num_threads(args.threads)
-    result = {"cpu": ot.cpu_features(), "threads": args.threads}
+    result = {"cpu": ot.cpu_features(), "threads": args.threads,
+              "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset")}
     result["gemm_gflops"] = gemm_peak(ot, args.n, 5)
     with tempfile.TemporaryDirectory() as workdir:
         result["bert_step"] = bench_step(ot, args, workdir)
+        result["train_module"] = train_module_steps(ot, args)
         if args.profile:
             module, model, x, t = build_model("bert")
             result["profile"] = {mode or "fp32": Trainer(ot, model, x, t, os.path.join(workdir, f"profile_{mode}"),
-                                                         mode).profile(ot, 6) for mode in (None, "bf16")}
+                                                         mode).kernel_ms(ot, args.profile_runs)
+                                 for mode in (None, "bf16")}
+            result["amdahl"] = amdahl(result["profile"])
         if args.curves:
             result["curves"] = curves(ot, args, workdir)
     st = result["bert_step"]["step_ms"]
     feats = result["cpu"]
     print(f"CPU: {feats['vendor']}, oneDNN ISA {feats['onednn_isa']}, avx512_bf16={feats['avx512_bf16']}, "
-          f"amx_bf16={feats['amx_bf16']}, bf16 GEMM native={feats['bf16_matmul_native']}; {args.threads} threads")
+          f"amx_bf16={feats['amx_bf16']}, bf16 GEMM native={feats['bf16_matmul_native']}; {args.threads} threads, "
+          f"OMP_WAIT_POLICY={result['omp_wait_policy']}")
     g = result["gemm_gflops"]
     print(f"GEMM {args.n}^3 through MatMul: fp32 {g['fp32']:.0f} GFLOP/s, bf16 {g['bf16']:.0f} GFLOP/s "
           f"(best; medians {g['fp32_median']:.0f} / {g['bf16_median']:.0f}), bf16/fp32 {g['bf16'] / g['fp32']:.2f}x")
@@ -264,16 +372,34 @@ def main(argv=None) -> int:
     print(f"  bf16 vs own fp32: {vs32:.2f}x (target {TARGET_VS_FP32}x); vs torch autocast: {vsac:.2f}x "
           f"(target {TARGET_VS_AUTOCAST}x); bf16 step at {100 * bf16_peak_frac:.0f}% of the bf16 GEMM peak")
     result["ratios"] = {"bf16_vs_fp32": vs32, "bf16_vs_torch_autocast": vsac, "bf16_fraction_of_peak": bf16_peak_frac}
-    for mode, report in result.get("profile", {}).items():
-        print(f"BERT-style training graph, {mode}, kernel time by op type (6 runs):\n{report}")
+    print(f"TrainModule, the same torch loop (AdamW), median ms per step of {args.tm_steps - 1}:")
+    for name, r in result["train_module"].items():
+        print(f"  {name}: " + ", ".join(f"{k} {v:.1f}" for k, v in r["step_ms"].items()))
+        print(f"  {name}: TrainModule bf16 vs torch fp32 {r['bf16_vs_torch_fp32']:.2f}x (target {TARGET_TM_VS_TORCH}x), "
+              f"vs torch autocast {r['bf16_vs_torch_autocast']:.2f}x (target {TARGET_TM_VS_AUTOCAST}x), "
+              f"vs TrainModule fp32 {r['bf16_vs_trainmodule_fp32']:.2f}x; loss vs torch fp32 within "
+              f"{100 * r['max_loss_rel_diff_bf16_vs_fp32']:.2f}%")
+    if "profile" in result:
+        prof = result["profile"]
+        print(f"BERT-style training graph, kernel ms by op type (each node's fastest of {args.profile_runs} runs):")
+        print(f"  {'op type':24s} {'fp32':>8s} {'bf16':>8s}")
+        for op in sorted(set(prof["fp32"]) | set(prof["bf16"]), key=lambda k: -prof["fp32"].get(k, prof["bf16"].get(k)))[:16]:
+            print(f"  {op:24s} {prof['fp32'].get(op, 0.0):8.2f} {prof['bf16'].get(op, 0.0):8.2f}")
+        a = result["amdahl"]
+        print(f"  total                    {sum(prof['fp32'].values()):8.2f} {sum(prof['bf16'].values()):8.2f}")
+        print(f"Amdahl: GEMMs are {100 * a['gemm_share_fp32']:.0f}% of the fp32 kernel time; in bf16 they run "
+              f"{a['gemm_ratio']:.2f}x faster, the rest {a['rest_ratio']:.2f}x; kernel-time step ratio "
+              f"{a['kernel_step_ratio']:.2f}x. Ceiling with the rest free in bf16: {a['ceiling_rest_free']:.2f}x; "
+              f"with the rest 2x faster than fp32: {a['ceiling_rest_halved']:.2f}x (target {TARGET_VS_FP32}x)")
     if args.curves:
         for name, c in result["curves"].items():
-            for mode in LOW_MODES:
+            for mode in args.curve_modes.split(","):
                 print(f"  {name}: {args.steps} steps, smoothed {mode} vs fp32 max gap "
                       f"{100 * c[mode]['max_rel_gap']:.2f}% (target {100 * TARGET_CURVE_GAP:.0f}%); loss fp32 "
                       f"{c['fp32_first_last']}, {mode} {c[mode]['first_last']}")
-            print(f"  {name}: fp16 loss scaler skipped {c['fp16_scaler']['skipped']} updates, "
-                  f"scale now {c['fp16_scaler']['loss_scale']:g}")
+            if c["fp16_scaler"]:
+                print(f"  {name}: fp16 loss scaler skipped {c['fp16_scaler']['skipped']} updates, "
+                      f"scale now {c['fp16_scaler']['loss_scale']:g}")
     print(json.dumps(result, default=float))
     return 0
 

@@ -194,6 +194,62 @@ int convert_to_mixed_precision(Model& model, DType low, const std::set<std::stri
   return Converter(model, low, parameters).run();
 }
 
+int fold_casts_into_gemms(Model& model) {
+  Graph& g = model.graph;
+  infer_shapes(g, model.opsets);
+  auto dtype = [&](const std::string& v) {
+    auto it = g.value_info.find(v);
+    if (it != g.value_info.end()) return it->second.dtype;
+    if (auto init = g.initializers.find(v); init != g.initializers.end()) return init->second.dtype();
+    for (const auto& in : g.inputs)
+      if (in.name == v) return in.info.dtype;
+    return DType::kUndefined;
+  };
+  std::unordered_map<std::string, int> readers;
+  std::unordered_map<std::string, size_t> producer;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    for (const auto& v : g.nodes[i].inputs)
+      if (!v.empty()) ++readers[v];
+    for (const auto& v : g.nodes[i].outputs) producer[v] = i;
+  }
+  for (const auto& out : g.outputs) ++readers[out.name];
+  std::vector<bool> folded(g.nodes.size(), false);
+  int count = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& cast = g.nodes[i];
+    if (!cast.domain.empty() || cast.op_type != "Cast" || cast.inputs.empty() ||
+        cast.attr_int("to", 0) != int64_t(DType::kFloat32))
+      continue;
+    const std::string& product = cast.inputs[0];
+    auto p = producer.find(product);
+    if (p == producer.end() || readers[product] != 1) continue;
+    Node& mm = g.nodes[p->second];
+    const bool fused = mm.domain == kOnnxTrainDomain && mm.op_type == "FusedMatMul";
+    if (!fused && !(mm.domain.empty() && mm.op_type == "MatMul")) continue;
+    if (fused && mm.attr_int("output_dtype", 0) != 0) continue;
+    const DType a = dtype(mm.inputs[0]);
+    if ((a != DType::kBFloat16 && a != DType::kFloat16) || dtype(mm.inputs[1]) != a) continue;
+    if (!fused) {  // onnxtrain.FusedMatMul computes MatMul's product with its defaults
+      mm.op_type = "FusedMatMul";
+      mm.domain = kOnnxTrainDomain;
+      model.opsets.emplace(kOnnxTrainDomain, 1);
+    }
+    mm.attributes["output_dtype"] = Attribute::of(int64_t(DType::kFloat32));
+    mm.outputs[0] = cast.outputs[0];
+    g.value_info.erase(product);
+    folded[i] = true;
+    ++count;
+  }
+  if (count == 0) return 0;
+  std::vector<Node> kept;
+  kept.reserve(g.nodes.size() - size_t(count));
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (!folded[i]) kept.push_back(std::move(g.nodes[i]));
+  g.nodes = std::move(kept);
+  infer_shapes(g, model.opsets);
+  return count;
+}
+
 std::string scale_loss(Model& forward, const std::string& loss) {
   Graph& g = forward.graph;
   OT_CHECK(!g.is_input(kLossScaleInput) && !g.is_initializer(kLossScaleInput) && !g.producers().count(kLossScaleInput),

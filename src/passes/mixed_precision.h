@@ -45,6 +45,13 @@ std::string mixed_precision_name(DType low);
 // Returns the number of Cast nodes inserted.
 int convert_to_mixed_precision(Model& model, DType low, const std::set<std::string>& parameters = {});
 
+// After autodiff: a Cast to fp32 that is the only reader of a bf16/fp16 MatMul or FusedMatMul
+// product is folded into it (FusedMatMul output_dtype = float: oneDNN writes its fp32 accumulator
+// out, unrounded). These are the weight gradients, the products added to an fp32 residual and
+// the partial gradients summed in fp32: one kernel instead of two, and no rounding to half in
+// between. Returns the number of casts folded.
+int fold_casts_into_gemms(Model& model);
+
 // ---- Dynamic loss scaling (fp16): the graph half. fp16's 5 exponent bits flush small gradients
 // to zero, so the backward starts from loss * scale and the fp32 gradients are multiplied by
 // 1/scale before anyone reads them. The scale is a graph input (Module feeds it from the

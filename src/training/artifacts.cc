@@ -329,6 +329,7 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   const std::string differentiated = loss_scaling ? scale_loss(fused, "loss") : std::string("loss");
   Model training = build_gradient_graph(fused, out.trainable, {differentiated}, &info);
   if (loss_scaling) unscale_gradients(training, info.gradient_outputs);
+  if (low != DType::kUndefined) fold_casts_into_gemms(training);
   out.gradient_outputs = info.gradient_outputs;
   for (const auto& u : updates) {
     std::string name = u.buffer + "_updated";

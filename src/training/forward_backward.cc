@@ -215,6 +215,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
       convert_to_mixed_precision(m, low);
     }
     if (o.optimize) optimize_for_inference(m);
+    if (low != DType::kUndefined) fold_casts_into_gemms(m);
     m.description += " (forward)";
     prune(g, {});
     fb.forward = std::move(m);
@@ -238,6 +239,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   fb.seeds = info.seed_inputs;
   fb.gradients = info.gradient_outputs;
   if (o.optimize) optimize_for_inference(full);
+  if (low != DType::kUndefined) fold_casts_into_gemms(full);
   full.graph.topological_sort();
   if (o.memory.level != 0 || !o.memory.config.empty() || !checkpoints.empty()) {
     std::vector<std::string> forward_outputs = fb.outputs;

@@ -107,6 +107,29 @@ def _dtypes(graph):
     return types
 
 
+def _check_gemm_dtypes(g, types, low):
+    """Every GEMM (forward and backward) reads `low` and writes `low`, or fp32 where a Cast to fp32
+    was its only reader (folded: output_dtype = float; no such Cast is left after a MatMul or
+    FusedMatMul; ONNX Gemm has no output dtype and keeps its Cast)."""
+    gemms = [n for n in g.node if n.op_type in GEMMS]
+    assert gemms
+    producers = {o: n for n in g.node for o in n.output}
+    folded = 0
+    for n in gemms:
+        wide = any(a.name == "output_dtype" and a.i == TensorProto.FLOAT for a in n.attribute)
+        folded += wide
+        for v in n.input:
+            if v:
+                assert types.get(v) == low, (n.name, v, types.get(v))
+        assert types.get(n.output[0]) == (TensorProto.FLOAT if wide else low), (n.name, n.output[0])
+    assert folded, "weight gradients are written in fp32 by their GEMM"
+    for n in g.node:
+        if n.op_type == "Cast" and n.input[0] in producers:
+            p = producers[n.input[0]]
+            assert not (p.op_type in ("MatMul", "FusedMatMul") and sum(n.input[0] in c.input for c in g.node) == 1), (
+                f"Cast {n.name} after {p.name} is the product's only reader: it should have been folded")
+
+
 def test_bf16_training_graph_shape(bert_onnx, tmp_path):
     paths = _artifacts(bert_onnx, tmp_path, "bf16")
     m = onnx.load(paths[0])
@@ -115,13 +138,7 @@ def test_bf16_training_graph_shape(bert_onnx, tmp_path):
     params = set(bert_onnx[1])
     meta = {p.key: p.value for p in m.metadata_props}
     assert meta["onnxtrain.mixed_precision"] == "bf16"
-    # Every GEMM (forward and backward) reads and writes bf16.
-    gemms = [n for n in g.node if n.op_type in GEMMS]
-    assert gemms
-    for n in gemms:
-        for v in list(n.input) + list(n.output):
-            if v:
-                assert types.get(v) == TensorProto.BFLOAT16, (n.name, v, types.get(v))
+    _check_gemm_dtypes(g, types, TensorProto.BFLOAT16)
     # One Cast per parameter, however many nodes read it.
     casts_of = {}
     for n in g.node:
@@ -287,9 +304,7 @@ def test_fp16_training_graph_and_checkpoint(bert_onnx, tmp_path):
     assert meta["onnxtrain.mixed_precision"] == "fp16"
     assert meta["onnxtrain.loss_scale_input"] == "loss_scale"
     assert types["loss_scale"] == TensorProto.FLOAT
-    for n in (n for n in m.graph.node if n.op_type in GEMMS):
-        for v in (v for v in list(n.input) + list(n.output) if v):
-            assert types.get(v) == TensorProto.FLOAT16, (n.name, v, types.get(v))
+    _check_gemm_dtypes(m.graph, types, TensorProto.FLOAT16)
     for p in bert_onnx[1]:  # fp32 masters and fp32 unscaled gradients
         assert types[p] == TensorProto.FLOAT and types[p + "_grad"] == TensorProto.FLOAT
     state = CheckpointState.load_checkpoint(paths[3])
@@ -436,3 +451,59 @@ def test_bf16_conv_and_pooling_run_low(tmp_path):
                                                  artifact_directory=str(tmp_path / "fp32")), x, y, 15)
     np.testing.assert_allclose(l16, l32, rtol=0.05, atol=0.02)
     assert l16[-1] < 0.7 * l16[0]
+
+
+def _fused_matmul_model(output_dtype, a_type=TensorProto.BFLOAT16, m=24, k=40, n=16):
+    """y = FusedMatMul(cast(a), cast(b)) with output_dtype, then a scalar loss of y."""
+    nodes = [helper.make_node("Cast", ["a"], ["al"], to=a_type), helper.make_node("Cast", ["b"], ["bl"], to=a_type),
+             helper.make_node("FusedMatMul", ["al", "bl"], ["y"], domain="onnxtrain", output_dtype=output_dtype)]
+    g = helper.make_graph(nodes, "fmm", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [m, k]),
+                                         helper.make_tensor_value_info("b", TensorProto.FLOAT, [k, n])],
+                          [helper.make_tensor_value_info("y", TensorProto.UNDEFINED, None)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("onnxtrain", 1)])
+
+
+def _bf16_values(x):
+    return torch.from_numpy(x).to(torch.bfloat16).to(torch.float64).numpy()
+
+
+def test_fused_matmul_writes_fp32_accumulator():
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((24, 40)).astype(np.float32), rng.standard_normal((40, 16)).astype(np.float32)
+    exact = _bf16_values(a) @ _bf16_values(b)  # the product of the bf16 operands, in float64
+    wide = onnxtrain.InferenceSession(_fused_matmul_model(1).SerializeToString()).run(None, {"a": a, "b": b})[0]
+    narrow = onnxtrain.InferenceSession(_fused_matmul_model(0).SerializeToString()).run(None, {"a": a, "b": b})[0]
+    assert wide.dtype == np.float32
+    err_wide = np.abs(wide - exact).max() / np.abs(exact).max()
+    err_narrow = np.abs(np.asarray(narrow, dtype=np.float32) - exact).max() / np.abs(exact).max()
+    assert err_wide < 1e-5 < err_narrow  # fp32 accumulation, not rounded to bf16's 8 bits
+
+
+def test_fused_matmul_fp32_output_gradient():
+    """d/da sum(y * w) through an fp32 output of a bf16 product: dY is cast to bf16 and the
+    gradient products run in bf16 (the rule emits the Cast); compared with float64."""
+    model = _fused_matmul_model(1)
+    g = model.graph
+    g.output.pop()
+    g.input.append(helper.make_tensor_value_info("w", TensorProto.FLOAT, [24, 16]))
+    g.node.extend([helper.make_node("Mul", ["y", "w"], ["yw"]), helper.make_node("ReduceSum", ["yw"], ["loss"], keepdims=0)])
+    g.output.append(helper.make_tensor_value_info("loss", TensorProto.FLOAT, []))
+    grad = onnxtrain.autodiff.build_gradient_graph(model.SerializeToString(), ["a", "b"], ["loss"])
+    ops = [n.op_type for n in onnx.load_from_string(grad).graph.node]
+    assert ops.count("FusedMatMul") == 3
+    rng = np.random.default_rng(4)
+    a, b, w = (rng.standard_normal(s).astype(np.float32) for s in ((24, 40), (40, 16), (24, 16)))
+    loss, da, db = onnxtrain.InferenceSession(grad).run(None, {"a": a, "b": b, "w": w})
+    ab, bb, wb = _bf16_values(a), _bf16_values(b), _bf16_values(w)
+    np.testing.assert_allclose(da, wb @ bb.T, rtol=0.02, atol=0.05)
+    np.testing.assert_allclose(db, ab.T @ wb, rtol=0.02, atol=0.05)
+    np.testing.assert_allclose(loss, (ab @ bb * w).sum(), rtol=1e-4)
+
+
+def test_fused_matmul_output_dtype_bad_input():
+    a, b = np.ones((24, 40), np.float32), np.ones((40, 16), np.float32)
+    with pytest.raises(Exception, match="output_dtype"):  # fp32 A cannot be written as bf16
+        onnxtrain.InferenceSession(_fused_matmul_model(TensorProto.BFLOAT16, a_type=TensorProto.FLOAT)
+                                   .SerializeToString()).run(None, {"a": a, "b": b})
+    with pytest.raises(Exception, match="output_dtype"):  # no int64 products
+        onnxtrain.InferenceSession(_fused_matmul_model(TensorProto.INT64).SerializeToString()).run(None, {"a": a, "b": b})

@@ -16,7 +16,7 @@ Shape MatmulDims::out_batch() const {
 int64_t MatmulDims::batch_count() const { return numel(out_batch()); }
 
 std::vector<int64_t> MatmulDims::key() const {
-  std::vector<int64_t> key{m, n, k, trans_a, trans_b, bias, b_constant, int64_t(dtype), int64_t(a_batch.size())};
+  std::vector<int64_t> key{m, n, k, trans_a, trans_b, bias, b_constant, int64_t(dtype), int64_t(c_dtype()), int64_t(a_batch.size())};
   key.insert(key.end(), a_batch.begin(), a_batch.end());
   key.insert(key.end(), b_batch.begin(), b_batch.end());
   uint32_t bits[2];

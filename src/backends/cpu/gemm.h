@@ -33,6 +33,10 @@ struct MatmulDims {
   bool b_constant = false; // B never changes at its address (an initializer): packed once into
                            // the backend's preferred layout and reused, as ONNX Runtime prepacks
   DType dtype = DType::kFloat32;  // of A, B, C and bias: kFloat32, or a half type matmul_native() takes
+  // C's dtype when it is not `dtype`: kFloat32 for half A and B (oneDNN writes its fp32
+  // accumulator out unrounded: a Cast to fp32 after the product, folded into it).
+  DType out_dtype = DType::kUndefined;
+  DType c_dtype() const { return out_dtype == DType::kUndefined ? dtype : out_dtype; }
 
   Shape out_batch() const;  // broadcast of a_batch and b_batch
   int64_t batch_count() const;

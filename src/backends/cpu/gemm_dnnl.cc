@@ -90,7 +90,7 @@ Matmul::Matmul(const MatmulDims& dims, const std::string& context) : impl_(std::
   auto build = [&](const Shape& a_b, const Shape& b_b, const Shape& o_b) {
     p.a_md = strided_md(cat(a_b, m, dims.k), type, operand_strides(a_b, m, dims.k, dims.trans_a));
     p.b_md = strided_md(cat(b_b, dims.k, dims.n), type, operand_strides(b_b, dims.k, dims.n, dims.trans_b));
-    p.c_md = plain_md(cat(o_b, m, dims.n), type);
+    p.c_md = plain_md(cat(o_b, m, dims.n), dnnl_type(dims.c_dtype()));
     if (dims.bias) p.bias_md = plain_md(cat(Shape(o_b.size(), 1), 1, dims.n), type);
     // A constant B may take whatever layout the primitive prefers: it is packed once.
     dnnl::memory::desc b_prim =
@@ -122,7 +122,7 @@ void Matmul::run(const void* a, const void* b, void* c, const void* bias) const 
   dnnl_guard(p.context, "run a matmul", [&] {
     auto& eng = dnnl_engine();
     auto& strm = dnnl_stream();
-    const size_t es = dtype_size(p.dims.dtype);
+    const size_t es = dtype_size(p.dims.dtype), c_es = dtype_size(p.dims.c_dtype());
     // The calling thread's scratchpad, grown to the largest primitive it has run (kept: reused).
     thread_local std::unique_ptr<char, decltype(&std::free)> scratch(nullptr, &std::free);
     thread_local size_t scratch_bytes = 0;
@@ -149,7 +149,7 @@ void Matmul::run(const void* a, const void* b, void* c, const void* bias) const 
       exec(ab, bb, cb);
     } else {
       for (size_t i = 0; i < p.a_off.size(); ++i)
-        exec(ab + p.a_off[i] * es, bb + p.b_off[i] * es, cb + p.c_off[i] * es);
+        exec(ab + p.a_off[i] * es, bb + p.b_off[i] * es, cb + p.c_off[i] * c_es);
     }
     strm.wait();
   });

@@ -17,8 +17,9 @@ Matmul::Matmul(const MatmulDims& dims, const std::string& context) : impl_(std::
   Impl& p = *impl_;
   p.dims = dims;
   p.context = context;
-  OT_CHECK(dims.dtype == DType::kFloat32, context, "the minimal build's matmul computes fp32, got ",
-           dtype_name(dims.dtype));
+  OT_CHECK(dims.dtype == DType::kFloat32 && dims.c_dtype() == DType::kFloat32, context,
+           "the minimal build's matmul computes fp32, got ", dtype_name(dims.dtype), " into ",
+           dtype_name(dims.c_dtype()));
   p.m = dims.m;
   bool b_broadcast = true;
   for (auto v : dims.b_batch) b_broadcast = b_broadcast && v == 1;

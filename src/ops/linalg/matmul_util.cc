@@ -67,33 +67,44 @@ void run_matmul(const Node& node, const cpu::MatmulDims& dims, const Tensor& a, 
   cpu::MatmulDims d = dims;
   d.b_constant = b_constant;
   if (y.numel() == 0) return;
+  const DType dt = a.dtype();  // of A, B and bias; y may be fp32 for half A and B
+  const bool half = dt == DType::kBFloat16 || dt == DType::kFloat16;
+  OT_CHECK(y.dtype() == dt || (half && y.dtype() == DType::kFloat32), node.context(), "a ", dtype_name(dt),
+           " product cannot be written as ", dtype_name(y.dtype()));
   if (d.k == 0) {  // empty contraction: alpha * 0 + beta * y + bias
     dispatch_numeric(y.dtype(), [&]<typename T>() {
       using C = compute_t<T>;
       T* py = y.data<T>();
-      const T* pb = bias ? bias->data<T>() : nullptr;
+      std::vector<double> pb;  // bias in A's dtype, y maybe wider
+      if (bias)
+        dispatch_numeric(bias->dtype(), [&]<typename B>() {
+          for (int64_t j = 0; j < bias->numel(); ++j) pb.push_back(double(compute_t<B>(bias->data<B>()[j])));
+        });
       for (int64_t i = 0; i < y.numel(); ++i) {
         C v = d.beta != 0.0f ? C(C(d.beta) * C(py[i])) : C(0);
-        if (pb) v = C(v + C(pb[i % d.n]));
+        if (bias) v = C(v + C(pb[size_t(i % d.n)]));
         py[i] = T(v);
       }
     });
     return;
   }
-  const DType dt = y.dtype();
-  if (dt == DType::kFloat32 || ((dt == DType::kBFloat16 || dt == DType::kFloat16) && cpu::matmul_native(dt))) {
+  if (y.dtype() != dt) d.out_dtype = y.dtype();
+  if (dt == DType::kFloat32 || (half && cpu::matmul_native(dt))) {
     d.dtype = dt;  // half types: fp32 accumulation inside oneDNN's primitive
     cache.get(d, node.context()).run(a.data(), b.data(), y.data(), bias ? bias->data() : nullptr);
     return;
   }
-  if (dt == DType::kBFloat16 || dt == DType::kFloat16) {
-    // No native kernel on this CPU: up-convert to fp32, multiply there, round the result once.
+  if (half) {
+    // No native kernel on this CPU: up-convert to fp32, multiply there, round the result once
+    // (or not at all, for an fp32 y).
     note_half_through_fp32("matmul", dt);
+    d.out_dtype = DType::kUndefined;
     Tensor a32 = widen_to_fp32(a), b32 = widen_to_fp32(b);
-    Tensor y32 = d.beta != 0.0f ? widen_to_fp32(y) : Tensor::empty(DType::kFloat32, y.shape());
+    const bool direct = y.dtype() == DType::kFloat32;
+    Tensor y32 = direct ? y : d.beta != 0.0f ? widen_to_fp32(y) : Tensor::empty(DType::kFloat32, y.shape());
     Tensor bias32 = bias ? widen_to_fp32(*bias) : Tensor();
     cache.get(d, node.context()).run(a32.data(), b32.data(), y32.data(), bias ? bias32.data() : nullptr);
-    narrow_from_fp32(y32, y);
+    if (!direct) narrow_from_fp32(y32, y);
     return;
   }
   dispatch_numeric(y.dtype(), [&]<typename T>() {
@@ -101,10 +112,10 @@ void run_matmul(const Node& node, const cpu::MatmulDims& dims, const Tensor& a, 
   });
 }
 
-void matmul_gradient(GradientBuilder& g, size_t ia, size_t ib, bool ta, bool tb, float alpha) {
+void matmul_gradient(GradientBuilder& g, size_t ia, size_t ib, bool ta, bool tb, float alpha, const std::string& dy) {
   const bool need_a = g.needs(ia), need_b = g.needs(ib);
   if (!need_a && !need_b) return;
-  std::string A = g.x(ia), B = g.x(ib), dY = g.dy(0);
+  std::string A = g.x(ia), B = g.x(ib), dY = dy.empty() ? g.dy(0) : dy;
   auto sa = g.static_shape(A), sb = g.static_shape(B);
   // Ranks unknown to shape inference are taken as >= 2 (the common case); 1-D operands need them.
   const bool a_vec = sa && sa->size() == 1, b_vec = sb && sb->size() == 1;

@@ -22,9 +22,11 @@ Shape matmul_static_shape(const Shape& a, const Shape& b, bool trans_a = false, 
 
 // The gradient of Y = alpha * op(A) op(B) (+ bias) for MatMul, Gemm and onnxtrain.FusedMatMul:
 // inputs ia and ib of the node are A and B (any rank >= 1, numpy matmul promotion), dY is output
-// 0's gradient. Emits FusedMatMul nodes (transposes folded into strides) and sum_to for broadcast
-// batch dims; when B is a 2-D weight and A batched, dB is one GEMM over the flattened batch.
-void matmul_gradient(GradientBuilder& g, size_t ia, size_t ib, bool trans_a, bool trans_b, float alpha);
+// 0's gradient, or `dy` when given. Emits FusedMatMul nodes (transposes folded into strides) and
+// sum_to for broadcast batch dims; when B is a 2-D weight and A batched, dB is one GEMM over the
+// flattened batch.
+void matmul_gradient(GradientBuilder& g, size_t ia, size_t ib, bool trans_a, bool trans_b, float alpha,
+                     const std::string& dy = "");
 
 // y = alpha * op(a) op(b) + beta * y (+ bias): y must already have the planned shape; handles
 // empty operands (K = 0 gives zeros, or beta * y + bias).

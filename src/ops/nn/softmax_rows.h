@@ -48,14 +48,30 @@ inline void softmax_contiguous_row(const T* x, T* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = y[i] * inv;
     return;
   }
+  constexpr int64_t kBuffered = 4096;  // half rows up to this long keep exp in C on the stack
+  if constexpr (!kLog) {
+    if (n <= kBuffered) {
+      C e[kBuffered];
+#pragma omp simd reduction(+ : s)
+      for (int64_t i = 0; i < n; ++i) {
+        e[i] = exp_shifted<C>(C(x[i]) - m);
+        s += e[i];
+      }
+      const C inv = C(1) / s;
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) y[i] = round_to<T>(e[i] * inv);
+      return;
+    }
+  }
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) s += exp_shifted<C>(C(x[i]) - m);
   if constexpr (kLog) {
     const C lse = m + std::log(s);
 #pragma omp simd
     for (int64_t i = 0; i < n; ++i) y[i] = round_to<T>(C(x[i]) - lse);
-  } else {  // half types: recompute exp rather than round it twice
+  } else {  // long half rows: recompute exp rather than round it twice
     const C inv = C(1) / s;
+#pragma omp simd
     for (int64_t i = 0; i < n; ++i) y[i] = round_to<T>(exp_shifted<C>(C(x[i]) - m) * inv);
   }
 }
