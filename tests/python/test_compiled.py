@@ -56,7 +56,7 @@ def train(directory, steps=4):
         module.lazy_reset_grad()
     module.eval()
     logits = module(x, y)
-    params = {n: state.parameters[n].data for n in state.parameters}
+    params = {n: p.data for n, p in state.parameters.items()}
     return losses, logits, params
 
 
@@ -112,3 +112,22 @@ def test_damaged_file_falls_back(onnx_dir, tmp_path, capfd):
     got = train(compiled)
     assert "payload checksum mismatch" in capfd.readouterr().err
     assert_same_bits(train(onnx_dir), got)
+
+
+def test_cli_train_uses_the_compiled_files(onnx_dir, tmp_path):
+    compiled = copy_of(onnx_dir, tmp_path)
+    compile_artifacts(compiled, {"x": [BATCH, 1, 8, 8], "target": [BATCH]})
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "data.npz", x=rng.standard_normal((4 * BATCH, 1, 8, 8)).astype(np.float32),
+             target=rng.integers(0, 10, 4 * BATCH).astype(np.int64))
+    params = []
+    for directory in (onnx_dir, compiled):
+        out = tmp_path / f"{directory.parent.name}_{directory.name}_trained"
+        r = subprocess.run([str(ONNXTRAIN), "train", str(directory), "--data", str(tmp_path / "data.npz"),
+                            "--epochs", "1", "--batch-size", str(BATCH), "--checkpoint-out", str(out)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert "note: ignoring" not in r.stderr
+        state = CheckpointState.load_checkpoint(str(out))
+        params.append({n: p.data.tobytes() for n, p in state.parameters.items()})
+    assert params[0] == params[1]
