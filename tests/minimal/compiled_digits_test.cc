@@ -43,8 +43,8 @@ class CompiledDigitsTest : public ::testing::Test {
     Optimizer optimizer((dir / "optimizer_model.onnx").string(), module);
     std::vector<Tensor> results;
     for (int step = 0; step < 3; ++step) {
-      std::vector<float> x(size_t(kBatch * 64));
-      std::vector<int64_t> y(size_t(kBatch));
+      std::vector<float> x(static_cast<size_t>(kBatch * 64));
+      std::vector<int64_t> y(static_cast<size_t>(kBatch));
       for (size_t i = 0; i < x.size(); ++i) x[i] = float(std::sin(0.37 * double(i + size_t(step))));
       for (size_t i = 0; i < y.size(); ++i) y[i] = int64_t((i + size_t(step)) % 10);
       std::vector<Tensor> in = {Tensor::from_vector(x, {kBatch, 1, 8, 8}), Tensor::from_vector(y, {kBatch})};
