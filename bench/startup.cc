@@ -1,14 +1,17 @@
 // Startup to the first train step of on-device training artifacts (bench_minimal.py runs it on
 // ONNX and on pre-compiled copies of the same artifacts, on the full and the minimal build):
 //
-//   startup ART_DIR NAME=D0,D1,...[:i64] ...   (one per training input, zero-filled; :i64 for labels)
+//   startup [--compile] ART_DIR NAME=D0,D1,...[:i64] ...   (one per training input, zero-filled;
+//                                                          :i64 for integer inputs such as labels)
 //
 // Prints one line of milliseconds: checkpoint load, Module, Optimizer, the first train step (with
 // its optimizer step), the startup total (all four), and the median of 5 further steps.
+// --compile instead pre-compiles ART_DIR for those shapes with this build (compile_artifacts).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -21,12 +24,15 @@ static double ms_since(Clock::time_point t) {
 }
 
 int main(int argc, char** argv) {
+  const bool compile = argc > 1 && std::string(argv[1]) == "--compile";
+  if (compile) ++argv, --argc;
   if (argc < 3) {
-    std::fprintf(stderr, "usage: startup ART_DIR NAME=D0,D1,...[:i64] ...\n");
+    std::fprintf(stderr, "usage: startup [--compile] ART_DIR NAME=D0,D1,...[:i64] ...\n");
     return 2;
   }
   const std::string dir = argv[1];
   std::vector<onnxtrain::Tensor> inputs;
+  std::map<std::string, onnxtrain::Shape> shapes;
   for (int i = 2; i < argc; ++i) {
     std::string spec = argv[i];
     onnxtrain::DType dtype = onnxtrain::DType::kFloat32;
@@ -41,8 +47,13 @@ int main(int argc, char** argv) {
       at = comma + 1;
     }
     inputs.push_back(onnxtrain::Tensor::zeros(dtype, shape));
+    shapes[spec.substr(0, spec.find('='))] = shape;
   }
   try {
+    if (compile) {
+      for (const auto& path : onnxtrain::compile_artifacts(dir, shapes)) std::printf("wrote %s\n", path.c_str());
+      return 0;
+    }
     const auto start = Clock::now();
     auto t = start;
     onnxtrain::CheckpointState state = onnxtrain::CheckpointState::load(dir + "/checkpoint");
