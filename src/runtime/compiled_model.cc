@@ -374,7 +374,7 @@ CompiledModel read_compiled_model(const std::string& path, const std::string& so
   SourceHash recorded;
   recorded.size = r.u64();
   recorded.crc = r.u32();
-  if (std::optional<std::string> source = read_file(source_path)) {
+  if (std::optional<std::string> source = source_path.empty() ? std::nullopt : read_file(source_path)) {
     const SourceHash now = hash_of(*source);
     OT_CHECK(now.size == recorded.size && now.crc == recorded.crc, where, " is stale: '", source_path,
              "' changed since it was compiled (compiled from ", source_name, " of ", recorded.size, " bytes, CRC-32C ",
@@ -405,6 +405,9 @@ CompiledModel read_compiled_model(const std::string& path, const std::string& so
 }
 
 CompiledModel load_model_for_runtime(const std::string& onnx_path) {
+  const std::string ext = ".otc";
+  if (onnx_path.size() > ext.size() && onnx_path.compare(onnx_path.size() - ext.size(), ext.size(), ext) == 0)
+    return read_compiled_model(onnx_path, "");  // named directly: no ONNX file to compare or fall back to
   const std::string compiled = compiled_path_for(onnx_path);
   std::error_code ec;
   if (fs::exists(compiled, ec)) {

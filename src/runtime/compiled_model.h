@@ -41,7 +41,8 @@ CompiledModel read_compiled_model(const std::string& path, const std::string& so
 
 // What Module and Optimizer load: compiled_path_for(onnx_path) when present and valid (also when
 // the ONNX file itself is absent: a device may ship only the compiled files), else the ONNX file;
-// a compiled file that is present but unusable is ignored with one note on stderr.
+// a compiled file that is present but unusable is ignored with one note on stderr. A path ending
+// in .otc names the compiled file itself (errors are then errors).
 CompiledModel load_model_for_runtime(const std::string& onnx_path);
 
 }  // namespace onnxtrain

@@ -213,6 +213,11 @@ TEST_F(CompiledModelTest, WithoutOnnxFilesTheCompiledOnesStandAlone) {
   testing::internal::CaptureStderr();
   expect_bit_identical(expected, train(dir_ / "compiled"));
   EXPECT_EQ(testing::internal::GetCapturedStderr(), "");
+  {  // and may be named directly
+    CheckpointState state = CheckpointState::load(compiled("checkpoint").string());
+    Module module(compiled("training_model.otc").string(), state);
+    EXPECT_EQ(module.input_names(), (std::vector<std::string>{"x", "target"}));
+  }
   // A damaged one then has nothing to fall back to: a clear error.
   write_bytes(compiled("training_model.otc"), read_bytes(compiled("training_model.otc")).substr(0, 64));
   CheckpointState state = CheckpointState::load(compiled("checkpoint").string());
