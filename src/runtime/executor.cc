@@ -789,6 +789,11 @@ void Executor::adopt_plan(const PlanRecord& r) {
     plan->external[id] = plan->external[id] || (r.flags[id] & PlanRecord::kExternal);
     plan->from_set_output[id] = (r.flags[id] & PlanRecord::kFromSetOutput) != 0;
   }
+  for (size_t id = 0; id < n; ++id) {  // views alias values that are not views in the end
+    size_t hops = 0;
+    for (int32_t at = r.alias_of[id]; at >= 0; at = r.alias_of[size_t(at)])
+      OT_CHECK(++hops <= n, where, "value ", id, " aliases a cycle of views");
+  }
   if (r.arena_bytes) plan->arena = allocate_arena(size_t(r.arena_bytes));
   char* base = static_cast<char*>(plan->arena.get());
   for (size_t id = 0; id < n; ++id) {

@@ -102,8 +102,8 @@ class Executor {
   std::vector<PlanRecord> recorded_plans() const;
   uint32_t value_names_crc() const;
   // Makes a recorded plan this executor's plan for its signature: the first run of that signature
-  // then runs planned, with no recording run. Throws kInvalidModel when the record does not fit
-  // this graph (another value numbering, an offset outside the arena, an alias out of range).
+  // then runs planned, with no recording run. Throws an Error when the record does not fit this
+  // graph (another value numbering, an offset outside the arena, an alias out of range or in a cycle).
   void adopt_plan(const PlanRecord& record);
   // The since-version of each step's resolved kernel, in step order.
   std::vector<int64_t> kernel_versions() const;

@@ -205,6 +205,12 @@ TEST_F(CompiledModelTest, APlanThatDoesNotFitIsDroppedWithANote) {
     if (offset >= 0) offset = int64_t(c.plans[0].arena_bytes);
   write_compiled_model(written_[0], c, compiled("training_model.onnx").string());
   expect_trains_like_onnx("ignoring the plans of pre-compiled model");
+  // Views in a cycle would never reach their storage.
+  c = read_compiled_model(written_[0], compiled("training_model.onnx").string());
+  c.plans[0].alias_of[0] = 1;
+  c.plans[0].alias_of[1] = 0;
+  write_compiled_model(written_[0], c, compiled("training_model.onnx").string());
+  expect_trains_like_onnx("aliases a cycle of views");
 }
 
 TEST_F(CompiledModelTest, WithoutOnnxFilesTheCompiledOnesStandAlone) {
