@@ -2,9 +2,13 @@
 """The minimal training runtime's footprint (make bench): stripped library size for every op, for the
 digits CNN's op set and for a BERT-style classifier's op set (targets: 3 MB and 6 MB), against the
 full build with the libraries it loads; peak RSS and wall time of training the digits artifacts from
-C (examples/c/train_digits.c) on both builds, interleaved, medians (target: minimal within 1.3x).
+C (examples/c/train_digits.c) on both builds, interleaved, medians (target: minimal within 1.3x);
+startup to the first train step from the ONNX files and from the pre-compiled form (`onnxtrain
+compile`) on both builds (bench/startup.cc, a fresh process per run, interleaved, medians; target:
+pre-compiled at least 5x faster).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_minimal.py [--repeats 3] [--epochs 5]
+    PYTHONPATH=build/python /usr/bin/python3 bench/bench_minimal.py --startup-only [--repeats 7]
 
 Builds the op-set variants into build-minimal-<name>/ (cmake, ccache), writes bench/out/minimal/.
 """
@@ -12,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -93,15 +98,80 @@ def train_digits_c(build: str, epochs: int) -> tuple:
         return seconds, usage.ru_maxrss / 1024, accuracy
 
 
+# The artifacts startup is measured on, with the inputs bench/startup.cc feeds (zeros).
+STARTUP_MODELS = {
+    "digits CNN, batch 32": (os.path.join(DIGITS, "digits_artifacts"), ["input=32,1,8,8", "target=32:i64"]),
+    "BERT classifier, batch 8 x 128": (os.path.join(OUT, "bert_artifacts"), ["x=8,128:i64", "target=8:i64"]),
+}
+STARTUP_FIELDS = ("checkpoint", "module", "optimizer", "first_step", "startup", "steady_step")
+
+
+def run_startup(build: str, directory: str, inputs: list, compile_first: bool = False) -> dict:
+    """One fresh process of bench/startup.cc on one thread: its milliseconds by field."""
+    program = os.path.join(build, "bench", "startup")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    if compile_first:
+        subprocess.run([program, "--compile", directory, *inputs], check=True, env=env, stdout=subprocess.DEVNULL)
+        return {}
+    out = subprocess.run([program, directory, *inputs], check=True, env=env, capture_output=True, text=True)
+    if "note:" in out.stderr:
+        raise RuntimeError(f"startup on {directory} printed a note: {out.stderr}")
+    words = out.stdout.split()
+    return {words[i]: float(words[i + 1]) for i in range(0, len(words), 2)}
+
+
+def startup(builds: dict, repeats: int) -> None:
+    """Startup to the first train step, ONNX files against the pre-compiled form, per build and model:
+    copies of the artifacts (one compiled by the build that runs it), runs interleaved, medians.
+    "overhead" is what the first step costs beyond an ordinary one: startup minus a steady step."""
+    print(f"# Startup to the first train step ({time.strftime('%Y-%m-%d')}, one thread, fresh process per run, "
+          f"medians of {repeats})")
+    for model, (source, inputs) in STARTUP_MODELS.items():
+        if not os.path.isdir(source):
+            print(f"{model}: no artifacts at {source}, skipped")
+            continue
+        for build_name, build in builds.items():
+            dirs = {}
+            for form in ("onnx", "compiled"):
+                d = os.path.join(OUT, "startup", f"{os.path.basename(build)}_{os.path.basename(source)}_{form}")
+                shutil.rmtree(d, ignore_errors=True)
+                shutil.copytree(source, d)
+                dirs[form] = d
+            run_startup(build, dirs["compiled"], inputs, compile_first=True)
+            rows = {form: [] for form in dirs}
+            for _ in range(repeats):
+                for form, d in dirs.items():
+                    rows[form].append(run_startup(build, d, inputs))
+            med = {form: {f: median([r[f] for r in rs]) for f in STARTUP_FIELDS} for form, rs in rows.items()}
+            for form, m in med.items():
+                print(f"{model}, {build_name:7s}, {form:8s}: checkpoint {m['checkpoint']:.1f} ms, Module "
+                      f"{m['module']:.1f} ms, Optimizer {m['optimizer']:.1f} ms, first step {m['first_step']:.1f} ms; "
+                      f"startup {m['startup']:.1f} ms (a steady step {m['steady_step']:.1f} ms)")
+            ratio = median([o["startup"] / c["startup"] for o, c in zip(rows["onnx"], rows["compiled"])])
+            overhead = median([(o["startup"] - o["steady_step"]) / max(c["startup"] - c["steady_step"], 1e-3)
+                               for o, c in zip(rows["onnx"], rows["compiled"])])
+            graphs = median([(o["module"] + o["optimizer"]) / (c["module"] + c["optimizer"])
+                             for o, c in zip(rows["onnx"], rows["compiled"])])
+            print(f"{model}, {build_name:7s}: ONNX / pre-compiled startup {ratio:.2f}x, overhead beyond a steady step "
+                  f"{overhead:.2f}x, Module + Optimizer construction {graphs:.2f}x (target: startup >= 5x)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--full-build", default=os.path.join(ROOT, "build"))
+    parser.add_argument("--startup-only", action="store_true",
+                        help="only the startup comparison, on build/ and build-minimal/ as they are")
     args = parser.parse_args(argv)
     os.makedirs(OUT, exist_ok=True)
     if not os.path.isfile(os.path.join(DIGITS, "digits_artifacts", "ops.txt")):
         run([sys.executable, os.path.join(ROOT, "examples", "demo.py")], stdout=subprocess.DEVNULL)
+    if args.startup_only:
+        if not os.path.isdir(os.path.join(OUT, "bert_artifacts")):
+            bert_ops_file()
+        startup({"full": args.full_build, "minimal": os.path.join(ROOT, "build-minimal")}, args.repeats)
+        return 0
 
     builds = {"every op": build_minimal("all", None),
               "digits CNN ops": build_minimal("digits", os.path.join(DIGITS, "digits_artifacts", "ops.txt")),
@@ -128,6 +198,7 @@ def main(argv=None) -> int:
               f"peak RSS {max(r[1] for r in rows):.1f} MB, accuracy {rows[-1][2]:.4f}")
     ratio = median([m[0] / f[0] for m, f in zip(results["minimal"], results["full"])])
     print(f"minimal / full training time: {ratio:.2f}x (median of {args.repeats} interleaved pairs; target <= 1.3x)")
+    startup({"full": args.full_build, "minimal": builds["every op"]}, max(args.repeats, 5))
     return 0
 
 

@@ -126,6 +126,11 @@ if(ONNXTRAIN_BUILD_EXAMPLES)
   set_target_properties(train_digits train_digits_c PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/examples)
 endif()
 
+# Startup to the first train step from ONNX and pre-compiled artifacts (bench_minimal.py).
+add_executable(startup bench/startup.cc)
+target_link_libraries(startup PRIVATE onnxtrain)
+set_target_properties(startup PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
+
 if(ONNXTRAIN_BUILD_TESTS)
   enable_testing()
   if(CMAKE_CROSSCOMPILING)
@@ -139,6 +144,9 @@ if(ONNXTRAIN_BUILD_TESTS)
   file(GLOB _minimal_tests CONFIGURE_DEPENDS tests/minimal/*.cc)
   add_executable(onnxtrain_minimal_tests ${_minimal_tests})
   target_include_directories(onnxtrain_minimal_tests PRIVATE src)
+  # The digits demo's artifacts, which the pre-compiled-artifact tests use when `make demo` wrote them.
+  target_compile_definitions(onnxtrain_minimal_tests PRIVATE
+                             ONNXTRAIN_DIGITS_ARTIFACTS="${CMAKE_SOURCE_DIR}/examples/out/digits_artifacts")
   target_link_libraries(onnxtrain_minimal_tests PRIVATE onnxtrain ${_gtest_main})
   # add_test runs targets through CMAKE_CROSSCOMPILING_EMULATOR (qemu-aarch64) when cross compiling.
   add_test(NAME minimal_backend COMMAND onnxtrain_minimal_tests)

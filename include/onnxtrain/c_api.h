@@ -219,9 +219,19 @@ OT_API OtStatus ot_artifact_options_set_mixed_precision(OtArtifactOptions* optio
 OT_API OtStatus ot_generate_artifacts(const char* model_path, const OtArtifactOptions* options,
                                       const char* artifact_directory);
 
+/* Pre-compiles artifact_directory's models: writes training_model.otc, eval_model.otc and
+ * optimizer_model.otc next to the ONNX files, with memory plans for the input shapes given
+ * (input_names[i] has ranks[i] dims at dims[i]; inputs with a static declared shape need none, so
+ * num_shapes may be 0). ot_module_create and ot_optimizer_create then load them while they are
+ * valid, and ignore a stale or damaged one with a note on stderr. */
+OT_API OtStatus ot_compile_artifacts(const char* artifact_directory, const char* const* input_names,
+                                     const int64_t* const* dims, const size_t* ranks, size_t num_shapes);
+
 /* ---- module: runs the training and eval graphs over a checkpoint's parameters */
 
-/* eval_model_path may be NULL or "" (then eval_step and export are unavailable). */
+/* eval_model_path may be NULL or "" (then eval_step and export are unavailable). When a valid
+ * pre-compiled model (same path, .otc instead of .onnx; ot_compile_artifacts) is present, it is
+ * loaded instead. */
 OT_API OtStatus ot_module_create(const char* training_model_path, OtCheckpoint* checkpoint,
                                  const char* eval_model_path, OtModule** out);
 OT_API void ot_module_release(OtModule* module);

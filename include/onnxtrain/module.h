@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,13 +35,27 @@
 
 namespace onnxtrain {
 
-struct Model;  // internal (src/ir/graph.h)
+struct Model;           // internal (src/ir/graph.h)
+struct CompiledGraphs;  // internal (src/training/module.cc): graphs loaded for a Module
+
+// Pre-compiled artifacts: writes training_model.otc, eval_model.otc and optimizer_model.otc next to
+// the ONNX files of artifact_dir (and its checkpoint): the graphs as the runtime runs them, their
+// resolved kernels and their memory plans for the input shapes given (name -> dims; inputs whose
+// declared shape is static need none), parameters by reference to the checkpoint. Module and
+// Optimizer, built from the ONNX paths, then load the .otc files instead when they are valid
+// (format docs/DESIGN.md, "Formats"), and ignore them with a note when stale or damaged.
+// Returns the paths written.
+std::vector<std::string> compile_artifacts(const std::string& artifact_dir,
+                                           const std::map<std::string, Shape>& input_shapes = {});
 
 class Module {
  public:
   Module(const std::string& training_model_path, CheckpointState& state, const std::string& eval_model_path = "");
   // From graphs in memory, for callers inside the library (the torch wrapper, tests).
   Module(Model training_model, CheckpointState& state, std::optional<Model> eval_model);
+  // From graphs loaded with load_model_for_runtime (src/training/module.h), whose pre-compiled
+  // plans, if any, are adopted; for callers inside the library (the CLI's trainer).
+  Module(std::unique_ptr<CompiledGraphs> graphs, CheckpointState& state);
   ~Module();
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
@@ -86,7 +101,8 @@ class Module {
 
  private:
   struct Graphs;
-  friend class Optimizer;  // connects its gradient allreducer to the training graph's backward
+  friend class Optimizer;    // connects its gradient allreducer to the training graph's backward
+  friend struct CompileAccess;  // compile_artifacts reads the executors' recorded plans
   // Indices into trainable_parameters() in the order the backward finishes their gradients.
   std::vector<size_t> gradient_ready_order() const;
   std::vector<Tensor> run(bool training, const std::vector<Tensor>& inputs,

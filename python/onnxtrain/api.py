@@ -21,7 +21,7 @@ import numpy as np
 from . import _C
 
 __all__ = ["CheckpointState", "Parameter", "Parameters", "Properties", "Module", "Optimizer", "StepResult",
-           "LinearLRScheduler", "CosineLRScheduler", "StepLRScheduler", "ConstantLRScheduler"]
+           "LinearLRScheduler", "CosineLRScheduler", "StepLRScheduler", "ConstantLRScheduler", "compile_artifacts"]
 
 _NUMPY_DTYPES = {
     "float32": np.float32, "float64": np.float64, "float16": np.float16,
@@ -291,11 +291,23 @@ class CheckpointState:
                 f"{', nominal' if self.is_nominal() else ''})")
 
 
+def compile_artifacts(artifact_directory: PathLike, input_shapes: Optional[dict] = None) -> List[str]:
+    """Pre-compiles the artifacts of ``artifact_directory`` (``onnxtrain compile``): writes
+    ``training_model.otc``, ``eval_model.otc`` and ``optimizer_model.otc`` next to the ONNX files, with
+    the memory plans for ``input_shapes`` (input name -> dims; inputs with a static declared shape need
+    none). :class:`Module` and :class:`Optimizer` load them instead of the ONNX files while they are
+    valid, and ignore a stale or damaged one with a note on stderr. Returns the paths written.
+    """
+    shapes = {str(name): [int(d) for d in dims] for name, dims in (input_shapes or {}).items()}
+    return list(_C.compile_artifacts(_path(artifact_directory), shapes))
+
+
 class Module:
     """Runs the training graph (``module(*inputs)`` in train mode: forward, backward and gradient
     accumulation; returns the loss) or, after :meth:`eval`, the eval graph (returns its outputs).
 
     Mirrors ``onnxruntime.training.api.Module``. Parameters stay in ``state`` and are read in place.
+    A valid pre-compiled model next to an ONNX file (:func:`compile_artifacts`) is loaded instead.
     """
 
     def __init__(self, train_model_uri: PathLike, state: CheckpointState,

@@ -96,6 +96,14 @@ void bind_training(py::module_& m) {
       },
       py::arg("model"));
 
+  m.def(
+      "compile_artifacts",
+      [](const std::string& dir, const std::map<std::string, std::vector<int64_t>>& shapes) {
+        py::gil_scoped_release release;
+        return compile_artifacts(dir, std::map<std::string, Shape>(shapes.begin(), shapes.end()));
+      },
+      py::arg("artifact_directory"), py::arg("input_shapes") = std::map<std::string, std::vector<int64_t>>{});
+
   py::class_<Module>(m, "Module")
       .def(py::init([](const std::string& training, std::shared_ptr<CheckpointState> state, const std::string& eval) {
              py::gil_scoped_release release;

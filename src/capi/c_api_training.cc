@@ -67,6 +67,22 @@ OtStatus make_scheduler(const char* function, OtOptimizer* optimizer, OtLRSchedu
 
 extern "C" {
 
+OtStatus ot_compile_artifacts(const char* artifact_directory, const char* const* input_names,
+                              const int64_t* const* dims, const size_t* ranks, size_t num_shapes) {
+  return guard(__func__, [&](Call& c) {
+    const std::string dir = c.str(artifact_directory, "artifact_directory");
+    OT_CHECK(num_shapes == 0 || (input_names && dims && ranks), "input_names, dims and ranks must not be NULL when "
+             "num_shapes is ", num_shapes);
+    std::map<std::string, Shape> shapes;
+    for (size_t i = 0; i < num_shapes; ++i) {
+      const std::string name = c.str(input_names[i], "input_names[i]");
+      OT_CHECK(ranks[i] == 0 || dims[i], "dims[", i, "] is NULL for rank ", ranks[i]);
+      OT_CHECK(shapes.emplace(name, Shape(dims[i], dims[i] + ranks[i])).second, "input '", name, "' is given twice");
+    }
+    compile_artifacts(dir, shapes);
+  });
+}
+
 // ---- module
 
 OtStatus ot_module_create(const char* training_model_path, OtCheckpoint* checkpoint, const char* eval_model_path,

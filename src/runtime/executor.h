@@ -53,6 +53,22 @@ struct ExecutorOptions {
   std::optional<uint64_t> random_seed;
 };
 
+// A recorded plan (one shape signature) in a form a file can hold: what the recording run saw per
+// value id and where the arena places each planned value (runtime/compiled_model writes it into
+// pre-compiled models; adopt_plan makes it the executor's plan without a recording run).
+struct PlanRecord {
+  std::string signature;            // Executor's signature of the feeds
+  uint32_t value_names_crc = 0;     // CRC-32C of the value names in id order (the numbering below)
+                                    // and of the input and output ids
+  std::vector<DType> dtypes;        // per value id (kUndefined: never produced)
+  std::vector<Shape> shapes;
+  std::vector<int32_t> alias_of;    // the value a view aliases, or -1
+  std::vector<uint8_t> flags;       // kExternal | kFromSetOutput
+  std::vector<int64_t> offsets;     // the planned view's arena offset, or -1
+  uint64_t arena_bytes = 0;
+  MemoryReport report;
+  static constexpr uint8_t kExternal = 1, kFromSetOutput = 2;
+};
 
 class Executor {
  public:
@@ -81,6 +97,16 @@ class Executor {
   void set_random_state(uint64_t seed, uint64_t next_run_index);
   uint64_t random_seed() const { return random_seed_; }
   uint64_t next_run_index() const { return next_run_index_; }
+  // The recorded plans (pre-compiled models store them) and the checksum of the value numbering
+  // and the input and output ids they are valid for.
+  std::vector<PlanRecord> recorded_plans() const;
+  uint32_t value_names_crc() const;
+  // Makes a recorded plan this executor's plan for its signature: the first run of that signature
+  // then runs planned, with no recording run. Throws an Error when the record does not fit this
+  // graph (another value numbering, an offset outside the arena, an alias out of range or in a cycle).
+  void adopt_plan(const PlanRecord& record);
+  // The since-version of each step's resolved kernel, in step order.
+  std::vector<int64_t> kernel_versions() const;
 
  private:
   // A graph attribute of a node (If's branches, Loop's and Scan's body), compiled once into an

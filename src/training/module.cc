@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <numeric>
 #include <set>
@@ -11,6 +12,7 @@
 #include "onnx/model_io.h"
 #include "ops/optimizer/optimizer_ops.h"
 #include "passes/passes.h"
+#include "runtime/compiled_model.h"
 #include "runtime/executor.h"
 #include "training/artifacts.h"
 #include "training/lora.h"
@@ -84,9 +86,39 @@ struct Module::Graphs {
   std::string loss_scale_input;                              // fp16: fed from the checkpoint's scaler
 };
 
+namespace {
+
+std::unique_ptr<CompiledGraphs> load_graphs(const std::string& training_path, const std::string& eval_path) {
+  auto g = std::make_unique<CompiledGraphs>();
+  g->training = load_model_for_runtime(training_path);
+  if (!eval_path.empty()) g->eval = load_model_for_runtime(eval_path);
+  return g;
+}
+
+// A pre-compiled model's plans become the executor's, so its first run of those shapes is planned.
+// They are an optimisation: plans that do not fit are dropped with a note, the model still runs.
+void adopt_plans(BoundGraph& b, const CompiledModel& c) {
+  if (c.plans.empty()) return;
+  try {
+    OT_CHECK(b.executor->kernel_versions() == c.kernel_versions, "its nodes resolve to other kernel versions here");
+    for (const auto& plan : c.plans) b.executor->adopt_plan(plan);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "onnxtrain: note: ignoring the plans of pre-compiled model '%s' (%s); planning on the "
+                 "first step instead\n", c.compiled_from.c_str(), e.what());
+  }
+}
+
+}  // namespace
+
 Module::Module(const std::string& training_model_path, CheckpointState& state, const std::string& eval_model_path)
-    : Module(load_model(training_model_path), state,
-             eval_model_path.empty() ? std::nullopt : std::optional<Model>(load_model(eval_model_path))) {}
+    : Module(load_graphs(training_model_path, eval_model_path), state) {}
+
+Module::Module(std::unique_ptr<CompiledGraphs> loaded, CheckpointState& state)
+    : Module(std::move(loaded->training.model), state,
+             loaded->eval ? std::optional<Model>(std::move(loaded->eval->model)) : std::nullopt) {
+  adopt_plans(graphs_->training, loaded->training);
+  if (loaded->eval) adopt_plans(*graphs_->eval, *loaded->eval);
+}
 
 Module::Module(Model training_model, CheckpointState& state, std::optional<Model> eval_model)
     : state_(state), graphs_(std::make_unique<Graphs>()) {
@@ -174,6 +206,11 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
 }
 
 Module::~Module() = default;
+
+const Executor& CompileAccess::executor(const Module& module, bool training) {
+  OT_CHECK(training || module.graphs_->eval, "Module: no eval model was given");
+  return training ? *module.graphs_->training.executor : *module.graphs_->eval->executor;
+}
 
 bool Module::has_loss_scaler() const { return !graphs_->loss_scale_input.empty(); }
 
@@ -332,7 +369,7 @@ void Module::export_model_for_inferencing(const std::string& path, const std::ve
 
 Optimizer::Optimizer(const std::string& optimizer_model_path, Module& module)
     : Optimizer([&] {
-        Model m = load_model(optimizer_model_path);
+        Model m = load_model_for_runtime(optimizer_model_path).model;
         for (const auto& n : m.graph.nodes)
           if (n.domain == kOnnxTrainDomain) {
             OptimizerConfig c = optim::config_from_update_node(n);

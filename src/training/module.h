@@ -6,3 +6,21 @@
 #include "ir/graph.h"
 #include "onnxtrain/module.h"
 #include "optim/optimizer.h"
+#include "runtime/compiled_model.h"
+
+namespace onnxtrain {
+
+class Executor;
+
+// The graphs of a Module as loaded from files: pre-compiled (with plans) or ONNX.
+struct CompiledGraphs {
+  CompiledModel training;
+  std::optional<CompiledModel> eval;
+};
+
+// compile_artifacts (src/training/compile.cc) reads the executors a Module records its plans in.
+struct CompileAccess {
+  static const Executor& executor(const Module& module, bool training);
+};
+
+}  // namespace onnxtrain

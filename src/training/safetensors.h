@@ -21,6 +21,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/crc32c.h"
 #include "onnxtrain/tensor.h"
 #include "training/json.h"
 
@@ -50,10 +51,9 @@ void write(const std::string& path, const Metadata& metadata, const NamedTensors
 // which callers add.
 Contents read(const std::string& path);
 
-// CRC-32C (Castagnoli), zlib-style update: crc32c(crc32c(0, a), b) == crc32c(0, a + b).
-// Uses the SSE4.2 instruction when compiled for it, the portable table otherwise.
-uint32_t crc32c(uint32_t crc, const void* data, size_t n);
-uint32_t crc32c_portable(uint32_t crc, const void* data, size_t n);
+// The format's checksum (src/core/crc32c.h).
+using onnxtrain::crc32c;
+using onnxtrain::crc32c_portable;
 std::string hex32(uint32_t v);  // 8 lowercase hex digits
 
 // safetensors dtype names: "F32", "BF16", "BOOL", ...

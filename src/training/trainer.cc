@@ -11,6 +11,7 @@
 #include "distributed/data_parallel.h"
 #include "onnx/model_io.h"
 #include "training/artifacts.h"
+#include "training/module.h"
 
 namespace onnxtrain {
 
@@ -99,16 +100,22 @@ Trainer::Trainer(const ArtifactPaths& artifacts, const std::string& checkpoint, 
     for (const auto& name : progress) state_.remove_property(name);
     state_.clear_optimizer_state();
   }
-  Model training = load_model(artifacts.training_model);
-  Model eval = load_model(artifacts.eval_model);
+  auto graphs = std::make_unique<CompiledGraphs>();
+  graphs->training = load_model_for_runtime(artifacts.training_model);
+  graphs->eval = load_model_for_runtime(artifacts.eval_model);
+  const Model& training = graphs->training.model;
+  Model& eval = graphs->eval->model;
   model_outputs_ = recorded_names(eval, kMetaModelOutputs).value_or(std::vector<std::string>{});
   predictions_ = recorded_names(eval, kMetaLossInputs).value_or(std::vector<std::string>{});
   targets_ = recorded_names(eval, kMetaTargets).value_or(std::vector<std::string>{});
   // The eval graph also returns the loss's inputs, for accuracy and predictions.
   for (const auto& p : predictions_)
-    if (!eval.graph.is_output(p)) eval.graph.outputs.push_back({p, ValueInfo{}});
+    if (!eval.graph.is_output(p)) {
+      eval.graph.outputs.push_back({p, ValueInfo{}});
+      graphs->eval->plans.clear();  // planned for the graph's own outputs
+    }
   for (const auto& in : training.graph.inputs) input_dtypes_[in.name] = in.info.dtype;
-  module_ = std::make_unique<Module>(std::move(training), state_, std::move(eval));
+  module_ = std::make_unique<Module>(std::move(graphs), state_);
   OT_CHECK(module_->input_names(true) == module_->input_names(false), "the training model takes inputs (",
            joined(module_->input_names(true)), ") but the eval model takes (", joined(module_->input_names(false)),
            ")");

@@ -47,7 +47,7 @@ std::optional<Args> Args::parse(const Command& c, int argc, char** argv, int fir
     for (const auto& o : c.options)
       if (o.name == name) opt = &o;
     if (!opt) throw UsageError("unknown option '" + name + "'");
-    if (a.values_.count(name)) throw UsageError("option '" + name + "' is given twice");
+    if (a.values_.count(name) && !opt->repeatable) throw UsageError("option '" + name + "' is given twice");
     if (opt->metavar.empty()) {
       if (eq != std::string::npos) throw UsageError("option '" + name + "' takes no value");
     } else if (eq != std::string::npos) {
@@ -57,6 +57,7 @@ std::optional<Args> Args::parse(const Command& c, int argc, char** argv, int fir
       value = argv[++i];
     }
     a.values_[name] = value;
+    a.repeated_[name].push_back(value);
   }
   if (a.positionals_.size() < c.positionals.size())
     throw UsageError("missing " + c.positionals[a.positionals_.size()]);
@@ -66,6 +67,11 @@ std::optional<Args> Args::parse(const Command& c, int argc, char** argv, int fir
 std::string Args::get(const std::string& name, const std::string& fallback) const {
   auto it = values_.find(name);
   return it == values_.end() ? fallback : it->second;
+}
+
+std::vector<std::string> Args::get_all(const std::string& name) const {
+  auto it = repeated_.find(name);
+  return it == repeated_.end() ? std::vector<std::string>{} : it->second;
 }
 
 std::string Args::require(const std::string& name) const {

@@ -21,6 +21,7 @@ struct Option {
   std::string name;       // "--epochs"
   std::string metavar;    // "N"; empty for a flag
   std::string help;
+  bool repeatable = false;  // may be given more than once (Args::get_all)
 };
 
 struct Command {
@@ -48,6 +49,8 @@ class Args {
   int64_t get_int(const std::string& name, int64_t fallback, int64_t min = INT64_MIN) const;
   double get_double(const std::string& name, double fallback) const;
   std::optional<double> get_optional_double(const std::string& name) const;
+  // Every value of a repeatable option, in the order given.
+  std::vector<std::string> get_all(const std::string& name) const;
   // A comma-separated list; empty items are a UsageError.
   std::vector<std::string> get_list(const std::string& name) const;
   // The value must be one of `choices`.
@@ -57,6 +60,7 @@ class Args {
  private:
   std::vector<std::string> positionals_;
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::vector<std::string>> repeated_;
 };
 
 }  // namespace onnxtrain::cli

@@ -14,7 +14,7 @@ namespace {
 const Subcommand kSubcommands[] = {
     {kArtifactsCommand, run_artifacts}, {kTrainCommand, run_train},     {kEvalCommand, run_eval},
     {kExportCommand, run_export},       {kInspectCommand, run_inspect}, {kOpsCommand, run_ops},
-    {kQuantizeCommand, run_quantize},
+    {kQuantizeCommand, run_quantize},   {kCompileCommand, run_compile},
 };
 
 void usage(FILE* out) {

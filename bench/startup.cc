@@ -1,0 +1,90 @@
+// Startup to the first train step of on-device training artifacts (bench_minimal.py runs it on
+// ONNX and on pre-compiled copies of the same artifacts, on the full and the minimal build):
+//
+//   startup [--compile] ART_DIR NAME=D0,D1,...[:i64] ...   (one per training input, zero-filled;
+//                                                          :i64 for integer inputs such as labels)
+//
+// Prints one line of milliseconds: checkpoint load, Module, Optimizer, the first train step (with
+// its optimizer step), the startup total (all four), and the median of 5 further steps.
+// --compile instead pre-compiles ART_DIR for those shapes with this build (compile_artifacts).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "onnxtrain/module.h"
+
+using Clock = std::chrono::steady_clock;
+
+static double ms_since(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+int main(int argc, char** argv) {
+  const bool compile = argc > 1 && std::string(argv[1]) == "--compile";
+  if (compile) ++argv, --argc;
+  if (argc < 3) {
+    std::fprintf(stderr, "usage: startup [--compile] ART_DIR NAME=D0,D1,...[:i64] ...\n");
+    return 2;
+  }
+  const std::string dir = argv[1];
+  std::vector<onnxtrain::Tensor> inputs;
+  std::map<std::string, onnxtrain::Shape> shapes;
+  for (int i = 2; i < argc; ++i) {
+    std::string spec = argv[i];
+    onnxtrain::DType dtype = onnxtrain::DType::kFloat32;
+    if (spec.size() > 4 && spec.compare(spec.size() - 4, 4, ":i64") == 0) {
+      dtype = onnxtrain::DType::kInt64;
+      spec.resize(spec.size() - 4);
+    }
+    onnxtrain::Shape shape;
+    for (size_t at = spec.find('=') + 1; at && at <= spec.size();) {
+      size_t comma = std::min(spec.find(',', at), spec.size());
+      shape.push_back(std::atoll(spec.substr(at, comma - at).c_str()));
+      at = comma + 1;
+    }
+    inputs.push_back(onnxtrain::Tensor::zeros(dtype, shape));
+    shapes[spec.substr(0, spec.find('='))] = shape;
+  }
+  try {
+    if (compile) {
+      for (const auto& path : onnxtrain::compile_artifacts(dir, shapes)) std::printf("wrote %s\n", path.c_str());
+      return 0;
+    }
+    const auto start = Clock::now();
+    auto t = start;
+    onnxtrain::CheckpointState state = onnxtrain::CheckpointState::load(dir + "/checkpoint");
+    const double checkpoint = ms_since(t);
+    t = Clock::now();
+    onnxtrain::Module module(dir + "/training_model.onnx", state, dir + "/eval_model.onnx");
+    const double module_ms = ms_since(t);
+    t = Clock::now();
+    onnxtrain::Optimizer optimizer(dir + "/optimizer_model.onnx", module);
+    const double optimizer_ms = ms_since(t);
+    auto step = [&] {
+      module.train_step(inputs);
+      optimizer.step();
+      module.lazy_reset_grad();
+    };
+    t = Clock::now();
+    step();
+    const double first = ms_since(t);
+    const double total = ms_since(start);
+    std::vector<double> later;
+    for (int i = 0; i < 5; ++i) {
+      t = Clock::now();
+      step();
+      later.push_back(ms_since(t));
+    }
+    std::sort(later.begin(), later.end());
+    std::printf("checkpoint %.3f module %.3f optimizer %.3f first_step %.3f startup %.3f steady_step %.3f\n",
+                checkpoint, module_ms, optimizer_ms, first, total, later[2]);
+  } catch (const onnxtrain::Error& e) {
+    std::fprintf(stderr, "startup: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
