@@ -8,6 +8,7 @@
 
 #include "ops/registry.h"
 #include "passes/passes.h"
+#include "ir/subgraph.h"
 #include "passes/shape_inference.h"
 
 namespace onnxtrain {
@@ -323,27 +324,97 @@ int fuse_conv_activation(Graph& g) {
   return fused;
 }
 
-// FusedConv A -> FusedConv B, where B's X is A's Y and nothing else reads it: A writes Y channels
-// last and B reads it so (output_channels_last / input_channels_last), the layout oneDNN's
-// convolutions compute in, so the reorder out of A and the one into B both disappear. Only for fp32
-// weights (the layout is honoured by the oneDNN path only).
-int chain_conv_layouts(Graph& g) {
-  Uses uses(g);
-  auto fp32_fused_conv = [&](const Node& n) {
-    if (n.op_type != "FusedConv" || n.domain != kOnnxTrainDomain || n.inputs.size() < 2) return false;
+namespace {
+
+// Ops that compute each output element from the same element of every input (plus scalars), so
+// they run unchanged on values stored in any order, as long as all their full-size operands and
+// their output share it.
+bool is_layout_agnostic_elementwise(const Node& n) {
+  static const std::unordered_set<std::string> ops = {
+      "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Neg", "Abs",
+      "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum"};
+  return n.domain.empty() && n.outputs.size() == 1 && !n.inputs.empty() && ops.count(n.op_type);
+}
+
+bool fully_known(const std::optional<Shape>& s) {
+  return s && std::all_of(s->begin(), s->end(), [](int64_t d) { return d >= 0; });
+}
+
+}  // namespace
+
+// Values between layout-aware nodes stay channels last ([N, spatial..., C] order for an
+// [N, C, spatial...] value), the order oneDNN's fp32 convolutions compute in: fp32 Conv / FusedConv
+// with constant weights read and write them so (input_channels_last / output_channels_last; a Conv
+// becomes a FusedConv without activation), and same-shape elementwise ops between them (residual
+// Adds, activations, Max) need no change at all. What remains is the set of values whose every
+// producer and reader is one of those nodes: a value read by anything else (a pooling, a reshape,
+// a broadcast, a graph output, a subgraph) stays in ONNX's order, and with it every value tied to
+// it through an elementwise op. Each value kept channels last saves a reorder out of one
+// convolution and one into the next.
+int keep_channels_last(Graph& g) {
+  auto fp32_conv = [&](const Node& n) {
+    bool conv = (n.op_type == "FusedConv" && n.domain == kOnnxTrainDomain) || is_op(n, "Conv");
+    if (!conv || n.inputs.size() < 2 || n.outputs.size() != 1) return false;
     auto w = g.initializers.find(n.inputs[1]);
     return w != g.initializers.end() && w->second.dtype() == DType::kFloat32 && w->second.rank() >= 3;
   };
-  int chained = 0;
-  for (auto& a : g.nodes) {
-    if (!fp32_fused_conv(a) || a.outputs.empty()) continue;
-    int b = uses.sole_reader(a.outputs[0]);
-    if (b < 0 || !fp32_fused_conv(g.nodes[size_t(b)]) || g.nodes[size_t(b)].inputs[0] != a.outputs[0]) continue;
-    a.attributes["output_channels_last"] = Attribute::of(int64_t(1));
-    g.nodes[size_t(b)].attributes["input_channels_last"] = Attribute::of(int64_t(1));
-    ++chained;
+  // Candidates: rank >= 3 fp32 outputs of convolutions and elementwise ops, not graph outputs.
+  std::unordered_set<std::string> kept;
+  for (const auto& n : g.nodes) {
+    if (!fp32_conv(n) && !is_layout_agnostic_elementwise(n)) continue;
+    auto s = known_shape(g, n.outputs[0]);
+    auto vi = g.value_info.find(n.outputs[0]);
+    bool fp32 = vi != g.value_info.end() && vi->second.dtype == DType::kFloat32;
+    if (fp32 && s && s->size() >= 3 && !g.is_output(n.outputs[0])) kept.insert(n.outputs[0]);
   }
-  return chained;
+  auto drop_all = [&](const std::vector<std::string>& values) {
+    bool changed = false;
+    for (const auto& v : values) changed = kept.erase(v) > 0 || changed;
+    return changed;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const auto& n : g.nodes) {
+      if (fp32_conv(n)) {  // only X may be channels last
+        changed = drop_all({n.inputs.begin() + 1, n.inputs.end()}) || changed;
+        continue;
+      }
+      if (!is_layout_agnostic_elementwise(n)) {
+        changed = drop_all(n.inputs) || changed;
+        changed = drop_all(n.outputs) || changed;
+        if (has_subgraphs(n)) changed = drop_all(outer_scope_reads(n)) || changed;
+        continue;
+      }
+      // Elementwise: every operand of the output's full shape, and the output, share one layout;
+      // the others must be single elements (a broadcast of anything larger reads by position).
+      auto out_shape = known_shape(g, n.outputs[0]);
+      std::vector<std::string> tied = {n.outputs[0]};
+      bool agnostic = fully_known(out_shape);
+      for (const auto& in : n.inputs) {
+        if (in.empty()) continue;
+        auto s = known_shape(g, in);
+        if (agnostic && s && *s == *out_shape) tied.push_back(in);
+        else if (!(s && fully_known(s) && numel(*s) == 1)) agnostic = false;
+      }
+      if (!agnostic) {
+        changed = drop_all(n.inputs) || changed;
+        changed = drop_all(n.outputs) || changed;
+        continue;
+      }
+      bool all_kept = std::all_of(tied.begin(), tied.end(), [&](const std::string& v) { return kept.count(v) > 0; });
+      if (!all_kept) changed = drop_all(tied) || changed;
+    }
+  }
+  for (auto& n : g.nodes) {
+    if (!fp32_conv(n)) continue;
+    bool x_last = kept.count(n.inputs[0]) > 0, y_last = kept.count(n.outputs[0]) > 0;
+    if (!x_last && !y_last) continue;
+    n.op_type = "FusedConv";
+    n.domain = kOnnxTrainDomain;
+    if (x_last) n.attributes["input_channels_last"] = Attribute::of(int64_t(1));
+    if (y_last) n.attributes["output_channels_last"] = Attribute::of(int64_t(1));
+  }
+  return int(kept.size());
 }
 
 }  // namespace onnxtrain

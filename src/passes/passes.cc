@@ -263,7 +263,8 @@ void optimize_for_inference(Model& model) {
   // Inference-only fusions on top of the training ones: BatchNorm folds into constant Conv weights
   // (after fold_constants made the statistics initializers), activations into the Conv primitive.
   int fused = fuse_for_training(model) + fuse_conv_batchnorm(g) + fuse_conv_activation(g);
-  chain_conv_layouts(g);  // only annotates FusedConv nodes made above
+  infer_shapes(g, model.opsets);  // the layout pass compares operand shapes, fused nodes included
+  fused += keep_channels_last(g);
   if (fused) {
     model.opsets.emplace(kOnnxTrainDomain, 1);
     eliminate_dead_code(g);

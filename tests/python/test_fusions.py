@@ -227,3 +227,82 @@ def test_channels_last_fused_conv_rejects_float64():
                                                          onnx.helper.make_opsetid("onnxtrain", 1)])
     with pytest.raises(Exception, match="input_channels_last / output_channels_last need fp32"):
         onnxtrain.InferenceSession(model.SerializeToString()).run(None, {"x": x, "w": w})
+
+
+def _unoptimized_and_optimized(data, feeds):
+    """Outputs of the model as written (no passes) and as the inference pipeline rewrites it."""
+    plain = onnxtrain.SessionOptions()
+    plain.optimize = False
+    return (onnxtrain.InferenceSession(data, plain).run(None, feeds), onnxtrain.InferenceSession(data).run(None, feeds))
+
+
+class _ResidualWithSqueeze(torch.nn.Module):
+    """A residual block (conv-bn-relu, conv-bn, + identity, relu, max(., leaky), * 0.5) read by two
+    convolutions: one feeding a squeeze-excitation branch (ReduceMean, 1x1 convs, sigmoid), one
+    whose output is multiplied by that branch's per-channel vector [N, C, 1, 1], then a last conv.
+    The residual values may stay channels last; what ReduceMean and the broadcast multiply read
+    may not."""
+
+    def __init__(self, c=20):
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.stem = torch.nn.Conv2d(3, c, 3, padding=1)
+        self.conv1, self.bn1 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
+        self.to_squeeze, self.to_scale = torch.nn.Conv2d(c, c, 1), torch.nn.Conv2d(c, c, 3, padding=1)
+        self.squeeze, self.excite = torch.nn.Conv2d(c, 4, 1), torch.nn.Conv2d(4, c, 1)
+        self.head = torch.nn.Conv2d(c, 6, 3)
+        for bn in (self.bn1, self.bn2):
+            _random_batchnorm(bn, g)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + x)
+        y = torch.maximum(y, torch.nn.functional.leaky_relu(y, 0.1)) * 0.5
+        pooled = self.to_squeeze(y).mean((2, 3), keepdim=True)
+        scale = torch.sigmoid(self.excite(torch.relu(self.squeeze(pooled))))
+        return self.head(self.to_scale(y) * scale)
+
+
+def _layouts(model_bytes):
+    """[(op type, input_channels_last, output_channels_last)] of the optimized graph's nodes."""
+    out = []
+    for n in onnx.load_from_string(_C.optimize_model(model_bytes)).graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        out.append((n.op_type, attrs.get("input_channels_last", 0), attrs.get("output_channels_last", 0)))
+    return out
+
+
+def test_residual_and_elementwise_values_stay_channels_last_and_match_the_unoptimized_graph():
+    module = _ResidualWithSqueeze().eval()
+    x = torch.randn(2, 3, 11, 13)
+    data = export(module, x)
+    layouts = _layouts(data)
+    convs = sorted((i, o) for op, i, o in layouts if op in ("FusedConv", "Conv"))
+    # stem writes channels last, conv1 and conv2 read and write it (the Add, Relu, Max, LeakyRelu
+    # and Mul between them need nothing), to_squeeze and to_scale read it and write ONNX order
+    # (ReduceMean and the broadcast multiply read their outputs); squeeze -> excite pass their
+    # [N, 4, 1, 1] value channels last too; the head reads the broadcast product: ONNX order.
+    assert convs == [(0, 0)] + [(0, 1)] * 2 + [(1, 0)] * 3 + [(1, 1)] * 2, layouts
+    plain, optimized = _unoptimized_and_optimized(data, {"in0": x.numpy()})
+    np.testing.assert_allclose(optimized[0], plain[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(optimized[0], module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_broadcast_operand_keeps_its_elementwise_partner_in_onnx_order():
+    # conv(x) + conv(pool(x)) where the second is [N, C, 1, 1]: were the first kept channels last,
+    # the broadcast Add would pair the wrong elements.
+    class Broadcast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(3, 16, 1), torch.nn.Conv2d(16, 4, 1)
+
+        def forward(self, x):
+            return self.c(torch.relu(self.a(x) + self.b(torch.nn.functional.adaptive_avg_pool2d(x, 1))))
+
+    module = Broadcast().eval()
+    x = torch.randn(1, 3, 9, 9)
+    data = export(module, x)
+    assert all(i == 0 and o == 0 for _, i, o in _layouts(data)), _layouts(data)
+    plain, optimized = _unoptimized_and_optimized(data, {"in0": x.numpy()})
+    np.testing.assert_allclose(optimized[0], plain[0], rtol=1e-5, atol=1e-6)
