@@ -280,6 +280,164 @@ int fuse_conv_batchnorm(Graph& g) {
   return fused;
 }
 
+namespace {
+
+// A Clip's bounds (attributes before opset 11, optional constant inputs after); false when an
+// input bound is not a constant scalar.
+bool clip_bounds(const Graph& g, const Node& clip, float& lo, float& hi) {
+  lo = clip.attr_float("min", -std::numeric_limits<float>::infinity());
+  hi = clip.attr_float("max", std::numeric_limits<float>::infinity());
+  auto bound = [&](size_t i, float& v) {
+    if (clip.inputs.size() <= i || clip.inputs[i].empty()) return true;
+    const Tensor* t = constant_tensor(g, clip.inputs[i]);
+    if (!t || t->numel() != 1) return false;
+    v = float(t->item_as_double());
+    return true;
+  };
+  return bound(1, lo) && bound(2, hi);
+}
+
+// The plain Conv (fp32 constant weights, constant or no bias) producing `value`, read only by
+// node `reader`; null otherwise.
+Node* sole_constant_conv(Graph& g, const Uses& uses, const std::unordered_map<std::string, size_t>& producers,
+                         const std::vector<char>& removed, const std::string& value, size_t reader) {
+  auto p = producers.find(value);
+  if (p == producers.end() || removed[p->second] || uses.sole_reader(value) != int(reader)) return nullptr;
+  Node& conv = g.nodes[p->second];
+  if (!is_op(conv, "Conv") || conv.inputs.size() < 2 || conv.outputs[0] != value) return nullptr;
+  auto w = g.initializers.find(conv.inputs[1]);
+  if (w == g.initializers.end() || w->second.dtype() != DType::kFloat32 || w->second.rank() < 3) return nullptr;
+  if (conv.inputs.size() > 2 && !conv.inputs[2].empty() && !constant_doubles(g, conv.inputs[2], w->second.dim(0)))
+    return nullptr;
+  return &conv;
+}
+
+// A float scalar constant's value.
+std::optional<double> scalar_constant(const Graph& g, const std::string& value) {
+  const Tensor* t = constant_tensor(g, value);
+  if (!t || t->numel() != 1 || !is_floating(t->dtype())) return std::nullopt;
+  return t->item_as_double();
+}
+
+}  // namespace
+
+// Conv -> Mul / Div / Add / Sub by a scalar constant folds into the Conv's constant weights and
+// bias (the per-layer affine PP-LCNetV3 puts after its convolutions, among others):
+//   s * (W x + B) = (s W) x + s B,   (W x + B) / s = (W / s) x + B / s,   (W x + B) + t = W x + (B + t).
+int fold_conv_scalar_affine(Graph& g) {
+  Uses uses(g);
+  auto producers = g.producers();
+  std::vector<char> removed(g.nodes.size(), 0);
+  int folded = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& op = g.nodes[i];
+    bool mul = is_op(op, "Mul"), div = is_op(op, "Div"), add = is_op(op, "Add"), sub = is_op(op, "Sub");
+    if (!(mul || div || add || sub) || op.inputs.size() != 2 || op.outputs.size() != 1) continue;
+    // The conv operand: either side of Mul and Add, the left of Div and Sub.
+    Node* conv = nullptr;
+    std::optional<double> k;
+    for (size_t side = 0; side < 2 && !conv; ++side) {
+      if (side == 1 && (div || sub)) break;
+      k = scalar_constant(g, op.inputs[1 - side]);
+      if (k) conv = sole_constant_conv(g, uses, producers, removed, op.inputs[side], i);
+    }
+    if (!conv || !std::isfinite(*k) || (div && *k == 0.0)) continue;
+    const std::string conv_value = conv->outputs[0];
+    const Tensor& w = g.initializers.at(conv->inputs[1]);
+    const int64_t m = w.dim(0), per_channel = w.numel() / std::max<int64_t>(m, 1);
+    std::vector<double> bias(size_t(m), 0.0);
+    if (conv->inputs.size() > 2 && !conv->inputs[2].empty()) bias = *constant_doubles(g, conv->inputs[2], m);
+    const double scale = mul ? *k : div ? 1.0 / *k : 1.0, shift = add ? *k : sub ? -*k : 0.0;
+    if (scale != 1.0) {
+      Tensor new_w = Tensor::empty(DType::kFloat32, w.shape());
+      const float* pw = w.data<float>();
+      float* nw = new_w.data<float>();
+      for (int64_t e = 0; e < m * per_channel; ++e) nw[e] = div ? float(pw[e] / *k) : float(pw[e] * scale);
+      std::string w_name = g.unique_name(conv->inputs[1] + "/scaled");
+      g.initializers.emplace(w_name, std::move(new_w));
+      conv->inputs[1] = w_name;
+    }
+    Tensor new_b = Tensor::empty(DType::kFloat32, {m});
+    for (int64_t c = 0; c < m; ++c)
+      new_b.data<float>()[c] = float((div ? bias[size_t(c)] / *k : bias[size_t(c)] * scale) + shift);
+    std::string b_name = g.unique_name((op.name.empty() ? conv->inputs[1] : op.name) + "/folded_bias");
+    g.initializers.emplace(b_name, std::move(new_b));
+    conv->inputs.resize(3);
+    conv->inputs[2] = b_name;
+    conv->outputs[0] = op.outputs[0];
+    producers[op.outputs[0]] = producers.at(conv_value);  // a second scalar op may fold in next
+    removed[i] = 1;
+    ++folded;
+  }
+  if (folded) drop_removed(g, removed);
+  return folded;
+}
+
+// hard-swish written out after a Conv becomes the Conv's activation (onnxtrain.FusedConv,
+// activation HardSwish: one oneDNN post-op instead of four passes). Either form exporters emit:
+//   y * Clip(y + 3, 0, 6) / 6   (or * (1/6)),      y * HardSigmoid(y; alpha 1/6, beta 1/2).
+int fuse_conv_hard_swish(Graph& g) {
+  if (!fused_op_built("FusedConv")) return 0;
+  Uses uses(g);
+  auto producers = g.producers();
+  std::vector<char> removed(g.nodes.size(), 0);
+  auto reader = [&](const std::string& v) { return uses.sole_reader(v); };
+  int fused = 0;
+  for (size_t c = 0; c < g.nodes.size(); ++c) {
+    Node& conv = g.nodes[c];
+    if (removed[c] || !is_op(conv, "Conv") || conv.outputs.size() != 1) continue;
+    const std::string y = conv.outputs[0];
+    auto readers = uses.readers.find(y);
+    if (readers == uses.readers.end() || readers->second.size() != 2 || g.is_output(y)) continue;
+    // The gate (Add -> Clip, or HardSigmoid) and the product y * gate, in either order.
+    std::vector<size_t> chain;
+    std::string gate;
+    size_t product = 0;
+    for (size_t r : readers->second) {
+      const Node& n = g.nodes[r];
+      if (is_op(n, "Mul") && !other_operand(n, y).empty() && other_operand(n, y) != y) {
+        product = r;
+        continue;
+      }
+      if (is_op(n, "HardSigmoid") && std::fabs(n.attr_float("alpha", 0.2f) - 1 / 6.0) < 1e-5 &&
+          std::fabs(n.attr_float("beta", 0.5f) - 0.5) < 1e-6) {
+        chain = {r};
+        gate = n.outputs[0];
+      } else if (is_op(n, "Add") && is_scalar_constant(g, other_operand(n, y), 3.0) && reader(n.outputs[0]) >= 0) {
+        const Node& clip = g.nodes[size_t(reader(n.outputs[0]))];
+        float lo, hi;
+        if (is_op(clip, "Clip") && clip.inputs[0] == n.outputs[0] && clip_bounds(g, clip, lo, hi) && lo == 0.0f &&
+            hi == 6.0f) {
+          chain = {r, size_t(reader(n.outputs[0]))};
+          gate = clip.outputs[0];
+        }
+      }
+    }
+    if (gate.empty() || !product || other_operand(g.nodes[product], y) != gate || reader(gate) != int(product)) continue;
+    std::string out = g.nodes[product].outputs[0];
+    chain.push_back(product);
+    if (g.nodes[chain[0]].op_type != "HardSigmoid") {  // the Clip form still divides by 6
+      int d = reader(out);
+      if (d < 0) continue;
+      const Node& div = g.nodes[size_t(d)];
+      bool by_six = (is_op(div, "Div") && div.inputs[0] == out && is_scalar_constant(g, div.inputs[1], 6.0)) ||
+                    (is_op(div, "Mul") && is_scalar_constant(g, other_operand(div, out), 1 / 6.0));
+      if (!by_six) continue;
+      chain.push_back(size_t(d));
+      out = div.outputs[0];
+    }
+    if (std::any_of(chain.begin(), chain.end(), [&](size_t k) { return removed[k] != 0; })) continue;
+    for (size_t k : chain) removed[k] = 1;
+    conv.op_type = "FusedConv";
+    conv.domain = kOnnxTrainDomain;
+    conv.attributes["activation"] = Attribute::of(std::string("HardSwish"));
+    conv.outputs[0] = out;
+    ++fused;
+  }
+  if (fused) drop_removed(g, removed);
+  return fused;
+}
+
 // Conv -> Relu / LeakyRelu / Sigmoid / Tanh / Clip (constant bounds) becomes onnxtrain.FusedConv
 // with the activation applied inside the convolution (oneDNN: a post-op): one pass over the output instead of two.
 int fuse_conv_activation(Graph& g) {
@@ -295,16 +453,8 @@ int fuse_conv_activation(Graph& g) {
     if (act.op_type == "LeakyRelu") {
       params = {act.attr_float("alpha", 0.01f)};
     } else if (act.op_type == "Clip") {
-      float lo = act.attr_float("min", -std::numeric_limits<float>::infinity());
-      float hi = act.attr_float("max", std::numeric_limits<float>::infinity());
-      auto bound = [&](size_t i, float& v) {  // opset >= 11: optional constant inputs
-        if (act.inputs.size() <= i || act.inputs[i].empty()) return true;
-        const Tensor* t = constant_tensor(g, act.inputs[i]);
-        if (!t || t->numel() != 1) return false;
-        v = float(t->item_as_double());
-        return true;
-      };
-      if (!bound(1, lo) || !bound(2, hi)) continue;
+      float lo, hi;
+      if (!clip_bounds(g, act, lo, hi)) continue;
       params = {lo, hi};
     } else if (act.op_type != "Relu" && act.op_type != "Sigmoid" && act.op_type != "Tanh") {
       continue;

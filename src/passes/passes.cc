@@ -262,7 +262,8 @@ void optimize_for_inference(Model& model) {
   simplify_graph(model);
   // Inference-only fusions on top of the training ones: BatchNorm folds into constant Conv weights
   // (after fold_constants made the statistics initializers), activations into the Conv primitive.
-  int fused = fuse_for_training(model) + fuse_conv_batchnorm(g) + fuse_conv_activation(g);
+  int fused = fuse_for_training(model) + fuse_conv_batchnorm(g) + fold_conv_scalar_affine(g) +
+              fuse_conv_hard_swish(g) + fuse_conv_activation(g);
   infer_shapes(g, model.opsets);  // the layout pass compares operand shapes, fused nodes included
   fused += keep_channels_last(g);
   if (fused) {

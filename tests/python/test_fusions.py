@@ -306,3 +306,84 @@ def test_broadcast_operand_keeps_its_elementwise_partner_in_onnx_order():
     assert all(i == 0 and o == 0 for _, i, o in _layouts(data)), _layouts(data)
     plain, optimized = _unoptimized_and_optimized(data, {"in0": x.numpy()})
     np.testing.assert_allclose(optimized[0], plain[0], rtol=1e-5, atol=1e-6)
+
+
+def _conv_then(tail, opset=13, bias=True, seed=0):
+    """x -> Conv(3 -> 8, 3x3, pad 1) -> y, then `tail` (nodes reading y and writing out), by hand;
+    scalar constants as Constant nodes: [(name, value)]."""
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    nodes, constants = tail
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "W")]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "B"))
+    consts = [helper.make_node("Constant", [], [n], value=numpy_helper.from_array(np.array(v, np.float32), n))
+              for n, v in constants]
+    conv = helper.make_node("Conv", ["x", "W", "B"] if bias else ["x", "W"], ["y"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph(consts + [conv] + nodes, "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 7, 6])],
+                              [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
+
+
+def _check_against_unoptimized(data, rtol=1e-5, atol=1e-5):
+    x = np.random.default_rng(1).standard_normal((2, 3, 7, 6)).astype(np.float32) * 2
+    plain, optimized = _unoptimized_and_optimized(data, {"x": x})
+    np.testing.assert_allclose(optimized[0], plain[0], rtol=rtol, atol=atol)
+    return plain[0]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_scalar_affine_after_conv_folds_into_its_weights_and_bias(bias):
+    from onnx import helper
+    nodes = [helper.make_node("Mul", ["s", "y"], ["a"]), helper.make_node("Add", ["a", "t"], ["b"]),
+             helper.make_node("Div", ["b", "d"], ["c"]), helper.make_node("Sub", ["c", "u"], ["out"])]
+    data = _conv_then((nodes, [("s", -1.7), ("t", 0.4), ("d", 3.0), ("u", 0.25)]), bias=bias)
+    assert [op for op, _, _ in _layouts(data)] == ["Conv"], _layouts(data)
+    _check_against_unoptimized(data)
+
+
+def test_scalar_affine_stays_where_folding_would_be_wrong():
+    from onnx import helper
+    # t - y (the conv on the right of Sub), d / y, and a conv output also read by a second node.
+    for nodes in ([helper.make_node("Sub", ["t", "y"], ["out"])], [helper.make_node("Div", ["t", "y"], ["out"])],
+                  [helper.make_node("Mul", ["y", "t"], ["m"]), helper.make_node("Add", ["m", "y"], ["out"])]):
+        data = _conv_then((nodes, [("t", 2.5)]))
+        assert len(_layouts(data)) == len(nodes) + 1, _layouts(data)
+        _check_against_unoptimized(data)
+
+
+def _hard_swish_tail(form):
+    from onnx import helper
+    if form == "hardsigmoid":
+        return [helper.make_node("HardSigmoid", ["y"], ["h"], alpha=1 / 6, beta=0.5),
+                helper.make_node("Mul", ["y", "h"], ["out"])], [], 13
+    clip = (helper.make_node("Clip", ["a"], ["c"], min=0.0, max=6.0) if form == "clip_attrs" else
+            helper.make_node("Clip", ["a", "lo", "hi"], ["c"]))
+    last = (helper.make_node("Mul", ["p", "sixth"], ["out"]) if form == "times_sixth" else
+            helper.make_node("Div", ["p", "six"], ["out"]))
+    return ([helper.make_node("Add", ["y", "three"], ["a"]), clip, helper.make_node("Mul", ["c", "y"], ["p"]), last],
+            [("three", 3.0), ("lo", 0.0), ("hi", 6.0), ("six", 6.0), ("sixth", 1 / 6)], 9 if form == "clip_attrs" else 13)
+
+
+@pytest.mark.parametrize("form", ["clip_div", "clip_attrs", "times_sixth", "hardsigmoid"])
+def test_written_out_hard_swish_after_conv_becomes_its_activation(form):
+    nodes, constants, opset = _hard_swish_tail(form)
+    data = _conv_then((nodes, constants), opset=opset)
+    optimized = onnx.load_from_string(_C.optimize_model(data))
+    assert [n.op_type for n in optimized.graph.node] == ["FusedConv"], [n.op_type for n in optimized.graph.node]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in optimized.graph.node[0].attribute}
+    assert attrs["activation"] == b"HardSwish"
+    out = _check_against_unoptimized(data)
+    assert (out < 0).any() and (out == 0).any() and (out > 3).any()  # all three pieces of hard-swish ran
+
+
+def test_hard_swish_lookalikes_are_left_alone():
+    from onnx import helper
+    nodes, constants, _ = _hard_swish_tail("clip_div")
+    wrong_bound = [n if n.op_type != "Clip" else helper.make_node("Clip", ["a", "lo", "five"], ["c"]) for n in nodes]
+    wrong_divisor = nodes[:-1] + [helper.make_node("Div", ["p", "three"], ["out"])]
+    for tail in (wrong_bound, wrong_divisor):
+        data = _conv_then((tail, constants + [("five", 5.0)]))
+        assert "HardSwish" not in str(onnx.load_from_string(_C.optimize_model(data)).graph.node)
+        _check_against_unoptimized(data)

@@ -14,7 +14,8 @@
 namespace onnxtrain::cpu {
 
 // An activation applied to a convolution's output inside the primitive (a oneDNN post-op).
-enum class ConvActivation : int64_t { kNone, kRelu, kLeakyRelu, kSigmoid, kTanh, kClip };
+// kHardSwish: x * clip(x + 3, 0, 6) / 6.
+enum class ConvActivation : int64_t { kNone, kRelu, kLeakyRelu, kSigmoid, kTanh, kClip, kHardSwish };
 
 struct ConvSpec {
   bool transposed = false;    // ConvTranspose

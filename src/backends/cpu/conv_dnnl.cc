@@ -80,6 +80,7 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : im
       if (s.activation == ConvActivation::kSigmoid) alg = dnnl::algorithm::eltwise_logistic;
       if (s.activation == ConvActivation::kTanh) alg = dnnl::algorithm::eltwise_tanh;
       if (s.activation == ConvActivation::kClip) alg = dnnl::algorithm::eltwise_clip;
+      if (s.activation == ConvActivation::kHardSwish) alg = dnnl::algorithm::eltwise_hardswish;
       dnnl::post_ops ops;
       ops.append_eltwise(1.0f, alg, s.act_alpha, s.act_beta);
       attr.set_post_ops(ops);

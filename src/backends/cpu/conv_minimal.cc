@@ -115,6 +115,7 @@ void activate(const ConvSpec& s, float* y, int64_t count) {
         case ConvActivation::kSigmoid: v = 1.0f / (1.0f + std::exp(-v)); break;
         case ConvActivation::kTanh: v = std::tanh(v); break;
         case ConvActivation::kClip: v = std::min(std::max(v, s.act_alpha), s.act_beta); break;
+        case ConvActivation::kHardSwish: v = v * std::min(std::max(v + 3.0f, 0.0f), 6.0f) / 6.0f; break;
         case ConvActivation::kNone: break;
       }
       y[i] = v;

@@ -58,8 +58,9 @@ struct Activation {
     else if (name == "Tanh") kind = cpu::ConvActivation::kTanh, want_params(0);
     else if (name == "LeakyRelu") kind = cpu::ConvActivation::kLeakyRelu, want_params(1), alpha = params[0];
     else if (name == "Clip") kind = cpu::ConvActivation::kClip, want_params(2), alpha = params[0], beta = params[1];
+    else if (name == "HardSwish") kind = cpu::ConvActivation::kHardSwish, want_params(0);
     else OT_THROW(kInvalidModel, node.context(), "activation '", name,
-                  "' is not one of Relu, LeakyRelu, Sigmoid, Tanh, Clip");
+                  "' is not one of Relu, LeakyRelu, Sigmoid, Tanh, Clip, HardSwish");
   }
 
   // The reference path: the same functions applied after the convolution.
@@ -75,6 +76,7 @@ struct Activation {
         case cpu::ConvActivation::kSigmoid: v = C(1) / (C(1) + std::exp(-v)); break;
         case cpu::ConvActivation::kTanh: v = std::tanh(v); break;
         case cpu::ConvActivation::kClip: v = std::min(std::max(v, C(alpha)), C(beta)); break;
+        case cpu::ConvActivation::kHardSwish: v = v * std::min(std::max(v + C(3), C(0)), C(6)) / C(6); break;
         case cpu::ConvActivation::kNone: break;
       }
       y[i] = T(v);
@@ -258,7 +260,7 @@ ONNXTRAIN_OP(Conv, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu
     });
 
 // onnxtrain.FusedConv(X, W [, B]) with Conv's attributes plus `activation` (Relu, LeakyRelu,
-// Sigmoid, Tanh, Clip) and its `activation_params`: Y = act(conv(X, W) + B) in one primitive.
+// Sigmoid, Tanh, Clip, HardSwish) and its `activation_params`: Y = act(conv(X, W) + B) in one primitive.
 // The inference pipeline makes it (src/passes/fusions.cc); training graphs keep Conv + activation.
 // `input_channels_last` / `output_channels_last` = 1 state that X / Y hold their [N, C, spatial...]
 // values in channels-last order (fp32 only): set on a FusedConv feeding another FusedConv, so the
