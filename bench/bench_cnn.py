@@ -161,7 +161,7 @@ def bench_train(args, ot, workdir: str) -> List[dict]:
         x, target = torch.randn(TRAIN_BATCH, 3, image, image, generator=g), torch.randint(0, 10, (TRAIN_BATCH,), generator=g)
         module = models.WithCrossEntropy(model).train()
         try:
-            ours = OnnxtrainTrainer(module, x, target, os.path.join(workdir, f"train_{name}"))
+            ours = OnnxtrainTrainer(model, x, target, os.path.join(workdir, f"train_{name}"))
         except Exception as exc:  # noqa: BLE001
             rows.append({"model": name, "error": f"{type(exc).__name__}: {exc}".splitlines()[0][:200]})
             continue
