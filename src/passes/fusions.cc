@@ -50,6 +50,12 @@ bool is_scalar_constant(const Graph& g, const std::string& value, double expecte
 
 bool is_op(const Node& n, const char* op) { return n.op_type == op && n.domain.empty(); }
 
+// Every dimension known (static).
+bool fully_known(const std::optional<Shape>& s) {
+  return s && std::all_of(s->begin(), s->end(), [](int64_t d) { return d >= 0; });
+}
+
+
 // Rebuilds g.nodes without the removed ones.
 void drop_removed(Graph& g, const std::vector<char>& removed) {
   std::vector<Node> kept;
@@ -438,6 +444,56 @@ int fuse_conv_hard_swish(Graph& g) {
   return fused;
 }
 
+// Conv -> Add(., Z) [-> Relu], Z of the sum's static shape (a residual connection), becomes
+// onnxtrain.FusedConv with Z as its fourth input: Y = relu(conv(X) + B + Z) in one primitive (a
+// oneDNN sum post-op), instead of two more passes over Y. The fused node takes the place of the last
+// node it replaces, where Z is certainly computed.
+int fuse_conv_residual_add(Graph& g) {
+  if (!fused_op_built("FusedConv")) return 0;
+  Uses uses(g);
+  auto producers = g.producers();
+  std::vector<char> removed(g.nodes.size(), 0);
+  int fused = 0;
+  for (size_t a = 0; a < g.nodes.size(); ++a) {
+    const Node& add = g.nodes[a];
+    if (!is_op(add, "Add") || add.inputs.size() != 2 || add.inputs[0] == add.inputs[1] || removed[a]) continue;
+    auto out_shape = known_shape(g, add.outputs[0]);
+    auto out_info = g.value_info.find(add.outputs[0]);
+    if (!fully_known(out_shape) || out_info == g.value_info.end() || out_info->second.dtype != DType::kFloat32) continue;
+    for (size_t side = 0; side < 2; ++side) {
+      const std::string &y = add.inputs[side], &z = add.inputs[1 - side];
+      auto zs = known_shape(g, z), ys = known_shape(g, y);
+      if (!zs || *zs != *out_shape || !ys || *ys != *out_shape) continue;
+      Node* conv = sole_constant_conv(g, uses, producers, removed, y, a);
+      if (!conv || conv->has_attr("activation")) continue;
+      size_t conv_index = producers.at(y), last = a;
+      std::string out = add.outputs[0];
+      int r = uses.sole_reader(out);
+      std::string activation;
+      if (r >= 0 && is_op(g.nodes[size_t(r)], "Relu") && !removed[size_t(r)]) {
+        activation = "Relu";
+        last = size_t(r);
+        out = g.nodes[last].outputs[0];
+      }
+      Node f = *conv;
+      f.op_type = "FusedConv";
+      f.domain = kOnnxTrainDomain;
+      f.name = conv->name + "/residual";
+      f.inputs.resize(3);  // X, W, B (empty: none), Z
+      f.inputs.push_back(z);
+      f.outputs = {out};
+      if (!activation.empty()) f.attributes["activation"] = Attribute::of(activation);
+      removed[conv_index] = removed[a] = 1;
+      g.nodes[last] = std::move(f);
+      removed[last] = 0;
+      ++fused;
+      break;
+    }
+  }
+  if (fused) drop_removed(g, removed);
+  return fused;
+}
+
 // Conv -> Relu / LeakyRelu / Sigmoid / Tanh / Clip (constant bounds) becomes onnxtrain.FusedConv
 // with the activation applied inside the convolution (oneDNN: a post-op): one pass over the output instead of two.
 int fuse_conv_activation(Graph& g) {
@@ -486,10 +542,6 @@ bool is_layout_agnostic_elementwise(const Node& n) {
   return n.domain.empty() && n.outputs.size() == 1 && !n.inputs.empty() && ops.count(n.op_type);
 }
 
-bool fully_known(const std::optional<Shape>& s) {
-  return s && std::all_of(s->begin(), s->end(), [](int64_t d) { return d >= 0; });
-}
-
 }  // namespace
 
 // Values between layout-aware nodes stay channels last ([N, spatial..., C] order for an
@@ -525,8 +577,10 @@ int keep_channels_last(Graph& g) {
   for (bool changed = true; changed;) {
     changed = false;
     for (const auto& n : g.nodes) {
-      if (fp32_conv(n)) {  // only X may be channels last
-        changed = drop_all({n.inputs.begin() + 1, n.inputs.end()}) || changed;
+      if (fp32_conv(n)) {  // X may be channels last; a summand Z shares Y's layout; W, B never
+        changed = drop_all({n.inputs.begin() + 1, n.inputs.begin() + std::min<size_t>(n.inputs.size(), 3)}) || changed;
+        if (n.inputs.size() > 3 && !n.inputs[3].empty() && kept.count(n.inputs[3]) != kept.count(n.outputs[0]))
+          changed = drop_all({n.inputs[3], n.outputs[0]}) || changed;
         continue;
       }
       if (!is_layout_agnostic_elementwise(n)) {

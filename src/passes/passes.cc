@@ -264,7 +264,10 @@ void optimize_for_inference(Model& model) {
   // (after fold_constants made the statistics initializers), activations into the Conv primitive.
   int fused = fuse_for_training(model) + fuse_conv_batchnorm(g) + fold_conv_scalar_affine(g) +
               fuse_conv_hard_swish(g) + fuse_conv_activation(g);
-  infer_shapes(g, model.opsets);  // the layout pass compares operand shapes, fused nodes included
+  if (fused) model.opsets.emplace(kOnnxTrainDomain, 1);
+  // The residual fusion and the layout pass compare operand shapes (the renamed outputs included).
+  infer_shapes(g, model.opsets);
+  fused += fuse_conv_residual_add(g);
   fused += keep_channels_last(g);
   if (fused) {
     model.opsets.emplace(kOnnxTrainDomain, 1);

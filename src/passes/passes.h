@@ -17,6 +17,7 @@ int fuse_matmul(Graph& graph);             // Transpose -> MatMul -> Add(bias) -
 int fuse_conv_batchnorm(Graph& graph);     // Conv -> BatchNormalization (inference) -> Conv, folded weights
 int fold_conv_scalar_affine(Graph& graph);  // Conv -> Mul/Div/Add/Sub by a scalar constant -> Conv, folded weights
 int fuse_conv_hard_swish(Graph& graph);    // Conv -> y * Clip(y + 3, 0, 6) / 6 (or y * HardSigmoid(y)) -> FusedConv
+int fuse_conv_residual_add(Graph& graph);  // Conv -> Add(., Z) [-> Relu] -> FusedConv(X, W, B, Z)
 int fuse_conv_activation(Graph& graph);    // Conv -> Relu/LeakyRelu/Sigmoid/Tanh/Clip -> onnxtrain.FusedConv
 int keep_channels_last(Graph& graph);      // values only fp32 convs and elementwise ops touch: channels last
 

@@ -387,3 +387,56 @@ def test_hard_swish_lookalikes_are_left_alone():
         data = _conv_then((tail, constants + [("five", 5.0)]))
         assert "HardSwish" not in str(onnx.load_from_string(_C.optimize_model(data)).graph.node)
         _check_against_unoptimized(data)
+
+
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("z_from", ["input", "later_conv"])
+def test_residual_add_and_relu_fold_into_the_conv(relu, z_from):
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), n) for n in ("W", "V")]
+    inits.append(numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "B"))
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y"], pads=[1, 1, 1, 1])]
+    if z_from == "later_conv":  # Z is computed after the conv: the fused node must move past it
+        nodes.append(helper.make_node("Conv", ["x", "V"], ["z"], pads=[1, 1, 1, 1]))
+    # The first operand that is a conv's output is folded in: y (before z) for the later conv.
+    nodes.append(helper.make_node("Add", ["y", "z"] if z_from == "later_conv" else ["z", "y"], ["sum" if relu else "out"]))
+    if relu:
+        nodes.append(helper.make_node("Relu", ["sum"], ["out"]))
+    inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 7, 6])]
+    if z_from == "input":
+        inputs.append(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [2, 8, 7, 6]))
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)],
+                              inits)
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    optimized = onnx.load_from_string(_C.optimize_model(data)).graph.node
+    fused = [n for n in optimized if n.op_type == "FusedConv" and len(n.input) == 4]
+    assert len(fused) == 1 and fused[0].input[3] == "z" and fused[0].output[0] == "out", optimized
+    assert not any(n.op_type in ("Add", "Relu") for n in optimized), optimized
+    feeds = {"x": rng.standard_normal((2, 3, 7, 6)).astype(np.float32)}
+    if z_from == "input":
+        feeds["z"] = rng.standard_normal((2, 8, 7, 6)).astype(np.float32) * 3
+    plain = onnxtrain.SessionOptions()
+    plain.optimize = False
+    want = onnxtrain.InferenceSession(data, plain).run(None, feeds)[0]
+    got = onnxtrain.InferenceSession(data).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert (want == 0).any() == relu  # the Relu was applied after the sum, not skipped
+
+
+def test_broadcast_summand_stays_an_add():
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "W")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["y"]), helper.make_node("Add", ["y", "z"], ["out"])],
+                              "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 6, 6]),
+                                    helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 8, 1, 1])],
+                              [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)], [w])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    assert "Add" in op_types(_C.optimize_model(data))
+    feeds = {"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32),
+             "z": rng.standard_normal((1, 8, 1, 1)).astype(np.float32)}
+    plain = onnxtrain.SessionOptions()
+    plain.optimize = False
+    np.testing.assert_allclose(onnxtrain.InferenceSession(data).run(None, feeds)[0],
+                               onnxtrain.InferenceSession(data, plain).run(None, feeds)[0], rtol=1e-5, atol=1e-5)

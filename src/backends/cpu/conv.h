@@ -32,6 +32,9 @@ struct ConvSpec {
   // X / Y stored channels last instead of ONNX's [N, C, spatial...] order (FusedConv chains, see
   // FusedConv in src/ops/conv/conv.cc): the convolution reads or writes them without a reorder.
   bool x_channels_last = false, y_channels_last = false;
+  // Y = act(conv(X, W) + B + Z): Z (Y's shape and layout) added before the activation (a oneDNN
+  // sum post-op; forward only).
+  bool sum = false;
   std::vector<int64_t> key() const;
 };
 
@@ -41,7 +44,9 @@ class ConvPrimitive {
   // w in ONNX layout: Conv [M, C/G, k...], ConvTranspose [C, M/G, k...]. `w_constant`: w's
   // contents never change for this pointer (an initializer), so its reorder is done once.
   // Pointers to data of spec.dtype.
-  void run(const void* x, const void* w, const void* bias, void* y, bool w_constant = false) const;
+  // `z`: the summand when spec.sum (may be y itself), else null.
+  void run(const void* x, const void* w, const void* bias, void* y, bool w_constant = false,
+           const void* z = nullptr) const;
 
  private:
   struct Impl;
