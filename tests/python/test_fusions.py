@@ -264,20 +264,11 @@ class _ResidualWithSqueeze(torch.nn.Module):
         return self.head(self.to_scale(y) * scale)
 
 
-def _layouts(model_bytes):
-    """[(op type, input_channels_last, output_channels_last)] of the optimized graph's nodes."""
-    out = []
-    for n in onnx.load_from_string(_C.optimize_model(model_bytes)).graph.node:
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        out.append((n.op_type, attrs.get("input_channels_last", 0), attrs.get("output_channels_last", 0)))
-    return out
-
-
 def test_residual_and_elementwise_values_stay_channels_last_and_match_the_unoptimized_graph():
     module = _ResidualWithSqueeze().eval()
     x = torch.randn(2, 3, 11, 13)
     data = export(module, x)
-    layouts = _layouts(data)
+    layouts = _channels_last_attrs(data)
     convs = sorted((i, o) for op, i, o in layouts if op in ("FusedConv", "Conv"))
     # stem writes channels last, conv1 and conv2 read and write it (the Add, Relu, Max, LeakyRelu
     # and Mul between them need nothing), to_squeeze and to_scale read it and write ONNX order
@@ -303,7 +294,7 @@ def test_broadcast_operand_keeps_its_elementwise_partner_in_onnx_order():
     module = Broadcast().eval()
     x = torch.randn(1, 3, 9, 9)
     data = export(module, x)
-    assert all(i == 0 and o == 0 for _, i, o in _layouts(data)), _layouts(data)
+    assert all(i == 0 and o == 0 for _, i, o in _channels_last_attrs(data)), _channels_last_attrs(data)
     plain, optimized = _unoptimized_and_optimized(data, {"in0": x.numpy()})
     np.testing.assert_allclose(optimized[0], plain[0], rtol=1e-5, atol=1e-6)
 
@@ -339,7 +330,7 @@ def test_scalar_affine_after_conv_folds_into_its_weights_and_bias(bias):
     nodes = [helper.make_node("Mul", ["s", "y"], ["a"]), helper.make_node("Add", ["a", "t"], ["b"]),
              helper.make_node("Div", ["b", "d"], ["c"]), helper.make_node("Sub", ["c", "u"], ["out"])]
     data = _conv_then((nodes, [("s", -1.7), ("t", 0.4), ("d", 3.0), ("u", 0.25)]), bias=bias)
-    assert [op for op, _, _ in _layouts(data)] == ["Conv"], _layouts(data)
+    assert [op for op, _, _ in _channels_last_attrs(data)] == ["Conv"], _channels_last_attrs(data)
     _check_against_unoptimized(data)
 
 
@@ -349,7 +340,7 @@ def test_scalar_affine_stays_where_folding_would_be_wrong():
     for nodes in ([helper.make_node("Sub", ["t", "y"], ["out"])], [helper.make_node("Div", ["t", "y"], ["out"])],
                   [helper.make_node("Mul", ["y", "t"], ["m"]), helper.make_node("Add", ["m", "y"], ["out"])]):
         data = _conv_then((nodes, [("t", 2.5)]))
-        assert len(_layouts(data)) == len(nodes) + 1, _layouts(data)
+        assert len(_channels_last_attrs(data)) == len(nodes) + 1, _channels_last_attrs(data)
         _check_against_unoptimized(data)
 
 
