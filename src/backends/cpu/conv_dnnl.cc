@@ -5,6 +5,7 @@
 #include <bit>
 #include <cstring>
 #include <exception>
+#include <optional>
 #include <unordered_map>
 
 #include "backends/cpu/dnnl_utils.h"
@@ -22,11 +23,24 @@ dt data_type(const ConvSpec& s, const std::string& context) {
   return s.dtype == DType::kBFloat16 ? dt::bf16 : dt::f32;
 }
 
+// Sets the calling thread's OpenMP thread count for a scope. oneDNN (OpenMP build) sizes a
+// primitive's thread partition when the primitive is created.
+class OmpThreadsScope {
+ public:
+  explicit OmpThreadsScope(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
+  ~OmpThreadsScope() { omp_set_num_threads(saved_); }
+  OmpThreadsScope(const OmpThreadsScope&) = delete;
+  OmpThreadsScope& operator=(const OmpThreadsScope&) = delete;
+
+ private:
+  int saved_;
+};
+
 }  // namespace
 
 struct ConvPrimitive::Impl {
   std::string context;
-  bool bias = false, sum = false;
+  bool bias = false, sum = false, serial = false;
   size_t y_bytes = 0;
   dnnl::memory::desc bias_md;
   dnnl::primitive conv;
@@ -39,8 +53,11 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : im
   p.context = context;
   p.bias = s.bias;
   p.sum = s.sum;
+  p.serial = s.serial;
   OT_CHECK(!s.sum || !s.transposed, context, "a summand is for convolutions only");
   const dt f = data_type(s, context);
+  std::optional<OmpThreadsScope> one_thread;
+  if (s.serial) one_thread.emplace(1);
   dnnl_guard(context, "create a convolution primitive", [&] {
     auto& eng = dnnl_engine();
     size_t nd = s.kernel.size();
@@ -120,6 +137,8 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : im
 void ConvPrimitive::run(const void* x, const void* w, const void* bias, void* y, bool w_constant,
                         const void* z) const {
   const Impl& p = *impl_;
+  std::optional<OmpThreadsScope> one_thread;
+  if (p.serial) one_thread.emplace(1);  // reorders size their parallel loops when they run
   dnnl_guard(p.context, "run a convolution", [&] {
     auto& strm = dnnl_stream();
     dnnl::memory dst = p.dst.write(y);
@@ -144,19 +163,6 @@ void ConvPrimitive::run(const void* x, const void* w, const void* bias, void* y,
 }
 
 namespace {
-
-// Sets the calling thread's OpenMP thread count for a scope. oneDNN (OpenMP build) sizes a
-// primitive's thread partition when the primitive is created.
-class OmpThreadsScope {
- public:
-  explicit OmpThreadsScope(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
-  ~OmpThreadsScope() { omp_set_num_threads(saved_); }
-  OmpThreadsScope(const OmpThreadsScope&) = delete;
-  OmpThreadsScope& operator=(const OmpThreadsScope&) = delete;
-
- private:
-  int saved_;
-};
 
 // Runs a() and b() on two threads at once (or one after the other when only one thread is
 // available); an exception from either is rethrown here.
