@@ -318,6 +318,13 @@ Node* sole_constant_conv(Graph& g, const Uses& uses, const std::unordered_map<st
   return &conv;
 }
 
+// Turns a Conv into onnxtrain.FusedConv (same inputs and attributes) with `activation` ("": none).
+void make_fused_conv(Node& conv, const std::string& activation) {
+  conv.op_type = "FusedConv";
+  conv.domain = kOnnxTrainDomain;
+  if (!activation.empty()) conv.attributes["activation"] = Attribute::of(activation);
+}
+
 // A float scalar constant's value.
 std::optional<double> scalar_constant(const Graph& g, const std::string& value) {
   const Tensor* t = constant_tensor(g, value);
@@ -434,9 +441,7 @@ int fuse_conv_hard_swish(Graph& g) {
     }
     if (std::any_of(chain.begin(), chain.end(), [&](size_t k) { return removed[k] != 0; })) continue;
     for (size_t k : chain) removed[k] = 1;
-    conv.op_type = "FusedConv";
-    conv.domain = kOnnxTrainDomain;
-    conv.attributes["activation"] = Attribute::of(std::string("HardSwish"));
+    make_fused_conv(conv, "HardSwish");
     conv.outputs[0] = out;
     ++fused;
   }
@@ -476,13 +481,11 @@ int fuse_conv_residual_add(Graph& g) {
         out = g.nodes[last].outputs[0];
       }
       Node f = *conv;
-      f.op_type = "FusedConv";
-      f.domain = kOnnxTrainDomain;
+      make_fused_conv(f, activation);
       f.name = conv->name + "/residual";
       f.inputs.resize(3);  // X, W, B (empty: none), Z
       f.inputs.push_back(z);
       f.outputs = {out};
-      if (!activation.empty()) f.attributes["activation"] = Attribute::of(activation);
       removed[conv_index] = removed[a] = 1;
       g.nodes[last] = std::move(f);
       removed[last] = 0;
@@ -518,9 +521,7 @@ int fuse_conv_activation(Graph& g) {
     Node* producer = sole_feeding_conv(g, uses, producers, removed, a);
     if (!producer) continue;
     Node& conv = *producer;
-    conv.op_type = "FusedConv";
-    conv.domain = kOnnxTrainDomain;
-    conv.attributes["activation"] = Attribute::of(act.op_type);
+    make_fused_conv(conv, act.op_type);
     if (!params.empty()) conv.attributes["activation_params"] = Attribute::of(params);
     conv.outputs[0] = act.outputs[0];
     removed[a] = 1;
@@ -613,8 +614,7 @@ int keep_channels_last(Graph& g) {
     if (!fp32_conv(n)) continue;
     bool x_last = kept.count(n.inputs[0]) > 0, y_last = kept.count(n.outputs[0]) > 0;
     if (!x_last && !y_last) continue;
-    n.op_type = "FusedConv";
-    n.domain = kOnnxTrainDomain;
+    make_fused_conv(n, "");
     if (x_last) n.attributes["input_channels_last"] = Attribute::of(int64_t(1));
     if (y_last) n.attributes["output_channels_last"] = Attribute::of(int64_t(1));
   }
