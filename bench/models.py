@@ -100,6 +100,88 @@ class DigitsCNN(nn.Module):
         return self.head(self.dropout(torch.flatten(self.features(x), 1)))
 
 
+class InvertedResidual(nn.Module):
+    """MobileNetV2's block: 1x1 expansion (conv-bn-ReLU6), 3x3 depthwise (conv-bn-ReLU6), 1x1
+    linear projection (conv-bn), with the identity added when the shapes allow."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int, expand: int):
+        super().__init__()
+        hidden = c_in * expand
+        layers = []
+        if expand != 1:
+            layers += [nn.Conv2d(c_in, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU6()]
+        layers += [nn.Conv2d(hidden, hidden, 3, stride, 1, groups=hidden, bias=False), nn.BatchNorm2d(hidden),
+                   nn.ReLU6(), nn.Conv2d(hidden, c_out, 1, bias=False), nn.BatchNorm2d(c_out)]
+        self.block = nn.Sequential(*layers)
+        self.residual = stride == 1 and c_in == c_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.block(x) if self.residual else self.block(x)
+
+
+class MobileNetV2(nn.Module):
+    """MobileNetV2 (width 1.0, torchvision's layer table: depthwise convolutions, ReLU6 that exports
+    as Clip, BatchNorm after every convolution), with a ``num_classes`` Linear head."""
+
+    SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                (6, 320, 1, 1))  # expansion, channels, repeats, first stride
+
+    def __init__(self, num_classes: int = 1000):
+        super().__init__()
+        layers = [nn.Conv2d(3, 32, 3, 2, 1, bias=False), nn.BatchNorm2d(32), nn.ReLU6()]
+        c_in = 32
+        for expand, c_out, repeats, stride in self.SETTINGS:
+            for i in range(repeats):
+                layers.append(InvertedResidual(c_in, c_out, stride if i == 0 else 1, expand))
+                c_in = c_out
+        layers += [nn.Conv2d(c_in, 1280, 1, bias=False), nn.BatchNorm2d(1280), nn.ReLU6()]
+        self.features = nn.Sequential(*layers)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(1280, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.flatten(self.pool(self.features(x)), 1))
+
+
+class BasicBlock(nn.Module):
+    """ResNet's basic block: two 3x3 conv-bn (ReLU between), the identity or a strided 1x1
+    conv-bn projection added, ReLU."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+class SmallResNet(nn.Module):
+    """A ResNet-18-shaped network for small images: a 3x3 stem, four stages of two basic blocks
+    (widths ``widths``, strides 1, 2, 2, 2), 2x2 max pool after the stem, global average pool, Linear head."""
+
+    def __init__(self, widths: Sequence[int] = (32, 64, 128, 256), num_classes: int = 10):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, widths[0], 3, 1, 1, bias=False), nn.BatchNorm2d(widths[0]), nn.ReLU(),
+                                  nn.MaxPool2d(2))
+        blocks, c_in = [], widths[0]
+        for i, width in enumerate(widths):
+            blocks += [BasicBlock(c_in, width, 1 if i == 0 else 2), BasicBlock(width, width, 1)]
+            c_in = width
+        self.blocks = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(c_in, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.flatten(self.pool(self.blocks(self.stem(x))), 1))
+
+
 def _randomize_batchnorm(model: nn.Module, generator: torch.Generator) -> None:
     """Gives BatchNorm layers non-trivial running statistics and affine parameters, so that an
     engine that skips or mis-fuses BatchNorm in eval mode is caught by the output comparison."""
@@ -320,6 +402,24 @@ def build_cnn(seed: int = 0, batch: int = 32, image: int = 32, **kwargs):
     return model, (torch.randn(batch, 3, image, image, generator=gen),)
 
 
+def build_mobilenetv2(seed: int = 0, batch: int = 16, image: int = 96, num_classes: int = 1000):
+    """MobileNetV2 (eval mode, randomized BatchNorm statistics) and an image batch (batch, 3, H, W)."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = MobileNetV2(num_classes)
+    _randomize_batchnorm(model, gen)
+    return model.eval(), (torch.randn(batch, 3, image, image, generator=gen),)
+
+
+def build_resnet(seed: int = 0, batch: int = 16, image: int = 32, **kwargs):
+    """SmallResNet (eval mode, randomized BatchNorm statistics) and an image batch (batch, 3, H, W)."""
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = SmallResNet(**kwargs)
+    _randomize_batchnorm(model, gen)
+    return model.eval(), (torch.randn(batch, 3, image, image, generator=gen),)
+
+
 def build_bert(seed: int = 0, batch: int = 8, seq: int = 128, cfg: Optional[BertConfig] = None):
     """The BERT-style encoder and int64 token ids (batch, seq)."""
     cfg = cfg or BertConfig()
@@ -336,6 +436,10 @@ MODELS: Dict[str, ModelSpec] = {
                      ("input",), ("logits",)),
     "bert": ModelSpec("bert", "BERT encoder h256 L4 H4 ffn1024, seq 128, batch 8", build_bert,
                       ("input_ids",), ("hidden_states",)),
+    "mobilenetv2": ModelSpec("mobilenetv2", "MobileNetV2 width 1.0, 3x96x96", build_mobilenetv2, ("input",),
+                             ("logits",)),
+    "resnet": ModelSpec("resnet", "ResNet-18-shaped, widths 32-256, 3x32x32", build_resnet, ("input",),
+                        ("logits",)),
 }
 
 

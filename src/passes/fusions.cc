@@ -8,6 +8,7 @@
 
 #include "ops/registry.h"
 #include "passes/passes.h"
+#include "ir/subgraph.h"
 #include "passes/shape_inference.h"
 
 namespace onnxtrain {
@@ -46,6 +47,12 @@ bool is_scalar_constant(const Graph& g, const std::string& value, double expecte
 }
 
 bool is_op(const Node& n, const char* op) { return n.op_type == op && n.domain.empty(); }
+
+// Every dimension known (static).
+bool fully_known(const std::optional<Shape>& s) {
+  return s && std::all_of(s->begin(), s->end(), [](int64_t d) { return d >= 0; });
+}
+
 
 // Rebuilds g.nodes without the removed ones.
 void drop_removed(Graph& g, const std::vector<char>& removed) {
@@ -277,6 +284,217 @@ int fuse_conv_batchnorm(Graph& g) {
   return fused;
 }
 
+namespace {
+
+// A Clip's bounds (attributes before opset 11, optional constant inputs after); false when an
+// input bound is not a constant scalar.
+bool clip_bounds(const Graph& g, const Node& clip, float& lo, float& hi) {
+  lo = clip.attr_float("min", -std::numeric_limits<float>::infinity());
+  hi = clip.attr_float("max", std::numeric_limits<float>::infinity());
+  auto bound = [&](size_t i, float& v) {
+    if (clip.inputs.size() <= i || clip.inputs[i].empty()) return true;
+    const Tensor* t = constant_tensor(g, clip.inputs[i]);
+    if (!t || t->numel() != 1) return false;
+    v = float(t->item_as_double());
+    return true;
+  };
+  return bound(1, lo) && bound(2, hi);
+}
+
+// The plain Conv (fp32 constant weights, constant or no bias) producing `value`, read only by
+// node `reader`; null otherwise.
+Node* sole_constant_conv(Graph& g, const Uses& uses, const std::unordered_map<std::string, size_t>& producers,
+                         const std::vector<char>& removed, const std::string& value, size_t reader) {
+  auto p = producers.find(value);
+  if (p == producers.end() || removed[p->second] || uses.sole_reader(value) != int(reader)) return nullptr;
+  Node& conv = g.nodes[p->second];
+  if (!is_op(conv, "Conv") || conv.inputs.size() < 2 || conv.outputs[0] != value) return nullptr;
+  auto w = g.initializers.find(conv.inputs[1]);
+  if (w == g.initializers.end() || w->second.dtype() != DType::kFloat32 || w->second.rank() < 3) return nullptr;
+  if (conv.inputs.size() > 2 && !conv.inputs[2].empty() && !constant_doubles(g, conv.inputs[2], w->second.dim(0)))
+    return nullptr;
+  return &conv;
+}
+
+// Turns a Conv into onnxtrain.FusedConv (same inputs and attributes) with `activation` ("": none).
+void make_fused_conv(Node& conv, const std::string& activation) {
+  conv.op_type = "FusedConv";
+  conv.domain = kOnnxTrainDomain;
+  if (!activation.empty()) conv.attributes["activation"] = Attribute::of(activation);
+}
+
+// A float scalar constant's value.
+std::optional<double> scalar_constant(const Graph& g, const std::string& value) {
+  const Tensor* t = constant_tensor(g, value);
+  if (!t || t->numel() != 1 || !is_floating(t->dtype())) return std::nullopt;
+  return t->item_as_double();
+}
+
+}  // namespace
+
+// Conv -> Mul / Div / Add / Sub by a scalar constant folds into the Conv's constant weights and
+// bias (the per-layer affine PP-LCNetV3 puts after its convolutions, among others):
+//   s * (W x + B) = (s W) x + s B,   (W x + B) / s = (W / s) x + B / s,   (W x + B) + t = W x + (B + t).
+int fold_conv_scalar_affine(Graph& g) {
+  Uses uses(g);
+  auto producers = g.producers();
+  std::vector<char> removed(g.nodes.size(), 0);
+  int folded = 0;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& op = g.nodes[i];
+    bool mul = is_op(op, "Mul"), div = is_op(op, "Div"), add = is_op(op, "Add"), sub = is_op(op, "Sub");
+    if (!(mul || div || add || sub) || op.inputs.size() != 2 || op.outputs.size() != 1) continue;
+    // The conv operand: either side of Mul and Add, the left of Div and Sub.
+    Node* conv = nullptr;
+    std::optional<double> k;
+    for (size_t side = 0; side < 2 && !conv; ++side) {
+      if (side == 1 && (div || sub)) break;
+      k = scalar_constant(g, op.inputs[1 - side]);
+      if (k) conv = sole_constant_conv(g, uses, producers, removed, op.inputs[side], i);
+    }
+    if (!conv || !std::isfinite(*k) || (div && *k == 0.0)) continue;
+    const std::string conv_value = conv->outputs[0];
+    const Tensor& w = g.initializers.at(conv->inputs[1]);
+    const int64_t m = w.dim(0), per_channel = w.numel() / std::max<int64_t>(m, 1);
+    std::vector<double> bias(size_t(m), 0.0);
+    if (conv->inputs.size() > 2 && !conv->inputs[2].empty()) bias = *constant_doubles(g, conv->inputs[2], m);
+    const double scale = mul ? *k : div ? 1.0 / *k : 1.0, shift = add ? *k : sub ? -*k : 0.0;
+    if (scale != 1.0) {
+      Tensor new_w = Tensor::empty(DType::kFloat32, w.shape());
+      const float* pw = w.data<float>();
+      float* nw = new_w.data<float>();
+      for (int64_t e = 0; e < m * per_channel; ++e) nw[e] = div ? float(pw[e] / *k) : float(pw[e] * scale);
+      std::string w_name = g.unique_name(conv->inputs[1] + "/scaled");
+      g.initializers.emplace(w_name, std::move(new_w));
+      conv->inputs[1] = w_name;
+    }
+    Tensor new_b = Tensor::empty(DType::kFloat32, {m});
+    for (int64_t c = 0; c < m; ++c)
+      new_b.data<float>()[c] = float((div ? bias[size_t(c)] / *k : bias[size_t(c)] * scale) + shift);
+    std::string b_name = g.unique_name((op.name.empty() ? conv->inputs[1] : op.name) + "/folded_bias");
+    g.initializers.emplace(b_name, std::move(new_b));
+    conv->inputs.resize(3);
+    conv->inputs[2] = b_name;
+    conv->outputs[0] = op.outputs[0];
+    producers[op.outputs[0]] = producers.at(conv_value);  // a second scalar op may fold in next
+    removed[i] = 1;
+    ++folded;
+  }
+  if (folded) drop_removed(g, removed);
+  return folded;
+}
+
+// hard-swish written out after a Conv becomes the Conv's activation (onnxtrain.FusedConv,
+// activation HardSwish: one oneDNN post-op instead of four passes). Either form exporters emit:
+//   y * Clip(y + 3, 0, 6) / 6   (or * (1/6)),      y * HardSigmoid(y; alpha 1/6, beta 1/2).
+int fuse_conv_hard_swish(Graph& g) {
+  if (!fused_op_built("FusedConv")) return 0;
+  Uses uses(g);
+  auto producers = g.producers();
+  std::vector<char> removed(g.nodes.size(), 0);
+  auto reader = [&](const std::string& v) { return uses.sole_reader(v); };
+  int fused = 0;
+  for (size_t c = 0; c < g.nodes.size(); ++c) {
+    Node& conv = g.nodes[c];
+    if (removed[c] || !is_op(conv, "Conv") || conv.outputs.size() != 1) continue;
+    const std::string y = conv.outputs[0];
+    auto readers = uses.readers.find(y);
+    if (readers == uses.readers.end() || readers->second.size() != 2 || g.is_output(y)) continue;
+    // The gate (Add -> Clip, or HardSigmoid) and the product y * gate, in either order.
+    std::vector<size_t> chain;
+    std::string gate;
+    size_t product = 0;
+    for (size_t r : readers->second) {
+      const Node& n = g.nodes[r];
+      if (is_op(n, "Mul") && !other_operand(n, y).empty() && other_operand(n, y) != y) {
+        product = r;
+        continue;
+      }
+      if (is_op(n, "HardSigmoid") && std::fabs(n.attr_float("alpha", 0.2f) - 1 / 6.0) < 1e-5 &&
+          std::fabs(n.attr_float("beta", 0.5f) - 0.5) < 1e-6) {
+        chain = {r};
+        gate = n.outputs[0];
+      } else if (is_op(n, "Add") && is_scalar_constant(g, other_operand(n, y), 3.0) && reader(n.outputs[0]) >= 0) {
+        const Node& clip = g.nodes[size_t(reader(n.outputs[0]))];
+        float lo, hi;
+        if (is_op(clip, "Clip") && clip.inputs[0] == n.outputs[0] && clip_bounds(g, clip, lo, hi) && lo == 0.0f &&
+            hi == 6.0f) {
+          chain = {r, size_t(reader(n.outputs[0]))};
+          gate = clip.outputs[0];
+        }
+      }
+    }
+    if (gate.empty() || !product || other_operand(g.nodes[product], y) != gate || reader(gate) != int(product)) continue;
+    std::string out = g.nodes[product].outputs[0];
+    chain.push_back(product);
+    if (g.nodes[chain[0]].op_type != "HardSigmoid") {  // the Clip form still divides by 6
+      int d = reader(out);
+      if (d < 0) continue;
+      const Node& div = g.nodes[size_t(d)];
+      bool by_six = (is_op(div, "Div") && div.inputs[0] == out && is_scalar_constant(g, div.inputs[1], 6.0)) ||
+                    (is_op(div, "Mul") && is_scalar_constant(g, other_operand(div, out), 1 / 6.0));
+      if (!by_six) continue;
+      chain.push_back(size_t(d));
+      out = div.outputs[0];
+    }
+    if (std::any_of(chain.begin(), chain.end(), [&](size_t k) { return removed[k] != 0; })) continue;
+    for (size_t k : chain) removed[k] = 1;
+    make_fused_conv(conv, "HardSwish");
+    conv.outputs[0] = out;
+    ++fused;
+  }
+  if (fused) drop_removed(g, removed);
+  return fused;
+}
+
+// Conv -> Add(., Z) [-> Relu], Z of the sum's static shape (a residual connection), becomes
+// onnxtrain.FusedConv with Z as its fourth input: Y = relu(conv(X) + B + Z) in one primitive (a
+// oneDNN sum post-op), instead of two more passes over Y. The fused node takes the place of the last
+// node it replaces, where Z is certainly computed.
+int fuse_conv_residual_add(Graph& g) {
+  if (!fused_op_built("FusedConv")) return 0;
+  Uses uses(g);
+  auto producers = g.producers();
+  std::vector<char> removed(g.nodes.size(), 0);
+  int fused = 0;
+  for (size_t a = 0; a < g.nodes.size(); ++a) {
+    const Node& add = g.nodes[a];
+    if (!is_op(add, "Add") || add.inputs.size() != 2 || add.inputs[0] == add.inputs[1] || removed[a]) continue;
+    auto out_shape = known_shape(g, add.outputs[0]);
+    auto out_info = g.value_info.find(add.outputs[0]);
+    if (!fully_known(out_shape) || out_info == g.value_info.end() || out_info->second.dtype != DType::kFloat32) continue;
+    for (size_t side = 0; side < 2; ++side) {
+      const std::string &y = add.inputs[side], &z = add.inputs[1 - side];
+      auto zs = known_shape(g, z), ys = known_shape(g, y);
+      if (!zs || *zs != *out_shape || !ys || *ys != *out_shape) continue;
+      Node* conv = sole_constant_conv(g, uses, producers, removed, y, a);
+      if (!conv || conv->has_attr("activation")) continue;
+      size_t conv_index = producers.at(y), last = a;
+      std::string out = add.outputs[0];
+      int r = uses.sole_reader(out);
+      std::string activation;
+      if (r >= 0 && is_op(g.nodes[size_t(r)], "Relu") && !removed[size_t(r)]) {
+        activation = "Relu";
+        last = size_t(r);
+        out = g.nodes[last].outputs[0];
+      }
+      Node f = *conv;
+      make_fused_conv(f, activation);
+      f.name = conv->name + "/residual";
+      f.inputs.resize(3);  // X, W, B (empty: none), Z
+      f.inputs.push_back(z);
+      f.outputs = {out};
+      removed[conv_index] = removed[a] = 1;
+      g.nodes[last] = std::move(f);
+      removed[last] = 0;
+      ++fused;
+      break;
+    }
+  }
+  if (fused) drop_removed(g, removed);
+  return fused;
+}
+
 // Conv -> Relu / LeakyRelu / Sigmoid / Tanh / Clip (constant bounds) becomes onnxtrain.FusedConv
 // with the activation applied inside the convolution (oneDNN: a post-op): one pass over the output instead of two.
 int fuse_conv_activation(Graph& g) {
@@ -292,16 +510,8 @@ int fuse_conv_activation(Graph& g) {
     if (act.op_type == "LeakyRelu") {
       params = {act.attr_float("alpha", 0.01f)};
     } else if (act.op_type == "Clip") {
-      float lo = act.attr_float("min", -std::numeric_limits<float>::infinity());
-      float hi = act.attr_float("max", std::numeric_limits<float>::infinity());
-      auto bound = [&](size_t i, float& v) {  // opset >= 11: optional constant inputs
-        if (act.inputs.size() <= i || act.inputs[i].empty()) return true;
-        const Tensor* t = constant_tensor(g, act.inputs[i]);
-        if (!t || t->numel() != 1) return false;
-        v = float(t->item_as_double());
-        return true;
-      };
-      if (!bound(1, lo) || !bound(2, hi)) continue;
+      float lo, hi;
+      if (!clip_bounds(g, act, lo, hi)) continue;
       params = {lo, hi};
     } else if (act.op_type != "Relu" && act.op_type != "Sigmoid" && act.op_type != "Tanh") {
       continue;
@@ -309,9 +519,7 @@ int fuse_conv_activation(Graph& g) {
     Node* producer = sole_feeding_conv(g, uses, producers, removed, a);
     if (!producer) continue;
     Node& conv = *producer;
-    conv.op_type = "FusedConv";
-    conv.domain = kOnnxTrainDomain;
-    conv.attributes["activation"] = Attribute::of(act.op_type);
+    make_fused_conv(conv, act.op_type);
     if (!params.empty()) conv.attributes["activation_params"] = Attribute::of(params);
     conv.outputs[0] = act.outputs[0];
     removed[a] = 1;
@@ -321,27 +529,94 @@ int fuse_conv_activation(Graph& g) {
   return fused;
 }
 
-// FusedConv A -> FusedConv B, where B's X is A's Y and nothing else reads it: A writes Y channels
-// last and B reads it so (output_channels_last / input_channels_last), the layout oneDNN's
-// convolutions compute in, so the reorder out of A and the one into B both disappear. Only for fp32
-// weights (the layout is honoured by the oneDNN path only).
-int chain_conv_layouts(Graph& g) {
-  Uses uses(g);
-  auto fp32_fused_conv = [&](const Node& n) {
-    if (n.op_type != "FusedConv" || n.domain != kOnnxTrainDomain || n.inputs.size() < 2) return false;
+namespace {
+
+// Ops that compute each output element from the same element of every input (plus scalars), so
+// they run unchanged on values stored in any order, as long as all their full-size operands and
+// their output share it.
+bool is_layout_agnostic_elementwise(const Node& n) {
+  static const std::unordered_set<std::string> ops = {
+      "Relu", "LeakyRelu", "Clip", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "Elu", "Neg", "Abs",
+      "Add", "Sub", "Mul", "Div", "Max", "Min", "Sum"};
+  return n.domain.empty() && n.outputs.size() == 1 && !n.inputs.empty() && ops.count(n.op_type);
+}
+
+}  // namespace
+
+// Values between layout-aware nodes stay channels last ([N, spatial..., C] order for an
+// [N, C, spatial...] value), the order oneDNN's fp32 convolutions compute in: fp32 Conv / FusedConv
+// with constant weights read and write them so (input_channels_last / output_channels_last; a Conv
+// becomes a FusedConv without activation), and same-shape elementwise ops between them (residual
+// Adds, activations, Max) need no change at all. What remains is the set of values whose every
+// producer and reader is one of those nodes: a value read by anything else (a pooling, a reshape,
+// a broadcast, a graph output, a subgraph) stays in ONNX's order, and with it every value tied to
+// it through an elementwise op. Each value kept channels last saves a reorder out of one
+// convolution and one into the next.
+int keep_channels_last(Graph& g) {
+  auto fp32_conv = [&](const Node& n) {
+    bool conv = (n.op_type == "FusedConv" && n.domain == kOnnxTrainDomain) || is_op(n, "Conv");
+    if (!conv || n.inputs.size() < 2 || n.outputs.size() != 1) return false;
     auto w = g.initializers.find(n.inputs[1]);
     return w != g.initializers.end() && w->second.dtype() == DType::kFloat32 && w->second.rank() >= 3;
   };
-  int chained = 0;
-  for (auto& a : g.nodes) {
-    if (!fp32_fused_conv(a) || a.outputs.empty()) continue;
-    int b = uses.sole_reader(a.outputs[0]);
-    if (b < 0 || !fp32_fused_conv(g.nodes[size_t(b)]) || g.nodes[size_t(b)].inputs[0] != a.outputs[0]) continue;
-    a.attributes["output_channels_last"] = Attribute::of(int64_t(1));
-    g.nodes[size_t(b)].attributes["input_channels_last"] = Attribute::of(int64_t(1));
-    ++chained;
+  // Candidates: rank >= 3 fp32 outputs of convolutions and elementwise ops, not graph outputs.
+  std::unordered_set<std::string> kept;
+  for (const auto& n : g.nodes) {
+    if (!fp32_conv(n) && !is_layout_agnostic_elementwise(n)) continue;
+    auto s = known_shape(g, n.outputs[0]);
+    auto vi = g.value_info.find(n.outputs[0]);
+    bool fp32 = vi != g.value_info.end() && vi->second.dtype == DType::kFloat32;
+    if (fp32 && s && s->size() >= 3 && !g.is_output(n.outputs[0])) kept.insert(n.outputs[0]);
   }
-  return chained;
+  auto drop_all = [&](const std::vector<std::string>& values) {
+    bool changed = false;
+    for (const auto& v : values) changed = kept.erase(v) > 0 || changed;
+    return changed;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (const auto& n : g.nodes) {
+      if (fp32_conv(n)) {  // X may be channels last; a summand Z shares Y's layout; W, B never
+        changed = drop_all({n.inputs.begin() + 1, n.inputs.begin() + std::min<size_t>(n.inputs.size(), 3)}) || changed;
+        if (n.inputs.size() > 3 && !n.inputs[3].empty() && kept.count(n.inputs[3]) != kept.count(n.outputs[0]))
+          changed = drop_all({n.inputs[3], n.outputs[0]}) || changed;
+        continue;
+      }
+      if (!is_layout_agnostic_elementwise(n)) {
+        changed = drop_all(n.inputs) || changed;
+        changed = drop_all(n.outputs) || changed;
+        if (has_subgraphs(n)) changed = drop_all(outer_scope_reads(n)) || changed;
+        continue;
+      }
+      // Elementwise: every operand of the output's full shape, and the output, share one layout;
+      // the others must be single elements (a broadcast of anything larger reads by position).
+      auto out_shape = known_shape(g, n.outputs[0]);
+      std::vector<std::string> tied = {n.outputs[0]};
+      bool agnostic = fully_known(out_shape);
+      for (const auto& in : n.inputs) {
+        if (in.empty()) continue;
+        auto s = known_shape(g, in);
+        if (agnostic && s && *s == *out_shape) tied.push_back(in);
+        else if (!(s && fully_known(s) && numel(*s) == 1)) agnostic = false;
+      }
+      if (!agnostic) {
+        changed = drop_all(n.inputs) || changed;
+        changed = drop_all(n.outputs) || changed;
+        continue;
+      }
+      bool all_kept = std::all_of(tied.begin(), tied.end(), [&](const std::string& v) { return kept.count(v) > 0; });
+      if (!all_kept) changed = drop_all(tied) || changed;
+    }
+  }
+  for (auto& n : g.nodes) {
+    if (!fp32_conv(n)) continue;
+    bool x_last = kept.count(n.inputs[0]) > 0, y_last = kept.count(n.outputs[0]) > 0;
+    if (!x_last && !y_last) continue;
+    make_fused_conv(n, "");
+    if (x_last) n.attributes["input_channels_last"] = Attribute::of(int64_t(1));
+    if (y_last) n.attributes["output_channels_last"] = Attribute::of(int64_t(1));
+  }
+  return int(kept.size());
 }
 
 }  // namespace onnxtrain

@@ -262,8 +262,13 @@ void optimize_for_inference(Model& model) {
   simplify_graph(model);
   // Inference-only fusions on top of the training ones: BatchNorm folds into constant Conv weights
   // (after fold_constants made the statistics initializers), activations into the Conv primitive.
-  int fused = fuse_for_training(model) + fuse_conv_batchnorm(g) + fuse_conv_activation(g);
-  chain_conv_layouts(g);  // only annotates FusedConv nodes made above
+  int fused = fuse_for_training(model) + fuse_conv_batchnorm(g) + fold_conv_scalar_affine(g) +
+              fuse_conv_hard_swish(g) + fuse_conv_activation(g);
+  if (fused) model.opsets.emplace(kOnnxTrainDomain, 1);
+  // The residual fusion and the layout pass compare operand shapes (the renamed outputs included).
+  infer_shapes(g, model.opsets);
+  fused += fuse_conv_residual_add(g);
+  fused += keep_channels_last(g);
   if (fused) {
     model.opsets.emplace(kOnnxTrainDomain, 1);
     eliminate_dead_code(g);

@@ -15,8 +15,11 @@ int eliminate_common_subexpressions(Graph& graph);
 int fuse_gelu(Graph& graph);               // 0.5 x (1 + erf(x / sqrt 2)) -> onnxtrain.Gelu
 int fuse_matmul(Graph& graph);             // Transpose -> MatMul -> Add(bias) -> onnxtrain.FusedMatMul
 int fuse_conv_batchnorm(Graph& graph);     // Conv -> BatchNormalization (inference) -> Conv, folded weights
+int fold_conv_scalar_affine(Graph& graph);  // Conv -> Mul/Div/Add/Sub by a scalar constant -> Conv, folded weights
+int fuse_conv_hard_swish(Graph& graph);    // Conv -> y * Clip(y + 3, 0, 6) / 6 (or y * HardSigmoid(y)) -> FusedConv
+int fuse_conv_residual_add(Graph& graph);  // Conv -> Add(., Z) [-> Relu] -> FusedConv(X, W, B, Z)
 int fuse_conv_activation(Graph& graph);    // Conv -> Relu/LeakyRelu/Sigmoid/Tanh/Clip -> onnxtrain.FusedConv
-int chain_conv_layouts(Graph& graph);      // fp32 FusedConv -> FusedConv: the value between stays channels last
+int keep_channels_last(Graph& graph);      // values only fp32 convs and elementwise ops touch: channels last
 
 // Folding, identities, CSE, DCE to a fixed point: safe before autodiff when the values to
 // differentiate are graph inputs (folding would turn ops over trainable initializers into constants).

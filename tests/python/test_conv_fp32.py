@@ -49,3 +49,14 @@ def test_conv_grad_fp32_matches_torch(shape, m, k, stride, pad, dilation, group,
         np.testing.assert_allclose(grads[1], tdw, rtol=1e-4, atol=1e-3)
         if bias:
             np.testing.assert_allclose(grads[2], tdb, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("batch", [1, 4])  # 2.7 M multiply-adds (one thread) and 10.6 M (the pool)
+def test_conv_fp32_on_one_thread_and_on_the_pool_matches_torch(batch):
+    # Convolutions under ConvPrimitive::kSerialMacs (4 M multiply-adds) are built and run on the
+    # calling thread; the others on all threads. Both must give torch's numbers.
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((batch, 32, 12, 12)).astype(np.float32)
+    w = rng.standard_normal((64, 32, 3, 3)).astype(np.float32)
+    y = single_node.run_node("Conv", [x, w], dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]))[0]
+    np.testing.assert_allclose(y, F.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy(), rtol=1e-4, atol=1e-3)

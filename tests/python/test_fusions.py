@@ -227,3 +227,207 @@ def test_channels_last_fused_conv_rejects_float64():
                                                          onnx.helper.make_opsetid("onnxtrain", 1)])
     with pytest.raises(Exception, match="input_channels_last / output_channels_last need fp32"):
         onnxtrain.InferenceSession(model.SerializeToString()).run(None, {"x": x, "w": w})
+
+
+def _unoptimized_and_optimized(data, feeds):
+    """Outputs of the model as written (no passes) and as the inference pipeline rewrites it."""
+    plain = onnxtrain.SessionOptions()
+    plain.optimize = False
+    return (onnxtrain.InferenceSession(data, plain).run(None, feeds), onnxtrain.InferenceSession(data).run(None, feeds))
+
+
+class _ResidualWithSqueeze(torch.nn.Module):
+    """A residual block (conv-bn-relu, conv-bn, + identity, relu, max(., leaky), * 0.5) read by two
+    convolutions: one feeding a squeeze-excitation branch (ReduceMean, 1x1 convs, sigmoid), one
+    whose output is multiplied by that branch's per-channel vector [N, C, 1, 1], then a last conv.
+    The residual values may stay channels last; what ReduceMean and the broadcast multiply read
+    may not."""
+
+    def __init__(self, c=20):
+        super().__init__()
+        g = torch.Generator().manual_seed(5)
+        self.stem = torch.nn.Conv2d(3, c, 3, padding=1)
+        self.conv1, self.bn1 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
+        self.conv2, self.bn2 = torch.nn.Conv2d(c, c, 3, padding=1, bias=False), torch.nn.BatchNorm2d(c)
+        self.to_squeeze, self.to_scale = torch.nn.Conv2d(c, c, 1), torch.nn.Conv2d(c, c, 3, padding=1)
+        self.squeeze, self.excite = torch.nn.Conv2d(c, 4, 1), torch.nn.Conv2d(4, c, 1)
+        self.head = torch.nn.Conv2d(c, 6, 3)
+        for bn in (self.bn1, self.bn2):
+            _random_batchnorm(bn, g)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = torch.relu(self.bn2(self.conv2(torch.relu(self.bn1(self.conv1(x))))) + x)
+        y = torch.maximum(y, torch.nn.functional.leaky_relu(y, 0.1)) * 0.5
+        pooled = self.to_squeeze(y).mean((2, 3), keepdim=True)
+        scale = torch.sigmoid(self.excite(torch.relu(self.squeeze(pooled))))
+        return self.head(self.to_scale(y) * scale)
+
+
+def test_residual_and_elementwise_values_stay_channels_last_and_match_the_unoptimized_graph():
+    module = _ResidualWithSqueeze().eval()
+    x = torch.randn(2, 3, 11, 13)
+    data = export(module, x)
+    layouts = _channels_last_attrs(data)
+    convs = sorted((i, o) for op, i, o in layouts if op in ("FusedConv", "Conv"))
+    # stem writes channels last, conv1 and conv2 read and write it (the Add, Relu, Max, LeakyRelu
+    # and Mul between them need nothing), to_squeeze and to_scale read it and write ONNX order
+    # (ReduceMean and the broadcast multiply read their outputs); squeeze -> excite pass their
+    # [N, 4, 1, 1] value channels last too; the head reads the broadcast product: ONNX order.
+    assert convs == [(0, 0)] + [(0, 1)] * 2 + [(1, 0)] * 3 + [(1, 1)] * 2, layouts
+    plain, optimized = _unoptimized_and_optimized(data, {"in0": x.numpy()})
+    np.testing.assert_allclose(optimized[0], plain[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(optimized[0], module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_broadcast_operand_keeps_its_elementwise_partner_in_onnx_order():
+    # conv(x) + conv(pool(x)) where the second is [N, C, 1, 1]: were the first kept channels last,
+    # the broadcast Add would pair the wrong elements.
+    class Broadcast(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(3, 16, 1), torch.nn.Conv2d(16, 4, 1)
+
+        def forward(self, x):
+            return self.c(torch.relu(self.a(x) + self.b(torch.nn.functional.adaptive_avg_pool2d(x, 1))))
+
+    module = Broadcast().eval()
+    x = torch.randn(1, 3, 9, 9)
+    data = export(module, x)
+    assert all(i == 0 and o == 0 for _, i, o in _channels_last_attrs(data)), _channels_last_attrs(data)
+    plain, optimized = _unoptimized_and_optimized(data, {"in0": x.numpy()})
+    np.testing.assert_allclose(optimized[0], plain[0], rtol=1e-5, atol=1e-6)
+
+
+def _conv_then(tail, opset=13, bias=True, seed=0):
+    """x -> Conv(3 -> 8, 3x3, pad 1) -> y, then `tail` (nodes reading y and writing out), by hand;
+    scalar constants as Constant nodes: [(name, value)]."""
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(seed)
+    nodes, constants = tail
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "W")]
+    if bias:
+        inits.append(numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "B"))
+    consts = [helper.make_node("Constant", [], [n], value=numpy_helper.from_array(np.array(v, np.float32), n))
+              for n, v in constants]
+    conv = helper.make_node("Conv", ["x", "W", "B"] if bias else ["x", "W"], ["y"], pads=[1, 1, 1, 1])
+    graph = helper.make_graph(consts + [conv] + nodes, "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 7, 6])],
+                              [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)]).SerializeToString()
+
+
+def _check_against_unoptimized(data, rtol=1e-5, atol=1e-5):
+    x = np.random.default_rng(1).standard_normal((2, 3, 7, 6)).astype(np.float32) * 2
+    plain, optimized = _unoptimized_and_optimized(data, {"x": x})
+    np.testing.assert_allclose(optimized[0], plain[0], rtol=rtol, atol=atol)
+    return plain[0]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_scalar_affine_after_conv_folds_into_its_weights_and_bias(bias):
+    from onnx import helper
+    nodes = [helper.make_node("Mul", ["s", "y"], ["a"]), helper.make_node("Add", ["a", "t"], ["b"]),
+             helper.make_node("Div", ["b", "d"], ["c"]), helper.make_node("Sub", ["c", "u"], ["out"])]
+    data = _conv_then((nodes, [("s", -1.7), ("t", 0.4), ("d", 3.0), ("u", 0.25)]), bias=bias)
+    assert [op for op, _, _ in _channels_last_attrs(data)] == ["Conv"], _channels_last_attrs(data)
+    _check_against_unoptimized(data)
+
+
+def test_scalar_affine_stays_where_folding_would_be_wrong():
+    from onnx import helper
+    # t - y (the conv on the right of Sub), d / y, and a conv output also read by a second node.
+    for nodes in ([helper.make_node("Sub", ["t", "y"], ["out"])], [helper.make_node("Div", ["t", "y"], ["out"])],
+                  [helper.make_node("Mul", ["y", "t"], ["m"]), helper.make_node("Add", ["m", "y"], ["out"])]):
+        data = _conv_then((nodes, [("t", 2.5)]))
+        assert len(_channels_last_attrs(data)) == len(nodes) + 1, _channels_last_attrs(data)
+        _check_against_unoptimized(data)
+
+
+def _hard_swish_tail(form):
+    from onnx import helper
+    if form == "hardsigmoid":
+        return [helper.make_node("HardSigmoid", ["y"], ["h"], alpha=1 / 6, beta=0.5),
+                helper.make_node("Mul", ["y", "h"], ["out"])], [], 13
+    clip = (helper.make_node("Clip", ["a"], ["c"], min=0.0, max=6.0) if form == "clip_attrs" else
+            helper.make_node("Clip", ["a", "lo", "hi"], ["c"]))
+    last = (helper.make_node("Mul", ["p", "sixth"], ["out"]) if form == "times_sixth" else
+            helper.make_node("Div", ["p", "six"], ["out"]))
+    return ([helper.make_node("Add", ["y", "three"], ["a"]), clip, helper.make_node("Mul", ["c", "y"], ["p"]), last],
+            [("three", 3.0), ("lo", 0.0), ("hi", 6.0), ("six", 6.0), ("sixth", 1 / 6)], 9 if form == "clip_attrs" else 13)
+
+
+@pytest.mark.parametrize("form", ["clip_div", "clip_attrs", "times_sixth", "hardsigmoid"])
+def test_written_out_hard_swish_after_conv_becomes_its_activation(form):
+    nodes, constants, opset = _hard_swish_tail(form)
+    data = _conv_then((nodes, constants), opset=opset)
+    optimized = onnx.load_from_string(_C.optimize_model(data))
+    assert [n.op_type for n in optimized.graph.node] == ["FusedConv"], [n.op_type for n in optimized.graph.node]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in optimized.graph.node[0].attribute}
+    assert attrs["activation"] == b"HardSwish"
+    out = _check_against_unoptimized(data)
+    assert (out < 0).any() and (out == 0).any() and (out > 3).any()  # all three pieces of hard-swish ran
+
+
+def test_hard_swish_lookalikes_are_left_alone():
+    from onnx import helper
+    nodes, constants, _ = _hard_swish_tail("clip_div")
+    wrong_bound = [n if n.op_type != "Clip" else helper.make_node("Clip", ["a", "lo", "five"], ["c"]) for n in nodes]
+    wrong_divisor = nodes[:-1] + [helper.make_node("Div", ["p", "three"], ["out"])]
+    for tail in (wrong_bound, wrong_divisor):
+        data = _conv_then((tail, constants + [("five", 5.0)]))
+        assert "HardSwish" not in str(onnx.load_from_string(_C.optimize_model(data)).graph.node)
+        _check_against_unoptimized(data)
+
+
+@pytest.mark.parametrize("relu", [True, False])
+@pytest.mark.parametrize("z_from", ["input", "later_conv"])
+def test_residual_add_and_relu_fold_into_the_conv(relu, z_from):
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(2)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), n) for n in ("W", "V")]
+    inits.append(numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "B"))
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y"], pads=[1, 1, 1, 1])]
+    if z_from == "later_conv":  # Z is computed after the conv: the fused node must move past it
+        nodes.append(helper.make_node("Conv", ["x", "V"], ["z"], pads=[1, 1, 1, 1]))
+    # The first operand that is a conv's output is folded in: y (before z) for the later conv.
+    nodes.append(helper.make_node("Add", ["y", "z"] if z_from == "later_conv" else ["z", "y"], ["sum" if relu else "out"]))
+    if relu:
+        nodes.append(helper.make_node("Relu", ["sum"], ["out"]))
+    inputs = [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 7, 6])]
+    if z_from == "input":
+        inputs.append(helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [2, 8, 7, 6]))
+    graph = helper.make_graph(nodes, "g", inputs, [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)],
+                              inits)
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    optimized = onnx.load_from_string(_C.optimize_model(data)).graph.node
+    fused = [n for n in optimized if n.op_type == "FusedConv" and len(n.input) == 4]
+    assert len(fused) == 1 and fused[0].input[3] == "z" and fused[0].output[0] == "out", optimized
+    assert not any(n.op_type in ("Add", "Relu") for n in optimized), optimized
+    feeds = {"x": rng.standard_normal((2, 3, 7, 6)).astype(np.float32)}
+    if z_from == "input":
+        feeds["z"] = rng.standard_normal((2, 8, 7, 6)).astype(np.float32) * 3
+    plain = onnxtrain.SessionOptions()
+    plain.optimize = False
+    want = onnxtrain.InferenceSession(data, plain).run(None, feeds)[0]
+    got = onnxtrain.InferenceSession(data).run(None, feeds)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert (want == 0).any() == relu  # the Relu was applied after the sum, not skipped
+
+
+def test_broadcast_summand_stays_an_add():
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(3)
+    w = numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "W")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "W"], ["y"]), helper.make_node("Add", ["y", "z"], ["out"])],
+                              "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 6, 6]),
+                                    helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [1, 8, 1, 1])],
+                              [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)], [w])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    assert "Add" in op_types(_C.optimize_model(data))
+    feeds = {"x": rng.standard_normal((1, 3, 6, 6)).astype(np.float32),
+             "z": rng.standard_normal((1, 8, 1, 1)).astype(np.float32)}
+    plain = onnxtrain.SessionOptions()
+    plain.optimize = False
+    np.testing.assert_allclose(onnxtrain.InferenceSession(data).run(None, feeds)[0],
+                               onnxtrain.InferenceSession(data, plain).run(None, feeds)[0], rtol=1e-5, atol=1e-5)

@@ -14,7 +14,8 @@
 namespace onnxtrain::cpu {
 
 // An activation applied to a convolution's output inside the primitive (a oneDNN post-op).
-enum class ConvActivation : int64_t { kNone, kRelu, kLeakyRelu, kSigmoid, kTanh, kClip };
+// kHardSwish: x * clip(x + 3, 0, 6) / 6.
+enum class ConvActivation : int64_t { kNone, kRelu, kLeakyRelu, kSigmoid, kTanh, kClip, kHardSwish };
 
 struct ConvSpec {
   bool transposed = false;    // ConvTranspose
@@ -31,16 +32,30 @@ struct ConvSpec {
   // X / Y stored channels last instead of ONNX's [N, C, spatial...] order (FusedConv chains, see
   // FusedConv in src/ops/conv/conv.cc): the convolution reads or writes them without a reorder.
   bool x_channels_last = false, y_channels_last = false;
+  // Y = act(conv(X, W) + B + Z): Z (Y's shape and layout) added before the activation (a oneDNN
+  // sum post-op; forward only).
+  bool sum = false;
+  // Built and run on the calling thread alone (reorders included): for convolutions too small to
+  // pay for waking the pool (ConvPrimitive::kSerialMacs).
+  bool serial = false;
   std::vector<int64_t> key() const;
 };
 
 class ConvPrimitive {
  public:
+  // Below this many multiply-adds a forward convolution runs on one thread: on two cores the
+  // batch-1 ResNet and MobileNetV2 of bench/bench_cnn.py (convolutions of 1-4 M multiply-adds) ran
+  // 1.5-3x faster on one thread than on two, best runs included (each primitive and reorder is an
+  // OpenMP region whose wake-up and join cost more than the halved work; 2026-11-24).
+  static constexpr int64_t kSerialMacs = int64_t(4) << 20;
+
   ConvPrimitive(const ConvSpec& spec, const std::string& context);
   // w in ONNX layout: Conv [M, C/G, k...], ConvTranspose [C, M/G, k...]. `w_constant`: w's
   // contents never change for this pointer (an initializer), so its reorder is done once.
   // Pointers to data of spec.dtype.
-  void run(const void* x, const void* w, const void* bias, void* y, bool w_constant = false) const;
+  // `z`: the summand when spec.sum (may be y itself), else null.
+  void run(const void* x, const void* w, const void* bias, void* y, bool w_constant = false,
+           const void* z = nullptr) const;
 
  private:
   struct Impl;

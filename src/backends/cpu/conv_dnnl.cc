@@ -3,7 +3,9 @@
 #include <omp.h>
 
 #include <bit>
+#include <cstring>
 #include <exception>
+#include <optional>
 #include <unordered_map>
 
 #include "backends/cpu/dnnl_utils.h"
@@ -21,21 +23,41 @@ dt data_type(const ConvSpec& s, const std::string& context) {
   return s.dtype == DType::kBFloat16 ? dt::bf16 : dt::f32;
 }
 
+// Sets the calling thread's OpenMP thread count for a scope. oneDNN (OpenMP build) sizes a
+// primitive's thread partition when the primitive is created.
+class OmpThreadsScope {
+ public:
+  explicit OmpThreadsScope(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
+  ~OmpThreadsScope() { omp_set_num_threads(saved_); }
+  OmpThreadsScope(const OmpThreadsScope&) = delete;
+  OmpThreadsScope& operator=(const OmpThreadsScope&) = delete;
+
+ private:
+  int saved_;
+};
+
 }  // namespace
 
 struct ConvPrimitive::Impl {
   std::string context;
-  bool bias = false;
+  bool bias = false, sum = false, serial = false;
+  size_t y_bytes = 0;
   dnnl::memory::desc bias_md;
   dnnl::primitive conv;
   Relayout src, wei, dst;  // plain ONNX layouts <-> the primitive's
+  Relayout dst_in;         // sum: Z into the primitive's dst layout
 };
 
 ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : impl_(std::make_shared<Impl>()) {
   Impl& p = *impl_;
   p.context = context;
   p.bias = s.bias;
+  p.sum = s.sum;
+  p.serial = s.serial;
+  OT_CHECK(!s.sum || !s.transposed, context, "a summand is for convolutions only");
   const dt f = data_type(s, context);
+  std::optional<OmpThreadsScope> one_thread;
+  if (s.serial) one_thread.emplace(1);
   dnnl_guard(context, "create a convolution primitive", [&] {
     auto& eng = dnnl_engine();
     size_t nd = s.kernel.size();
@@ -75,15 +97,17 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : im
     for (size_t i = 0; i < nd; ++i) dil[i] = s.dilation[i] - 1;
     auto pk = dnnl::prop_kind::forward_inference;
     dnnl::primitive_attr attr;
+    dnnl::post_ops ops;
+    if (s.sum) ops.append_sum(1.0f);  // before the activation: act(conv + Z)
     if (s.activation != ConvActivation::kNone) {
       dnnl::algorithm alg = dnnl::algorithm::eltwise_relu;  // LeakyRelu is relu with a slope
       if (s.activation == ConvActivation::kSigmoid) alg = dnnl::algorithm::eltwise_logistic;
       if (s.activation == ConvActivation::kTanh) alg = dnnl::algorithm::eltwise_tanh;
       if (s.activation == ConvActivation::kClip) alg = dnnl::algorithm::eltwise_clip;
-      dnnl::post_ops ops;
+      if (s.activation == ConvActivation::kHardSwish) alg = dnnl::algorithm::eltwise_hardswish;
       ops.append_eltwise(1.0f, alg, s.act_alpha, s.act_beta);
-      attr.set_post_ops(ops);
     }
+    attr.set_post_ops(ops);
     if (!s.transposed) {
       auto d = s.bias ? dnnl::convolution_forward::desc(pk, dnnl::algorithm::convolution_direct, any_src, any_wei,
                                                         p.bias_md, any_dst, strides, dil, pl, pr)
@@ -93,6 +117,8 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : im
       p.src = Relayout(user_src, pd.src_desc(), true);
       p.wei = Relayout(user_wei, pd.weights_desc(), true);
       p.dst = Relayout(user_dst, pd.dst_desc(), false);
+      p.y_bytes = user_dst.get_size();
+      if (s.sum) p.dst_in = Relayout(user_dst, pd.dst_desc(), true);
       p.conv = dnnl::convolution_forward(pd);
     } else {
       auto d = s.bias ? dnnl::deconvolution_forward::desc(pk, dnnl::algorithm::deconvolution_direct, any_src,
@@ -108,14 +134,27 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : im
   });
 }
 
-void ConvPrimitive::run(const void* x, const void* w, const void* bias, void* y, bool w_constant) const {
+void ConvPrimitive::run(const void* x, const void* w, const void* bias, void* y, bool w_constant,
+                        const void* z) const {
   const Impl& p = *impl_;
+  std::optional<OmpThreadsScope> one_thread;
+  if (p.serial) one_thread.emplace(1);  // reorders size their parallel loops when they run
   dnnl_guard(p.context, "run a convolution", [&] {
     auto& strm = dnnl_stream();
+    dnnl::memory dst = p.dst.write(y);
+    if (p.sum) {  // the sum post-op adds what dst holds: Z, in the primitive's layout
+      OT_CHECK(z != nullptr, p.context, "the convolution's summand is missing");
+      if (p.dst_in.needed) {
+        dnnl::memory user_z(p.dst_in.user, dnnl_engine(), const_cast<void*>(z));
+        p.dst_in.reorder.execute(strm, user_z, dst);
+      } else if (z != y) {
+        std::memcpy(y, z, p.y_bytes);
+      }
+    }
     std::unordered_map<int, dnnl::memory> args{
         {DNNL_ARG_SRC, p.src.read(x, strm)},
         {DNNL_ARG_WEIGHTS, w_constant ? p.wei.read_constant(w, strm) : p.wei.read(w, strm)},
-        {DNNL_ARG_DST, p.dst.write(y)}};
+        {DNNL_ARG_DST, dst}};
     if (p.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, dnnl_engine(), const_cast<void*>(bias)));
     p.conv.execute(strm, args);
     p.dst.finish_write(y, strm);
@@ -124,19 +163,6 @@ void ConvPrimitive::run(const void* x, const void* w, const void* bias, void* y,
 }
 
 namespace {
-
-// Sets the calling thread's OpenMP thread count for a scope. oneDNN (OpenMP build) sizes a
-// primitive's thread partition when the primitive is created.
-class OmpThreadsScope {
- public:
-  explicit OmpThreadsScope(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
-  ~OmpThreadsScope() { omp_set_num_threads(saved_); }
-  OmpThreadsScope(const OmpThreadsScope&) = delete;
-  OmpThreadsScope& operator=(const OmpThreadsScope&) = delete;
-
- private:
-  int saved_;
-};
 
 // Runs a() and b() on two threads at once (or one after the other when only one thread is
 // available); an exception from either is rethrown here.

@@ -115,6 +115,7 @@ void activate(const ConvSpec& s, float* y, int64_t count) {
         case ConvActivation::kSigmoid: v = 1.0f / (1.0f + std::exp(-v)); break;
         case ConvActivation::kTanh: v = std::tanh(v); break;
         case ConvActivation::kClip: v = std::min(std::max(v, s.act_alpha), s.act_beta); break;
+        case ConvActivation::kHardSwish: v = v * std::min(std::max(v + 3.0f, 0.0f), 6.0f) / 6.0f; break;
         case ConvActivation::kNone: break;
       }
       y[i] = v;
@@ -159,7 +160,8 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& spec, const std::string& context) {
   impl_ = std::make_shared<Impl>(spec);
 }
 
-void ConvPrimitive::run(const void* x_data, const void* w_data, const void* bias_data, void* y_data, bool) const {
+void ConvPrimitive::run(const void* x_data, const void* w_data, const void* bias_data, void* y_data, bool,
+                        const void* z_data) const {
   // fp32 only: matmul_native() says no to the half types here, so the kernels widen them first.
   const auto* x = static_cast<const float*>(x_data);
   const auto* w = static_cast<const float*>(w_data);
@@ -231,6 +233,17 @@ void ConvPrimitive::run(const void* x_data, const void* w_data, const void* bias
           float* dst = y + (j * m + oc) * y_size;
           for (int64_t p = 0; p < y_size; ++p) dst[p] += bias[oc];
         }
+  }
+  if (s.sum) {  // Z has Y's layout; y is channels first here
+    OT_CHECK(z_data != nullptr && z_data != y_data, "convolution: the summand must be a separate buffer");
+    const auto* z = static_cast<const float*>(z_data);
+    std::vector<float> z_cf;
+    if (s.y_channels_last) {
+      z_cf.resize(size_t(n * m * y_size));
+      to_channels_first(z, z_cf.data(), n, m, y_size);
+      z = z_cf.data();
+    }
+    for (int64_t i = 0; i < n * m * y_size; ++i) y[i] += z[i];
   }
   activate(s, y, n * m * y_size);
   if (s.y_channels_last) to_channels_last(y, y_out, n, m, y_size);

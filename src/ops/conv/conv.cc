@@ -58,8 +58,9 @@ struct Activation {
     else if (name == "Tanh") kind = cpu::ConvActivation::kTanh, want_params(0);
     else if (name == "LeakyRelu") kind = cpu::ConvActivation::kLeakyRelu, want_params(1), alpha = params[0];
     else if (name == "Clip") kind = cpu::ConvActivation::kClip, want_params(2), alpha = params[0], beta = params[1];
+    else if (name == "HardSwish") kind = cpu::ConvActivation::kHardSwish, want_params(0);
     else OT_THROW(kInvalidModel, node.context(), "activation '", name,
-                  "' is not one of Relu, LeakyRelu, Sigmoid, Tanh, Clip");
+                  "' is not one of Relu, LeakyRelu, Sigmoid, Tanh, Clip, HardSwish");
   }
 
   // The reference path: the same functions applied after the convolution.
@@ -75,6 +76,7 @@ struct Activation {
         case cpu::ConvActivation::kSigmoid: v = C(1) / (C(1) + std::exp(-v)); break;
         case cpu::ConvActivation::kTanh: v = std::tanh(v); break;
         case cpu::ConvActivation::kClip: v = std::min(std::max(v, C(alpha)), C(beta)); break;
+        case cpu::ConvActivation::kHardSwish: v = v * std::min(std::max(v + C(3), C(0)), C(6)) / C(6); break;
         case cpu::ConvActivation::kNone: break;
       }
       y[i] = T(v);
@@ -94,6 +96,7 @@ class ConvKernel final : public Kernel {
     const Tensor& x = ctx.input(0);
     const Tensor& w = ctx.input(1);
     const Tensor* b = ctx.has_input(2) ? &ctx.input(2) : nullptr;
+    const Tensor* z = ctx.has_input(3) ? &ctx.input(3) : nullptr;
     OT_CHECK(x.rank() >= 3 && w.rank() == x.rank(), node.context(), "X must be [N, C, spatial...] and W [M, C/group, k...] of the same rank, got ",
              shape_str(x.shape()), " and ", shape_str(w.shape()));
     OT_CHECK(w.dtype() == x.dtype() && (!b || b->dtype() == x.dtype()), node.context(), "X, W and B must share a dtype");
@@ -105,9 +108,13 @@ class ConvKernel final : public Kernel {
     WindowGeometry g = window_geometry(node, in, kernel, false);
     Shape out{n, m};
     out.insert(out.end(), g.out.begin(), g.out.end());
+    OT_CHECK(!z || (z->shape() == out && z->dtype() == x.dtype()), node.context(), "Z must be ", dtype_name(x.dtype()),
+             shape_str(out), " (Y's shape), got ", dtype_name(z ? z->dtype() : x.dtype()),
+             shape_str(z ? z->shape() : out));
     Tensor& y = ctx.output(0, x.dtype(), out);
     if (y.numel() == 0) return;
-    if (onednn_dtype(x.dtype()) && c > 0) return run_onednn(node, x, w, b, y, g, ctx.input_is_constant(1));
+    OT_CHECK(!z || x.dtype() == DType::kFloat32, node.context(), "a summand Z needs fp32, got ", dtype_name(x.dtype()));
+    if (onednn_dtype(x.dtype()) && c > 0) return run_onednn(node, x, w, b, y, g, ctx.input_is_constant(1), z);
     if (is_half(x.dtype()) && c > 0) {  // no native kernel: through fp32
       note_half_through_fp32("convolution", x.dtype());
       Tensor x32 = widen_to_fp32(x), w32 = widen_to_fp32(w), b32 = b ? widen_to_fp32(*b) : Tensor();
@@ -127,17 +134,20 @@ class ConvKernel final : public Kernel {
 
  private:
   void run_onednn(const Node& node, const Tensor& x, const Tensor& w, const Tensor* b, Tensor& y,
-                  const WindowGeometry& g, bool w_constant) {
+                  const WindowGeometry& g, bool w_constant, const Tensor* z = nullptr) {
     cpu::ConvSpec s = conv_spec(x, w.dim(0), group_, b != nullptr, g);
     s.activation = activation_.kind;
     s.act_alpha = activation_.alpha;
     s.act_beta = activation_.beta;
     s.x_channels_last = x_channels_last_;
     s.y_channels_last = y_channels_last_;
+    s.sum = z != nullptr;
+    int64_t macs = y.numel() * (w.numel() / std::max<int64_t>(w.dim(0), 1));  // per output: C/G * kernel taps
+    s.serial = !s.transposed && macs < cpu::ConvPrimitive::kSerialMacs;
     auto key = s.key();
     cpu::ConvPrimitive* conv = cache_.find(key);
     if (!conv) conv = &cache_.insert(key, cpu::ConvPrimitive(s, node.context()));
-    conv->run(x.data(), w.data(), b ? b->data() : nullptr, y.data(), w_constant);
+    conv->run(x.data(), w.data(), b ? b->data() : nullptr, y.data(), w_constant, z ? z->data() : nullptr);
   }
 
   int64_t group_;
@@ -258,12 +268,14 @@ ONNXTRAIN_OP(Conv, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu
     });
 
 // onnxtrain.FusedConv(X, W [, B]) with Conv's attributes plus `activation` (Relu, LeakyRelu,
-// Sigmoid, Tanh, Clip) and its `activation_params`: Y = act(conv(X, W) + B) in one primitive.
+// Sigmoid, Tanh, Clip, HardSwish) and its `activation_params`: Y = act(conv(X, W) + B) in one primitive.
 // The inference pipeline makes it (src/passes/fusions.cc); training graphs keep Conv + activation.
-// `input_channels_last` / `output_channels_last` = 1 state that X / Y hold their [N, C, spatial...]
+// An optional fourth input Z (Y's shape, fp32) is added before the activation, Y = act(conv(X, W) + B + Z):
+// a residual Add (and the Relu after it) folded in (src/passes/fusions.cc).
+// `input_channels_last` / `output_channels_last` = 1 state that X / Y (and Z) hold their [N, C, spatial...]
 // values in channels-last order (fp32 only): set on a FusedConv feeding another FusedConv, so the
 // value between them stays in the layout the convolutions compute in and neither reorders it.
-ONNXTRAIN_OP(FusedConv, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu_kernel<ConvKernel>()
+ONNXTRAIN_OP(FusedConv, kOnnxTrainDomain, 1).inputs(2, 4).outputs(1).shape(conv_shape).cpu_kernel<ConvKernel>()
     .gradient_not_implemented("an inference-only fusion: autodiff differentiates Conv and the activation");
 
 // dX, dW, dB = ConvGrad(dY, X, W): linear in dY, so differentiable in principle.

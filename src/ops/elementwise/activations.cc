@@ -107,6 +107,29 @@ void clip_kernel(KernelContext& ctx) {
   });
 }
 
+void clip_grad_kernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  const Tensor& y = ctx.input(2);
+  OT_CHECK(dy.shape() == x.shape() && y.shape() == x.shape() && dy.dtype() == x.dtype() && y.dtype() == x.dtype(),
+           ctx.node().context(), "dY, X and Y must match, got ", dtype_name(dy.dtype()), shape_str(dy.shape()), ", ",
+           dtype_name(x.dtype()), shape_str(x.shape()), " and ", dtype_name(y.dtype()), shape_str(y.shape()));
+  Tensor& dx = ctx.output(0, x.dtype(), x.shape());
+  dispatch_float(x.dtype(), [&]<typename T>() {
+    using C = compute_t<T>;
+    const T* pdy = dy.data<T>();
+    const T* px = x.data<T>();
+    const T* py = y.data<T>();
+    T* pdx = dx.data<T>();
+    parallel_for(x.numel(), kElementwiseGrain, [pdy, px, py, pdx](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) {  // unconditional loads: a vector select
+        T g = pdy[i];
+        pdx[i] = C(px[i]) == C(py[i]) ? g : T(C(0));
+      }
+    });
+  });
+}
+
 // The slope broadcasts to X's shape (unidirectionally); the output has X's shape.
 void prelu_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
@@ -184,13 +207,14 @@ OT_ACTIVATION(Shrink, 9, shrink_kernel).gradient([](GradientBuilder& g) {
 });
 #undef OT_ACTIVATION
 
-// y = clamp(x, lo, hi) = min(max(x, lo), hi).  dx = dy * (lo <= x <= hi), i.e. where y == x;
-// dhi = sum(dy where y != x and y == hi), dlo = sum(dy where y != x and y != hi) (bounds as inputs)
+// y = clamp(x, lo, hi) = min(max(x, lo), hi).  dx = dy * (lo <= x <= hi), i.e. where y == x
+// (onnxtrain.ClipGrad, one pass); dhi = sum(dy where y != x and y == hi),
+// dlo = sum(dy where y != x and y != hi) (bounds as inputs)
 ONNXTRAIN_OP(Clip, kOnnxDomain, 1).inputs(1, 3).outputs(1).shape(shape_same_as_input).inplace(0, 0)
     .cpu(clip_kernel).gradient([](GradientBuilder& g) {
-      std::string passed = g.emit("Equal", {g.x(0), g.y(0)});
-      if (g.needs(0)) g.set(0, grad::where_or_zero(g, passed, g.dy(0), g.x(0)));
+      if (g.needs(0)) g.set(0, g.emit("ClipGrad", {g.dy(0), g.x(0), g.y(0)}, {}, kOnnxTrainDomain));
       if (!g.needs(1) && !g.needs(2)) return;
+      std::string passed = g.emit("Equal", {g.x(0), g.y(0)});
       std::string clipped = g.emit("Not", {passed});
       std::string at_hi = g.has_input(2) ? g.emit("And", {clipped, g.emit("Equal", {g.y(0), g.x(2)})}) : "";
       if (g.needs(2)) g.set(2, g.sum_to(grad::where_or_zero(g, at_hi, g.dy(0), g.x(0)), g.x(2)));
@@ -199,6 +223,11 @@ ONNXTRAIN_OP(Clip, kOnnxDomain, 1).inputs(1, 3).outputs(1).shape(shape_same_as_i
         g.set(1, g.sum_to(grad::where_or_zero(g, at_lo, g.dy(0), g.x(0)), g.x(1)));
       }
     });
+// onnxtrain.ClipGrad(dY, X, Y) = dY where Y == X (X passed the clamp), else 0; written over dY.
+ONNXTRAIN_OP(ClipGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape([](ShapeContext& ctx) {
+  ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
+}).inplace(0, 0).cpu(clip_grad_kernel).gradient_not_implemented("second derivatives of Clip are not needed for training");
+
 // y = x < 0 ? slope x : x.  dx = dy * (x < 0 ? slope : 1), dslope = sum_to(dy * min(x, 0), slope)
 ONNXTRAIN_OP(PRelu, kOnnxDomain, 1).inputs(2).outputs(1).shape(shape_same_as_input).inplace(0, 0)
     .cpu(prelu_kernel).gradient([](GradientBuilder& g) {

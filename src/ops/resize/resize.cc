@@ -2,6 +2,7 @@
 // exclude_outside), every coordinate_transformation_mode including tf_crop_and_resize with roi
 // and extrapolation_value; output size from scales or sizes. N-linear and N-cubic interpolation
 // are separable, so each resized axis is one pass of precomputed (index, weight) taps.
+#include <algorithm>
 #include <cmath>
 
 #include "ops/gradient_builder.h"
@@ -185,6 +186,35 @@ void resize_shape(ShapeContext& ctx) {
   ctx.set_output(0, dt, out);
 }
 
+// Nearest resizing with every output inside the input is a gather: each output row (all axes but
+// the last fixed) reads one input row through the last axis' index table, in one pass straight into
+// y (the separable path below makes a pass and a buffer per resized axis).
+template <typename T>
+void nearest_gather(const T* x, T* y, const Shape& in, const Shape& out, const std::vector<AxisTaps>& taps) {
+  const size_t rank = in.size();
+  std::vector<std::vector<int64_t>> source(rank);  // output index -> input index, per axis
+  for (size_t i = 0; i < rank; ++i) {
+    source[i].resize(size_t(out[i]));
+    for (int64_t o = 0; o < out[i]; ++o) source[i][size_t(o)] = taps[i].identity ? o : taps[i].index[size_t(o)];
+  }
+  std::vector<int64_t> in_stride(rank, 1);
+  for (size_t i = rank - 1; i-- > 0;) in_stride[i] = in_stride[i + 1] * in[i + 1];
+  const int64_t row = out[rank - 1], rows = numel(out) / row;
+  const int64_t* last = source[rank - 1].data();
+  parallel_for(rows, std::max<int64_t>(1, 16384 / row), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      int64_t offset = 0;
+      for (int64_t i = int64_t(rank) - 2, rest = r; i >= 0; --i) {
+        offset += source[size_t(i)][size_t(rest % out[size_t(i)])] * in_stride[size_t(i)];
+        rest /= out[size_t(i)];
+      }
+      const T* src = x + offset;
+      T* dst = y + r * row;
+      for (int64_t w = 0; w < row; ++w) dst[w] = src[last[w]];
+    }
+  });
+}
+
 class ResizeKernel final : public Kernel {
  public:
   explicit ResizeKernel(const Node&) {}
@@ -225,6 +255,10 @@ class ResizeKernel final : public Kernel {
         std::copy(px, px + x.numel(), py);
         return;
       }
+      bool extrapolates = std::any_of(taps.begin(), taps.end(), [](const AxisTaps& t) {
+        return std::find(t.outside.begin(), t.outside.end(), char(1)) != t.outside.end();
+      });
+      if (a.mode == "nearest" && !extrapolates) return nearest_gather(px, py, in, out, taps);
       std::vector<A> cur(static_cast<size_t>(x.numel())), next;
       if constexpr (!std::is_floating_point_v<C0>) {
         for (int64_t i = 0; i < x.numel(); ++i) cur[size_t(i)] = A(C0(px[i]));
