@@ -33,7 +33,7 @@ void release_freed_heap() {
 // An output of the recording run. Large ones are mapped pages of their own, unmapped when the
 // value dies: the recording run then holds no more than its live values, as the arena will. From
 // the heap, freed blocks stay in it (glibc raises its mmap threshold as large blocks are freed),
-// and the first step's peak was the heap's high-water mark: 30 MiB above the arena that
+// and the first step's peak was the heap's high-water mark: 25-34 MiB above the arena that
 // replaces it in LoRA training at batch 4 (the peak of a short fine-tuning run).
 Tensor recording_output(DType dtype, const Shape& shape) {
 #if defined(__unix__)
