@@ -69,6 +69,10 @@ struct Node {
 
   // "[OpType] node 'name': " — the prefix of every error about this node.
   std::string context() const;
+  // Whether the node reads only the shape of input i, never its elements (ai.onnx Shape, Size).
+  bool reads_only_shape(size_t i) const {
+    return i == 0 && domain.empty() && (op_type == "Shape" || op_type == "Size");
+  }
 };
 
 // The ONNX type constructor of a value: a tensor, a sequence of tensors, or an optional of either.

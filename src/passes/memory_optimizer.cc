@@ -537,11 +537,16 @@ std::vector<std::string> apply_recompute(Model& model, const Analysis& a, const 
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     Node n = std::move(g.nodes[i]);
     if (!a.forward[i]) {
-      for (auto& in : n.inputs)
-        if (auto it = renamed.find(in); it != renamed.end()) {
-          in = it->second;
-          emit(copy_of_value.at(in));
+      for (size_t k = 0; k < n.inputs.size(); ++k) {
+        // A backward Shape of a forward value (sum_to's target, placed by autodiff beside the
+        // value's producer) keeps reading the forward value: the copy has the same shape, and
+        // emitting the copy there would recompute it in the forward and stash it after all.
+        if (n.reads_only_shape(k)) continue;
+        if (auto it = renamed.find(n.inputs[k]); it != renamed.end()) {
+          n.inputs[k] = it->second;
+          emit(copy_of_value.at(n.inputs[k]));
         }
+      }
     }
     nodes.push_back(std::move(n));
   }

@@ -109,8 +109,7 @@ int fold_constants(Model& model) {
       if (in.empty()) { inputs.emplace_back(); continue; }
       if (g.is_initializer(in)) { inputs.push_back(g.initializers.at(in)); continue; }
       const ValueInfo* info = static_info(g, in);
-      bool shape_only = (node.op_type == "Shape" || node.op_type == "Size") && i == 0 && info &&
-                        info->has_static_shape();
+      bool shape_only = node.reads_only_shape(i) && info && info->has_static_shape();
       if (shape_only) {  // only the shape is read: a data-less tensor of that shape will do
         DType dt = info->dtype == DType::kUndefined ? DType::kFloat32 : info->dtype;
         inputs.push_back(Tensor::borrow(dt, *info->shape, nullptr));

@@ -7,7 +7,7 @@
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
-#if defined(__linux__)
+#if defined(__unix__)
 #include <sys/mman.h>
 #endif
 
@@ -46,6 +46,23 @@ std::shared_ptr<void> allocate_arena(size_t bytes) {
   return std::shared_ptr<void>(p, std::free);
 }
 
+
+// An output of the recording run. Large ones are mapped pages of their own, unmapped when the
+// value dies: the recording run then holds no more than its live values, as the arena will. From
+// the heap, freed blocks stay in it (glibc raises its mmap threshold as large blocks are freed),
+// and the first step's peak was the heap's high-water mark: 25-34 MiB above the arena that
+// replaces it in LoRA training at batch 4 (the peak of a short fine-tuning run).
+Tensor recording_output(DType dtype, const Shape& shape) {
+#if defined(__unix__)
+  constexpr size_t kMappedFrom = size_t(1) << 16;  // below this, the heap is cheaper than a syscall
+  const size_t bytes = size_t(numel(shape)) * dtype_size(dtype);
+  if (bytes >= kMappedFrom) {
+    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p != MAP_FAILED) return Tensor::borrow(dtype, shape, p, std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); }));
+  }
+#endif
+  return Tensor::empty(dtype, shape);
+}
 }  // namespace
 
 struct Executor::Plan {
@@ -123,7 +140,7 @@ class StepContext final : public KernelContext, public SubgraphHost {
       }
       if (view.defined()) ++dynamic_;  // larger than planned: fall back to a fresh buffer
     }
-    *slot = Tensor::empty(dtype, shape);
+    *slot = recording() ? recording_output(dtype, shape) : Tensor::empty(dtype, shape);
     return *slot;
   }
 
@@ -147,6 +164,7 @@ class StepContext final : public KernelContext, public SubgraphHost {
   }
 
  private:
+  bool recording() const { return set_output_flags_ != nullptr; }  // the flags are kept while recording
   void mark_tensor(size_t i) {  // an optional output may hold a tensor in one run and none in the next
     int id = i < out_ids_.size() ? out_ids_[i] : -1;
     if (id >= 0 && !others_[size_t(id)].is_tensor()) others_[size_t(id)] = Value();
