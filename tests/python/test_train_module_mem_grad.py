@@ -3,6 +3,7 @@ alias ORTMODULE_ENABLE_MEM_EFFICIENT_GRAD_MGMT): each parameter's gradient reach
 onnxtrain's backward, as soon as the backward graph has finished it, through the parameter's
 AccumulateGrad node, so its hooks (DistributedDataParallel's) fire mid-backward. The gradients are
 the flag-off ones; DDP on 2 gloo processes gives the same parameters with the flag on and off."""
+import gc
 import os
 import sys
 import tempfile
@@ -131,6 +132,11 @@ def _ddp_worker(rank, world, init_file, out_dir):
                 opt.zero_grad()
             if rank == 0:
                 torch.save({"state": model.state_dict(), "during": during}, os.path.join(out_dir, f"flag{flag}.pt"))
+            # Free DDP (its reducer holds the Python hook) here, under the GIL: torch 1.13 can
+            # deadlock when the last reference goes while destroy_process_group joins gloo's threads.
+            del ddp, opt, hook
+            gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
