@@ -62,6 +62,23 @@ void drop_removed(Graph& g, const std::vector<char>& removed) {
   g.nodes = std::move(kept);
 }
 
+// The bookkeeping of one fusion pass: who reads and who produces each value (as the graph stood
+// before the pass), the nodes the pass has replaced, and how many rewrites it made. finish()
+// drops the replaced nodes and returns that count.
+struct FusionScan {
+  explicit FusionScan(Graph& graph)
+      : g(graph), uses(graph), producers(graph.producers()), removed(graph.nodes.size(), 0) {}
+  int finish() {
+    if (rewrites) drop_removed(g, removed);
+    return rewrites;
+  }
+  Graph& g;
+  Uses uses;
+  std::unordered_map<std::string, size_t> producers;
+  std::vector<char> removed;
+  int rewrites = 0;
+};
+
 // The operand of a binary node other than `value`, or "" when `value` is not an operand.
 std::string other_operand(const Node& n, const std::string& value) {
   if (n.inputs.size() != 2) return "";
@@ -156,10 +173,7 @@ bool swaps_last_two(const std::vector<int64_t>& perm) {
 
 int fuse_matmul(Graph& g) {
   if (!fused_op_built("FusedMatMul")) return 0;
-  int fused = 0;
-  std::vector<char> removed(g.nodes.size(), 0);
-  Uses uses(g);
-  auto producers = g.producers();
+  FusionScan scan(g);
   for (size_t m = 0; m < g.nodes.size(); ++m) {
     Node& mm = g.nodes[m];
     if (!is_op(mm, "MatMul") || mm.inputs.size() != 2) continue;
@@ -171,11 +185,12 @@ int fuse_matmul(Graph& g) {
     std::vector<size_t> absorbed;
     // Transposes of the last two axes become transA / transB (read through strides).
     for (int k = 0; k < 2; ++k) {
-      auto p = producers.find(mm.inputs[size_t(k)]);
-      if (p == producers.end()) continue;
+      auto p = scan.producers.find(mm.inputs[size_t(k)]);
+      if (p == scan.producers.end()) continue;
       const Node& t = g.nodes[p->second];
-      if (!is_op(t, "Transpose") || removed[p->second] || !t.has_attr("perm") || !swaps_last_two(t.attr_ints("perm")) ||
-          uses.sole_reader(t.outputs[0]) != int(m))
+      if (!is_op(t, "Transpose") || scan.removed[p->second] || !t.has_attr("perm") ||
+          !swaps_last_two(t.attr_ints("perm")) ||
+          scan.uses.sole_reader(t.outputs[0]) != int(m))
         continue;
       // 1-D operands ignore trans flags; only fold when the source has rank >= 2.
       fusedmm.inputs[size_t(k)] = t.inputs[0];
@@ -184,7 +199,7 @@ int fuse_matmul(Graph& g) {
     }
     // Add(bias) with a 1-D bias of the output's last dimension.
     std::string out = mm.outputs[0];
-    int a = uses.sole_reader(out);
+    int a = scan.uses.sole_reader(out);
     size_t last = m;
     if (a >= 0 && is_op(g.nodes[size_t(a)], "Add")) {
       std::string bias = other_operand(g.nodes[size_t(a)], out);
@@ -201,13 +216,12 @@ int fuse_matmul(Graph& g) {
     }
     if (absorbed.empty()) continue;
     fusedmm.outputs = {out};
-    for (size_t k : absorbed) removed[k] = 1;
+    for (size_t k : absorbed) scan.removed[k] = 1;
     g.nodes[last] = fusedmm;  // where the last absorbed node stood: inputs are defined before it
-    removed[last] = 0;
-    ++fused;
+    scan.removed[last] = 0;
+    ++scan.rewrites;
   }
-  if (fused) drop_removed(g, removed);
-  return fused;
+  return scan.finish();
 }
 
 namespace {
@@ -237,16 +251,13 @@ Node* sole_feeding_conv(Graph& g, const Uses& uses, const std::unordered_map<std
 // Conv -> BatchNormalization (inference form, constant statistics) folds into the Conv:
 //   s = scale / sqrt(var + eps),  W' = W * s (per output channel),  B' = (B - mean) * s + beta.
 int fuse_conv_batchnorm(Graph& g) {
-  Uses uses(g);
-  auto producers = g.producers();
-  std::vector<char> removed(g.nodes.size(), 0);
-  int fused = 0;
+  FusionScan scan(g);
   for (size_t b = 0; b < g.nodes.size(); ++b) {
     const Node& bn = g.nodes[b];
     if (!is_op(bn, "BatchNormalization") || bn.outputs.size() != 1 || bn.attr_int("training_mode", 0) != 0 ||
         bn.inputs.size() != 5)
       continue;
-    Node* producer = sole_feeding_conv(g, uses, producers, removed, b);
+    Node* producer = sole_feeding_conv(g, scan.uses, scan.producers, scan.removed, b);
     if (!producer || producer->inputs.size() < 2) continue;
     Node& conv = *producer;
     auto wit = g.initializers.find(conv.inputs[1]);
@@ -277,11 +288,10 @@ int fuse_conv_batchnorm(Graph& g) {
     conv.inputs[1] = w_name;
     conv.inputs[2] = b_name;
     conv.outputs[0] = bn.outputs[0];
-    removed[b] = 1;
-    ++fused;
+    scan.removed[b] = 1;
+    ++scan.rewrites;
   }
-  if (fused) drop_removed(g, removed);
-  return fused;
+  return scan.finish();
 }
 
 namespace {
@@ -336,10 +346,7 @@ std::optional<double> scalar_constant(const Graph& g, const std::string& value) 
 // bias (the per-layer affine PP-LCNetV3 puts after its convolutions, among others):
 //   s * (W x + B) = (s W) x + s B,   (W x + B) / s = (W / s) x + B / s,   (W x + B) + t = W x + (B + t).
 int fold_conv_scalar_affine(Graph& g) {
-  Uses uses(g);
-  auto producers = g.producers();
-  std::vector<char> removed(g.nodes.size(), 0);
-  int folded = 0;
+  FusionScan scan(g);
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& op = g.nodes[i];
     bool mul = is_op(op, "Mul"), div = is_op(op, "Div"), add = is_op(op, "Add"), sub = is_op(op, "Sub");
@@ -350,7 +357,7 @@ int fold_conv_scalar_affine(Graph& g) {
     for (size_t side = 0; side < 2 && !conv; ++side) {
       if (side == 1 && (div || sub)) break;
       k = scalar_constant(g, op.inputs[1 - side]);
-      if (k) conv = sole_constant_conv(g, uses, producers, removed, op.inputs[side], i);
+      if (k) conv = sole_constant_conv(g, scan.uses, scan.producers, scan.removed, op.inputs[side], i);
     }
     if (!conv || !std::isfinite(*k) || (div && *k == 0.0)) continue;
     const std::string conv_value = conv->outputs[0];
@@ -376,12 +383,11 @@ int fold_conv_scalar_affine(Graph& g) {
     conv->inputs.resize(3);
     conv->inputs[2] = b_name;
     conv->outputs[0] = op.outputs[0];
-    producers[op.outputs[0]] = producers.at(conv_value);  // a second scalar op may fold in next
-    removed[i] = 1;
-    ++folded;
+    scan.producers[op.outputs[0]] = scan.producers.at(conv_value);  // a second scalar op may fold in next
+    scan.removed[i] = 1;
+    ++scan.rewrites;
   }
-  if (folded) drop_removed(g, removed);
-  return folded;
+  return scan.finish();
 }
 
 // hard-swish written out after a Conv becomes the Conv's activation (onnxtrain.FusedConv,
@@ -389,17 +395,14 @@ int fold_conv_scalar_affine(Graph& g) {
 //   y * Clip(y + 3, 0, 6) / 6   (or * (1/6)),      y * HardSigmoid(y; alpha 1/6, beta 1/2).
 int fuse_conv_hard_swish(Graph& g) {
   if (!fused_op_built("FusedConv")) return 0;
-  Uses uses(g);
-  auto producers = g.producers();
-  std::vector<char> removed(g.nodes.size(), 0);
-  auto reader = [&](const std::string& v) { return uses.sole_reader(v); };
-  int fused = 0;
+  FusionScan scan(g);
+  auto reader = [&](const std::string& v) { return scan.uses.sole_reader(v); };
   for (size_t c = 0; c < g.nodes.size(); ++c) {
     Node& conv = g.nodes[c];
-    if (removed[c] || !is_op(conv, "Conv") || conv.outputs.size() != 1) continue;
+    if (scan.removed[c] || !is_op(conv, "Conv") || conv.outputs.size() != 1) continue;
     const std::string y = conv.outputs[0];
-    auto readers = uses.readers.find(y);
-    if (readers == uses.readers.end() || readers->second.size() != 2 || g.is_output(y)) continue;
+    auto readers = scan.uses.readers.find(y);
+    if (readers == scan.uses.readers.end() || readers->second.size() != 2 || g.is_output(y)) continue;
     // The gate (Add -> Clip, or HardSigmoid) and the product y * gate, in either order.
     std::vector<size_t> chain;
     std::string gate;
@@ -437,14 +440,13 @@ int fuse_conv_hard_swish(Graph& g) {
       chain.push_back(size_t(d));
       out = div.outputs[0];
     }
-    if (std::any_of(chain.begin(), chain.end(), [&](size_t k) { return removed[k] != 0; })) continue;
-    for (size_t k : chain) removed[k] = 1;
+    if (std::any_of(chain.begin(), chain.end(), [&](size_t k) { return scan.removed[k] != 0; })) continue;
+    for (size_t k : chain) scan.removed[k] = 1;
     make_fused_conv(conv, "HardSwish");
     conv.outputs[0] = out;
-    ++fused;
+    ++scan.rewrites;
   }
-  if (fused) drop_removed(g, removed);
-  return fused;
+  return scan.finish();
 }
 
 // Conv -> Add(., Z) [-> Relu], Z of the sum's static shape (a residual connection), becomes
@@ -453,13 +455,10 @@ int fuse_conv_hard_swish(Graph& g) {
 // node it replaces, where Z is certainly computed.
 int fuse_conv_residual_add(Graph& g) {
   if (!fused_op_built("FusedConv")) return 0;
-  Uses uses(g);
-  auto producers = g.producers();
-  std::vector<char> removed(g.nodes.size(), 0);
-  int fused = 0;
+  FusionScan scan(g);
   for (size_t a = 0; a < g.nodes.size(); ++a) {
     const Node& add = g.nodes[a];
-    if (!is_op(add, "Add") || add.inputs.size() != 2 || add.inputs[0] == add.inputs[1] || removed[a]) continue;
+    if (!is_op(add, "Add") || add.inputs.size() != 2 || add.inputs[0] == add.inputs[1] || scan.removed[a]) continue;
     auto out_shape = known_shape(g, add.outputs[0]);
     auto out_info = g.value_info.find(add.outputs[0]);
     if (!fully_known(out_shape) || out_info == g.value_info.end() || out_info->second.dtype != DType::kFloat32) continue;
@@ -467,13 +466,13 @@ int fuse_conv_residual_add(Graph& g) {
       const std::string &y = add.inputs[side], &z = add.inputs[1 - side];
       auto zs = known_shape(g, z), ys = known_shape(g, y);
       if (!zs || *zs != *out_shape || !ys || *ys != *out_shape) continue;
-      Node* conv = sole_constant_conv(g, uses, producers, removed, y, a);
+      Node* conv = sole_constant_conv(g, scan.uses, scan.producers, scan.removed, y, a);
       if (!conv || conv->has_attr("activation")) continue;
-      size_t conv_index = producers.at(y), last = a;
+      size_t conv_index = scan.producers.at(y), last = a;
       std::string out = add.outputs[0];
-      int r = uses.sole_reader(out);
+      int r = scan.uses.sole_reader(out);
       std::string activation;
-      if (r >= 0 && is_op(g.nodes[size_t(r)], "Relu") && !removed[size_t(r)]) {
+      if (r >= 0 && is_op(g.nodes[size_t(r)], "Relu") && !scan.removed[size_t(r)]) {
         activation = "Relu";
         last = size_t(r);
         out = g.nodes[last].outputs[0];
@@ -484,25 +483,21 @@ int fuse_conv_residual_add(Graph& g) {
       f.inputs.resize(3);  // X, W, B (empty: none), Z
       f.inputs.push_back(z);
       f.outputs = {out};
-      removed[conv_index] = removed[a] = 1;
+      scan.removed[conv_index] = scan.removed[a] = 1;
       g.nodes[last] = std::move(f);
-      removed[last] = 0;
-      ++fused;
+      scan.removed[last] = 0;
+      ++scan.rewrites;
       break;
     }
   }
-  if (fused) drop_removed(g, removed);
-  return fused;
+  return scan.finish();
 }
 
 // Conv -> Relu / LeakyRelu / Sigmoid / Tanh / Clip (constant bounds) becomes onnxtrain.FusedConv
 // with the activation applied inside the convolution (oneDNN: a post-op): one pass over the output instead of two.
 int fuse_conv_activation(Graph& g) {
   if (!fused_op_built("FusedConv")) return 0;
-  Uses uses(g);
-  auto producers = g.producers();
-  std::vector<char> removed(g.nodes.size(), 0);
-  int fused = 0;
+  FusionScan scan(g);
   for (size_t a = 0; a < g.nodes.size(); ++a) {
     const Node& act = g.nodes[a];
     if (!act.domain.empty() || act.inputs.empty()) continue;
@@ -516,17 +511,16 @@ int fuse_conv_activation(Graph& g) {
     } else if (act.op_type != "Relu" && act.op_type != "Sigmoid" && act.op_type != "Tanh") {
       continue;
     }
-    Node* producer = sole_feeding_conv(g, uses, producers, removed, a);
+    Node* producer = sole_feeding_conv(g, scan.uses, scan.producers, scan.removed, a);
     if (!producer) continue;
     Node& conv = *producer;
     make_fused_conv(conv, act.op_type);
     if (!params.empty()) conv.attributes["activation_params"] = Attribute::of(params);
     conv.outputs[0] = act.outputs[0];
-    removed[a] = 1;
-    ++fused;
+    scan.removed[a] = 1;
+    ++scan.rewrites;
   }
-  if (fused) drop_removed(g, removed);
-  return fused;
+  return scan.finish();
 }
 
 namespace {
