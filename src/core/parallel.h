@@ -29,6 +29,18 @@ void parallel_for(int64_t n, int64_t grain, F&& fn) {
   }
 }
 
+// Below this much work (multiply-adds, or kMemoryBoundElementWork per element a memory-bound op
+// reads or writes) one kernel call runs on the calling thread: on two cores waking the pool and
+// joining it costs more than the halved work (batch-1 ResNet and MobileNetV2 convolutions of 1-4 M
+// multiply-adds ran 1.5-3x faster on one thread, 2026-11-24), and after a run of such serial calls
+// the pool's threads have gone to sleep, so a region's wake-up costs a futex wake and, on a loaded
+// machine, a scheduler time slice (milliseconds: a 64x16x16 MaxPool took 13 ms on two threads and
+// 0.04 ms on one).
+inline constexpr int64_t kSerialWork = int64_t(4) << 20;
+// A memory-bound element (read or written) counted as this many multiply-adds: one core streams
+// about 4 G elements/s through an elementwise loop and multiply-adds 30 G/s in a JIT convolution.
+inline constexpr int64_t kMemoryBoundElementWork = 8;
+
 // Elementwise loops move about this many elements per thread before splitting pays.
 inline constexpr int64_t kElementwiseGrain = 32768;
 

@@ -1,6 +1,7 @@
 #include "ops/registry.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -121,6 +122,25 @@ OpBuilder& OpBuilder::state_updates(StateUpdatesFn fn) {
 OpBuilder& OpBuilder::inference_form(InferenceFormFn fn) {
   schema_.inference_form = std::move(fn);
   return *this;
+}
+
+OpBuilder& OpBuilder::work(WorkFn fn) {
+  schema_.work = std::move(fn);
+  return *this;
+}
+
+int64_t memory_bound_work(const std::vector<const Shape*>& inputs, const std::vector<const Shape*>& outputs) {
+  int64_t elements = 0;
+  for (const auto* list : {&inputs, &outputs})
+    for (const Shape* s : *list)
+      if (s) elements += numel(*s);
+  return elements * kMemoryBoundElementWork;
+}
+
+int64_t matmul_work(const std::vector<const Shape*>& inputs, const std::vector<const Shape*>& outputs) {
+  if (inputs.size() < 2 || !inputs[0] || !inputs[1] || outputs.empty() || !outputs[0]) return kSerialWork;
+  double product = double(numel(*inputs[0])) * double(numel(*inputs[1])) * double(numel(*outputs[0]));
+  return product >= double(kSerialWork) * double(kSerialWork) ? kSerialWork : int64_t(std::sqrt(product));
 }
 
 OpRegistration::OpRegistration(const OpBuilder& builder) { OpRegistry::global().add(builder.schema()); }

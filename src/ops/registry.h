@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/parallel.h"
 #include "ir/graph.h"
 #include "ops/kernel.h"
 #include "ops/shape_context.h"
@@ -49,6 +50,18 @@ using StateUpdatesFn = std::function<std::vector<StateUpdate>(const Node&, int64
 // Rewrites a node into its inference form (Dropout without training_mode, BatchNorm with running
 // statistics): the eval graph of a training model.
 using InferenceFormFn = std::function<void(Node&, int64_t opset)>;
+// The work of one call in multiply-add equivalents (kSerialWork, core/parallel.h), from the shapes
+// of its inputs (null: omitted) and outputs. The executor runs a step whose work is below
+// kSerialWork on the calling thread alone (no OpenMP region; see Executor). Unset: the op's kernel
+// keeps the session's threads whatever the shapes.
+using WorkFn = std::function<int64_t(const std::vector<const Shape*>& inputs, const std::vector<const Shape*>& outputs)>;
+// A memory-bound op (elementwise, pooling, copies, normalisation): the elements it reads and
+// writes, at kMemoryBoundElementWork each.
+int64_t memory_bound_work(const std::vector<const Shape*>& inputs, const std::vector<const Shape*>& outputs);
+// A product of A [..., M, K] and B [..., K, N] into Y [..., M, N] (transposed or not): its
+// multiply-adds are sqrt(|A| |B| |Y|) when the batch is broadcast, at most sqrt(batch) times more
+// otherwise (an overestimate errs towards threads).
+int64_t matmul_work(const std::vector<const Shape*>& inputs, const std::vector<const Shape*>& outputs);
 
 struct OpSchema {
   std::string domain;
@@ -65,6 +78,7 @@ struct OpSchema {
   std::vector<int> state_inputs;             // inputs that are state, not parameters (running statistics)
   StateUpdatesFn state_updates;              // unset: the op updates no state
   InferenceFormFn inference_form;            // unset: the op runs the same in training and inference
+  WorkFn work;                               // unset: never made serial by the executor
   std::string source_file;
 };
 
@@ -104,6 +118,7 @@ class OpBuilder {
   OpBuilder& state_inputs(std::vector<int> inputs);
   OpBuilder& state_updates(StateUpdatesFn fn);
   OpBuilder& inference_form(InferenceFormFn fn);
+  OpBuilder& work(WorkFn fn);
   const OpSchema& schema() const { return schema_; }
 
  private:

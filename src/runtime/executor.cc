@@ -12,6 +12,7 @@
 #endif
 
 #include "core/crc32c.h"
+#include "core/parallel.h"
 #include "ir/subgraph.h"
 #include "ops/build_ops.h"
 #include "ops/subgraph.h"
@@ -83,6 +84,8 @@ struct Executor::Plan {
   MemoryReport report;
   size_t dynamic_allocations = 0;
   std::vector<char> is_graph_output_root;
+  // Per step: run on the calling thread alone (decide_serial_steps; empty until decided).
+  std::vector<char> serial;
 };
 
 namespace {
@@ -452,8 +455,56 @@ void Executor::hand_over(Plan& plan, Handover& h, const std::vector<std::pair<si
   }
 }
 
+void Executor::decide_serial_steps(Plan& plan) {
+  plan.serial.assign(steps_.size(), 0);
+  if (omp_get_max_threads() <= 1) return;
+  auto shape_of = [&](int id) -> const Shape* {
+    if (id < 0 || !plan.others[size_t(id)].is_tensor()) return nullptr;
+    if (plan.values[size_t(id)].defined()) return &plan.values[size_t(id)].shape();
+    return plan.dtypes[size_t(id)] == DType::kUndefined ? nullptr : &plan.shapes[size_t(id)];
+  };
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const Step& step = steps_[s];
+    if (!step.schema->work || !step.subgraphs.empty()) continue;
+    std::vector<const Shape*> inputs, outputs;
+    for (size_t i = 0; i < step.node->inputs.size() && i < step.inputs.size(); ++i) inputs.push_back(shape_of(step.inputs[i]));
+    bool known = true;
+    for (int id : step.outputs) {
+      outputs.push_back(shape_of(id));
+      known = known && (id < 0 || outputs.back());
+    }
+    if (!known || step.schema->work(inputs, outputs) >= kSerialWork) continue;
+    plan.serial[s] = 1;
+    plan.kernels[s] = step.schema->cpu(*step.node);
+  }
+}
+
+namespace {
+
+// Switches the calling thread between the session's OpenMP thread count and one thread, step by
+// step; restores the session's count when the run ends (or throws).
+class StepThreads {
+ public:
+  StepThreads() : threads_(omp_get_max_threads()) {}
+  ~StepThreads() { set(false); }
+  StepThreads(const StepThreads&) = delete;
+  StepThreads& operator=(const StepThreads&) = delete;
+  void set(bool serial) {
+    if (serial == serial_) return;
+    omp_set_num_threads(serial ? 1 : threads_);
+    serial_ = serial;
+  }
+
+ private:
+  int threads_;
+  bool serial_ = false;
+};
+
+}  // namespace
+
 void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover* handover) {
   plan.dynamic_allocations = 0;
+  StepThreads threads;
   if (handover) hand_over(plan, *handover, handover->after_step.back(), 0);  // feeds and initializers
   for (size_t s = 0; s < steps_.size(); ++s) {
     const Step& step = steps_[s];
@@ -466,6 +517,7 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
     StepContext ctx(node, model_.opset(node.domain), plan.values, plan.others, plan.planned, step.inputs,
                     step.outputs, plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr, is_constant_,
                     random_seed_, run_index, step.subgraphs.empty() ? nullptr : &subgraphs, plan.arena);
+    threads.set(!plan.serial.empty() && plan.serial[s]);
     try {
       if (options_.profile) {
         auto start = std::chrono::steady_clock::now();
@@ -703,6 +755,7 @@ std::vector<Value> Executor::run_values(const std::map<std::string, Value>& feed
     plan.values[size_t(id)] = v.tensor;
     plan.others[size_t(id)] = v.is_tensor() ? Value() : v;
   }
+  if (!recording && plan.serial.empty()) decide_serial_steps(plan);
   struct ClearFeeds {  // do not keep the caller's buffers alive past the run
     Plan& p; const std::vector<int>& ids;
     ~ClearFeeds() { for (int id : ids) { p.values[size_t(id)] = Tensor(); p.others[size_t(id)] = Value(); } }

@@ -136,6 +136,10 @@ class Executor {
   void validate_feeds(const std::map<std::string, Value>& feeds) const;
   std::string signature(const std::map<std::string, Value>& feeds) const;
   std::unique_ptr<Plan> new_plan();
+  // Marks the steps of a recorded plan whose op states its work (OpSchema::work) and whose work
+  // at the plan's shapes is below kSerialWork: they run on the calling thread alone. Their kernels
+  // are made afresh, since oneDNN sizes a primitive's thread partition when it creates it.
+  void decide_serial_steps(Plan& plan);
   // Outputs handed to an OutputReadyFn during one run: which become final after each step.
   struct Handover {
     const OutputReadyFn* on_ready = nullptr;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "core/parallel.h"
 #include "onnxtrain/tensor.h"
 
 namespace onnxtrain::cpu {
@@ -43,11 +44,8 @@ struct ConvSpec {
 
 class ConvPrimitive {
  public:
-  // Below this many multiply-adds a forward convolution runs on one thread: on two cores the
-  // batch-1 ResNet and MobileNetV2 of bench/bench_cnn.py (convolutions of 1-4 M multiply-adds) ran
-  // 1.5-3x faster on one thread than on two, best runs included (each primitive and reorder is an
-  // OpenMP region whose wake-up and join cost more than the halved work; 2026-11-24).
-  static constexpr int64_t kSerialMacs = int64_t(4) << 20;
+  // Below this many multiply-adds a forward convolution runs on one thread (kSerialWork).
+  static constexpr int64_t kSerialMacs = kSerialWork;
 
   ConvPrimitive(const ConvSpec& spec, const std::string& context);
   // w in ONNX layout: Conv [M, C/G, k...], ConvTranspose [C, M/G, k...]. `w_constant`: w's

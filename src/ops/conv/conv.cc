@@ -143,7 +143,7 @@ class ConvKernel final : public Kernel {
     s.y_channels_last = y_channels_last_;
     s.sum = z != nullptr;
     int64_t macs = y.numel() * (w.numel() / std::max<int64_t>(w.dim(0), 1));  // per output: C/G * kernel taps
-    s.serial = !s.transposed && macs < cpu::ConvPrimitive::kSerialMacs;
+    s.serial = !s.transposed && macs < kSerialWork;
     auto key = s.key();
     cpu::ConvPrimitive* conv = cache_.find(key);
     if (!conv) conv = &cache_.insert(key, cpu::ConvPrimitive(s, node.context()));
@@ -252,11 +252,18 @@ class ConvGradKernel final : public Kernel {
   cpu::ShapeCache<cpu::ConvBackwardPrimitive> cache_;
 };
 
+// Multiply-adds of a forward convolution: C/G * kernel taps per output element (the rule
+// ConvKernel's serial primitives follow, so the executor and the kernel agree).
+int64_t conv_work(const std::vector<const Shape*>& inputs, const std::vector<const Shape*>& outputs) {
+  if (inputs.size() < 2 || !inputs[1] || inputs[1]->empty() || outputs.empty() || !outputs[0]) return kSerialWork;
+  return numel(*outputs[0]) * (numel(*inputs[1]) / std::max<int64_t>((*inputs[1])[0], 1));
+}
+
 }  // namespace
 
 // Y = conv(X, W) + B.  dX = conv's adjoint applied to dY (backward data), dW = sum over N of dY
 // correlated with X per group (backward weights), dB = sum of dY over N and spatial dims
-ONNXTRAIN_OP(Conv, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu_kernel<ConvKernel>()
+ONNXTRAIN_OP(Conv, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu_kernel<ConvKernel>().work(conv_work)
     .gradient([](GradientBuilder& g) {
       bool bias = g.has_input(2);
       GraphBuilder::Attrs attrs = g.node().attributes;
@@ -276,6 +283,7 @@ ONNXTRAIN_OP(Conv, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu
 // values in channels-last order (fp32 only): set on a FusedConv feeding another FusedConv, so the
 // value between them stays in the layout the convolutions compute in and neither reorders it.
 ONNXTRAIN_OP(FusedConv, kOnnxTrainDomain, 1).inputs(2, 4).outputs(1).shape(conv_shape).cpu_kernel<ConvKernel>()
+    .work(conv_work)
     .gradient_not_implemented("an inference-only fusion: autodiff differentiates Conv and the activation");
 
 // dX, dW, dB = ConvGrad(dY, X, W): linear in dY, so differentiable in principle.

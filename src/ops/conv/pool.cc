@@ -432,16 +432,16 @@ GradientFn pool_gradient(const char* grad_op, std::optional<std::string> global_
 
 // Y = window max.  dX = dY scattered to each window's (first) argmax, recomputed from X
 ONNXTRAIN_OP(MaxPool, kOnnxDomain, 1).inputs(1).outputs(1, 2).shape(pool_shape).cpu_kernel<PoolKernel<true>>()
-    .gradient(pool_gradient("MaxPoolGrad"));
+    .work(memory_bound_work)    .gradient(pool_gradient("MaxPoolGrad"));
 // Y = window mean.  dX = dY / count spread evenly over each window (count per count_include_pad)
 ONNXTRAIN_OP(AveragePool, kOnnxDomain, 1).inputs(1).outputs(1).shape(pool_shape).cpu_kernel<PoolKernel<false>>()
-    .gradient(pool_gradient("AveragePoolGrad"));
+    .work(memory_bound_work)    .gradient(pool_gradient("AveragePoolGrad"));
 // Y = mean over spatial dims.  dX = broadcast(dY) / spatial size
-ONNXTRAIN_OP(GlobalAveragePool, kOnnxDomain, 1).inputs(1).outputs(1).shape(global_shape)
+ONNXTRAIN_OP(GlobalAveragePool, kOnnxDomain, 1).inputs(1).outputs(1).shape(global_shape).work(memory_bound_work)
     .cpu(global_pool_kernel<false>).gradient(pool_gradient("GlobalPoolGrad", "average"));
 // Y = max over spatial dims.  dX = dY at the (first) argmax of each plane, 0 elsewhere
 ONNXTRAIN_OP(GlobalMaxPool, kOnnxDomain, 1).inputs(1).outputs(1).shape(global_shape).cpu(global_pool_kernel<true>)
-    .gradient(pool_gradient("GlobalPoolGrad", "max"));
+    .work(memory_bound_work)    .gradient(pool_gradient("GlobalPoolGrad", "max"));
 
 // The fused pool backward ops are linear in dY (MaxPool's given its argmax): second derivatives
 // are not needed.

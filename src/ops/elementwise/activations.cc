@@ -152,7 +152,8 @@ void prelu_kernel(KernelContext& ctx) {
 }  // namespace
 
 #define OT_ACTIVATION(OP, SINCE, KERNEL) \
-  ONNXTRAIN_OP(OP, kOnnxDomain, SINCE).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0).cpu(KERNEL)
+  ONNXTRAIN_OP(OP, kOnnxDomain, SINCE).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0).cpu(KERNEL) \
+      .work(memory_bound_work)
 
 // y = x >= 0 ? x : alpha (exp(x) - 1).  dx = dy * (x >= 0 ? 1 : y + alpha)
 OT_ACTIVATION(Elu, 1, elu_kernel).gradient([](GradientBuilder& g) {
@@ -210,7 +211,7 @@ OT_ACTIVATION(Shrink, 9, shrink_kernel).gradient([](GradientBuilder& g) {
 // y = clamp(x, lo, hi) = min(max(x, lo), hi).  dx = dy * (lo <= x <= hi), i.e. where y == x
 // (onnxtrain.ClipGrad, one pass); dhi = sum(dy where y != x and y == hi),
 // dlo = sum(dy where y != x and y != hi) (bounds as inputs)
-ONNXTRAIN_OP(Clip, kOnnxDomain, 1).inputs(1, 3).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+ONNXTRAIN_OP(Clip, kOnnxDomain, 1).inputs(1, 3).outputs(1).shape(shape_same_as_input).inplace(0, 0).work(memory_bound_work)
     .cpu(clip_kernel).gradient([](GradientBuilder& g) {
       if (g.needs(0)) g.set(0, g.emit("ClipGrad", {g.dy(0), g.x(0), g.y(0)}, {}, kOnnxTrainDomain));
       if (!g.needs(1) && !g.needs(2)) return;
@@ -226,10 +227,10 @@ ONNXTRAIN_OP(Clip, kOnnxDomain, 1).inputs(1, 3).outputs(1).shape(shape_same_as_i
 // onnxtrain.ClipGrad(dY, X, Y) = dY where Y == X (X passed the clamp), else 0; written over dY.
 ONNXTRAIN_OP(ClipGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape([](ShapeContext& ctx) {
   ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
-}).inplace(0, 0).cpu(clip_grad_kernel).gradient_not_implemented("second derivatives of Clip are not needed for training");
+}).inplace(0, 0).work(memory_bound_work).cpu(clip_grad_kernel).gradient_not_implemented("second derivatives of Clip are not needed for training");
 
 // y = x < 0 ? slope x : x.  dx = dy * (x < 0 ? slope : 1), dslope = sum_to(dy * min(x, 0), slope)
-ONNXTRAIN_OP(PRelu, kOnnxDomain, 1).inputs(2).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+ONNXTRAIN_OP(PRelu, kOnnxDomain, 1).inputs(2).outputs(1).shape(shape_same_as_input).inplace(0, 0).work(memory_bound_work)
     .cpu(prelu_kernel).gradient([](GradientBuilder& g) {
       std::string negative = grad::less(g, g.x(0), grad::c(g, 0.0, g.x(0)));
       if (g.needs(0)) g.set(0, g.emit("Where", {negative, g.mul(g.dy(0), g.x(1)), g.dy(0)}));

@@ -60,7 +60,7 @@ void cast_like_kernel(KernelContext& ctx) { cast_to(ctx, ctx.input(1).dtype()); 
 }  // namespace
 
 // y = cast(x, to).  dx = cast(dy, dtype(x)) for float-to-float casts; none through integers or bool
-ONNXTRAIN_OP(Cast, kOnnxDomain, 6).inputs(1).outputs(1).inplace(0, 0)
+ONNXTRAIN_OP(Cast, kOnnxDomain, 6).inputs(1).outputs(1).inplace(0, 0).work(memory_bound_work)
     .shape([](ShapeContext& ctx) { ctx.set_output(0, attr_to(ctx.node()), ctx.input_shape(0)); })
     .cpu(cast_kernel).gradient([](GradientBuilder& g) {
       // Autodiff only asks for float inputs; a gradient reaches Y only when Y is float too.

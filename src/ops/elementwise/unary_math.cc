@@ -143,7 +143,7 @@ void relu_kernel(KernelContext& ctx) {
 
 #define OT_FLOAT_UNARY(OP, SINCE, FN) \
   ONNXTRAIN_OP(OP, kOnnxDomain, SINCE).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0) \
-      .cpu(float_unary_kernel<FN>)
+      .work(memory_bound_work).cpu(float_unary_kernel<FN>)
 
 // y = exp(x).  dx = dy * y
 OT_FLOAT_UNARY(Exp, 6, ExpFn).gradient([](GradientBuilder& g) {
@@ -166,14 +166,14 @@ OT_FLOAT_UNARY(Sigmoid, 6, SigmoidFn).gradient([](GradientBuilder& g) {
   grad::set_unary(g, g.mul(g.y(0), g.sub(grad::c(g, 1.0, g.x(0)), g.y(0))));
 });
 // y = max(x, 0).  dx = dy * (y > 0)
-ONNXTRAIN_OP(Relu, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+ONNXTRAIN_OP(Relu, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0).work(memory_bound_work)
     .cpu(relu_kernel).gradient([](GradientBuilder& g) {
       g.set(0, g.emit("ReluGrad", {g.dy(0), g.y(0)}, {}, kOnnxTrainDomain));
     });
 // onnxtrain.ReluGrad(dY, Y) = dY * (Y > 0), written over dY.
 ONNXTRAIN_OP(ReluGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape([](ShapeContext& ctx) {
   ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
-}).inplace(0, 0).cpu(relu_grad_kernel).gradient_not_implemented("second derivatives of Relu are not needed for training");
+}).inplace(0, 0).work(memory_bound_work).cpu(relu_grad_kernel).gradient_not_implemented("second derivatives of Relu are not needed for training");
 
 // y = sin(x).  dx = dy * cos(x)
 OT_FLOAT_UNARY(Sin, 7, SinFn).gradient([](GradientBuilder& g) {

@@ -94,18 +94,22 @@ void select_gradient(GradientBuilder& g) {
 // Ties: every input equal to the output gets the full dy (as ONNX Runtime does), so the gradients
 // of tied inputs sum to a multiple of dy; finite differences there are one-sided.
 ONNXTRAIN_OP(Max, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(shape_broadcast_inputs).inplace(0, 0)
+    .work(memory_bound_work)
     .cpu(variadic_kernel<MaxFn, false>).gradient(select_gradient);
 // y = min(x_i).  dx_i = sum_to(dy * (x_i == y), x_i)  (ties as for Max)
 ONNXTRAIN_OP(Min, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(shape_broadcast_inputs).inplace(0, 0)
+    .work(memory_bound_work)
     .cpu(variadic_kernel<MinFn, false>).gradient(select_gradient);
 // y = sum(x_i).  dx_i = sum_to(dy, x_i)
 ONNXTRAIN_OP(Sum, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(shape_broadcast_inputs).inplace(0, 0)
+    .work(memory_bound_work)
     .cpu(variadic_kernel<SumFn, false>).gradient([](GradientBuilder& g) {
       for (size_t i = 0; i < g.num_inputs(); ++i)
         if (g.needs(i)) g.set(i, g.sum_to(g.dy(0), g.x(i)));
     });
 // y = sum(x_i) / n.  dx_i = sum_to(dy / n, x_i)
 ONNXTRAIN_OP(Mean, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(shape_broadcast_inputs).inplace(0, 0)
+    .work(memory_bound_work)
     .cpu(variadic_kernel<SumFn, true>).gradient([](GradientBuilder& g) {
       std::string scaled = g.mul(g.dy(0), grad::c(g, 1.0 / double(g.num_inputs()), g.x(0)));
       for (size_t i = 0; i < g.num_inputs(); ++i)

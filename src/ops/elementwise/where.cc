@@ -85,6 +85,7 @@ void where_shape(ShapeContext& ctx) {
 
 // z = c ? x : y.  dx = sum_to(where(c, dz, 0), x), dy = sum_to(where(c, 0, dz), y); c gets none
 ONNXTRAIN_OP(Where, kOnnxDomain, 9).inputs(3).outputs(1).shape(where_shape).inplace(0, 1).inplace(0, 2)
+    .work(memory_bound_work)
     .cpu(where_kernel).gradient([](GradientBuilder& g) {
       // The condition is bool, so it never needs a gradient.
       if (g.needs(1)) g.set(1, g.sum_to(grad::where_or_zero(g, g.x(0), g.dy(0), g.x(1)), g.x(1)));

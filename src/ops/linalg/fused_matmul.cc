@@ -96,7 +96,7 @@ class FusedMatMulKernel final : public Kernel {
 // back for transA/transB, batch dims by sum_to), dbias = sum_to(dY, bias); an fp32 Y of half A
 // and B (output_dtype) is Y = cast(half product), so dY is cast to A's dtype first.
 ONNXTRAIN_OP(FusedMatMul, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1).shape(fused_matmul_shape)
-    .cpu_kernel<FusedMatMulKernel>()
+    .cpu_kernel<FusedMatMulKernel>().work(matmul_work)
     .gradient([](GradientBuilder& g) {
       const Node& n = g.node();
       const DType a = g.dtype(g.x(0));
@@ -111,7 +111,7 @@ ONNXTRAIN_OP(FusedMatMul, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1).shape(fus
 // ONNX Runtime's com.microsoft.FusedMatMul (what its optimizer writes into saved models): the same
 // op, imported as is; its transBatchA/transBatchB (batch-dim transposes) are refused by name.
 ONNXTRAIN_OP(FusedMatMul, kMsDomain, 1).inputs(2).outputs(1).shape(fused_matmul_shape)
-    .cpu_kernel<FusedMatMulKernel>()
+    .cpu_kernel<FusedMatMulKernel>().work(matmul_work)
     .gradient([](GradientBuilder& g) {
       const Node& n = g.node();
       matmul_gradient(g, 0, 1, n.attr_int("transA", 0) != 0, n.attr_int("transB", 0) != 0,

@@ -81,7 +81,7 @@ class GemmKernel final : public Kernel {
 
 // Y = alpha A' B' + beta C.  dA' = alpha dY B'^T, dB' = alpha A'^T dY (then transposed back per
 // transA/transB), dC = beta sum_to(dY, C)
-ONNXTRAIN_OP(Gemm, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(gemm_shape).cpu_kernel<GemmKernel>()
+ONNXTRAIN_OP(Gemm, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(gemm_shape).cpu_kernel<GemmKernel>().work(matmul_work)
     .gradient([](GradientBuilder& g) {
       const Node& n = g.node();
       matmul_gradient(g, 0, 1, n.attr_int("transA", 0) != 0, n.attr_int("transB", 0) != 0,

@@ -40,7 +40,7 @@ class MatMulKernel final : public Kernel {
 }  // namespace
 
 // Y = A B.  dA = dY B^T, dB = A^T dY (batch dims reduced with sum_to; 1-D operands unsqueezed)
-ONNXTRAIN_OP(MatMul, kOnnxDomain, 1).inputs(2).outputs(1).shape(matmul_shape).cpu_kernel<MatMulKernel>()
+ONNXTRAIN_OP(MatMul, kOnnxDomain, 1).inputs(2).outputs(1).shape(matmul_shape).cpu_kernel<MatMulKernel>().work(matmul_work)
     .gradient([](GradientBuilder& g) { matmul_gradient(g, 0, 1, false, false, 1.0f); });
 
 }  // namespace onnxtrain

@@ -244,6 +244,7 @@ void batch_norm_inference_form(Node& node, int64_t opset) {
 }  // namespace
 
 ONNXTRAIN_OP(BatchNormalization, kOnnxDomain, 1).inputs(5).outputs(1, 5).shape(shape_batch_norm).inplace(0, 0)
+    .work(memory_bound_work)
     .cpu(batch_norm_kernel).gradient(batch_norm_gradient)
     .state_inputs({3, 4}).state_updates(batch_norm_state_updates).inference_form(batch_norm_inference_form);
 // (dX, dScale, dB, dMean, dVar) = BatchNormalizationGrad(dY, X, scale, mean, var); second derivatives are not needed.

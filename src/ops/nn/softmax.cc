@@ -105,9 +105,11 @@ void softmax_gradient(GradientBuilder& g) {
 
 // y = softmax(x).  dx = y * (dy - sum(dy * y, axis))
 ONNXTRAIN_OP(Softmax, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+    .work(memory_bound_work)
     .cpu(softmax_kernel<false, true>).gradient(softmax_gradient<false>);
 // y = softmax(x).  dx = y * (dy - sum(dy * y, axis))
 ONNXTRAIN_OP(Softmax, kOnnxDomain, 13).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+    .work(memory_bound_work)
     .cpu(softmax_kernel<false, false>).gradient(softmax_gradient<false>);
 // y = x - logsumexp(x).  dx = dy - exp(y) * sum(dy, axis)
 ONNXTRAIN_OP(LogSoftmax, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)

@@ -394,6 +394,7 @@ void resize_gradient(GradientBuilder& g) {
 // Y = interpolate(X).  dX = the transposed interpolation of dY (each output scatters dY * weight to
 // its taps); roi, scales and sizes get no gradient
 ONNXTRAIN_OP(Resize, kOnnxDomain, 10).inputs(1, 4).outputs(1).shape(resize_shape).cpu_kernel<ResizeKernel>()
+    .work(memory_bound_work)
     .gradient(resize_gradient);
 // dX = ResizeGrad(dY, X, ...) is linear in dY: second derivatives are not needed.
 ONNXTRAIN_OP(ResizeGrad, kOnnxTrainDomain, 1).inputs(2, 5).outputs(1).shape([](ShapeContext& ctx) {

@@ -183,7 +183,7 @@ void split_gradient(GradientBuilder& g) {
 }  // namespace
 
 // y = concat(x_0..x_n, axis).  dx_i = split(dy, [dim(x_0, axis), ..., dim(x_n, axis)], axis)_i
-ONNXTRAIN_OP(Concat, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(concat_rule).cpu(concat_kernel)
+ONNXTRAIN_OP(Concat, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(concat_rule).cpu(concat_kernel).work(memory_bound_work)
     .gradient(concat_gradient);
 // y_i = split(x, axis)_i.  dx = concat(dy_0..dy_n, axis), zeros_like(y_i) for an output without dy_i
 ONNXTRAIN_OP(Split, kOnnxDomain, 1).inputs(1, 2).outputs(1, INT_MAX).shape(split_rule).cpu(split_kernel)

@@ -254,7 +254,7 @@ void pad_gradient(GradientBuilder& g) {
 
 // y = pad(x, pads, mode).  dx = pad_grad(dy, pads, mode): each output position's dy added to the x
 // position it was read from; d(constant_value) = sum(dy) - sum(dx)
-ONNXTRAIN_OP(Pad, kOnnxDomain, 1).inputs(1, 4).outputs(1).shape(pad_rule).cpu(pad_kernel).gradient(pad_gradient);
+ONNXTRAIN_OP(Pad, kOnnxDomain, 1).inputs(1, 4).outputs(1).shape(pad_rule).cpu(pad_kernel).work(memory_bound_work).gradient(pad_gradient);
 // dX = pad_grad(dY, pads, mode), the adjoint of Pad.  d(dY) = pad(d(dX), pads, mode, value 0)
 ONNXTRAIN_OP(PadGrad, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1).shape(pad_grad_rule).cpu(pad_grad_kernel)
     .gradient([](GradientBuilder& g) {

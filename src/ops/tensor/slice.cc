@@ -163,7 +163,7 @@ void slice_gradient(GradientBuilder& g) {
 }  // namespace
 
 // y = x[starts:ends:steps].  dx = zeros_like(x) with dy written at the sliced positions (SliceGrad)
-ONNXTRAIN_OP(Slice, kOnnxDomain, 1).inputs(1, 5).outputs(1).shape(slice_rule).cpu(slice_kernel)
+ONNXTRAIN_OP(Slice, kOnnxDomain, 1).inputs(1, 5).outputs(1).shape(slice_rule).cpu(slice_kernel).work(memory_bound_work)
     .gradient(slice_gradient);
 // dX = slice_grad(dY, shape, starts, ends, axes, steps): the adjoint of Slice.  d(dY) = slice(d(dX), ...)
 ONNXTRAIN_OP(SliceGrad, kOnnxTrainDomain, 1).inputs(4, 6).outputs(1).shape(shape_from_input1).cpu(slice_grad_kernel)

@@ -225,7 +225,7 @@ void depth_to_space_gradient(GradientBuilder& g) {
 }  // namespace
 
 // y = transpose(x, p).  dx = transpose(dy, inverse(p))
-ONNXTRAIN_OP(Transpose, kOnnxDomain, 1).inputs(1).outputs(1).shape(transpose_rule).cpu(transpose_kernel)
+ONNXTRAIN_OP(Transpose, kOnnxDomain, 1).inputs(1).outputs(1).shape(transpose_rule).cpu(transpose_kernel).work(memory_bound_work)
     .gradient(transpose_gradient);
 // y = depth_to_space(x, b).  DCR: dx = space_to_depth(dy, b); CRD: dx = reshape(transpose(view6(dy), [0,1,3,5,2,4]))
 ONNXTRAIN_OP(DepthToSpace, kOnnxDomain, 1).inputs(1).outputs(1).shape(block_rule<depth_to_space_shape>)
