@@ -84,8 +84,8 @@ struct Executor::Plan {
   MemoryReport report;
   size_t dynamic_allocations = 0;
   std::vector<char> is_graph_output_root;
-  // Per step: run on the calling thread alone (decide_serial_steps; empty until decided).
-  std::vector<char> serial;
+  // Every step runs on the calling thread alone (decide_serial).
+  bool serial = false, serial_decided = false;
 };
 
 namespace {
@@ -455,56 +455,60 @@ void Executor::hand_over(Plan& plan, Handover& h, const std::vector<std::pair<si
   }
 }
 
-void Executor::decide_serial_steps(Plan& plan) {
-  plan.serial.assign(steps_.size(), 0);
+// An op that states no work (it may compute far more per element than it touches: attention,
+// recurrences) counts as small only below this: 64 Ki elements touched.
+constexpr int64_t kUnstatedSerialWork = kMemoryBoundElementWork * 65536;
+
+void Executor::decide_serial(Plan& plan) {
+  plan.serial_decided = true;
+  plan.serial = false;
   if (omp_get_max_threads() <= 1) return;
   auto shape_of = [&](int id) -> const Shape* {
     if (id < 0 || !plan.others[size_t(id)].is_tensor()) return nullptr;
     if (plan.values[size_t(id)].defined()) return &plan.values[size_t(id)].shape();
     return plan.dtypes[size_t(id)] == DType::kUndefined ? nullptr : &plan.shapes[size_t(id)];
   };
-  for (size_t s = 0; s < steps_.size(); ++s) {
-    const Step& step = steps_[s];
-    if (!step.schema->work || !step.subgraphs.empty()) continue;
+  for (const Step& step : steps_) {
+    if (!step.subgraphs.empty()) return;
     std::vector<const Shape*> inputs, outputs;
     for (size_t i = 0; i < step.node->inputs.size() && i < step.inputs.size(); ++i) inputs.push_back(shape_of(step.inputs[i]));
-    bool known = true;
+    bool views = true;
     for (int id : step.outputs) {
       outputs.push_back(shape_of(id));
-      known = known && (id < 0 || outputs.back());
+      if (id >= 0 && !outputs.back()) return;  // not seen: no judgement
+      views = views && (id < 0 || plan.alias_of[size_t(id)] >= 0);
     }
-    if (!known || step.schema->work(inputs, outputs) >= kSerialWork) continue;
-    plan.serial[s] = 1;
-    plan.kernels[s] = step.schema->cpu(*step.node);
+    if (step.schema->work) {
+      if (step.schema->work(inputs, outputs) >= kSerialWork) return;
+    } else if (!views && memory_bound_work(inputs, outputs) >= kUnstatedSerialWork) {
+      return;  // an op that does not state its work may compute far more than it touches
+    }
   }
+  plan.serial = true;
+  for (size_t s = 0; s < steps_.size(); ++s)
+    if (steps_[s].schema->work) plan.kernels[s] = steps_[s].schema->cpu(*steps_[s].node);
 }
 
 namespace {
 
-// Switches the calling thread between the session's OpenMP thread count and one thread, step by
-// step; restores the session's count when the run ends (or throws).
-class StepThreads {
+// Sets the calling thread's OpenMP thread count for a scope.
+class OmpThreadsScope {
  public:
-  StepThreads() : threads_(omp_get_max_threads()) {}
-  ~StepThreads() { set(false); }
-  StepThreads(const StepThreads&) = delete;
-  StepThreads& operator=(const StepThreads&) = delete;
-  void set(bool serial) {
-    if (serial == serial_) return;
-    omp_set_num_threads(serial ? 1 : threads_);
-    serial_ = serial;
-  }
+  explicit OmpThreadsScope(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
+  ~OmpThreadsScope() { omp_set_num_threads(saved_); }
+  OmpThreadsScope(const OmpThreadsScope&) = delete;
+  OmpThreadsScope& operator=(const OmpThreadsScope&) = delete;
 
  private:
-  int threads_;
-  bool serial_ = false;
+  int saved_;
 };
 
 }  // namespace
 
 void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover* handover) {
   plan.dynamic_allocations = 0;
-  StepThreads threads;
+  std::optional<OmpThreadsScope> one_thread;
+  if (plan.serial) one_thread.emplace(1);
   if (handover) hand_over(plan, *handover, handover->after_step.back(), 0);  // feeds and initializers
   for (size_t s = 0; s < steps_.size(); ++s) {
     const Step& step = steps_[s];
@@ -517,7 +521,6 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
     StepContext ctx(node, model_.opset(node.domain), plan.values, plan.others, plan.planned, step.inputs,
                     step.outputs, plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr, is_constant_,
                     random_seed_, run_index, step.subgraphs.empty() ? nullptr : &subgraphs, plan.arena);
-    threads.set(!plan.serial.empty() && plan.serial[s]);
     try {
       if (options_.profile) {
         auto start = std::chrono::steady_clock::now();
@@ -755,7 +758,7 @@ std::vector<Value> Executor::run_values(const std::map<std::string, Value>& feed
     plan.values[size_t(id)] = v.tensor;
     plan.others[size_t(id)] = v.is_tensor() ? Value() : v;
   }
-  if (!recording && plan.serial.empty()) decide_serial_steps(plan);
+  if (!recording && !plan.serial_decided) decide_serial(plan);
   struct ClearFeeds {  // do not keep the caller's buffers alive past the run
     Plan& p; const std::vector<int>& ids;
     ~ClearFeeds() { for (int id : ids) { p.values[size_t(id)] = Tensor(); p.others[size_t(id)] = Value(); } }

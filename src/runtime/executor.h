@@ -136,10 +136,15 @@ class Executor {
   void validate_feeds(const std::map<std::string, Value>& feeds) const;
   std::string signature(const std::map<std::string, Value>& feeds) const;
   std::unique_ptr<Plan> new_plan();
-  // Marks the steps of a recorded plan whose op states its work (OpSchema::work) and whose work
-  // at the plan's shapes is below kSerialWork: they run on the calling thread alone. Their kernels
-  // are made afresh, since oneDNN sizes a primitive's thread partition when it creates it.
-  void decide_serial_steps(Plan& plan);
+  // Runs a recorded plan on the calling thread alone (no OpenMP region) when every step is small:
+  // its op states its work (OpSchema::work) and that is below kSerialWork at the plan's shapes, or
+  // it states none and touches few elements (kUnstatedSerialWork) or only makes views. A plan with
+  // any larger step keeps the session's threads throughout: serial steps between parallel ones
+  // let the pool's threads fall asleep, and on a loaded machine each wake-up costs a scheduler
+  // time slice (PP-OCR det at batch 16 ran 4x slower with per-step decisions, 2026-11-24). The
+  // kernels with stated work are made afresh, since oneDNN sizes a primitive's thread partition
+  // when it creates it.
+  void decide_serial(Plan& plan);
   // Outputs handed to an OutputReadyFn during one run: which become final after each step.
   struct Handover {
     const OutputReadyFn* on_ready = nullptr;

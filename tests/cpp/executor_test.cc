@@ -6,7 +6,9 @@
 
 #include <unistd.h>
 
+#include "core/parallel.h"
 #include "onnx/model_io.h"
+#include "ops/registry.h"
 #include "passes/passes.h"
 #include "runtime/executor.h"
 #include "test_util.h"
@@ -35,7 +37,46 @@ std::map<std::string, Tensor> chain_feeds(float shift) {
 }
 
 float chain_reference(float x, float b) { return std::exp(std::max(x + b, 0.0f)) * x; }
+
+// onnxtrain.TestThreadProbe(X) -> Y [1]: the OpenMP thread count its kernel ran with; a memory-bound
+// op by its stated work (8 per element of X and Y).
+void thread_probe_kernel(KernelContext& ctx) {
+  ctx.output(0, DType::kFloat32, {1}).data<float>()[0] = float(omp_get_max_threads());
+}
+ONNXTRAIN_OP(TestThreadProbe, kOnnxTrainDomain, 1).inputs(1).outputs(1).cpu(thread_probe_kernel)
+    .work(memory_bound_work);
+
+// Probes of X (elements each) and of a second input (big elements), under 2 threads: the thread
+// counts the probes saw in the recording run and in the next run.
+std::vector<float> probe_threads(int64_t elements, int64_t big) {
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{elements}), value("z", DType::kFloat32, Shape{big})};
+  g.outputs = {value("a", DType::kFloat32, std::nullopt), value("b", DType::kFloat32, std::nullopt)};
+  g.nodes = {make_node("TestThreadProbe", {"x"}, {"a"}), make_node("TestThreadProbe", {"z"}, {"b"})};
+  for (auto& n : g.nodes) n.domain = kOnnxTrainDomain;
+  Model m = make_model(std::move(g));
+  m.opsets[kOnnxTrainDomain] = 1;
+  const int saved = num_threads();
+  set_num_threads(2);
+  Executor ex(m);
+  std::map<std::string, Tensor> feeds{{"x", Tensor::zeros(DType::kFloat32, {elements})},
+                                      {"z", Tensor::zeros(DType::kFloat32, {big})}};
+  std::vector<float> seen;
+  for (int run = 0; run < 2; ++run)
+    for (const Tensor& t : ex.run(feeds)) seen.push_back(t.data<float>()[0]);
+  EXPECT_EQ(num_threads(), 2);  // restored after a serial run
+  set_num_threads(saved);
+  return seen;
+}
 }  // namespace
+
+// A plan whose every step is below kSerialWork runs on the calling thread alone (after its
+// recording run); one large step keeps the session's threads for the whole plan.
+TEST(Executor, SmallPlansRunOnOneThread) {
+  const int64_t large = kSerialWork / kMemoryBoundElementWork;  // X and Y: over the bar
+  EXPECT_EQ(probe_threads(16, 16), (std::vector<float>{2, 2, 1, 1}));
+  EXPECT_EQ(probe_threads(16, large), (std::vector<float>{2, 2, 2, 2}));
+}
 
 TEST(Executor, PlannedRunsMatchTheRecordingRunAndAllocateNothing) {
   Executor exec(chain_model());
