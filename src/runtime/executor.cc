@@ -12,6 +12,7 @@
 #endif
 
 #include "core/crc32c.h"
+#include "core/omp_threads.h"
 #include "core/parallel.h"
 #include "ir/subgraph.h"
 #include "ops/build_ops.h"
@@ -488,22 +489,6 @@ void Executor::decide_serial(Plan& plan) {
   for (size_t s = 0; s < steps_.size(); ++s)
     if (steps_[s].schema->work) plan.kernels[s] = steps_[s].schema->cpu(*steps_[s].node);
 }
-
-namespace {
-
-// Sets the calling thread's OpenMP thread count for a scope.
-class OmpThreadsScope {
- public:
-  explicit OmpThreadsScope(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
-  ~OmpThreadsScope() { omp_set_num_threads(saved_); }
-  OmpThreadsScope(const OmpThreadsScope&) = delete;
-  OmpThreadsScope& operator=(const OmpThreadsScope&) = delete;
-
- private:
-  int saved_;
-};
-
-}  // namespace
 
 void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover* handover) {
   plan.dynamic_allocations = 0;

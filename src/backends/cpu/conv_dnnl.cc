@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "backends/cpu/dnnl_utils.h"
+#include "core/omp_threads.h"
 
 namespace onnxtrain::cpu {
 
@@ -22,19 +23,6 @@ dt data_type(const ConvSpec& s, const std::string& context) {
            "or bfloat16, got ", dtype_name(s.dtype));
   return s.dtype == DType::kBFloat16 ? dt::bf16 : dt::f32;
 }
-
-// Sets the calling thread's OpenMP thread count for a scope. oneDNN (OpenMP build) sizes a
-// primitive's thread partition when the primitive is created.
-class OmpThreadsScope {
- public:
-  explicit OmpThreadsScope(int threads) : saved_(omp_get_max_threads()) { omp_set_num_threads(threads); }
-  ~OmpThreadsScope() { omp_set_num_threads(saved_); }
-  OmpThreadsScope(const OmpThreadsScope&) = delete;
-  OmpThreadsScope& operator=(const OmpThreadsScope&) = delete;
-
- private:
-  int saved_;
-};
 
 }  // namespace
 
