@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/parallel.h"
@@ -45,9 +46,11 @@ inline Vec load(const float* p) {
   return v;
 }
 
+inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+
 // tile[kMR][kNR] = sum over p < kc of A panel column p times B panel row p.
-inline void micro_kernel(int64_t kc, const float* ap, const float* bp, float* tile) {
-  Vec acc[kMR][2] = {};
+inline void micro_kernel(int64_t kc, const float* ap, const float* bp, Vec (&acc)[kMR][2]) {
+  for (int i = 0; i < kMR; ++i) acc[i][0] = acc[i][1] = Vec{};
   for (int64_t p = 0; p < kc; ++p) {
     const Vec b0 = load(bp), b1 = load(bp + kLanes);
     for (int i = 0; i < kMR; ++i) {
@@ -58,7 +61,6 @@ inline void micro_kernel(int64_t kc, const float* ap, const float* bp, float* ti
     ap += kMR;
     bp += kNR;
   }
-  std::memcpy(tile, acc, sizeof acc);
 }
 
 // Rows [i0, i0 + rows) of A's columns [p0, p0 + kc) as kMR-tall panels (column-major within a
@@ -107,6 +109,25 @@ void pack_b(const SgemmArgs& g, int64_t j0, int64_t cols, int64_t p0, int64_t kc
   pack(0, panels);
 }
 
+// A whole tile into C, in vectors; the same arithmetic, element by element, as store_tile.
+void store_full_tile(const SgemmArgs& g, const Vec (&acc)[kMR][2], int64_t i0, int64_t j0, bool first_slice) {
+  const Vec alpha = splat(g.alpha), beta = splat(g.beta);
+  for (int i = 0; i < kMR; ++i) {
+    float* c = g.c + (i0 + i) * g.ldc + j0;
+    for (int h = 0; h < 2; ++h) {
+      float* ch = c + h * kLanes;
+      if (!first_slice) {
+        store(ch, load(ch) + alpha * acc[i][h]);
+        continue;
+      }
+      Vec v = alpha * acc[i][h];
+      if (g.beta != 0.0f) v += beta * load(ch);
+      if (g.bias) v += load(g.bias + j0 + h * kLanes);
+      store(ch, v);
+    }
+  }
+}
+
 // Writes a tile's valid part into C: the first depth slice applies beta and the bias, later
 // slices accumulate.
 void store_tile(const SgemmArgs& g, const float* tile, int64_t i0, int64_t j0, int64_t rows, int64_t cols,
@@ -127,16 +148,25 @@ void store_tile(const SgemmArgs& g, const float* tile, int64_t i0, int64_t j0, i
   }
 }
 
-// Scratch buffers that outlive a call (a step's GEMMs reuse them).
-std::vector<float>& scratch(int which) {
-  thread_local std::vector<float> buffers[2];
-  return buffers[which];
+// Scratch buffers that outlive a call (a step's GEMMs reuse them), grown and never filled: the
+// packing writes every element it reads. (A std::vector resized between a small and a large
+// product zero-filled the difference on every call: 6% of the digits CNN's training step.)
+float* scratch(int which, int64_t count) {
+  struct Buffer {
+    std::unique_ptr<float[]> data;
+    int64_t size = 0;
+  };
+  thread_local Buffer buffers[2];
+  Buffer& b = buffers[which];
+  if (b.size < count) {
+    b.data = std::make_unique_for_overwrite<float[]>(size_t(count));
+    b.size = count;
+  }
+  return b.data.get();
 }
 
 // The whole product on the calling thread.
 void sgemm_serial(const SgemmArgs& g) {
-  std::vector<float>& a_pack = scratch(0);
-  std::vector<float>& b_pack = scratch(1);
   for (int64_t j0 = 0; j0 < g.n; j0 += kNC) {
     const int64_t cols = std::min(kNC, g.n - j0), n_panels = (cols + kNR - 1) / kNR;
     // Depth slices of at most kKC, evened out (k = 288 is one slice, not 256 + 32: every slice
@@ -144,21 +174,27 @@ void sgemm_serial(const SgemmArgs& g) {
     const int64_t slices = (g.k + kKC - 1) / kKC, slice_depth = (g.k + slices - 1) / slices;
     for (int64_t p0 = 0; p0 < g.k; p0 += slice_depth) {
       const int64_t kc = std::min(slice_depth, g.k - p0);
-      b_pack.resize(size_t(n_panels * kNR * kc));
-      pack_b(g, j0, cols, p0, kc, b_pack.data());
+      float* b_pack = scratch(1, n_panels * kNR * kc);
+      pack_b(g, j0, cols, p0, kc, b_pack);
       for (int64_t i0 = 0; i0 < g.m; i0 += kMC) {
         const int64_t rows = std::min(kMC, g.m - i0), m_panels = (rows + kMR - 1) / kMR;
-        a_pack.resize(size_t(m_panels * kMR * kc));
-        pack_a(g, i0, rows, p0, kc, a_pack.data());
+        float* a_pack = scratch(0, m_panels * kMR * kc);
+        pack_a(g, i0, rows, p0, kc, a_pack);
         // Tiles in B-panel-major order: consecutive tiles of one thread share a B panel.
         auto compute = [&](int64_t begin, int64_t end) {  // tiles [begin, end)
-          alignas(64) float tile[kMR * kNR];
+          Vec acc[kMR][2];
           for (int64_t t = begin; t < end; ++t) {
             const int64_t jp = t / m_panels, ip = t % m_panels;
-            micro_kernel(kc, a_pack.data() + ip * kMR * kc, b_pack.data() + jp * kNR * kc, tile);
+            micro_kernel(kc, a_pack + ip * kMR * kc, b_pack + jp * kNR * kc, acc);
             const int64_t r = ip * kMR, c = jp * kNR;
-            store_tile(g, tile, i0 + r, j0 + c, std::min<int64_t>(kMR, rows - r), std::min<int64_t>(kNR, cols - c),
-                       p0 == 0);
+            if (rows - r >= kMR && cols - c >= kNR) {
+              store_full_tile(g, acc, i0 + r, j0 + c, p0 == 0);
+            } else {
+              alignas(64) float tile[kMR * kNR];
+              std::memcpy(tile, acc, sizeof acc);
+              store_tile(g, tile, i0 + r, j0 + c, std::min<int64_t>(kMR, rows - r), std::min<int64_t>(kNR, cols - c),
+                         p0 == 0);
+            }
           }
         };
         compute(0, m_panels * n_panels);
