@@ -12,6 +12,7 @@
 
 #include "backends/cpu/conv.h"
 #include "backends/cpu/sgemm_blocked.h"
+#include "backends/cpu/thread_scratch.h"
 #include "core/parallel.h"
 
 namespace onnxtrain::cpu {
@@ -172,22 +173,7 @@ void activate(const ConvSpec& s, float* y, int64_t count) {
   });
 }
 
-// Per-thread scratch that outlives a call: a step's convolutions reuse it instead of allocating
-// their column matrices every time. Left uninitialised: every user writes what it reads (zero-
-// filling it cost the first step of a process ~20% of its time on the digits CNN).
-float* scratch(int which, int64_t count) {
-  struct Buffer {
-    std::unique_ptr<float[]> data;
-    size_t size = 0;
-  };
-  thread_local Buffer buffers[3];
-  Buffer& b = buffers[which];
-  if (b.size < size_t(count)) {
-    b.data = std::make_unique_for_overwrite<float[]>(size_t(count));
-    b.size = size_t(count);
-  }
-  return b.data.get();
-}
+float* scratch(int which, int64_t count) { return thread_scratch<ScratchUser::kConvolution>(which, count); }
 
 std::vector<int64_t> spatial(const Shape& x) { return std::vector<int64_t>(x.begin() + 2, x.end()); }
 

@@ -5,6 +5,7 @@
 #include <memory>
 #include <vector>
 
+#include "backends/cpu/thread_scratch.h"
 #include "core/parallel.h"
 
 namespace onnxtrain::cpu {
@@ -157,22 +158,7 @@ void store_tile(const SgemmArgs& g, const float* tile, int64_t i0, int64_t j0, i
   }
 }
 
-// Scratch buffers that outlive a call (a step's GEMMs reuse them), grown and never filled: the
-// packing writes every element it reads. (A std::vector resized between a small and a large
-// product zero-filled the difference on every call: 6% of the digits CNN's training step.)
-float* scratch(int which, int64_t count) {
-  struct Buffer {
-    std::unique_ptr<float[]> data;
-    int64_t size = 0;
-  };
-  thread_local Buffer buffers[2];
-  Buffer& b = buffers[which];
-  if (b.size < count) {
-    b.data = std::make_unique_for_overwrite<float[]>(size_t(count));
-    b.size = count;
-  }
-  return b.data.get();
-}
+float* scratch(int which, int64_t count) { return thread_scratch<ScratchUser::kGemm>(which, count); }
 
 // The whole product on the calling thread.
 void sgemm_serial(const SgemmArgs& g) {

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "ops/common.h"
+#include "ops/registry.h"  // ONNXTRAIN_GRADIENT_RULES
 
 namespace onnxtrain {
 
