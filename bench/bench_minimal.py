@@ -9,6 +9,10 @@ pre-compiled at least 5x faster).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_minimal.py [--repeats 3] [--epochs 5]
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_minimal.py --startup-only [--repeats 7]
+    PYTHONPATH=build/python /usr/bin/python3 bench/bench_minimal.py --training-only [--repeats 7]
+
+--training-only (about 1 minute) takes build/ and build-minimal-digits/ as they are: their stripped
+sizes, and the digits training from C on one thread, interleaved pairs, medians of wall and CPU time.
 
 Builds the op-set variants into build-minimal-<name>/ (cmake, ccache), writes bench/out/minimal/.
 """
@@ -82,20 +86,41 @@ def bert_ops_file() -> str:
     return os.path.join(directory, "ops.txt")
 
 
-def train_digits_c(build: str, epochs: int) -> tuple:
-    """(wall seconds, peak RSS in MB, test accuracy) of the C example on the digits artifacts."""
+def train_digits_c(build: str, epochs: int, threads: int | None = 1) -> tuple:
+    """(wall seconds, peak RSS in MB, test accuracy, CPU seconds) of the C example on the digits
+    artifacts, on `threads` OpenMP threads (None: the environment's)."""
+    env = dict(os.environ)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         proc = subprocess.Popen([os.path.join(build, "examples", "train_digits_c"),
                                  os.path.join(DIGITS, "digits_artifacts"), os.path.join(DIGITS, "digits_raw"), out,
-                                 "0", str(epochs)], stdout=subprocess.PIPE, text=True)
+                                 "0", str(epochs)], stdout=subprocess.PIPE, text=True, env=env)
         stdout = proc.stdout.read()
         _, status, usage = os.wait4(proc.pid, 0)
         seconds = time.perf_counter() - start
         if status != 0:
             raise RuntimeError(f"train_digits_c on {build} failed:\n{stdout}")
         accuracy = float(stdout.split("test accuracy ")[1].split()[0])
-        return seconds, usage.ru_maxrss / 1024, accuracy
+        return seconds, usage.ru_maxrss / 1024, accuracy, usage.ru_utime + usage.ru_stime
+
+
+def training_speed(full: str, minimal: str, epochs: int, repeats: int) -> None:
+    """The digits training from C on both builds, one thread, interleaved pairs (a warm-up pair
+    first), medians of wall and CPU time and of the per-pair ratios (target: minimal <= 1.3x)."""
+    train_digits_c(full, epochs), train_digits_c(minimal, epochs)
+    results = {"full": [], "minimal": []}
+    for _ in range(repeats):
+        for name, build in (("full", full), ("minimal", minimal)):
+            results[name].append(train_digits_c(build, epochs))
+    for name, rows in results.items():
+        print(f"digits training from C, {epochs} epochs, 1 thread, {name:7s}: median wall {median([r[0] for r in rows]):.2f} s, "
+              f"CPU {median([r[3] for r in rows]):.2f} s, peak RSS {max(r[1] for r in rows):.1f} MB, "
+              f"accuracy {rows[-1][2]:.4f}")
+    for what, i in (("wall", 0), ("CPU", 3)):
+        ratio = median([m[i] / f[i] for m, f in zip(results["minimal"], results["full"])])
+        print(f"minimal / full training {what} time: {ratio:.2f}x (median of {repeats} interleaved pairs; target <= 1.3x)")
 
 
 # The artifacts startup is measured on, with the inputs bench/startup.cc feeds (zeros).
@@ -163,7 +188,15 @@ def main(argv=None) -> int:
     parser.add_argument("--full-build", default=os.path.join(ROOT, "build"))
     parser.add_argument("--startup-only", action="store_true",
                         help="only the startup comparison, on build/ and build-minimal/ as they are")
+    parser.add_argument("--training-only", action="store_true",
+                        help="only sizes and training speed, on build/ and build-minimal-digits/ as they are")
     args = parser.parse_args(argv)
+    if args.training_only:
+        minimal = os.path.join(ROOT, "build-minimal-digits")
+        for name, build in (("full", args.full_build), ("minimal, digits CNN ops", minimal)):
+            print(f"{name}: libonnxtrain.so {stripped_mb(os.path.join(build, 'libonnxtrain.so')):.2f} MB stripped")
+        training_speed(args.full_build, minimal, args.epochs, args.repeats)
+        return 0
     os.makedirs(OUT, exist_ok=True)
     if not os.path.isfile(os.path.join(DIGITS, "digits_artifacts", "ops.txt")):
         run([sys.executable, os.path.join(ROOT, "examples", "demo.py")], stdout=subprocess.DEVNULL)
@@ -188,16 +221,7 @@ def main(argv=None) -> int:
               f"libraries beyond libc/libstdc++/libgomp: {len(loaded_libraries(lib))}")
 
     # Training speed and memory: the same C program and artifacts on both builds, interleaved.
-    minimal = builds["digits CNN ops"]
-    results = {"full": [], "minimal": []}
-    for _ in range(args.repeats):
-        for name, build in (("full", args.full_build), ("minimal", minimal)):
-            results[name].append(train_digits_c(build, args.epochs))
-    for name, rows in results.items():
-        print(f"digits training from C, {args.epochs} epochs, {name:7s}: median {median([r[0] for r in rows]):.2f} s, "
-              f"peak RSS {max(r[1] for r in rows):.1f} MB, accuracy {rows[-1][2]:.4f}")
-    ratio = median([m[0] / f[0] for m, f in zip(results["minimal"], results["full"])])
-    print(f"minimal / full training time: {ratio:.2f}x (median of {args.repeats} interleaved pairs; target <= 1.3x)")
+    training_speed(args.full_build, builds["digits CNN ops"], args.epochs, args.repeats)
     startup({"full": args.full_build, "minimal": builds["every op"]}, max(args.repeats, 5))
     return 0
 

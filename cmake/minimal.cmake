@@ -24,6 +24,9 @@ set(_left_out
   src/training/trainer.cc                     # the CLI's training loop
   src/passes/mixed_precision.cc src/passes/compute_optimizer.cc  # artifact/TrainModule-time passes
   src/passes/sparsity.cc                      # TrainModule-time label/padding sparsity
+  src/passes/memory_optimizer.cc              # recompute/offload plans: artifact generation
+  src/training/quantize.cc                    # weight quantization: artifact generation
+  src/ops/gradient_builder.cc src/ops/graph_builder.cc  # what gradient rules are written with
   src/onnx/model_io.cc                        # protobuf (replaced by model_io_minimal.cc)
   src/backends/cpu/gemm_dnnl.cc src/backends/cpu/conv_dnnl.cc src/backends/cpu/pool_dnnl.cc
   src/backends/cpu/dnnl_utils.cc              # oneDNN (replaced by gemm_, conv_, pool_minimal.cc)
@@ -46,6 +49,8 @@ endforeach()
 
 # ---- ops: each op file (src/ops/<family>/*.cc) stays when it registers a selected op; files that
 # register none (shared helpers) always stay, as does the optimizer family (Optimizer needs it).
+# Within a kept file each op is guarded on its own (generated ops_in_build.h, read by
+# ONNXTRAIN_OP in ops/registry.h): Relu keeps Relu's kernel, not its file's 30 other unary ops.
 include(${CMAKE_CURRENT_LIST_DIR}/op_files.cmake)
 set(_wanted ${ONNXTRAIN_OPS})
 string(REPLACE "," ";" _wanted "${_wanted}")
@@ -60,6 +65,7 @@ set(_ops_left_out "")
 if(_wanted)
   onnxtrain_op_files("${ONNXTRAIN_MINIMAL_SOURCES}" _op_of_file)
   set(_known_ops "")
+  set(_ops_in_build "")
   foreach(_entry IN LISTS _op_of_file)
     string(REPLACE "=" ";" _pair "${_entry}")
     list(GET _pair 0 _file)
@@ -74,26 +80,82 @@ if(_wanted)
     endforeach()
     if(_file MATCHES "/ops/optimizer/")
       set(_selected TRUE)
+      list(APPEND _ops_in_build ${_ops})
     endif()
     if(NOT _selected)
       list(REMOVE_ITEM ONNXTRAIN_MINIMAL_SOURCES ${_file})
-      list(APPEND _ops_left_out ${_ops})
     endif()
   endforeach()
+  # A family's helper files (src/ops/<family>/*.cc registering no op) stay when an op file of the
+  # family stays, when a kept source includes the helper's own header (ops/<family>/<name>.h), or
+  # when it includes a family header no file is named after (then all the family's helpers).
+  set(_families_kept "")
+  set(_helpers_included "")
+  foreach(_f IN LISTS ONNXTRAIN_MINIMAL_SOURCES)
+    set(_own_family "")
+    if(_f MATCHES "/src/ops/([a-z_]+)/[^/]+\\.cc$")
+      set(_own_family ${CMAKE_MATCH_1})
+      set(_family ${CMAKE_MATCH_1})
+      foreach(_entry IN LISTS _op_of_file)
+        string(FIND "${_entry}" "${_f}=" _at)
+        if(_at EQUAL 0)
+          list(APPEND _families_kept ${_family})
+        endif()
+      endforeach()
+    endif()
+    file(STRINGS "${_f}" _includes REGEX "^#include \"ops/[a-z_]+/[a-z_]+\\.h\"")
+    foreach(_inc IN LISTS _includes)
+      string(REGEX REPLACE "^#include \"(ops/[a-z_]+/[a-z_]+)\\.h\".*" "\\1" _header "${_inc}")
+      if(_header MATCHES "^ops/${_own_family}/")
+        continue()
+      elseif(EXISTS "${CMAKE_CURRENT_SOURCE_DIR}/src/${_header}.cc")
+        list(APPEND _helpers_included ${_header})
+      else()  # a family header with no file of its name (tensor_ops.h): all the family's helpers
+        string(REGEX REPLACE "^ops/([a-z_]+)/.*" "\\1" _family "${_header}")
+        list(APPEND _families_kept ${_family})
+      endif()
+    endforeach()
+  endforeach()
+  list(REMOVE_DUPLICATES _families_kept)
+  foreach(_f IN LISTS ONNXTRAIN_MINIMAL_SOURCES)
+    if(_f MATCHES "/src/(ops/([a-z_]+)/[^/]+)\\.cc$" AND NOT CMAKE_MATCH_2 IN_LIST _families_kept
+       AND NOT CMAKE_MATCH_1 IN_LIST _helpers_included)
+      list(REMOVE_ITEM ONNXTRAIN_MINIMAL_SOURCES ${_f})
+    endif()
+  endforeach()
+  list(APPEND _ops_in_build ${_wanted})
+  list(REMOVE_DUPLICATES _ops_in_build)
+  list(SORT _ops_in_build)
+  set(_ops_left_out ${_known_ops})
   foreach(_op IN LISTS _wanted)
     if(NOT _op IN_LIST _known_ops)
       message(FATAL_ERROR "ONNXTRAIN_OPS: no op file registers '${_op}'")
     endif()
   endforeach()
-  list(REMOVE_ITEM _ops_left_out ${_wanted})
+  list(REMOVE_ITEM _ops_left_out ${_ops_in_build})
   list(REMOVE_DUPLICATES _ops_left_out)
   list(SORT _ops_left_out)
   list(LENGTH _wanted _n_wanted)
+  list(LENGTH _ops_in_build _n_in)
   list(LENGTH _ops_left_out _n_out)
-  message(STATUS "onnxtrain minimal: ${_n_wanted} ops asked for; the files registering them leave ${_n_out} ops out")
+  message(STATUS "onnxtrain minimal: ${_n_wanted} ops asked for, ${_n_in} built (with the optimizer's), ${_n_out} left out")
+  list(JOIN _ops_in_build "\", \"" _in_build_list)
+  set(_in_build_body "for (std::string_view op : {\"${_in_build_list}\"})
+    if (op == op_type) return true;
+  return false;")
 else()
   message(STATUS "onnxtrain minimal: every op (set ONNXTRAIN_OPS or ONNXTRAIN_OPS_FILE to choose)")
+  set(_in_build_body "return true;")
 endif()
+configure_file(${CMAKE_CURRENT_SOURCE_DIR}/src/ops/ops_in_build_minimal.h.in
+               ${CMAKE_BINARY_DIR}/generated/ops_in_build.h @ONLY)
+# Only the op files see the switch (and so recompile when the selection changes): every other
+# source keeps the full build's command line, which the compiler cache serves to both builds.
+foreach(_f IN LISTS ONNXTRAIN_MINIMAL_SOURCES)
+  if(_f MATCHES "/src/ops/[a-z_]+/[^/]+\\.cc$")
+    set_property(SOURCE ${_f} APPEND PROPERTY COMPILE_DEFINITIONS ONNXTRAIN_MINIMAL_OPS=1)
+  endif()
+endforeach()
 # The left-out list, so an unknown op can say which option adds it (src/ops/build_ops.h).
 list(JOIN _ops_left_out "\",\n    \"" _left_out_lines)
 if(_ops_left_out)
@@ -105,7 +167,7 @@ list(APPEND ONNXTRAIN_MINIMAL_SOURCES ${CMAKE_BINARY_DIR}/generated/build_ops.cc
 # ---- the library
 add_library(onnxtrain SHARED ${ONNXTRAIN_MINIMAL_SOURCES})
 target_include_directories(onnxtrain PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
-                           PRIVATE src)
+                           PRIVATE src ${CMAKE_BINARY_DIR}/generated)
 # The same definitions as the full build (ONNX_* are unused here) keep every shared source's command
 # line identical, so the compiler cache serves both builds.
 target_compile_definitions(onnxtrain PUBLIC ONNX_ML=1 ONNX_NAMESPACE=onnx

@@ -1,5 +1,7 @@
 #include "ir/graph.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <queue>
 #include <sstream>
@@ -190,6 +192,22 @@ std::string to_string(const Graph& graph) {
   }
   for (const auto& out : graph.outputs) os << "  output " << out.name << "\n";
   return os.str();
+}
+
+std::vector<std::string> default_forward_outputs(const Graph& graph) {
+  std::vector<std::string> out;
+  for (const auto& o : graph.outputs) {
+    bool gradient = o.name.size() > 5 && o.name.compare(o.name.size() - 5, 5, "_grad") == 0 &&
+                    (graph.is_input(o.name.substr(0, o.name.size() - 5)) ||
+                     graph.is_initializer(o.name.substr(0, o.name.size() - 5)));
+    if (!gradient) out.push_back(o.name);
+  }
+  return out;
+}
+
+bool name_matches(const std::string& name, const std::string& pattern) {
+  if (pattern.find_first_of("*?[") != std::string::npos) return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
+  return name.find(pattern) != std::string::npos;
 }
 
 }  // namespace onnxtrain

@@ -136,4 +136,11 @@ struct Model {
 // A readable dump: one line per node with its inputs, outputs and attributes.
 std::string to_string(const Graph& graph);
 
+// The forward of a training graph: nodes that `forward_outputs` depend on. Everything else is the
+// backward. These are the graph outputs that are not "<input>_grad" gradients.
+std::vector<std::string> default_forward_outputs(const Graph& graph);
+
+// True when a node or value `name` matches a pattern: a glob when it holds * or ?, else a substring.
+bool name_matches(const std::string& name, const std::string& pattern);
+
 }  // namespace onnxtrain

@@ -95,6 +95,11 @@ OpBuilder& OpBuilder::gradient(GradientFn fn) {
   schema_.gradient_status = GradientStatus::kDifferentiable;
   return *this;
 }
+OpBuilder& OpBuilder::gradient_rule_left_out() {
+  schema_.gradient_status = GradientStatus::kDifferentiable;
+  schema_.gradient_note = "the minimal runtime has no gradient rules (generate artifacts with the full build)";
+  return *this;
+}
 OpBuilder& OpBuilder::not_differentiable() {
   schema_.gradient_status = GradientStatus::kNotDifferentiable;
   return *this;

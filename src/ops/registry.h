@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -112,6 +113,8 @@ class OpBuilder {
     return cpu(KernelFactory([](const Node& n) -> std::unique_ptr<Kernel> { return std::make_unique<K>(n); }));
   }
   OpBuilder& gradient(GradientFn fn);
+  // Differentiable, but this build has no gradient rules (the minimal runtime: RuntimeOpBuilder).
+  OpBuilder& gradient_rule_left_out();
   OpBuilder& not_differentiable();
   OpBuilder& gradient_not_implemented(std::string reason);
   OpBuilder& inplace(int output, int input);
@@ -125,14 +128,98 @@ class OpBuilder {
   OpSchema schema_;
 };
 
+// What ONNXTRAIN_OP declares in the op files of a minimal build (cmake/minimal.cmake): the minimal
+// runtime runs prepared artifacts, so it keeps an op's schema, shape rule and kernel but not its
+// gradient rule (artifact generation's), whose lambda is then never instantiated.
+class RuntimeOpBuilder {
+ public:
+  RuntimeOpBuilder(const char* op_type, const std::string& domain, int since_version, const char* file)
+      : builder_(op_type, domain, since_version, file) {}
+  RuntimeOpBuilder& inputs(int n) { return inputs(n, n); }
+  RuntimeOpBuilder& inputs(int min, int max) { builder_.inputs(min, max); return *this; }
+  RuntimeOpBuilder& outputs(int n) { return outputs(n, n); }
+  RuntimeOpBuilder& outputs(int min, int max) { builder_.outputs(min, max); return *this; }
+  RuntimeOpBuilder& shape(ShapeFn fn) { builder_.shape(std::move(fn)); return *this; }
+  RuntimeOpBuilder& cpu(KernelFn fn) { builder_.cpu(fn); return *this; }
+  RuntimeOpBuilder& cpu(KernelFactory factory) { builder_.cpu(std::move(factory)); return *this; }
+  template <typename K>
+  RuntimeOpBuilder& cpu_kernel() { builder_.cpu_kernel<K>(); return *this; }
+  template <typename Rule>
+  RuntimeOpBuilder& gradient(const Rule&) { builder_.gradient_rule_left_out(); return *this; }
+  RuntimeOpBuilder& not_differentiable() { builder_.not_differentiable(); return *this; }
+  RuntimeOpBuilder& gradient_not_implemented(std::string reason) {
+    builder_.gradient_not_implemented(std::move(reason));
+    return *this;
+  }
+  RuntimeOpBuilder& inplace(int output, int input) { builder_.inplace(output, input); return *this; }
+  RuntimeOpBuilder& state_inputs(std::vector<int> inputs) { builder_.state_inputs(std::move(inputs)); return *this; }
+  RuntimeOpBuilder& state_updates(StateUpdatesFn fn) { builder_.state_updates(std::move(fn)); return *this; }
+  RuntimeOpBuilder& inference_form(InferenceFormFn fn) { builder_.inference_form(std::move(fn)); return *this; }
+  const OpBuilder& builder() const { return builder_; }
+
+ private:
+  OpBuilder builder_;
+};
+
+// What ONNXTRAIN_OP declares for an op the minimal build's ONNXTRAIN_OPS left out: nothing. Every
+// call takes its argument and drops it, so the kernel, shape rule and helpers only this op uses
+// are never referenced and the compiler leaves them out of the library.
+class LeftOutOp {
+ public:
+  template <typename Domain>
+  constexpr LeftOutOp(const char*, const Domain&, int, const char*) {}
+  constexpr LeftOutOp& inputs(int) { return *this; }
+  constexpr LeftOutOp& inputs(int, int) { return *this; }
+  constexpr LeftOutOp& outputs(int) { return *this; }
+  constexpr LeftOutOp& outputs(int, int) { return *this; }
+  constexpr LeftOutOp& inplace(int, int) { return *this; }
+  constexpr LeftOutOp& not_differentiable() { return *this; }
+  constexpr LeftOutOp& cpu(KernelFn) { return *this; }  // not a template: overloaded kernel names resolve
+  template <typename K>
+  constexpr LeftOutOp& cpu_kernel() { return *this; }
+  template <typename Any>
+  constexpr LeftOutOp& cpu(const Any&) { return *this; }
+  template <typename Any>
+  constexpr LeftOutOp& shape(const Any&) { return *this; }
+  template <typename Any>
+  constexpr LeftOutOp& gradient(const Any&) { return *this; }
+  template <typename Any>
+  constexpr LeftOutOp& gradient_not_implemented(const Any&) { return *this; }
+  template <typename Any>
+  constexpr LeftOutOp& state_inputs(const Any&) { return *this; }
+  template <typename Any>
+  constexpr LeftOutOp& state_updates(const Any&) { return *this; }
+  template <typename Any>
+  constexpr LeftOutOp& inference_form(const Any&) { return *this; }
+};
+
 struct OpRegistration {
   OpRegistration(const OpBuilder& builder);  // NOLINT: implicit, so the macro reads as a chain
+  OpRegistration(const RuntimeOpBuilder& b) : OpRegistration(b.builder()) {}  // NOLINT: as above
+  constexpr OpRegistration(const LeftOutOp&) {}                                // NOLINT: as above
 };
 
 }  // namespace onnxtrain
 
 #define OT_CONCAT_INNER(a, b) a##b
 #define OT_CONCAT(a, b) OT_CONCAT_INNER(a, b)
+// 0 in a minimal build's op files, which have no gradient rules: helpers that only gradient rules
+// call are compiled `#if ONNXTRAIN_GRADIENT_RULES` (the rules themselves go with RuntimeOpBuilder).
+#ifdef ONNXTRAIN_MINIMAL_OPS
+#define ONNXTRAIN_GRADIENT_RULES 0
+#else
+#define ONNXTRAIN_GRADIENT_RULES 1
+#endif
+#ifdef ONNXTRAIN_MINIMAL_OPS
+// A minimal build's op files: the generated ops_in_build.h (cmake/minimal.cmake) says which ops
+// ONNXTRAIN_OPS / ONNXTRAIN_OPS_FILE selected; the others register nothing.
+#include "ops_in_build.h"
+#define OT_OP_BUILDER(OP)                                                              \
+  std::conditional_t<::onnxtrain::op_in_build(#OP), ::onnxtrain::RuntimeOpBuilder, \
+                     ::onnxtrain::LeftOutOp>
+#else
+#define OT_OP_BUILDER(OP) ::onnxtrain::OpBuilder
+#endif
 #define ONNXTRAIN_OP(OP, DOMAIN, SINCE)                                              \
   [[maybe_unused]] static const ::onnxtrain::OpRegistration OT_CONCAT(ot_op_reg_, __COUNTER__) = \
-      ::onnxtrain::OpBuilder(#OP, DOMAIN, SINCE, __FILE__)
+      OT_OP_BUILDER(OP)(#OP, DOMAIN, SINCE, __FILE__)

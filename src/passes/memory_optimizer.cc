@@ -597,17 +597,6 @@ std::vector<CheckpointRegion> take_checkpoint_regions(Graph& g) {
   return regions;
 }
 
-std::vector<std::string> default_forward_outputs(const Graph& graph) {
-  std::vector<std::string> out;
-  for (const auto& o : graph.outputs) {
-    bool gradient = o.name.size() > 5 && o.name.compare(o.name.size() - 5, 5, "_grad") == 0 &&
-                    (graph.is_input(o.name.substr(0, o.name.size() - 5)) ||
-                     graph.is_initializer(o.name.substr(0, o.name.size() - 5)));
-    if (!gradient) out.push_back(o.name);
-  }
-  return out;
-}
-
 MemoryPlan analyze_memory(const Model& model, const std::vector<std::string>& forward_outputs,
                           const MemoryOptimizerOptions& options, const std::map<std::string, int64_t>& dims) {
   Model copy = model;

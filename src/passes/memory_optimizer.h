@@ -72,10 +72,6 @@ struct MemoryPlan {
   std::vector<std::string> notes;          // plans reported and not applied, with why
 };
 
-// The forward of a training graph: nodes that `forward_outputs` depend on. Everything else is the
-// backward. With no names given, the graph outputs that are not "<input>_grad" gradients.
-std::vector<std::string> default_forward_outputs(const Graph& graph);
-
 // Analyses without changing the model. `dims` binds symbolic dims for the byte numbers (dims the
 // model states statically need no binding).
 MemoryPlan analyze_memory(const Model& model, const std::vector<std::string>& forward_outputs,

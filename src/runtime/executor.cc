@@ -17,7 +17,6 @@
 #include "ir/subgraph.h"
 #include "ops/build_ops.h"
 #include "ops/subgraph.h"
-#include "passes/memory_optimizer.h"
 #include "passes/shape_inference.h"
 #include "runtime/memory_planner.h"
 

@@ -1,7 +1,5 @@
 #include "training/quantize.h"
 
-#include <fnmatch.h>
-
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -11,11 +9,6 @@
 #include "ops/contrib/nbits_layout.h"
 
 namespace onnxtrain {
-
-bool name_matches(const std::string& name, const std::string& pattern) {
-  if (pattern.find_first_of("*?[") != std::string::npos) return fnmatch(pattern.c_str(), name.c_str(), 0) == 0;
-  return name.find(pattern) != std::string::npos;
-}
 
 namespace {
 

@@ -19,7 +19,4 @@ struct QuantizedWeight {
 };
 QuantizedWeight quantize_weight(const float* w_nk, int64_t n, int64_t k, const QuantizeOptions& options);
 
-// True when `name` matches a pattern: a glob when it holds * or ?, else a substring.
-bool name_matches(const std::string& name, const std::string& pattern);
-
 }  // namespace onnxtrain

@@ -17,6 +17,7 @@
 #include "onnx/model_io.h"
 #include "onnxtrain/session.h"
 #include "ops/build_ops.h"
+#include "ops/registry.h"
 #include "ops/conv/conv_reference.h"
 
 namespace onnxtrain {
@@ -185,6 +186,7 @@ TEST(MinimalBackend, PoolingMatchesDirectLoops) {
   struct PoolCase { Shape x; std::vector<int64_t> kernel, stride, dilation, pad_l, pad_r; bool max, include_pad; };
   const std::vector<PoolCase> cases = {
       {{2, 3, 8, 8}, {2, 2}, {2, 2}, {1, 1}, {0, 0}, {0, 0}, true, false},
+      {{1, 2, 7, 6}, {3, 2}, {1, 2}, {1, 1}, {0, 0}, {0, 0}, true, false},  // dense, overlapping windows
       {{1, 2, 7, 6}, {3, 2}, {2, 1}, {1, 2}, {1, 0}, {1, 1}, true, false},
       {{1, 2, 7, 6}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}, false, false},
       {{1, 2, 7, 6}, {3, 3}, {2, 2}, {1, 1}, {1, 1}, {1, 1}, false, true},
@@ -293,6 +295,34 @@ TEST(MinimalBackend, LeftOutOpsAreNamedWithTheOptionThatAddsThem) {
   EXPECT_FALSE(op_left_out_of_build("NoSuchOp"));
   EXPECT_NE(session_error("NoSuchOp").find("unknown op 'NoSuchOp'"), std::string::npos);
   RecordProperty("left_out_ops_checked", left_out);
+}
+
+TEST(MinimalBackend, OpsAreSelectedOneByOneWithoutGradientRules) {
+  // Ops that share a file (unary_math.cc, pool.cc, conv.cc): each is in the build exactly when
+  // the registry has it, whatever its file neighbours are. In the digits build Relu and MaxPool
+  // are in and Abs, Exp and AveragePool are out, though their files are compiled.
+  int split_files = 0;
+  auto registered = [](const std::string& op) {
+    return !OpRegistry::global().versions(kOnnxDomain, op).empty() ||
+           !OpRegistry::global().versions(kOnnxTrainDomain, op).empty();
+  };
+  for (const auto& [in_file, neighbour] : std::vector<std::pair<std::string, std::string>>{
+           {"Relu", "Abs"}, {"Relu", "Exp"}, {"MaxPool", "AveragePool"}, {"Conv", "FusedConv"}}) {
+    for (const std::string& op : {in_file, neighbour})
+      EXPECT_EQ(registered(op), !op_left_out_of_build(op)) << op;
+    if (registered(in_file) && !registered(neighbour)) {
+      ++split_files;
+      EXPECT_NE(session_error(neighbour).find("op '" + neighbour + "' is not in this minimal build"), std::string::npos);
+    }
+  }
+  RecordProperty("files_split_by_op", split_files);
+  // The minimal runtime runs prepared artifacts: schemas keep their gradient status, not their rules.
+  for (const OpSchema* schema : OpRegistry::global().all()) {
+    EXPECT_FALSE(schema->gradient) << schema->op_type;
+    if (schema->op_type == "Relu") {
+      EXPECT_EQ(schema->gradient_status, GradientStatus::kDifferentiable);
+    }
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "backends/cpu/conv.h"
 #include "backends/cpu/sgemm_blocked.h"
+#include "backends/cpu/thread_scratch.h"
 #include "core/parallel.h"
 
 namespace onnxtrain::cpu {
@@ -49,6 +50,35 @@ struct TapTable {
         if (++k[d] < s.kernel[d]) break;
         else k[d] = 0;
     }
+    build_runs();
+  }
+
+  // The table as runs along the grid: `len` grid positions from `g0` read image offsets off0,
+  // off0 + step, ... (off0 < 0: all in the padding). A 3x3 window over an 8x8 image is 1-3 runs
+  // per tap instead of 64 lookups and branches, and each run is a loop the compiler vectorises.
+  struct Run {
+    int64_t g0, len, off0, step;
+  };
+  std::vector<Run> runs;           // every tap's, in grid order
+  std::vector<int64_t> tap_runs;   // tap t's runs are runs[tap_runs[t], tap_runs[t + 1])
+
+  void build_runs() {
+    tap_runs.assign(1, 0);
+    for (int64_t t = 0; t < taps; ++t) {
+      const int64_t* off = offset.data() + t * grid;
+      for (int64_t g = 0; g < grid;) {
+        Run r{g, 1, off[g], 1};
+        if (off[g] < 0) {
+          while (g + r.len < grid && off[g + r.len] < 0) ++r.len;
+        } else if (g + 1 < grid && off[g + 1] > off[g]) {
+          r.step = off[g + 1] - off[g];
+          while (g + r.len < grid && off[g + r.len] == r.off0 + r.len * r.step) ++r.len;
+        }
+        runs.push_back(r);
+        g += r.len;
+      }
+      tap_runs.push_back(int64_t(runs.size()));
+    }
   }
 
   // col[(c, tap), j * grid + g] for image j of a chunk of `images` (ld = images * grid).
@@ -57,17 +87,29 @@ struct TapTable {
     parallel_for(channels * taps, std::max<int64_t>(1, 4096 / std::max<int64_t>(ld, 1)), [&](int64_t b, int64_t e) {
       for (int64_t row = b; row < e; ++row) {
         const int64_t c = row / taps, t = row % taps;
-        const int64_t* off = offset.data() + t * grid;
         for (int64_t j = 0; j < images; ++j) {
           const float* src = img + j * img_stride + c * image;
           float* dst = col + row * ld + j * grid;
-          for (int64_t g = 0; g < grid; ++g) dst[g] = off[g] >= 0 ? src[off[g]] : 0.0f;
+          for (int64_t ri = tap_runs[size_t(t)]; ri < tap_runs[size_t(t) + 1]; ++ri) {
+            const Run& r = runs[size_t(ri)];
+            float* out = dst + r.g0;
+            if (r.off0 < 0) {
+              std::fill(out, out + r.len, 0.0f);
+            } else if (r.step == 1) {
+              const float* in = src + r.off0;
+              for (int64_t i = 0; i < r.len; ++i) out[i] = in[i];
+            } else {
+              const float* in = src + r.off0;
+              for (int64_t i = 0; i < r.len; ++i) out[i] = in[i * r.step];
+            }
+          }
         }
       }
     });
   }
 
-  // The adjoint of im2col: img (zeroed here) receives the sum of every col entry that reads it.
+  // The adjoint of im2col: img (zeroed here) receives the sum of every col entry that reads it,
+  // taps in order and grid positions in order within a tap.
   void col2im(const float* col, int64_t channels, int64_t images, int64_t img_stride, float* img) const {
     const int64_t ld = images * grid;
     parallel_for(channels * images, 1, [&](int64_t b, int64_t e) {
@@ -76,10 +118,18 @@ struct TapTable {
         float* dst = img + j * img_stride + c * image;
         std::fill(dst, dst + image, 0.0f);
         for (int64_t t = 0; t < taps; ++t) {
-          const int64_t* off = offset.data() + t * grid;
           const float* src = col + (c * taps + t) * ld + j * grid;
-          for (int64_t g = 0; g < grid; ++g)
-            if (off[g] >= 0) dst[off[g]] += src[g];
+          for (int64_t ri = tap_runs[size_t(t)]; ri < tap_runs[size_t(t) + 1]; ++ri) {
+            const Run& r = runs[size_t(ri)];
+            if (r.off0 < 0) continue;
+            const float* in = src + r.g0;
+            float* out = dst + r.off0;
+            if (r.step == 1) {
+              for (int64_t i = 0; i < r.len; ++i) out[i] += in[i];
+            } else {
+              for (int64_t i = 0; i < r.len; ++i) out[i * r.step] += in[i];
+            }
+          }
         }
       }
     });
@@ -123,22 +173,7 @@ void activate(const ConvSpec& s, float* y, int64_t count) {
   });
 }
 
-// Per-thread scratch that outlives a call: a step's convolutions reuse it instead of allocating
-// their column matrices every time. Left uninitialised: every user writes what it reads (zero-
-// filling it cost the first step of a process ~20% of its time on the digits CNN).
-float* scratch(int which, int64_t count) {
-  struct Buffer {
-    std::unique_ptr<float[]> data;
-    size_t size = 0;
-  };
-  thread_local Buffer buffers[3];
-  Buffer& b = buffers[which];
-  if (b.size < size_t(count)) {
-    b.data = std::make_unique_for_overwrite<float[]>(size_t(count));
-    b.size = size_t(count);
-  }
-  return b.data.get();
-}
+float* scratch(int which, int64_t count) { return thread_scratch<ScratchUser::kConvolution>(which, count); }
 
 std::vector<int64_t> spatial(const Shape& x) { return std::vector<int64_t>(x.begin() + 2, x.end()); }
 

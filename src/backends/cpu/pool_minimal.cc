@@ -40,6 +40,9 @@ AxisTaps axis_taps(int64_t in, int64_t out, int64_t kernel, int64_t stride, int6
 struct PoolPrimitive::Impl {
   PoolSpec spec;
   AxisTaps h, w;
+  // Max pooling whose every window lies inside the input, undilated (the 2x2 / stride 2 pooling
+  // of most CNNs): loops without per-window tap ranges.
+  bool dense_max = false;
   // An average's divisor at output (i, j): the taps inside the input, or inside the explicit pads.
   float count(int64_t i, int64_t j) const {
     return float(spec.count_include_pad ? h.padded[size_t(i)] * w.padded[size_t(j)]
@@ -59,10 +62,42 @@ std::optional<PoolPrimitive> PoolPrimitive::make(const PoolSpec& spec, bool, con
   for (const AxisTaps* a : {&s.h, &s.w})
     for (size_t o = 0; o < a->begin.size(); ++o)
       if (a->begin[o] >= a->end[o]) return std::nullopt;
+  s.dense_max = spec.max && spec.dilation[0] == 1 && spec.dilation[1] == 1;
+  for (const auto& [a, k] : {std::pair{&s.h, spec.kernel[0]}, std::pair{&s.w, spec.kernel[1]}})
+    for (size_t o = 0; o < a->begin.size(); ++o) s.dense_max = s.dense_max && a->begin[o] == 0 && a->end[o] == k;
   return p;
 }
 
 namespace {
+
+// Dense max pooling (Impl::dense_max): y = the window's maximum, or with `dx` the window's first
+// maximum (window order) receives dy; the same choices as the general loops.
+void dense_max_pool(const PoolSpec& p, const float* x, float* y, const float* dy, float* dx) {
+  const int64_t planes = p.x[0] * p.x[1], ih = p.x[2], iw = p.x[3], oh = p.out[0], ow = p.out[1];
+  const int64_t kh = p.kernel[0], kw = p.kernel[1], sh = p.stride[0], sw = p.stride[1];
+  if (dx) std::fill(dx, dx + planes * ih * iw, 0.0f);
+  parallel_for(planes, 1, [&](int64_t b, int64_t e) {
+    for (int64_t plane = b; plane < e; ++plane) {
+      const float* xp = x + plane * ih * iw;
+      for (int64_t i = 0; i < oh; ++i)
+        for (int64_t j = 0; j < ow; ++j) {
+          const float* win = xp + i * sh * iw + j * sw;
+          int64_t best = 0;
+          float best_v = win[0];
+          for (int64_t r = 0; r < kh; ++r)
+            for (int64_t c = 0; c < kw; ++c) {
+              const float v = win[r * iw + c];
+              const bool better = v > best_v;  // a select: which tap wins is data
+              best = better ? r * iw + c : best;
+              best_v = better ? v : best_v;
+            }
+          const int64_t out = (plane * oh + i) * ow + j;
+          if (dx) dx[plane * ih * iw + i * sh * iw + j * sw + best] += dy[out];
+          else y[out] = best_v;
+        }
+    }
+  });
+}
 
 // Calls fn(plane, i, j, top, left) for every output (i, j) of every (n, c) plane, planes in
 // parallel; (top, left) is the window's first tap in the unpadded input (negative in the padding).
@@ -83,6 +118,7 @@ void PoolPrimitive::forward(const void* x_data, void* y_data) const {
   auto* y = static_cast<float*>(y_data);
   const Impl& s = *impl_;
   const PoolSpec& p = s.spec;
+  if (s.dense_max) return dense_max_pool(p, x, y, nullptr, nullptr);
   const int64_t ih = p.x[2], iw = p.x[3], oh = p.out[0], ow = p.out[1];
   for_each_window(p, [&](int64_t plane, int64_t i, int64_t j, int64_t r0, int64_t c0) {
     const float* xp = x + plane * ih * iw;
@@ -106,6 +142,7 @@ void PoolPrimitive::backward(const void* dy_data, const void* x_data, void* dx_d
   auto* dx = static_cast<float*>(dx_data);
   const Impl& s = *impl_;
   const PoolSpec& p = s.spec;
+  if (s.dense_max) return dense_max_pool(p, x, nullptr, dy, dx);
   const int64_t ih = p.x[2], iw = p.x[3], oh = p.out[0], ow = p.out[1];
   std::fill(dx, dx + p.x[0] * p.x[1] * ih * iw, 0.0f);
   for_each_window(p, [&](int64_t plane, int64_t i, int64_t j, int64_t r0, int64_t c0) {
@@ -113,12 +150,17 @@ void PoolPrimitive::backward(const void* dy_data, const void* x_data, void* dx_d
     float* dxp = dx + plane * ih * iw;
     const float g = dy[(plane * oh + i) * ow + j];
     if (p.max) {  // the first maximum in window order takes the gradient
-      int64_t best = -1;
-      float best_v = -std::numeric_limits<float>::infinity();
+      // Selects, not branches: which tap wins is data, and mispredicted branches made this loop
+      // a tenth of the digits CNN's training step.
+      int64_t best = (r0 + s.h.begin[i] * p.dilation[0]) * iw + c0 + s.w.begin[j] * p.dilation[1];
+      float best_v = xp[best];
       for (int64_t kh = s.h.begin[i]; kh < s.h.end[i]; ++kh)
         for (int64_t kw = s.w.begin[j]; kw < s.w.end[j]; ++kw) {
           const int64_t at = (r0 + kh * p.dilation[0]) * iw + c0 + kw * p.dilation[1];
-          if (best < 0 || xp[at] > best_v) best = at, best_v = xp[at];
+          const float v = xp[at];
+          const bool better = v > best_v;
+          best = better ? at : best;
+          best_v = better ? v : best_v;
         }
       dxp[best] += g;
     } else {

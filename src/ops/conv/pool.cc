@@ -420,7 +420,8 @@ class PoolGradKernel final : public Kernel {
 void pool_grad_shape(ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1)); }
 
 // The fused backward ops copy the forward node's attributes.
-GradientFn pool_gradient(const char* grad_op, std::optional<std::string> global_mode = std::nullopt) {
+// A lambda, not a GradientFn: a minimal build drops the rule without instantiating it.
+auto pool_gradient(const char* grad_op, std::optional<std::string> global_mode = std::nullopt) {
   return [grad_op, global_mode](GradientBuilder& g) {
     GraphBuilder::Attrs attrs = g.node().attributes;
     if (global_mode) attrs = {{"mode", Attribute::of(*global_mode)}};

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "ops/common.h"
+#include "ops/registry.h"  // ONNXTRAIN_GRADIENT_RULES
 
 namespace onnxtrain {
 
@@ -112,6 +113,7 @@ void run_matmul(const Node& node, const cpu::MatmulDims& dims, const Tensor& a, 
   });
 }
 
+#if ONNXTRAIN_GRADIENT_RULES
 void matmul_gradient(GradientBuilder& g, size_t ia, size_t ib, bool ta, bool tb, float alpha, const std::string& dy) {
   const bool need_a = g.needs(ia), need_b = g.needs(ib);
   if (!need_a && !need_b) return;
@@ -158,5 +160,7 @@ void matmul_gradient(GradientBuilder& g, size_t ia, size_t ib, bool ta, bool tb,
     }
   }
 }
+
+#endif  // ONNXTRAIN_GRADIENT_RULES
 
 }  // namespace onnxtrain

@@ -331,6 +331,7 @@ void sequence_sum_kernel(KernelContext& ctx) {
 }  // namespace
 
 // ---- Gradients (every op here is linear in its tensor contents) ----
+namespace {
 
 // s = SequenceConstruct(x_0..x_n).  dx_i = SequenceAt(ds, i)
 void sequence_construct_gradient(GradientBuilder& g) {
@@ -376,6 +377,8 @@ void sequence_erase_gradient(GradientBuilder& g) {
   if (g.node().inputs.size() > 1 && !g.node().inputs[1].empty()) in.push_back(g.x(1));
   if (g.needs(0)) g.set(0, g.emit("SequenceEraseGrad", in, {}, kOnnxTrainDomain));
 }
+
+}  // namespace
 
 ONNXTRAIN_OP(SequenceEmpty, kOnnxDomain, 11).inputs(0).outputs(1).shape(sequence_empty_rule)
     .not_differentiable().cpu(sequence_empty_kernel);

@@ -106,6 +106,7 @@ void shape_from_input1(ShapeContext& ctx) {
   ctx.set_output(0, dt);
 }
 
+#if ONNXTRAIN_GRADIENT_RULES
 std::string reshape_like(GradientBuilder& g, const std::string& a, const std::string& like) {
   return g.emit("Reshape", {a, g.shape(like)}, {{"allowzero", Attribute::of(int64_t(1))}});
 }
@@ -121,5 +122,6 @@ std::string dim_of(GradientBuilder& g, const std::string& like, int64_t axis) {
   if (axis != -1) attrs["end"] = Attribute::of(axis + 1);
   return g.emit("Shape", {like}, attrs);
 }
+#endif  // ONNXTRAIN_GRADIENT_RULES
 
 }  // namespace onnxtrain::tensor_ops
