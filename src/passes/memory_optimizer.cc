@@ -203,12 +203,13 @@ int64_t flops_of(const Node& n, const std::unordered_map<std::string, ValueInfo>
   return kMoves.count(n.op_type) ? 0 : out;
 }
 
+// Ops whose output aliases their input's buffer in the executor.
+const std::unordered_set<std::string> kViewOps = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"};
+
 // What recomputing node `n` costs when level 1 ranks values: its FLOPs, and for data movement
 // one operation per element it writes (a Transpose is memory-bound, not free); views cost nothing.
 int64_t recompute_cost(const Node& n, const std::unordered_map<std::string, ValueInfo>& info) {
-  static const std::unordered_set<std::string> kViews = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity",
-                                                         "Shape", "Constant"};
-  if (!n.domain.empty() || !kViews.count(n.op_type)) {
+  if (!n.domain.empty() || !(kViewOps.count(n.op_type) || n.op_type == "Shape" || n.op_type == "Constant")) {
     const int64_t flops = flops_of(n, info);
     if (flops > 0 || !n.has_output(0)) return flops;
     auto it = info.find(n.outputs[0]);
@@ -306,14 +307,14 @@ Subgraph collect(const Analysis& a, const std::string& v, int probe, const std::
     const bool mask = dropout_training(n) && n.has_output(1) && u == n.outputs[1];
     if (mask || !recomputable(n, probe)) {
       if (u == v) { s.ok = false; return s; }
-      if (!a.stashed_set.count(u)) new_stash.insert(u);
+      if (!a.data_read.count(u)) new_stash.insert(u);
       continue;
     }
     if (!nodes.insert(idx).second) continue;
     if (nodes.size() > max_nodes) { s.ok = false; return s; }
     if (dropout_training(n)) {  // re-applied from the mask, which the backward keeps anyway
       pending.push_back(n.inputs[0]);
-      if (!a.stashed_set.count(n.outputs[1])) new_stash.insert(n.outputs[1]);
+      if (!a.data_read.count(n.outputs[1])) new_stash.insert(n.outputs[1]);
       continue;
     }
     for (const auto& in : n.inputs) pending.push_back(in);
@@ -710,14 +711,21 @@ MemoryPlan optimize_memory(Model& model, const std::vector<std::string>& forward
     // Cheap, large values (LayerNorm and GELU outputs, attention probabilities) go first; the
     // projections' outputs, which cost a GEMM of the layer's width per byte, stay unless needed.
     auto boundary = [&](const std::string& u) { return layers.checkpoints.count(u) || excluded.count(u); };
-    auto kept_now = [&](const std::string& u) { return boundary(u) || a.stashed_set.count(u); };
+    // Alive anyway: what the backward reads more than the shape of (a value read only for its
+    // shape dies in the forward, so recomputing from it would stash it after all).
+    auto kept_now = [&](const std::string& u) { return boundary(u) || a.data_read.count(u) > 0; };
+    // A view (Reshape, Squeeze, ...) of a value alive anyway shares its buffer: nothing to save.
+    auto view_of_kept = [&](const std::string& v) {
+      const Node& n = a.g->nodes[a.producer.at(v)];
+      return n.domain.empty() && kViewOps.count(n.op_type) && !n.inputs.empty() && kept_now(n.inputs[0]);
+    };
     using Candidate = MemoryPlan::LayerwiseCandidate;
     std::vector<Candidate> candidates;
     int64_t total = 0;
     // A value the backward reads only the shape of stays alive just until that Shape (placed
     // beside its producer): recomputing it would save nothing.
     for (const auto& v : a.stashed) {
-      if (!a.data_read.count(v)) continue;
+      if (!a.data_read.count(v) || view_of_kept(v)) continue;
       if (int64_t b = a.nominal_bytes(v); b > 0) total += b;
       if (!layers.inside.count(v) || boundary(v)) continue;
       Subgraph s = collect(a, v, 2, kept_now);
@@ -754,7 +762,7 @@ MemoryPlan optimize_memory(Model& model, const std::vector<std::string>& forward
     }
     // Kept: the residual boundaries, what the config excludes and the stashed values not selected
     // (a config entry with strategy 1 still recomputes those).
-    auto keep = [&](const std::string& u) { return boundary(u) || (a.stashed_set.count(u) && !selected.count(u)); };
+    auto keep = [&](const std::string& u) { return boundary(u) || (a.data_read.count(u) && !selected.count(u)); };
     for (const auto& v : a.stashed) {
       if (!selected.count(v)) continue;
       Subgraph s = collect(a, v, 2, keep);
@@ -862,7 +870,7 @@ std::string plan_table(const MemoryPlan& plan) {
         << "first, until the stashed bytes are down by " << int(kLayerwiseSavingGoal * 100) << "%)\n";
   if (plan.checkpoint_regions) out << "  torch.utils.checkpoint: " << plan.checkpoint_regions << " regions recomputed\n";
   out << "  stashed activations: " << mib(plan.stashed_bytes_before) << " before, " << mib(plan.stashed_bytes_after)
-      << " after; " << plan.recompute_nodes.size() << " nodes recomputed, " << plan.extra_flops << " extra FLOPs\n";
+      << " after (" << plan.stashed_bytes_before << " and " << plan.stashed_bytes_after << " bytes); " << plan.recompute_nodes.size() << " nodes recomputed, " << plan.extra_flops << " extra FLOPs\n";
   for (const auto& n : plan.notes) out << "  note: " << n << "\n";
   return out.str();
 }
