@@ -326,11 +326,6 @@ void bind_torch_bridge(py::module_& m) {
       .def("memory_report", &TorchRunner::memory_report)
       .def_property_readonly("memory_plan", [](const TorchRunner& r) { return plan_table(r.graphs().memory_plan); })
       .def_property_readonly("saved_bytes", [](const TorchRunner& r) {  // activations held from forward to backward
-        int64_t bytes = 0;
-        std::set<std::string> saved(r.graphs().saved.begin(), r.graphs().saved.end());
-        for (const auto& out : r.graphs().forward.graph.outputs)
-          if (saved.erase(out.name) && out.info.has_static_shape() && out.info.dtype != DType::kUndefined)
-            bytes += numel(*out.info.shape) * int64_t(dtype_size(out.info.dtype));
-        return bytes;
+        return saved_bytes(r.graphs());
       });
 }

@@ -64,8 +64,18 @@ struct MemoryPlan {
   std::vector<RecomputeCluster> clusters;  // every cluster found, in forward order of first occurrence
   int level = 0;
   int layer_boundaries = 0;                // residual-stream values level 1 keeps (checkpoints)
+  // Level 1's candidates: the stashed values inside the layers that a recompute subgraph can
+  // replace, ranked by bytes saved per unit of cost (best first), and which of them it recomputes.
+  struct LayerwiseCandidate {
+    std::string value;
+    int64_t bytes = 0;      // saved, less what its recomputation newly keeps (nominal shapes when not static)
+    int64_t cost = 0;       // its subgraph's FLOPs with every other stashed value kept; data movement 1/element
+    bool recomputed = false;
+  };
+  std::vector<LayerwiseCandidate> layerwise;
   int checkpoint_regions = 0;              // torch.utils.checkpoint regions recomputed
-  int64_t stashed_bytes_before = 0;        // all stashed activations (current shapes)
+  int64_t stashed_bytes_before = 0;        // all stashed activations (current shapes) but those the
+                                           // backward reads only the shape of
   int64_t stashed_bytes_after = 0;         // those the applied plan keeps, new boundaries included
   int64_t extra_flops = 0;                 // of every recomputed node
   std::vector<std::string> recompute_nodes;  // names of the copies added to the graph

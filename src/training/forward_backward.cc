@@ -252,4 +252,25 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   return fb;
 }
 
+int64_t saved_bytes(const ForwardBackwardGraphs& graphs) {
+  static const std::set<std::string> kViews = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity"};
+  const Graph& g = graphs.forward.graph;
+  const auto producer = g.producers();
+  auto buffer_of = [&](std::string v) {
+    for (auto it = producer.find(v); it != producer.end(); it = producer.find(v)) {
+      const Node& n = g.nodes[it->second];
+      if (!n.domain.empty() || !kViews.count(n.op_type) || n.inputs.empty()) break;
+      v = n.inputs[0];
+    }
+    return v;
+  };
+  std::set<std::string> saved(graphs.saved.begin(), graphs.saved.end()), buffers;
+  int64_t bytes = 0;
+  for (const auto& out : g.outputs)
+    if (saved.erase(out.name) && out.info.has_static_shape() && out.info.dtype != DType::kUndefined &&
+        buffers.insert(buffer_of(out.name)).second)
+      bytes += numel(*out.info.shape) * int64_t(dtype_size(out.info.dtype));
+  return bytes;
+}
+
 }  // namespace onnxtrain

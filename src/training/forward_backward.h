@@ -61,4 +61,9 @@ struct ForwardBackwardGraphs {
 // input nor bound, or an op on the path has no gradient rule.
 ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBackwardOptions& options);
 
+// The bytes the host holds for the saved values between forward and backward (static shapes
+// only), each buffer once: a saved value that is a view (Reshape, Squeeze, Unsqueeze, Flatten,
+// Identity) of another forward value shares that value's buffer, as the executor returns it.
+int64_t saved_bytes(const ForwardBackwardGraphs& graphs);
+
 }  // namespace onnxtrain

@@ -183,8 +183,8 @@ TEST(MemoryOptimizer, RecomputeTrainsBitIdenticallyWithLessMemory) {
   EXPECT_LE(dense.report.peak_live_bytes, dense.report.planned_arena_bytes);
   EXPECT_LE(dense.report.stashed_at_peak_bytes, dense.report.peak_live_bytes);
 
-  // Level 1 keeps the FFN up-projection's output (an expanding projection); a config entry on top
-  // recomputes it as well.
+  // Level 1 keeps the FFN up-projection's output (it ranks below the goal by bytes per FLOP: see
+  // LevelOneRecomputesTheMostBytesPerFlopFirst); a config entry on top recomputes it as well.
   auto backward_reads = [](const Model& model, const std::string& v) {  // a node outside the forward reads v
     const Graph& g = model.graph;
     const auto producers = g.producers();
@@ -217,6 +217,58 @@ TEST(MemoryOptimizer, RecomputeTrainsBitIdenticallyWithLessMemory) {
   TrainingGraphs level2 = training_graphs(m);
   optimize_memory(level2.training, {}, {2, ""});
   expect_bit_identical(dense, train(m, level2), "level 2");
+}
+
+// Level 1 ranks the stashed values inside the layers by bytes saved per FLOP of recomputing each
+// (every other stashed value kept) and recomputes the best until 45% of the stashed bytes are
+// saved. By hand, per layer (batch 2, fp32; S = 4, H = 8, F = 32):
+//   pd   = Dropout(prob)  2*S*S*4  = 128 B, re-applied from the mask: 2*S*S = 32        -> 4
+//   h, h2 = LayerNorm      2*S*H*4  = 256 B, 8 FLOPs per element: 512                   -> 1/2
+//   c    = pd v           256 B, 2 * (2*S*H) * S = 512                                 -> 1/2
+//   a    = Gelu(f1)       2*S*F*4  = 1024 B, 8 per element: 2048                       -> 1/2
+//   q, k, v = h W         256 B, 2 * (2*S*H) * H = 1024                                -> 1/4
+//   f1   = h2 W1          1024 B, 2 * (2*S*F) * H = 4096                               -> 1/4
+//   prob = Softmax(q k^T * scale)  128 B, 2*(2*S*S)*H + 32 + 8*32 = 800                -> 0.16
+// o and f2 are read by the backward only for their shape (sum_to): not candidates.
+TEST(MemoryOptimizer, LevelOneRecomputesTheMostBytesPerFlopFirst) {
+  TrainingGraphs graphs = training_graphs(transformer(false));
+  const TrainRun dense = train(transformer(false), graphs);
+  MemoryPlan plan = optimize_memory(graphs.training, {}, {1, ""});
+  std::map<std::string, MemoryPlan::LayerwiseCandidate> by_value;
+  std::string ranked;
+  for (const auto& c : plan.layerwise) {
+    by_value[c.value] = c;
+    ranked += c.value + (c.recomputed ? "* " : " ");
+  }
+  const std::string table = plan_table(plan) + "ranked (* recomputed): " + ranked;
+  const std::map<std::string, std::pair<int64_t, int64_t>> by_hand = {
+      {"pd", {128, 32}}, {"h", {256, 512}}, {"h2", {256, 512}}, {"c", {256, 512}}, {"a", {1024, 2048}},
+      {"q", {256, 1024}}, {"k", {256, 1024}}, {"v", {256, 1024}}, {"f1", {1024, 4096}}, {"prob", {128, 800}}};
+  ASSERT_EQ(plan.layerwise.size(), by_hand.size() * kLayers) << table;
+  for (int64_t l = 0; l < kLayers; ++l)
+    for (const auto& [name, bytes_cost] : by_hand) {
+      const std::string v = "L" + std::to_string(l) + "_" + name;
+      ASSERT_EQ(by_value.count(v), 1u) << v << "\n" << table;
+      EXPECT_EQ(by_value[v].bytes, bytes_cost.first) << v;
+      EXPECT_EQ(by_value[v].cost, bytes_cost.second) << v;
+    }
+  // Stashed and read for data: the candidates (3840 B a layer), the dropout masks (2*S*S bools,
+  // 32 B), the residual sums L0_x1, L0_x2 and L1_x1 (kept: the boundaries; x is a graph input and
+  // L1_x2 an output) and MSE's difference (256 B): 2 * (3840 + 32) + 3 * 256 + 256 = 8768 B; the
+  // goal is 45% of it, 3945 B.
+  EXPECT_EQ(plan.stashed_bytes_before, 8768) << table;
+  // Taken by ratio: both pd (4 B per FLOP), then h, c, h2, a of both layers (1/2): 256 + 2 * 1792
+  // = 3840 B. 105 B are missing: next by ratio is L0_q (256 B for 1024 FLOPs), but L0_prob (128 B)
+  // reaches the goal alone for 800 FLOPs, so it is taken instead and the rest are kept.
+  std::set<std::string> recomputed;
+  for (const auto& c : plan.layerwise) if (c.recomputed) recomputed.insert(c.value);
+  const std::set<std::string> expected = {"L0_pd", "L1_pd", "L0_h", "L0_c", "L0_h2", "L0_a",
+                                          "L1_h", "L1_c", "L1_h2", "L1_a", "L0_prob"};
+  EXPECT_EQ(recomputed, expected) << table;
+  EXPECT_EQ(plan.stashed_bytes_after, 8768 - 3968) << table;
+  EXPECT_NE(table.find("11 of 20 stashed values inside the layers recomputed"), std::string::npos) << table;
+  const TrainRun level1 = train(transformer(false), graphs);
+  expect_bit_identical(dense, level1, "level 1");
 }
 
 TEST(MemoryOptimizer, TrainModuleSplitSavesFewerValues) {
