@@ -61,6 +61,17 @@ class CompiledModelTest : public test::TempDirTest {
   }
   fs::path compiled(const std::string& name) const { return dir_ / "compiled" / name; }
 
+  // The inputs and targets of train step `step`.
+  static std::vector<Tensor> batch(int step) {
+    std::vector<float> x;
+    std::vector<int64_t> y;
+    for (int i = 0; i < kBatch; ++i) {
+      x.push_back(std::sin(0.7f * float(i + step)));
+      x.push_back(std::cos(1.3f * float(i)));
+      y.push_back((i + step) % 3);
+    }
+    return {Tensor::from_vector(x, {kBatch, 2}), Tensor::from_vector(y, {kBatch})};
+  }
   // Parameters and losses after `steps` train steps and the eval outputs after them, from `dir`.
   std::vector<Tensor> train(const fs::path& dir, int steps = 4) {
     CheckpointState state = CheckpointState::load((dir / "checkpoint").string());
@@ -69,14 +80,7 @@ class CompiledModelTest : public test::TempDirTest {
     Optimizer optimizer((dir / "optimizer_model.onnx").string(), module);
     std::vector<Tensor> results;
     for (int step = 0; step < steps; ++step) {
-      std::vector<float> x;
-      std::vector<int64_t> y;
-      for (int i = 0; i < kBatch; ++i) {
-        x.push_back(std::sin(0.7f * float(i + step)));
-        x.push_back(std::cos(1.3f * float(i)));
-        y.push_back((i + step) % 3);
-      }
-      std::vector<Tensor> in = {Tensor::from_vector(x, {kBatch, 2}), Tensor::from_vector(y, {kBatch})};
+      std::vector<Tensor> in = batch(step);
       for (const Tensor& t : module.train_step(in)) results.push_back(t);
       optimizer.step();
       module.lazy_reset_grad();
@@ -138,14 +142,7 @@ TEST_F(CompiledModelTest, GradientStorageIsReusedUnlessTheCallerHoldsIt) {
       std::vector<const void*> storage;
       Tensor held, held_values;
       for (int step = 0; step < 4; ++step) {
-        std::vector<float> x;
-        std::vector<int64_t> y;
-        for (int i = 0; i < kBatch; ++i) {
-          x.push_back(std::sin(0.7f * float(i + step)));
-          x.push_back(std::cos(1.3f * float(i)));
-          y.push_back((i + step) % 3);
-        }
-        module.train_step({Tensor::from_vector(x, {kBatch, 2}), Tensor::from_vector(y, {kBatch})});
+        module.train_step(batch(step));
         const Tensor& grad = state.parameter("fc2.weight").grad();
         storage.push_back(grad.data());
         if (held.defined()) {  // the step did not write into the gradient held since the last one
