@@ -145,12 +145,24 @@ def run_startup(build: str, directory: str, inputs: list, compile_first: bool = 
     return {words[i]: float(words[i + 1]) for i in range(0, len(words), 2)}
 
 
+def run_first_touch(build: str) -> dict:
+    """bench/startup.cc --first-touch: ms per MiB to write fresh memory in 4 KiB and in 2 MiB pages."""
+    out = subprocess.run([os.path.join(build, "bench", "startup"), "--first-touch", "64"], check=True,
+                         capture_output=True, text=True)
+    words = out.stdout.split()
+    return {words[i]: float(words[i + 1]) for i in range(0, len(words), 2)}
+
+
 def startup(builds: dict, repeats: int) -> None:
     """Startup to the first train step, ONNX files against the pre-compiled form, per build and model:
     copies of the artifacts (one compiled by the build that runs it), runs interleaved, medians.
     "overhead" is what the first step costs beyond an ordinary one: startup minus a steady step."""
     print(f"# Startup to the first train step ({time.strftime('%Y-%m-%d')}, one thread, fresh process per run, "
           f"medians of {repeats})")
+    # What the startup that is left is made of on this machine: writing fresh memory.
+    touch = [run_first_touch(next(iter(builds.values()))) for _ in range(repeats)]
+    print(f"first write of 64 MiB of fresh memory: {median([t['first_touch_4k_ms_per_mib'] for t in touch]):.2f} ms per "
+          f"MiB in 4 KiB pages, {median([t['first_touch_2m_ms_per_mib'] for t in touch]):.2f} ms per MiB in 2 MiB pages")
     for model, (source, inputs) in STARTUP_MODELS.items():
         if not os.path.isdir(source):
             print(f"{model}: no artifacts at {source}, skipped")

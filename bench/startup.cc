@@ -7,8 +7,13 @@
 // Prints one line of milliseconds: checkpoint load, Module, Optimizer, the first train step (with
 // its optimizer step), the startup total (all four), and the median of 5 further steps.
 // --compile instead pre-compiles ART_DIR for those shapes with this build (compile_artifacts).
+// `startup --first-touch MIB` prints what writing MIB of fresh anonymous memory costs, in 4 KiB pages
+// and in 2 MiB pages (MADV_HUGEPAGE), the cost core/memory.h's storage avoids.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -23,7 +28,27 @@ static double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
+// Milliseconds to write one byte per 4 KiB page of `mib` MiB of fresh anonymous memory.
+static double first_touch_ms(size_t mib, bool huge_pages) {
+  const size_t huge = size_t(2) << 20, bytes = mib << 20;
+  char* raw = static_cast<char*>(mmap(nullptr, bytes + huge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (raw == MAP_FAILED) return -1;
+  char* p = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(raw) + huge - 1) / huge * huge);
+  if (huge_pages) madvise(p, bytes, MADV_HUGEPAGE);
+  const auto t = Clock::now();
+  for (size_t i = 0; i < bytes; i += 4096) p[i] = 1;
+  const double ms = ms_since(t);
+  munmap(raw, bytes + huge);
+  return ms;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--first-touch") {
+    const size_t mib = size_t(std::atoll(argv[2]));
+    const double small = first_touch_ms(mib, false), huge = first_touch_ms(mib, true);
+    std::printf("first_touch_4k_ms_per_mib %.3f first_touch_2m_ms_per_mib %.3f\n", small / double(mib), huge / double(mib));
+    return 0;
+  }
   const bool compile = argc > 1 && std::string(argv[1]) == "--compile";
   if (compile) ++argv, --argc;
   if (argc < 3) {

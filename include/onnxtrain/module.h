@@ -106,7 +106,10 @@ class Module {
   // Indices into trainable_parameters() in the order the backward finishes their gradients.
   std::vector<size_t> gradient_ready_order() const;
   std::vector<Tensor> run(bool training, const std::vector<Tensor>& inputs,
-                          const std::function<bool(size_t, const Tensor&)>& on_output_ready = {});
+                          const std::function<bool(size_t, const Tensor&)>& on_output_ready = {},
+                          const std::vector<Tensor>& output_buffers = {});
+  // Per training output: the buffer its gradient may be written into (see train_step).
+  std::vector<Tensor> gradient_buffers();
 
   CheckpointState& state_;
   std::unique_ptr<Graphs> graphs_;

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <set>
 
+#include "core/memory.h"
 #include "core/parallel.h"
 #include "optim/simd.h"
 
@@ -411,15 +412,17 @@ void MultiTensorOptimizer::init_state(const std::vector<Tensor>& params, Optimiz
   for (const std::string& name : config_.state_names()) {
     auto& list = state.tensors[name];
     if (list.empty()) {
-      for (const auto& p : params) {
-        Tensor t = Tensor::zeros(p.dtype(), p.shape());
-        if (name == "sum" && config_.initial_accumulator_value != 0) {
+      // One zeroed allocation per state: fresh pages the kernel zero-fills when the first update
+      // touches them, rather than a memset of every tensor here.
+      std::vector<TensorSpec> specs;
+      for (const auto& p : params) specs.push_back({p.dtype(), p.shape()});
+      list = allocate_tensors(specs, Fill::kZeros);
+      if (name == "sum" && config_.initial_accumulator_value != 0)
+        for (Tensor& t : list) {
           double v = config_.initial_accumulator_value;
           if (t.dtype() == DType::kFloat32) std::fill_n(t.data<float>(), t.numel(), float(v));
           else if (t.dtype() == DType::kFloat64) std::fill_n(t.data<double>(), t.numel(), v);
         }
-        list.push_back(std::move(t));
-      }
       continue;
     }
     OT_CHECK(list.size() == params.size(), where(config_), "state '", name, "' has ", list.size(), " tensors for ",

@@ -1,6 +1,7 @@
 #include "runtime/executor.h"
 
 #include <chrono>
+#include <cstring>
 #include <random>
 #include <numeric>
 
@@ -12,6 +13,7 @@
 #endif
 
 #include "core/crc32c.h"
+#include "core/memory.h"
 #include "core/omp_threads.h"
 #include "core/parallel.h"
 #include "ir/subgraph.h"
@@ -31,23 +33,6 @@ void release_freed_heap() {
   malloc_trim(0);
 #endif
 }
-// One arena for a plan. Large ones sit on 2 MiB boundaries and ask for transparent huge pages
-// (Linux's default THP mode is madvise): the first step over a fresh arena otherwise takes a page
-// fault per 4 KiB, and page faults were 14-23% of a process's first-step samples (perf, the
-// digits CNN and a BERT classifier on the minimal build, in this VM).
-std::shared_ptr<void> allocate_arena(size_t bytes) {
-  constexpr size_t kHugePage = size_t(2) << 20;
-  const size_t align = bytes >= kHugePage ? kHugePage : 64;
-  const size_t rounded = (bytes + align - 1) / align * align;
-  void* p = std::aligned_alloc(align, rounded);
-  OT_CHECK(p, "out of memory allocating a ", bytes, "-byte arena");
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-  if (align == kHugePage) ::madvise(p, rounded, MADV_HUGEPAGE);  // advice only: a refusal changes nothing
-#endif
-  return std::shared_ptr<void>(p, std::free);
-}
-
-
 // An output of the recording run. Large ones are mapped pages of their own, unmapped when the
 // value dies: the recording run then holds no more than its live values, as the arena will. From
 // the heap, freed blocks stay in it (glibc raises its mmap threshold as large blocks are freed),
@@ -81,6 +66,8 @@ struct Executor::Plan {
   std::vector<char> external;     // storage not from this run: feeds, initializers, constants
   std::vector<char> from_set_output;
   std::shared_ptr<void> arena;
+  // During a run with output buffers: per value id, the caller's storage for that output.
+  const std::vector<Tensor>* output_buffers = nullptr;
   MemoryReport report;
   size_t dynamic_allocations = 0;
   std::vector<char> is_graph_output_root;
@@ -99,9 +86,9 @@ class StepContext final : public KernelContext, public SubgraphHost {
               std::vector<Tensor>& planned, const std::vector<int>& in_ids, const std::vector<int>& out_ids,
               size_t& dynamic_allocations, std::vector<char>* set_output_flags, const std::vector<char>& is_constant,
               uint64_t random_seed, uint64_t run_index, const SubgraphRunFn* subgraphs,
-              const std::shared_ptr<void>& arena)
+              const std::shared_ptr<void>& arena, const std::vector<Tensor>* output_buffers)
       : values_(values), others_(others), planned_(planned), in_ids_(in_ids), out_ids_(out_ids),
-        dynamic_(dynamic_allocations), arena_(arena),
+        dynamic_(dynamic_allocations), arena_(arena), output_buffers_(output_buffers),
         set_output_flags_(set_output_flags), is_constant_(is_constant), subgraphs_(subgraphs) {
     node_ = &node;
     opset_ = opset;
@@ -128,6 +115,10 @@ class StepContext final : public KernelContext, public SubgraphHost {
     Tensor* slot = slot_for(i);
     mark_tensor(i);
     int id = i < out_ids_.size() ? out_ids_[i] : -1;
+    if (id >= 0 && output_buffers_) {
+      const Tensor& given = (*output_buffers_)[size_t(id)];
+      if (given.defined() && given.dtype() == dtype && given.shape() == shape) return *slot = given;
+    }
     if (id >= 0) {
       Tensor& view = planned_[size_t(id)];
       if (view.defined() && view.dtype() == dtype && view.shape() == shape) {
@@ -185,6 +176,7 @@ class StepContext final : public KernelContext, public SubgraphHost {
   const std::vector<int>& out_ids_;
   size_t& dynamic_;
   const std::shared_ptr<void>& arena_;  // the plan's, which its views borrow from
+  const std::vector<Tensor>* output_buffers_;  // per value id, or null: the run's output buffers
   std::vector<char>* set_output_flags_;
   const std::vector<char>& is_constant_;
   const SubgraphRunFn* subgraphs_;
@@ -200,7 +192,7 @@ struct UnionFind {
 
 }  // namespace
 
-Executor::Executor(const Model& model, ExecutorOptions options) : model_(model), options_(options) {
+Executor::Executor(Model model, ExecutorOptions options) : model_(std::move(model)), options_(options) {
   if (options_.random_seed) {
     random_seed_ = *options_.random_seed;
   } else {
@@ -434,9 +426,19 @@ Value Executor::result_of(const Plan& plan, int id) const {
   const Tensor& t = plan.values[size_t(id)];
   int root = id;
   while (plan.alias_of[size_t(root)] >= 0) root = plan.alias_of[size_t(root)];
-  // Feeds, initializers and constants are not the caller's to keep: hand over a copy.
+  // Feeds, initializers and constants are not the caller's to keep: hand over a copy (into the
+  // output's buffer when the caller gave one).
   const bool external = plan.external[size_t(root)] || plan.planned[size_t(root)].defined();
-  return external ? t.clone() : t;
+  if (!external) return t;
+  if (plan.output_buffers) {
+    const Tensor& given = (*plan.output_buffers)[size_t(id)];
+    if (given.defined() && given.dtype() == t.dtype() && given.shape() == t.shape() && given.data() != t.data()) {
+      Tensor into = given;
+      if (t.nbytes()) std::memcpy(into.data(), t.data(), t.nbytes());
+      return into;
+    }
+  }
+  return t.clone();
 }
 
 void Executor::hand_over(Plan& plan, Handover& h, const std::vector<std::pair<size_t, int>>& ready, size_t step) {
@@ -504,7 +506,8 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
       };
     StepContext ctx(node, model_.opset(node.domain), plan.values, plan.others, plan.planned, step.inputs,
                     step.outputs, plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr, is_constant_,
-                    random_seed_, run_index, step.subgraphs.empty() ? nullptr : &subgraphs, plan.arena);
+                    random_seed_, run_index, step.subgraphs.empty() ? nullptr : &subgraphs, plan.arena,
+                    plan.output_buffers);
     try {
       if (options_.profile) {
         auto start = std::chrono::steady_clock::now();
@@ -626,7 +629,7 @@ void Executor::build_arena(Plan& plan) {
   }
   for (size_t id = 0; id < n; ++id) if (plan.alias_of[id] >= 0) ++report.views;
   ArenaLayout layout = plan_arena(buffers);
-  if (layout.arena_bytes) plan.arena = allocate_arena(layout.arena_bytes);
+  if (layout.arena_bytes) plan.arena = allocate_storage(layout.arena_bytes, Fill::kUninitialized);
   char* base = static_cast<char*>(plan.arena.get());
   for (size_t id = 0; id < n; ++id) {
     if (produced_at[id] < 0 || plan.alias_of[id] >= 0) continue;
@@ -705,9 +708,10 @@ void Executor::check_shape_rules(const Plan& plan) const {
 }
 
 std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& feeds,
-                                  const std::vector<std::string>& output_names, const OutputReadyFn& on_ready) {
+                                  const std::vector<std::string>& output_names, const OutputReadyFn& on_ready,
+                                  const std::vector<Tensor>& output_buffers) {
   std::map<std::string, Value> values(feeds.begin(), feeds.end());
-  std::vector<Value> outs = run_values(values, output_names, on_ready);
+  std::vector<Value> outs = run_values(values, output_names, on_ready, output_buffers);
   values.clear();
   std::vector<Tensor> results;
   for (size_t i = 0; i < outs.size(); ++i) {
@@ -719,7 +723,8 @@ std::vector<Tensor> Executor::run(const std::map<std::string, Tensor>& feeds,
 }
 
 std::vector<Value> Executor::run_values(const std::map<std::string, Value>& feeds,
-                                        const std::vector<std::string>& output_names, const OutputReadyFn& on_ready) {
+                                        const std::vector<std::string>& output_names, const OutputReadyFn& on_ready,
+                                        const std::vector<Tensor>& output_buffers) {
   std::lock_guard<std::mutex> lock(mutex_);
   validate_feeds(feeds);
   std::vector<int> wanted;
@@ -743,9 +748,42 @@ std::vector<Value> Executor::run_values(const std::map<std::string, Value>& feed
     plan.others[size_t(id)] = v.is_tensor() ? Value() : v;
   }
   if (!recording && !plan.serial_decided) decide_serial(plan);
+  std::vector<Tensor> buffer_of_value;
+  if (!output_buffers.empty()) {
+    OT_CHECK(output_buffers.size() == wanted.size(), "model ", model_.description, ": ", output_buffers.size(),
+             " output buffers for ", wanted.size(), " outputs");
+    buffer_of_value.resize(value_names_.size());
+    for (size_t k = 0; k < wanted.size(); ++k)
+      if (output_buffers[k].defined()) buffer_of_value[size_t(wanted[k])] = output_buffers[k];
+    // An output that a planned run knows to be a view (a gradient is often an Identity of a
+    // backward value) gets its buffer through the value it views, which the kernel then writes
+    // straight into the buffer; unless another output's buffer is already that value's.
+    std::vector<char> via_view(value_names_.size(), 0);
+    for (size_t k = 0; k < wanted.size(); ++k) {
+      const Tensor& given = output_buffers[k];
+      int root = wanted[k];
+      while (plan.alias_of[size_t(root)] >= 0) root = plan.alias_of[size_t(root)];
+      if (!given.defined() || root == wanted[k] || produced_at_[size_t(root)] < 0 || plan.external[size_t(root)] ||
+          plan.dtypes[size_t(root)] != given.dtype() || numel(plan.shapes[size_t(root)]) != given.numel())
+        continue;
+      Tensor& slot = buffer_of_value[size_t(root)];
+      if (via_view[size_t(root)] == 2) continue;
+      if (!slot.defined()) {
+        slot = given.reshaped(plan.shapes[size_t(root)]);
+        via_view[size_t(root)] = 1;
+      } else if (via_view[size_t(root)]) {  // two outputs view one value: it keeps fresh storage
+        slot = Tensor();
+        via_view[size_t(root)] = 2;
+      }
+    }
+    plan.output_buffers = &buffer_of_value;
+  }
   struct ClearFeeds {  // do not keep the caller's buffers alive past the run
     Plan& p; const std::vector<int>& ids;
-    ~ClearFeeds() { for (int id : ids) { p.values[size_t(id)] = Tensor(); p.others[size_t(id)] = Value(); } }
+    ~ClearFeeds() {
+      for (int id : ids) { p.values[size_t(id)] = Tensor(); p.others[size_t(id)] = Value(); }
+      p.output_buffers = nullptr;
+    }
   } clear{plan, input_ids_};
 
   std::vector<Value> results(wanted.size());
@@ -852,7 +890,7 @@ void Executor::adopt_plan(const PlanRecord& r) {
     for (int32_t at = r.alias_of[id]; at >= 0; at = r.alias_of[size_t(at)])
       OT_CHECK(++hops <= n, where, "value ", id, " aliases a cycle of views");
   }
-  if (r.arena_bytes) plan->arena = allocate_arena(size_t(r.arena_bytes));
+  if (r.arena_bytes) plan->arena = allocate_storage(size_t(r.arena_bytes), Fill::kUninitialized);
   char* base = static_cast<char*>(plan->arena.get());
   for (size_t id = 0; id < n; ++id) {
     if (r.offsets[id] < 0) continue;

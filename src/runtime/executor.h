@@ -72,20 +72,24 @@ struct PlanRecord {
 
 class Executor {
  public:
-  Executor(const Model& model, ExecutorOptions options = {});
+  // Takes the model by value: move it in when the caller has no further use for its own copy.
+  Executor(Model model, ExecutorOptions options = {});
   ~Executor();
 
   const Model& model() const { return model_; }
   // Runs the graph. `feeds` by graph input name; returns the named outputs (all when empty).
   // run() is for graphs whose inputs and outputs are tensors; run_values() takes and gives
   // sequences and optionals too. With on_ready, each tensor output is also handed to it as soon
-  // as it is final (OutputReadyFn).
+  // as it is final (OutputReadyFn). output_buffers, when given, has one tensor per returned
+  // output: storage that output is written into (and returned as) when it has that tensor's
+  // dtype and shape, instead of fresh storage (an undefined tensor: none). The caller must
+  // not read or write those bytes during the run.
   std::vector<Tensor> run(const std::map<std::string, Tensor>& feeds,
                           const std::vector<std::string>& output_names = {},
-                          const OutputReadyFn& on_ready = {});
+                          const OutputReadyFn& on_ready = {}, const std::vector<Tensor>& output_buffers = {});
   std::vector<Value> run_values(const std::map<std::string, Value>& feeds,
                                 const std::vector<std::string>& output_names = {},
-                                const OutputReadyFn& on_ready = {});
+                                const OutputReadyFn& on_ready = {}, const std::vector<Tensor>& output_buffers = {});
   // The index of the step that produces graph output `name` (steps run in increasing order), or
   // -1 when no step does (a feed or an initializer): the order outputs become final in.
   int output_ready_step(const std::string& name) const;

@@ -17,6 +17,7 @@
 #include "training/artifacts.h"
 #include "training/lora.h"
 #include "core/dispatch.h"
+#include "core/memory.h"
 #include "distributed/data_parallel.h"
 #include "optim/loss_scaler.h"
 
@@ -24,19 +25,23 @@ namespace onnxtrain {
 
 namespace {
 
-// A graph with its split of inputs into user inputs and checkpoint parameters.
+// A graph (its executor holds the model) with its split of inputs into user inputs and
+// checkpoint parameters.
 struct BoundGraph {
-  Model model;
   std::unique_ptr<Executor> executor;
   std::vector<std::string> user_inputs, param_inputs, outputs;
+  const Model& model() const { return executor->model(); }
 };
 
-void bind(BoundGraph& b, const CheckpointState& state, const char* what) {
-  for (const auto& in : b.model.graph.inputs)
+// The executor takes the model over: one copy of the graph, not two (copying BERT h256's training
+// graph took 3-8 ms of its Module's 25-40 ms on the loaded machine, mostly first touches of fresh
+// heap pages).
+void bind(BoundGraph& b, Model model, const CheckpointState& state, const char* what) {
+  for (const auto& in : model.graph.inputs)
     (state.has_parameter(in.name) ? b.param_inputs : b.user_inputs).push_back(in.name);
-  for (const auto& out : b.model.graph.outputs) b.outputs.push_back(out.name);
+  for (const auto& out : model.graph.outputs) b.outputs.push_back(out.name);
   OT_CHECK(!b.outputs.empty(), what, " model has no outputs");
-  b.executor = std::make_unique<Executor>(b.model);
+  b.executor = std::make_unique<Executor>(std::move(model));
 }
 
 // The fp16 loss scaler's state, from the checkpoint's reserved properties (defaults when absent).
@@ -84,6 +89,8 @@ struct Module::Graphs {
   bool update_from_reset = false; // the update's first train step overwrote the gradients
   bool reduced = false;           // the update's gradients were averaged during its last train step
   std::string loss_scale_input;                              // fp16: fed from the checkpoint's scaler
+  std::vector<Tensor> grad_buffers;  // per entry of `grads`, once a step has overwritten them (gradient_buffers)
+  std::vector<std::weak_ptr<void>> grad_buffer_holders;  // how many tensors share each buffer
 };
 
 namespace {
@@ -146,9 +153,9 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
              "model ", ck ? *ck : "?", ", but this training model's base is ",
              model_hash.empty() ? std::string("not a LoRA model") : model_hash, " (hash mismatch: a different base)");
   }
-  graphs_->training.model = std::move(training_model);
-  bind(graphs_->training, state, "training");
-  if (auto it = graphs_->training.model.metadata.find(kMetaLossScaleInput); it != graphs_->training.model.metadata.end()) {
+  bind(graphs_->training, std::move(training_model), state, "training");
+  if (auto it = graphs_->training.model().metadata.find(kMetaLossScaleInput);
+      it != graphs_->training.model().metadata.end()) {
     std::vector<std::string>& user = graphs_->training.user_inputs;
     auto input = std::find(user.begin(), user.end(), it->second);
     OT_CHECK(input != user.end(), "Module: the training model names '", it->second,
@@ -183,8 +190,7 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
   }
   if (eval_model) {
     graphs_->eval.emplace();
-    graphs_->eval->model = std::move(*eval_model);
-    bind(*graphs_->eval, state, "eval");
+    bind(*graphs_->eval, std::move(*eval_model), state, "eval");
   }
   // The training run's random stream continues from the checkpoint (a fresh seed when it has none).
   auto int_property = [&](const char* name) -> std::optional<int64_t> {
@@ -225,7 +231,8 @@ std::vector<std::string> Module::output_names(bool training) const {
 }
 
 std::vector<Tensor> Module::run(bool training, const std::vector<Tensor>& inputs,
-                                const std::function<bool(size_t, const Tensor&)>& on_output_ready) {
+                                const std::function<bool(size_t, const Tensor&)>& on_output_ready,
+                                const std::vector<Tensor>& output_buffers) {
   BoundGraph& g = training ? graphs_->training : *graphs_->eval;
   const char* step = training ? "train_step" : "eval_step";
   if (inputs.size() != g.user_inputs.size()) {
@@ -240,7 +247,35 @@ std::vector<Tensor> Module::run(bool training, const std::vector<Tensor>& inputs
   if (training && has_loss_scaler())
     feeds[graphs_->loss_scale_input] = Tensor::scalar<float>(float(load_loss_scaler(state_).scale));
   std::vector<std::string> wanted = training ? graphs_->training.outputs : g.outputs;
-  return g.executor->run(feeds, wanted, on_output_ready);
+  return g.executor->run(feeds, wanted, on_output_ready, output_buffers);
+}
+
+// A step that overwrites the gradients (after lazy_reset_grad) writes each one into a buffer of
+// the Module's, the same every step, rather than into fresh storage: a gradient's first write to
+// fresh pages cost as much as computing it (BERT h256: 5000 page faults per step). All buffers are
+// one allocation (huge pages: the first step's writes fault 2 MiB at a time), made on the first
+// such step. A buffer is only given while nothing but the Module and its parameter's gradient
+// slot holds it: a gradient the caller kept keeps its values, and that step gets fresh storage.
+std::vector<Tensor> Module::gradient_buffers() {
+  Graphs& gr = *graphs_;
+  if (gr.grad_buffers.empty()) {
+    std::vector<TensorSpec> specs;
+    for (const auto& [param, out] : gr.grads) {
+      const Parameter& p = state_.parameter(param);
+      specs.push_back({p.dtype(), p.shape()});
+    }
+    gr.grad_buffers = allocate_tensors(specs, Fill::kUninitialized, &gr.grad_buffer_holders);
+  }
+  std::vector<Tensor> given(gr.training.outputs.size());
+  for (size_t i = 0; i < given.size(); ++i) {
+    const int k = gr.grad_of_output[i];
+    if (k < 0) continue;
+    const Tensor& buffer = gr.grad_buffers[size_t(k)];
+    const Parameter& p = state_.parameter(gr.grads[size_t(k)].first);
+    const long in_slot = p.has_grad() && p.grad().shares_storage_with(buffer) ? 1 : 0;
+    if (gr.grad_buffer_holders[size_t(k)].use_count() == 1 + in_slot) given[i] = buffer;
+  }
+  return given;
 }
 
 void Module::scale_gradients_in_next_step(double factor) {
@@ -275,7 +310,7 @@ std::vector<Tensor> Module::train_step(const std::vector<Tensor>& inputs) {
     if (k < 0) return false;
     Parameter& p = state_.parameter(gr.grads[size_t(k)].first);
     if (reset || !p.has_grad()) {
-      p.set_grad(g);  // the executor hands over fresh buffers: adopt, no copy
+      p.set_grad(g);  // the executor hands over fresh storage or our gradient buffer: adopt, no copy
     } else {
       Tensor& acc = p.ensure_grad();
       dispatch_float(acc.dtype(), [&]<typename T>() {
@@ -297,7 +332,7 @@ std::vector<Tensor> Module::train_step(const std::vector<Tensor>& inputs) {
   };
   std::vector<Tensor> outs;
   try {
-    outs = run(true, inputs, take_gradient);
+    outs = run(true, inputs, take_gradient, reset ? gradient_buffers() : std::vector<Tensor>{});
   } catch (...) {
     if (overlap) gr.reducer->abandon();
     throw;
@@ -333,7 +368,7 @@ std::vector<Tensor> Module::eval_step(const std::vector<Tensor>& inputs) {
 void Module::export_model_for_inferencing(const std::string& path, const std::vector<std::string>& output_names) const {
   OT_CHECK(graphs_->eval.has_value(), "Module.export_model_for_inferencing: needs the eval model");
   OT_CHECK(!output_names.empty(), "Module.export_model_for_inferencing: no output names given");
-  Model m = graphs_->eval->model;
+  Model m = graphs_->eval->model();
   Graph& g = m.graph;
   std::set<std::string> produced;
   for (const auto& n : g.nodes) for (const auto& o : n.outputs) produced.insert(o);

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "core/file_io.h"
+#include "core/memory.h"
 
 static_assert(std::endian::native == std::endian::little,
               "safetensors files are little-endian; a big-endian host needs byte swapping here");
@@ -288,11 +289,18 @@ Contents read(const std::string& path) {
   std::vector<size_t> order(entries.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return entries[a].begin < entries[b].begin; });
+  // Read straight into the tensors' final storage: one allocation for all (huge pages for a
+  // large checkpoint), laid out in file order.
+  std::vector<TensorSpec> specs;
+  specs.reserve(order.size());
+  for (size_t i : order) specs.push_back({entries[i].dtype, entries[i].shape});
+  std::vector<Tensor> in_file_order = allocate_tensors(specs, Fill::kUninitialized);
   std::vector<Tensor> data(entries.size());
   uint32_t crc = 0;
-  for (size_t i : order) {
+  for (size_t k = 0; k < order.size(); ++k) {
+    const size_t i = order[k];
     const TensorEntry& e = entries[i];
-    Tensor t = Tensor::empty(e.dtype, e.shape);
+    Tensor t = std::move(in_file_order[k]);
     auto* p = static_cast<uint8_t*>(t.data());
     for (uint64_t done = 0; done < e.end - e.begin;) {
       size_t chunk = size_t(std::min<uint64_t>(kIoChunk, e.end - e.begin - done));

@@ -61,6 +61,17 @@ class CompiledModelTest : public test::TempDirTest {
   }
   fs::path compiled(const std::string& name) const { return dir_ / "compiled" / name; }
 
+  // The inputs and targets of train step `step`.
+  static std::vector<Tensor> batch(int step) {
+    std::vector<float> x;
+    std::vector<int64_t> y;
+    for (int i = 0; i < kBatch; ++i) {
+      x.push_back(std::sin(0.7f * float(i + step)));
+      x.push_back(std::cos(1.3f * float(i)));
+      y.push_back((i + step) % 3);
+    }
+    return {Tensor::from_vector(x, {kBatch, 2}), Tensor::from_vector(y, {kBatch})};
+  }
   // Parameters and losses after `steps` train steps and the eval outputs after them, from `dir`.
   std::vector<Tensor> train(const fs::path& dir, int steps = 4) {
     CheckpointState state = CheckpointState::load((dir / "checkpoint").string());
@@ -69,14 +80,7 @@ class CompiledModelTest : public test::TempDirTest {
     Optimizer optimizer((dir / "optimizer_model.onnx").string(), module);
     std::vector<Tensor> results;
     for (int step = 0; step < steps; ++step) {
-      std::vector<float> x;
-      std::vector<int64_t> y;
-      for (int i = 0; i < kBatch; ++i) {
-        x.push_back(std::sin(0.7f * float(i + step)));
-        x.push_back(std::cos(1.3f * float(i)));
-        y.push_back((i + step) % 3);
-      }
-      std::vector<Tensor> in = {Tensor::from_vector(x, {kBatch, 2}), Tensor::from_vector(y, {kBatch})};
+      std::vector<Tensor> in = batch(step);
       for (const Tensor& t : module.train_step(in)) results.push_back(t);
       optimizer.step();
       module.lazy_reset_grad();
@@ -124,6 +128,44 @@ TEST_F(CompiledModelTest, WritesTheThreeModelsWithPlans) {
 }
 
 TEST_F(CompiledModelTest, TrainingIsBitIdenticalToTheOnnxFiles) { expect_trains_like_onnx(""); }
+
+// After lazy_reset_grad a step writes each gradient into the storage the previous step's took,
+// unless the caller still holds that gradient: it keeps its values, and the training is the same.
+TEST_F(CompiledModelTest, GradientStorageIsReusedUnlessTheCallerHoldsIt) {
+  for (const char* form : {"onnx", "compiled"}) {
+    SCOPED_TRACE(form);
+    auto run = [&](bool hold) {
+      CheckpointState state = CheckpointState::load((dir_ / form / "checkpoint").string());
+      state.add_property(CheckpointState::kRandomSeedProperty, int64_t(7));
+      Module module((dir_ / form / "training_model.onnx").string(), state);
+      Optimizer optimizer((dir_ / form / "optimizer_model.onnx").string(), module);
+      std::vector<const void*> storage;
+      Tensor held, held_values;
+      for (int step = 0; step < 4; ++step) {
+        module.train_step(batch(step));
+        const Tensor& grad = state.parameter("fc2.weight").grad();
+        storage.push_back(grad.data());
+        if (held.defined()) {  // the step did not write into the gradient held since the last one
+          EXPECT_EQ(std::memcmp(held.data(), held_values.data(), held.nbytes()), 0) << "step " << step;
+        }
+        if (hold) {
+          held = grad;
+          held_values = grad.clone();
+        }
+        optimizer.step();
+        module.lazy_reset_grad();
+      }
+      for (int step = 2; step < 4; ++step) {  // the ONNX form's first step records: fresh storage
+        if (hold) EXPECT_NE(storage[size_t(step)], storage[size_t(step - 1)]) << "step " << step;
+        else EXPECT_EQ(storage[size_t(step)], storage[size_t(step - 1)]) << "step " << step;
+      }
+      std::vector<Tensor> params;
+      for (const auto& name : state.parameter_names()) params.push_back(state.get_parameter(name));
+      return params;
+    };
+    expect_bit_identical(run(false), run(true));
+  }
+}
 
 TEST_F(CompiledModelTest, ThePlanIsTheOneTheOnnxPathRecords) {
   // The executor adopts the plan: its first run is planned, and the plan it holds is the file's.

@@ -1,0 +1,89 @@
+#include "core/memory.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__unix__)
+#include <sys/mman.h>
+#endif
+
+namespace onnxtrain {
+
+namespace {
+
+constexpr size_t kAlign = 64;
+constexpr size_t kSmallPageBytes = 4096;
+
+size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+#if defined(__unix__)
+// A private anonymous mapping of `length` bytes (a multiple of 4 KiB) starting on a
+// kHugePageBytes boundary: mmap only promises page alignment, so map one huge page more and give
+// back what lies before and after the aligned range. nullptr when the kernel refuses.
+void* map_huge_aligned(size_t length) {
+  const size_t span = length + kHugePageBytes;
+  void* raw = ::mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (raw == MAP_FAILED) return nullptr;
+  const uintptr_t at = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t start = round_up(at, kHugePageBytes);
+  const size_t head = start - at, tail = span - head - length;
+  if (head) ::munmap(raw, head);
+  if (tail) ::munmap(reinterpret_cast<void*>(start + length), tail);
+  void* p = reinterpret_cast<void*>(start);
+#if defined(MADV_HUGEPAGE)
+  ::madvise(p, length, MADV_HUGEPAGE);  // advice: where huge pages are off or exhausted, 4 KiB pages
+#endif
+  return p;
+}
+#endif
+
+}  // namespace
+
+std::shared_ptr<void> allocate_storage(size_t bytes, Fill fill) {
+#if defined(__unix__)
+  if (bytes >= kHugePageBytes) {
+    // A last partial huge page of 1 MiB or more is mapped whole (under 1 MiB more memory for
+    // 256 or more fewer faults); a shorter one stays 4 KiB pages.
+    size_t length = round_up(bytes, kSmallPageBytes);
+    if (length % kHugePageBytes >= kHugePageBytes / 2) length = round_up(length, kHugePageBytes);
+    if (void* p = map_huge_aligned(length))  // fresh anonymous pages read as zeros: no fill needed
+      return std::shared_ptr<void>(p, [length](void* q) { ::munmap(q, length); });
+    OT_THROW(kRuntime, "out of memory: cannot map ", bytes, " bytes");
+  }
+#endif
+  const size_t rounded = round_up(bytes ? bytes : 1, kAlign);
+  void* p = std::aligned_alloc(kAlign, rounded);
+  if (!p) OT_THROW(kRuntime, "out of memory allocating ", bytes, " bytes");
+  if (fill == Fill::kZeros) std::memset(p, 0, rounded);
+  return std::shared_ptr<void>(p, std::free);
+}
+
+std::vector<Tensor> allocate_tensors(const std::vector<TensorSpec>& specs, Fill fill,
+                                     std::vector<std::weak_ptr<void>>* holders) {
+  std::vector<size_t> offsets;
+  offsets.reserve(specs.size());
+  size_t total = 0;
+  for (const TensorSpec& s : specs) {
+    OT_CHECK(dtype_supported(s.dtype), "cannot allocate a tensor of dtype ", dtype_name(s.dtype));
+    for (int64_t d : s.shape) OT_CHECK(d >= 0, "cannot allocate a tensor of shape ", shape_str(s.shape));
+    offsets.push_back(total);
+    // At least one byte each: distinct addresses, so that no two tensors look like views of one.
+    total += round_up(std::max<size_t>(size_t(numel(s.shape)) * dtype_size(s.dtype), 1), kAlign);
+  }
+  std::shared_ptr<void> storage = allocate_storage(total, fill);
+  std::vector<Tensor> tensors;
+  tensors.reserve(specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    void* at = static_cast<char*>(storage.get()) + offsets[i];
+    // A holder per tensor that keeps the shared storage alive (not an aliasing pointer, whose use
+    // count would be the storage's).
+    std::shared_ptr<void> holder(at, [storage](void*) {});
+    if (holders) holders->push_back(holder);
+    tensors.push_back(Tensor::borrow(specs[i].dtype, specs[i].shape, at, std::move(holder)));
+  }
+  return tensors;
+}
+
+}  // namespace onnxtrain

@@ -1,0 +1,43 @@
+// Storage of the large buffers that live as long as a model does: checkpoint parameters, gradients,
+// optimizer moments, executor arenas. One place decides how they are obtained, because in a
+// virtual machine the first touch of memory costs more than the work done on it: writing fresh
+// memory cost 9.6 ms per MiB in 4 KiB pages and 0.14-0.65 ms per MiB in 2 MiB pages here
+// (`bench/startup --first-touch 64`, loaded machine), and the start of training touched every
+// page of these buffers once (BERT h256: 150-200 MiB).
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <vector>
+
+#include "onnxtrain/tensor.h"
+
+namespace onnxtrain {
+
+enum class Fill { kUninitialized, kZeros };
+
+// From this size on, storage is a private anonymous mapping of its own: 2 MiB aligned (a last
+// partial 2 MiB of 1 MiB or more rounded up to a whole one), advised MADV_HUGEPAGE (Linux's
+// default transparent-huge-page mode is "madvise": without the advice every page is 4 KiB), and
+// zero-filled by the kernel when first touched, so kZeros costs nothing up front. Below it, 64-byte aligned heap memory (zeroed with
+// memset for kZeros): a huge page for a small buffer would cost more memory than its faults cost.
+inline constexpr size_t kHugePageBytes = size_t(2) << 20;
+
+// `bytes` of 64-byte aligned storage (at least 64 bytes), released when the last copy of the
+// returned pointer dies. Throws kRuntime when memory is exhausted.
+std::shared_ptr<void> allocate_storage(size_t bytes, Fill fill);
+
+struct TensorSpec {
+  DType dtype;
+  Shape shape;
+};
+
+// Tensors carved from one allocate_storage call, each 64-byte aligned, so that buffers smaller than
+// a huge page share huge pages (a BERT checkpoint is 100 tensors of 1 MiB or less). Each tensor
+// has a holder of its own, as if allocated alone (shares_storage_with is per tensor); the storage
+// is released when the last of them dies. `holders`, when given, receives a weak reference to each
+// tensor's holder: its use_count() is how many tensors (copies, views) still share that tensor.
+std::vector<Tensor> allocate_tensors(const std::vector<TensorSpec>& specs, Fill fill,
+                                     std::vector<std::weak_ptr<void>>* holders = nullptr);
+
+}  // namespace onnxtrain
