@@ -145,7 +145,7 @@ class Executor {
   // it states none and touches few elements (kUnstatedSerialWork) or only makes views. A plan with
   // any larger step keeps the session's threads throughout: serial steps between parallel ones
   // let the pool's threads fall asleep, and on a loaded machine each wake-up costs a scheduler
-  // time slice (PP-OCR det at batch 16 ran 4x slower with per-step decisions, 2026-11-24). The
+  // time slice (a batch-1 MaxPool after serial convolutions: 13 ms, 0.04 ms on one thread). The
   // kernels with stated work are made afresh, since oneDNN sizes a primitive's thread partition
   // when it creates it.
   void decide_serial(Plan& plan);
