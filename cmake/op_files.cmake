@@ -8,7 +8,9 @@ function(onnxtrain_op_files sources out)
     if(NOT file MATCHES "/src/ops/[a-z_]+/[^/]+\\.cc$")
       continue()
     endif()
-    file(STRINGS "${file}" lines REGEX "^[ \t]*(ONNXTRAIN_OP|OT_[A-Z_]+)\\([A-Z][A-Za-z0-9_]*,")
+    # Not a line ending in a backslash (a macro's body): CMake would read the backslash as escaping
+    # the list separator and glue the next registration to it.
+    file(STRINGS "${file}" lines REGEX "^[ \t]*(ONNXTRAIN_OP|OT_[A-Z_]+)\\([A-Z][A-Za-z0-9_]*,.*[^\\]$")
     set(ops "")
     foreach(line IN LISTS lines)
       string(REGEX REPLACE "^[ \t]*(ONNXTRAIN_OP|OT_[A-Z_]+)\\(([A-Za-z0-9_]+),.*" "\\2" op "${line}")
