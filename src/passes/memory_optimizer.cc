@@ -501,7 +501,7 @@ std::vector<ConfigEntry> parse_config(const std::string& config, const MemoryPla
 MemoryPlan plan_clusters(const Analysis& a) {
   MemoryPlan plan;
   std::map<std::string, size_t> index;
-  auto stashed = [&](const std::string& u) { return a.stashed_set.count(u) > 0; };
+  auto stashed = [&](const std::string& u) { return a.data_read.count(u) > 0; };
   for (const auto& v : a.stashed) {
     if (int64_t b = a.bytes(v); b > 0 && a.data_read.count(v)) plan.stashed_bytes_before += b;
     if (a.g->nodes[a.producer.at(v)].op_type == "Constant") continue;  // a constant: nothing to recompute
@@ -777,7 +777,7 @@ MemoryPlan optimize_memory(Model& model, const std::vector<std::string>& forward
                            " bytes per occurrence (new stashes outweigh it); not applied");
       return;
     }
-    auto stashed = [&](const std::string& u) { return a.stashed_set.count(u) > 0 && !recomputed.count(u); };
+    auto stashed = [&](const std::string& u) { return a.data_read.count(u) > 0 && !recomputed.count(u); };
     int n = 0;
     for (const auto& v : c.stashed) {
       if (count >= 0 && n >= count) break;
