@@ -155,6 +155,7 @@ class RuntimeOpBuilder {
   RuntimeOpBuilder& state_inputs(std::vector<int> inputs) { builder_.state_inputs(std::move(inputs)); return *this; }
   RuntimeOpBuilder& state_updates(StateUpdatesFn fn) { builder_.state_updates(std::move(fn)); return *this; }
   RuntimeOpBuilder& inference_form(InferenceFormFn fn) { builder_.inference_form(std::move(fn)); return *this; }
+  RuntimeOpBuilder& work(WorkFn fn) { builder_.work(std::move(fn)); return *this; }
   const OpBuilder& builder() const { return builder_; }
 
  private:
@@ -191,6 +192,8 @@ class LeftOutOp {
   constexpr LeftOutOp& state_updates(const Any&) { return *this; }
   template <typename Any>
   constexpr LeftOutOp& inference_form(const Any&) { return *this; }
+  template <typename Any>
+  constexpr LeftOutOp& work(const Any&) { return *this; }
 };
 
 struct OpRegistration {
