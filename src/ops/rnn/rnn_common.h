@@ -548,15 +548,19 @@ struct BpttOutputs {
     if (dx.defined()) dx_sum.assign(size_t(s.seq * s.batch * s.input), C(0));
   }
 
+  // Direction d's [G, width] block of a weight gradient: dY^T·X over the rows (t, b) of both.
+  void store_weight_gradient(Tensor& out, const std::vector<C>& dy, const std::vector<C>& x, int64_t rows,
+                             int64_t width, int64_t d, int64_t G) {
+    std::vector<C> g(size_t(G * width));
+    gemm_tn(dy.data(), rows, G, x.data(), width, g.data());
+    store_range<T>(out, d * G * width, g);
+  }
+
   // The input projection XW = X·W[d]^T (+ Wb) with gradient daw: dW[d] = daw^T·X, dX += daw·W[d].
   void input_projection(const std::vector<C>& daw, const std::vector<C>& x, const C* wd, const RnnSetup& s, int64_t d,
                         int64_t G) {
     const int64_t SB = s.seq * s.batch, I = s.input;
-    if (dw.defined()) {
-      std::vector<C> g(size_t(G * I));
-      gemm_tn(daw.data(), SB, G, x.data(), I, g.data());
-      store_range<T>(dw, d * G * I, g);
-    }
+    if (dw.defined()) store_weight_gradient(dw, daw, x, SB, I, d, G);
     if (dx.defined()) {
       std::vector<C> part(size_t(SB * I));
       gemm_nn(daw.data(), SB, G, G, wd, I, I, part.data(), I);
@@ -569,11 +573,7 @@ struct BpttOutputs {
   void plain_recurrence(const std::vector<C>& da, const std::vector<C>& hprev, const RnnSetup& s, int64_t d,
                         int64_t G) {
     const int64_t SB = s.seq * s.batch, H = s.hidden;
-    if (dr.defined()) {
-      std::vector<C> g(size_t(G * H));
-      gemm_tn(da.data(), SB, G, hprev.data(), H, g.data());
-      store_range<T>(dr, d * G * H, g);
-    }
+    if (dr.defined()) store_weight_gradient(dr, da, hprev, SB, H, d, G);
     if (db.defined()) {
       std::vector<C> g(size_t(2 * G));
       column_sums(da.data(), SB, G, g.data());
