@@ -39,15 +39,21 @@ void* map_huge_aligned(size_t length) {
 }
 #endif
 
+// The length mapped for `bytes` (at least kHugePageBytes): whole 4 KiB pages, and a last partial
+// huge page of 1 MiB or more mapped whole (under 1 MiB more memory for 256 or more fewer faults);
+// a shorter one stays 4 KiB pages.
+size_t mapped_length(size_t bytes) {
+  size_t length = round_up(bytes, kSmallPageBytes);
+  if (length % kHugePageBytes >= kHugePageBytes / 2) length = round_up(length, kHugePageBytes);
+  return length;
+}
+
 }  // namespace
 
 std::shared_ptr<void> allocate_storage(size_t bytes, Fill fill) {
 #if defined(__unix__)
   if (bytes >= kHugePageBytes) {
-    // A last partial huge page of 1 MiB or more is mapped whole (under 1 MiB more memory for
-    // 256 or more fewer faults); a shorter one stays 4 KiB pages.
-    size_t length = round_up(bytes, kSmallPageBytes);
-    if (length % kHugePageBytes >= kHugePageBytes / 2) length = round_up(length, kHugePageBytes);
+    const size_t length = mapped_length(bytes);
     if (void* p = map_huge_aligned(length))  // fresh anonymous pages read as zeros: no fill needed
       return std::shared_ptr<void>(p, [length](void* q) { ::munmap(q, length); });
     OT_THROW(kRuntime, "out of memory: cannot map ", bytes, " bytes");
@@ -84,6 +90,15 @@ std::vector<Tensor> allocate_tensors(const std::vector<TensorSpec>& specs, Fill 
     tensors.push_back(Tensor::borrow(specs[i].dtype, specs[i].shape, at, std::move(holder)));
   }
   return tensors;
+}
+
+Tensor allocate_output(DType dtype, const Shape& shape) {
+  if (size_t(numel(shape)) * dtype_size(dtype) < kHugePageBytes) return Tensor::empty(dtype, shape);
+  OT_CHECK(dtype_supported(dtype), "cannot allocate a tensor of dtype ", dtype_name(dtype));
+  for (int64_t d : shape) OT_CHECK(d >= 0, "cannot allocate a tensor of shape ", shape_str(shape));
+  std::shared_ptr<void> storage = allocate_storage(size_t(numel(shape)) * dtype_size(dtype), Fill::kUninitialized);
+  void* data = storage.get();
+  return Tensor::borrow(dtype, shape, data, std::move(storage));
 }
 
 }  // namespace onnxtrain

@@ -40,4 +40,12 @@ struct TensorSpec {
 std::vector<Tensor> allocate_tensors(const std::vector<TensorSpec>& specs, Fill fill,
                                      std::vector<std::weak_ptr<void>>* holders = nullptr);
 
+// A tensor that a run hands out rather than placing in its arena (graph outputs: what a training
+// forward stashes for the backward, the gradients it returns; values of shapes the plan did not
+// foresee), uninitialized. From kHugePageBytes on, a mapping of its own (allocate_storage),
+// unmapped when the tensor dies. From glibc's heap, such buffers fragmented it step after step
+// once its mmap threshold had risen (a GPT-style TrainModule's peak grew 45 MiB over 3 steps, to
+// 1.03 of PyTorch's); in huge pages, mapping them afresh costs a fault per 2 MiB (20 a step there).
+Tensor allocate_output(DType dtype, const Shape& shape);
+
 }  // namespace onnxtrain

@@ -97,6 +97,27 @@ TEST(MemoryTest, TensorsFromOneAllocationAreSeparateTensors) {
   EXPECT_EQ(last.data<uint8_t>()[6], 0x5a);
 }
 
+TEST(MemoryTest, LargeOutputsAreMappingsOfTheirOwnGoneWithTheTensor) {
+  if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled"))
+    GTEST_SKIP() << "this kernel has no transparent huge pages";
+  const void* at = nullptr;
+  {
+    Tensor large = allocate_output(DType::kFloat32, {3, 1 << 18});  // 3 MiB
+    at = large.data();
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(at) % kHugePageBytes, 0u);
+    EXPECT_NE(vm_flags_of(at).find(" hg"), std::string::npos);
+    Tensor alias = large;  // a copy shares the mapping: it outlives the first name
+    large = Tensor();
+    std::memset(alias.data(), 0x5a, alias.nbytes());
+    EXPECT_NE(vm_flags_of(at), "");
+  }
+  EXPECT_EQ(vm_flags_of(at), "") << "the mapping outlived its last tensor";
+  Tensor small = allocate_output(DType::kFloat32, {1000});
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % 64, 0u);
+  EXPECT_EQ(small.shape(), (Shape{1000}));
+  EXPECT_THROW(allocate_output(DType::kFloat32, {1 << 20, -1}), Error);
+}
+
 TEST(MemoryTest, BadSpecsAreErrors) {
   EXPECT_THROW(allocate_tensors({{DType::kString, {2}}}, Fill::kZeros), Error);
   EXPECT_THROW(allocate_tensors({{DType::kFloat32, {2, -1}}}, Fill::kZeros), Error);
