@@ -5,9 +5,11 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <numeric>
 #include <set>
 
 #include "bindings.h"
+#include "core/memory.h"
 #include "onnx/model_io.h"
 #include "passes/shape_inference.h"
 #include "passes/sparsity.h"
@@ -149,6 +151,70 @@ std::vector<int> positions(const std::vector<std::string>& subset, const std::ve
   return out;
 }
 
+std::vector<int> all_positions(size_t n) {
+  std::vector<int> all(n);
+  std::iota(all.begin(), all.end(), 0);
+  return all;
+}
+
+// One allocation for a run's outputs that die together: a step's saved values live from the
+// forward to the end of the backward, and its gradients (without memory-efficient gradient
+// management) are handed to torch at once and accumulated into .grad in one go. Passed to the run
+// as output buffers (huge pages from 2 MiB on, core/memory.h), the block is given back when the
+// last of them dies. Allocated one by one, the 0.25-1 MiB ones fragmented glibc's heap step after
+// step, interleaved with torch's own blocks: a GPT-style model's peak grew 28 MiB over 3 steps
+// with the large outputs already mapped on their own (20 MiB more than with these blocks).
+class OutputBlock {
+ public:
+  OutputBlock() = default;
+  explicit OutputBlock(const std::vector<int>& outputs) {
+    for (int i : outputs) slots_.push_back({size_t(i), DType::kUndefined, {}, true});
+  }
+  bool empty() const { return slots_.empty(); }
+  // "K of N in one block of B bytes" (the next run's block).
+  std::string describe() const {
+    size_t in = 0, bytes = 0;
+    for (const Slot& slot : slots_)
+      if (slot.in_block && slot.dtype != DType::kUndefined) ++in, bytes += size_t(numel(slot.shape)) * dtype_size(slot.dtype);
+    return std::to_string(in) + " of " + std::to_string(slots_.size()) + " in one block of " + std::to_string(bytes) + " bytes";
+  }
+
+  // Buffers for the next run (one per output of the run; undefined where none): empty until a
+  // run has shown the outputs' dtypes and shapes.
+  std::vector<Tensor> buffers(size_t num_outputs) const {
+    std::vector<TensorSpec> specs;
+    for (const Slot& slot : slots_)
+      if (slot.in_block && slot.dtype != DType::kUndefined) specs.push_back({slot.dtype, slot.shape});
+    if (specs.empty()) return {};
+    std::vector<Tensor> carved = allocate_tensors(specs, Fill::kUninitialized), buffers(num_outputs);
+    size_t k = 0;
+    for (const Slot& slot : slots_)
+      if (slot.in_block && slot.dtype != DType::kUndefined) buffers[slot.output] = std::move(carved[k++]);
+    return buffers;
+  }
+
+  // After a run: dtypes and shapes for the next block. An output that was given a buffer and did
+  // not land in it (a view of an input or of a parameter, a value set by its kernel) is left out
+  // from then on: its bytes would be wasted.
+  void learn(const std::vector<Tensor>& outs, const std::vector<Tensor>& buffers) {
+    for (Slot& slot : slots_) {
+      const Tensor& out = outs[slot.output];
+      const Tensor* given = buffers.empty() ? nullptr : &buffers[slot.output];
+      if (!out.defined() || (given && given->defined() && out.data() != given->data())) slot.in_block = false;
+      if (out.defined()) slot.dtype = out.dtype(), slot.shape = out.shape();
+    }
+  }
+
+ private:
+  struct Slot {
+    size_t output;  // position among the run's outputs
+    DType dtype;
+    Shape shape;
+    bool in_block;
+  };
+  std::vector<Slot> slots_;
+};
+
 // One exported module under one input schema: its forward and backward executors.
 class TorchRunner {
  public:
@@ -183,14 +249,16 @@ class TorchRunner {
     if (random_seed) forward_->set_random_state(*random_seed, 0);
     std::map<std::string, Tensor> named;
     bind(named, feeds, fb_.forward_feeds, fb_.forward.graph, "forward feed");
-    std::vector<Tensor> outs;
+    if (stash_.empty()) stash_ = OutputBlock(positions(fb_.saved, forward_outputs_));
+    std::vector<Tensor> outs, stash = stash_.buffers(forward_outputs_.size());
     {
       py::gil_scoped_release release;
-      outs = forward_->run(named);
+      outs = forward_->run(named, {}, {}, stash);
     }
     named.clear();
     saved_dtypes_.clear();
     for (int i : positions(fb_.saved, forward_outputs_)) saved_dtypes_.push_back(outs[size_t(i)].dtype());
+    stash_.learn(outs, stash);
     return to_capsules(outs);
   }
 
@@ -210,18 +278,23 @@ class TorchRunner {
       named[fb_.saved[i]] = tensor_from_dlpack(saved[i], expected, "saved value '" + fb_.saved[i] + "'");
     }
     bind(named, feeds, fb_.backward_feeds, fb_.backward.graph, "backward feed");
-    std::vector<Tensor> grads;
+    std::vector<Tensor> grads, buffers;
     OutputReadyFn hand_over;
-    if (!on_gradient.is_none())
+    if (!on_gradient.is_none()) {
       hand_over = [&](size_t index, const Tensor& g) {
         py::gil_scoped_acquire acquire;
         return on_gradient(index, tensor_to_dlpack(g)).cast<bool>();
       };
+    } else {  // all handed over at the end, and accumulated into .grad in one go: one block
+      if (gradient_block_.empty()) gradient_block_ = OutputBlock(all_positions(fb_.backward.graph.outputs.size()));
+      buffers = gradient_block_.buffers(fb_.backward.graph.outputs.size());
+    }
     {
       py::gil_scoped_release release;
-      grads = backward_->run(named, {}, hand_over);
+      grads = backward_->run(named, {}, hand_over, buffers);
     }
     named.clear();
+    if (on_gradient.is_none()) gradient_block_.learn(grads, buffers);
     py::list out;
     for (const auto& t : grads) out.append(t.defined() ? tensor_to_dlpack(t) : py::object(py::none()));
     return out;
@@ -235,6 +308,8 @@ class TorchRunner {
     };
     std::string s = line("forward", forward_->memory_report());
     if (backward_) s += "; " + line("backward", backward_->memory_report());
+    if (!stash_.empty()) s += "; saved values: " + stash_.describe();
+    if (!gradient_block_.empty()) s += "; gradients: " + gradient_block_.describe();
     return s;
   }
 
@@ -257,6 +332,7 @@ class TorchRunner {
   }
 
   ForwardBackwardGraphs fb_;
+  OutputBlock stash_, gradient_block_;
   std::unique_ptr<Executor> forward_, backward_;
   std::vector<std::string> forward_outputs_;
   std::vector<std::string> wrt_;  // what was differentiated, parallel to the gradients
