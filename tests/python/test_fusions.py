@@ -431,3 +431,96 @@ def test_broadcast_summand_stays_an_add():
     plain.optimize = False
     np.testing.assert_allclose(onnxtrain.InferenceSession(data).run(None, feeds)[0],
                                onnxtrain.InferenceSession(data, plain).run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+class _PooledConvs(torch.nn.Module):
+    """conv-relu (3 -> 20 channels, not a multiple of 16), then `pool`, conv-relu, a residual Add
+    around a 3x3 average pool (padded: its border windows count fewer taps), conv, global pool,
+    linear head."""
+
+    def __init__(self, pool, global_pool):
+        super().__init__()
+        self.stem, self.mid, self.last = (torch.nn.Conv2d(3, 20, 3, padding=1), torch.nn.Conv2d(20, 24, 3, padding=1),
+                                          torch.nn.Conv2d(24, 24, 1))
+        self.pool, self.global_pool = pool, global_pool
+        self.smooth = torch.nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False)
+        self.head = torch.nn.Linear(24, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.mid(self.pool(torch.relu(self.stem(x)))))
+        y = self.last(y + self.smooth(y))
+        return self.head(torch.flatten(self.global_pool(y), 1))
+
+
+def _pool_layouts(model_bytes):
+    """[(op type, mode)] of the optimized graph's pools."""
+    out = []
+    for n in onnx.load_from_string(_C.optimize_model(model_bytes)).graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if "Pool" in n.op_type:
+            out.append((n.op_type, attrs.get("mode", b"").decode()))
+    return out
+
+
+@pytest.mark.parametrize("pool, mode", [(torch.nn.MaxPool2d(2), "max"),
+                                        (torch.nn.MaxPool2d(3, stride=2, padding=1), "max"),
+                                        (torch.nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), "average")])
+@pytest.mark.parametrize("global_pool, global_mode", [(torch.nn.AdaptiveAvgPool2d(1), "global_average"),
+                                                      (torch.nn.AdaptiveMaxPool2d(1), "max")])  # a window of all X
+def test_pools_between_convs_run_channels_last_and_match_the_unoptimized_graph(pool, mode, global_pool, global_mode):
+    module = _PooledConvs(pool, global_pool).eval()
+    x = torch.randn(3, 3, 13, 11)
+    data = export(module, x)
+    assert _pool_layouts(data) == [("ChannelsLastPool", mode), ("ChannelsLastPool", "average"),
+                                   ("ChannelsLastPool", global_mode)], _pool_layouts(data)
+    convs = [(i, o) for op, i, o in _channels_last_attrs(data) if op == "FusedConv"]
+    assert convs == [(0, 1), (1, 1), (1, 1)], convs  # no reorder between the stem and the global pool
+    plain, optimized = _unoptimized_and_optimized(data, {"in0": x.numpy()})
+    np.testing.assert_allclose(optimized[0], plain[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(optimized[0], module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("pool", [torch.nn.MaxPool2d(3, stride=2, ceil_mode=True), torch.nn.MaxPool2d(2, return_indices=True)])
+def test_pools_channels_last_cannot_express_stay_in_onnx_order(pool):
+    # Ceil mode's last window may reach past the pads; Indices number elements in ONNX's order.
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.pool = torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(16, 8, 1), pool
+
+        def forward(self, x):
+            y = self.pool(torch.relu(self.a(x)))
+            if isinstance(y, tuple):
+                return self.b(y[0]), y[1]
+            return self.b(y)
+
+    module = Net().eval()
+    x = torch.randn(2, 3, 12, 10)
+    data = export(module, x)
+    assert {op for op, _ in _pool_layouts(data)} == {"MaxPool"}, _pool_layouts(data)
+    plain, optimized = _unoptimized_and_optimized(data, {"in0": x.numpy()})
+    for p, o in zip(plain, optimized):
+        np.testing.assert_allclose(o, p, rtol=1e-5, atol=1e-6)
+
+
+def test_channels_last_pool_rejects_an_unknown_mode_and_float64():
+    def model(mode, dtype):
+        node = onnx.helper.make_node("ChannelsLastPool", ["x"], ["y"], domain="onnxtrain", mode=mode, kernel_shape=[2, 2])
+        graph = onnx.helper.make_graph([node], "g", [onnx.helper.make_tensor_value_info("x", dtype, [1, 2, 4, 4])],
+                                       [onnx.helper.make_tensor_value_info("y", dtype, None)])
+        return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
+                                                            onnx.helper.make_opsetid("onnxtrain", 1)]).SerializeToString()
+
+    with pytest.raises(Exception, match="mode must be max, average, global_average or global_max"):
+        onnxtrain.InferenceSession(model("median", onnx.TensorProto.FLOAT)).run(None, {"x": np.ones((1, 2, 4, 4), np.float32)})
+    with pytest.raises(Exception, match="X must be float32"):
+        onnxtrain.InferenceSession(model("max", onnx.TensorProto.DOUBLE)).run(None, {"x": np.ones((1, 2, 4, 4))})
+
+
+@pytest.mark.parametrize("op, mode", [("GlobalMaxPool", "global_max"), ("GlobalAveragePool", "global_average")])
+def test_global_pools_read_channels_last(op, mode):
+    from onnx import helper
+    data = _conv_then(([helper.make_node(op, ["y"], ["out"])], []))
+    assert _pool_layouts(data) == [("ChannelsLastPool", mode)], _pool_layouts(data)
+    assert _channels_last_attrs(data)[0] == ("FusedConv", 0, 1)
+    _check_against_unoptimized(data)
