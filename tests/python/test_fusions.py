@@ -524,3 +524,25 @@ def test_global_pools_read_channels_last(op, mode):
     assert _pool_layouts(data) == [("ChannelsLastPool", mode)], _pool_layouts(data)
     assert _channels_last_attrs(data)[0] == ("FusedConv", 0, 1)
     _check_against_unoptimized(data)
+
+
+def test_residual_block_on_2x2_planes_in_blocked_layout_matches_torch():
+    # A ResNet's last stage: channels-last values between convolutions, the residual Add + Relu in
+    # the second convolution's post-ops, each convolution computing in nChw16c blocks (2x2 planes).
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+            self.conv1, self.conv2 = torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.Conv2d(32, 32, 3, padding=1)
+            self.head = torch.nn.Conv2d(32, 16, 1)
+
+        def forward(self, x):
+            y = torch.relu(self.down(x))
+            return self.head(torch.relu(self.conv2(torch.relu(self.conv1(y))) + y)).mean((2, 3))
+
+    module = Block().eval()
+    x = torch.randn(6, 16, 4, 4)
+    data = export(module, x)
+    assert [(i, o) for op, i, o in _channels_last_attrs(data) if op == "FusedConv"] == [(0, 1), (1, 1), (1, 1), (1, 0)]
+    (y,) = onnxtrain.InferenceSession(data).run(None, {"in0": x.numpy()})
+    np.testing.assert_allclose(y, module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
