@@ -410,9 +410,13 @@ def test_residual_add_and_relu_fold_into_the_conv(relu, z_from):
     plain = onnxtrain.SessionOptions()
     plain.optimize = False
     want = onnxtrain.InferenceSession(data, plain).run(None, feeds)[0]
-    got = onnxtrain.InferenceSession(data).run(None, feeds)[0]
+    fed = {k: v.copy() for k, v in feeds.items()}
+    sess = onnxtrain.InferenceSession(data)
+    got = sess.run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert (want == 0).any() == relu  # the Relu was applied after the sum, not skipped
+    for k, v in fed.items():  # a fed Z is summed from, never written (the conv sums in place only over its own values)
+        np.testing.assert_array_equal(feeds[k], v)
 
 
 def test_broadcast_summand_stays_an_add():
@@ -544,5 +548,8 @@ def test_residual_block_on_2x2_planes_in_blocked_layout_matches_torch():
     x = torch.randn(6, 16, 4, 4)
     data = export(module, x)
     assert [(i, o) for op, i, o in _channels_last_attrs(data) if op == "FusedConv"] == [(0, 1), (1, 1), (1, 1), (1, 0)]
-    (y,) = onnxtrain.InferenceSession(data).run(None, {"in0": x.numpy()})
+    sess = onnxtrain.InferenceSession(data)
+    (y,) = sess.run(None, {"in0": x.numpy()})
     np.testing.assert_allclose(y, module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    # The summand dies at conv2, whose output takes over its buffer: the sum post-op reads it in place.
+    assert " 1 in-place" in sess.memory_report(), sess.memory_report()

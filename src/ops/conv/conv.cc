@@ -143,7 +143,8 @@ class ConvKernel final : public Kernel {
     s.y_channels_last = y_channels_last_;
     s.sum = z != nullptr;
     int64_t macs = y.numel() * (w.numel() / std::max<int64_t>(w.dim(0), 1));  // per output: C/G * kernel taps
-    s.serial = !s.transposed && macs < kSerialWork;
+    static const int64_t tmp_thr = getenv("OT_TMP_SERIAL") ? atoll(getenv("OT_TMP_SERIAL")) : kSerialWork;
+    s.serial = !s.transposed && macs < tmp_thr;
     auto key = s.key();
     cpu::ConvPrimitive* conv = cache_.find(key);
     if (!conv) conv = &cache_.insert(key, cpu::ConvPrimitive(s, node.context()));
@@ -283,7 +284,7 @@ ONNXTRAIN_OP(Conv, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu
 // values in channels-last order (fp32 only): set on a FusedConv feeding another FusedConv, so the
 // value between them stays in the layout the convolutions compute in and neither reorders it.
 ONNXTRAIN_OP(FusedConv, kOnnxTrainDomain, 1).inputs(2, 4).outputs(1).shape(conv_shape).cpu_kernel<ConvKernel>()
-    .work(conv_work)
+    .work(conv_work).inplace(0, 3)
     .gradient_not_implemented("an inference-only fusion: autodiff differentiates Conv and the activation");
 
 // dX, dW, dB = ConvGrad(dY, X, W): linear in dY, so differentiable in principle.
