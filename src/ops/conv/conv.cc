@@ -143,8 +143,7 @@ class ConvKernel final : public Kernel {
     s.y_channels_last = y_channels_last_;
     s.sum = z != nullptr;
     int64_t macs = y.numel() * (w.numel() / std::max<int64_t>(w.dim(0), 1));  // per output: C/G * kernel taps
-    static const int64_t tmp_thr = getenv("OT_TMP_SERIAL") ? atoll(getenv("OT_TMP_SERIAL")) : kSerialWork;
-    s.serial = !s.transposed && macs < tmp_thr;
+    s.serial = !s.transposed && macs < kSerialWork;
     auto key = s.key();
     cpu::ConvPrimitive* conv = cache_.find(key);
     if (!conv) conv = &cache_.insert(key, cpu::ConvPrimitive(s, node.context()));
