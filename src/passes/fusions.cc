@@ -53,6 +53,13 @@ bool fully_known(const std::optional<Shape>& s) {
   return s && std::all_of(s->begin(), s->end(), [](int64_t d) { return d >= 0; });
 }
 
+// Every dimension but the first (a batch) known. Values of such shapes may broadcast against each
+// other only along the batch, the outermost dim in both ONNX and channels-last order, so pairing
+// them by position is right in either order.
+bool known_but_batch(const std::optional<Shape>& s) {
+  return s && !s->empty() && std::all_of(s->begin() + 1, s->end(), [](int64_t d) { return d >= 0; });
+}
+
 
 // Rebuilds g.nodes without the removed ones.
 void drop_removed(Graph& g, const std::vector<char>& removed) {
@@ -543,7 +550,7 @@ std::string channels_last_pool_mode(const Graph& g, const Node& n) {
   if (!n.domain.empty() || n.inputs.size() != 1 || n.outputs.empty() || !fused_op_built("ChannelsLastPool")) return "";
   auto vi = g.value_info.find(n.inputs[0]);
   auto s = known_shape(g, n.inputs[0]);
-  if (vi == g.value_info.end() || vi->second.dtype != DType::kFloat32 || !fully_known(s) || s->size() < 3) return "";
+  if (vi == g.value_info.end() || vi->second.dtype != DType::kFloat32 || !known_but_batch(s) || s->size() < 3) return "";
   if (n.op_type == "GlobalAveragePool") return "global_average";
   if (n.op_type == "GlobalMaxPool") return "global_max";
   bool max = n.op_type == "MaxPool";
@@ -589,7 +596,7 @@ int keep_channels_last(Graph& g) {
   auto windowed = [](const std::string& mode) { return mode == "max" || mode == "average"; };
   auto unit_spatial = [&](const std::string& value) {
     auto s = known_shape(g, value);
-    return fully_known(s) && s->size() >= 3 && std::all_of(s->begin() + 2, s->end(), [](int64_t d) { return d == 1; });
+    return s && s->size() >= 3 && std::all_of(s->begin() + 2, s->end(), [](int64_t d) { return d == 1; });
   };
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     const Node& n = g.nodes[i];
@@ -633,9 +640,10 @@ int keep_channels_last(Graph& g) {
       }
       // Elementwise: every operand of the output's full shape, and the output, share one layout;
       // the others must be single elements (a broadcast of anything larger reads by position).
+      // An unknown batch dim is no obstacle (known_but_batch); an unknown spatial one is.
       auto out_shape = known_shape(g, n.outputs[0]);
       std::vector<std::string> tied = {n.outputs[0]};
-      bool agnostic = fully_known(out_shape);
+      bool agnostic = known_but_batch(out_shape);
       for (const auto& in : n.inputs) {
         if (in.empty()) continue;
         auto s = known_shape(g, in);

@@ -553,3 +553,44 @@ def test_residual_block_on_2x2_planes_in_blocked_layout_matches_torch():
     np.testing.assert_allclose(y, module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
     # The summand dies at conv2, whose output takes over its buffer: the sum post-op reads it in place.
     assert " 1 in-place" in sess.memory_report(), sess.memory_report()
+
+
+class _DynamicBatchNet(torch.nn.Module):
+    """openWakeWord's embedding pattern: conv, LeakyRelu, max with a constant, max pool, repeated."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Conv2d(1, 16, (3, 1)), torch.nn.Conv2d(16, 24, (1, 3), padding=(0, 1)), torch.nn.Conv2d(24, 8, 3)
+
+    def forward(self, x):
+        y = torch.maximum(torch.nn.functional.leaky_relu(self.a(x), 0.2), torch.tensor(-0.1))
+        y = torch.nn.functional.max_pool2d(torch.clamp_min(torch.nn.functional.leaky_relu(self.b(y), 0.2), -0.05), 2)
+        return self.c(y)
+
+
+def _export_dynamic(module, x, axes):
+    f = io.BytesIO()
+    torch.onnx.export(module, (x,), f, opset_version=17, input_names=["in0"], output_names=["out"],
+                      dynamic_axes={"in0": axes, "out": axes})
+    return f.getvalue()
+
+
+def test_values_of_an_unknown_batch_stay_channels_last():
+    module = _DynamicBatchNet().eval()
+    data = _export_dynamic(module, torch.randn(2, 1, 14, 9), {0: "batch"})
+    assert [(i, o) for op, i, o in _channels_last_attrs(data) if op == "FusedConv"] == [(0, 1), (1, 1), (1, 0)]
+    assert [op for op, _ in _pool_layouts(data)] == ["ChannelsLastPool"]
+    sess = onnxtrain.InferenceSession(data)
+    for batch in (1, 3):  # one session, two batch sizes
+        x = torch.randn(batch, 1, 14, 9)
+        np.testing.assert_allclose(sess.run(None, {"in0": x.numpy()})[0], module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_values_of_an_unknown_spatial_dim_stay_in_onnx_order():
+    # An unknown height could hide a broadcast along it, which pairs elements by position.
+    module = _DynamicBatchNet().eval()
+    data = _export_dynamic(module, torch.randn(2, 1, 14, 9), {0: "batch", 2: "height"})
+    assert all(i == 0 and o == 0 for _, i, o in _channels_last_attrs(data)), _channels_last_attrs(data)
+    x = torch.randn(2, 1, 12, 9)
+    np.testing.assert_allclose(onnxtrain.InferenceSession(data).run(None, {"in0": x.numpy()})[0], module(x).detach().numpy(),
+                               rtol=1e-4, atol=1e-5)
