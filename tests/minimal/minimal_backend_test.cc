@@ -142,6 +142,27 @@ TEST(MinimalBackend, ConvolutionForwardMatchesTheReference) {
           relu[size_t((i * c.m + k) * ys + p)] = std::max(0.0f, want[size_t((i * c.m + k) * ys + p)]);
         }
     expect_close(back, relu, 1e-4f, "fused conv " + shape_str(c.x));
+
+    // A summand Z that is Y's own buffer (FusedConv's residual, summed in place), in both layouts.
+    cpu::ConvSpec summed = spec_of(c, g, false);
+    summed.sum = true;
+    auto z = random_values(got.size(), seed++);
+    std::vector<float> in_place = z, want_sum(want.size());
+    for (size_t i = 0; i < want.size(); ++i) want_sum[i] = want[i] + z[i];
+    cpu::ConvPrimitive(summed, "summed").run(x.data(), w.data(), c.bias ? b.data() : nullptr, in_place.data(), false,
+                                             in_place.data());
+    expect_close(in_place, want_sum, 1e-4f, "conv + Z in place " + shape_str(c.x));
+    summed.x_channels_last = summed.y_channels_last = true;
+    std::vector<float> z_last(z.size());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < c.m; ++k)
+        for (int64_t p = 0; p < ys; ++p) z_last[size_t((i * ys + p) * c.m + k)] = z[size_t((i * c.m + k) * ys + p)];
+    cpu::ConvPrimitive(summed, "summed").run(x_last.data(), w.data(), c.bias ? b.data() : nullptr, z_last.data(), false,
+                                             z_last.data());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < c.m; ++k)
+        for (int64_t p = 0; p < ys; ++p) back[size_t((i * c.m + k) * ys + p)] = z_last[size_t((i * ys + p) * c.m + k)];
+    expect_close(back, want_sum, 1e-4f, "channels-last conv + Z in place " + shape_str(c.x));
   }
 }
 
