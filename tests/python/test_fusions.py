@@ -594,3 +594,22 @@ def test_values_of_an_unknown_spatial_dim_stay_in_onnx_order():
     x = torch.randn(2, 1, 12, 9)
     np.testing.assert_allclose(onnxtrain.InferenceSession(data).run(None, {"in0": x.numpy()})[0], module(x).detach().numpy(),
                                rtol=1e-4, atol=1e-5)
+
+
+def test_pointwise_conv_with_a_residual_in_onnx_order_matches_numpy():
+    # Conv 1x1 + Add between a graph input and a graph output (ONNX order on both sides): the
+    # residual folds into the sum post-op of oneDNN's GEMM-based kernel.
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(4)
+    w, b = rng.standard_normal((16, 12, 1, 1)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y"]), helper.make_node("Add", ["y", "z"], ["out"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 12, 5, 7]),
+                                           helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [2, 16, 5, 7])],
+                              [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    assert [(op, i, o) for op, i, o in _channels_last_attrs(data)] == [("FusedConv", 0, 0)]
+    x, z = rng.standard_normal((2, 12, 5, 7)).astype(np.float32), rng.standard_normal((2, 16, 5, 7)).astype(np.float32)
+    (got,) = onnxtrain.InferenceSession(data).run(None, {"x": x, "z": z})
+    want = np.einsum("oc,nchw->nohw", w[:, :, 0, 0], x) + b[None, :, None, None] + z
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
