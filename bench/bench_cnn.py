@@ -112,8 +112,9 @@ def bench_forward(args, ot, workdir: str) -> List[dict]:
             if res["onnxtrain"].ok and res["ORT"].ok:
                 err = max(float(np.max(np.abs(a.astype(np.float64) - b)) / (1 + np.max(np.abs(b))))
                           for a, b in zip(res["onnxtrain"].outputs, res["ORT"].outputs))
+            best = [min(r.times_ms) if r.ok else float("nan") for r in (res["onnxtrain"], res["ORT"])]
             row = {"model": name, "batch": batch, "ot_ms": res["onnxtrain"].median_ms, "ort_ms": res["ORT"].median_ms,
-                   "rel_err": err, "error": res["onnxtrain"].error or res["ORT"].error}
+                   "best_ratio": best[0] / best[1], "rel_err": err, "error": res["onnxtrain"].error or res["ORT"].error}
             if args.profile and res["onnxtrain"].ok:
                 row["profile"] = profile_report(ot, path, feeds, args.threads)
             rows.append(row)
@@ -179,13 +180,15 @@ def bench_train(args, ot, workdir: str) -> List[dict]:
 def report(forward: List[dict], train: List[dict]) -> None:
     if forward:
         print(f"\nforward (target: onnxtrain / ORT <= {TARGET_VS_ORT})")
-        print(f"{'model':14s} {'batch':>5s} {'onnxtrain ms':>12s} {'ORT ms':>9s} {'ot/ORT':>7s} {'rel err':>8s}  verdict")
+        # best: the ratio of the two engines' fastest runs, which load on a shared machine disturbs least
+        print(f"{'model':14s} {'batch':>5s} {'onnxtrain ms':>12s} {'ORT ms':>9s} {'ot/ORT':>7s} {'best':>6s} {'rel err':>8s}  verdict")
         for r in forward:
             if r.get("error"):
                 print(f"{r['model']:14s} {r['batch']:5d}  ERROR {r['error']}")
                 continue
             ratio = r["ot_ms"] / r["ort_ms"]
-            print(f"{r['model']:14s} {r['batch']:5d} {r['ot_ms']:12.2f} {r['ort_ms']:9.2f} {ratio:7.2f} {r['rel_err']:8.1e}  "
+            print(f"{r['model']:14s} {r['batch']:5d} {r['ot_ms']:12.2f} {r['ort_ms']:9.2f} {ratio:7.2f} {r['best_ratio']:6.2f} "
+                  f"{r['rel_err']:8.1e}  "
                   f"{'met' if ratio <= TARGET_VS_ORT else 'NOT met'}")
         for r in forward:
             if r.get("profile"):

@@ -53,6 +53,13 @@ bool fully_known(const std::optional<Shape>& s) {
   return s && std::all_of(s->begin(), s->end(), [](int64_t d) { return d >= 0; });
 }
 
+// Every dimension but the first (a batch) known. Values of such shapes may broadcast against each
+// other only along the batch, the outermost dim in both ONNX and channels-last order, so pairing
+// them by position is right in either order.
+bool known_but_batch(const std::optional<Shape>& s) {
+  return s && !s->empty() && std::all_of(s->begin() + 1, s->end(), [](int64_t d) { return d >= 0; });
+}
+
 
 // Rebuilds g.nodes without the removed ones.
 void drop_removed(Graph& g, const std::vector<char>& removed) {
@@ -535,6 +542,35 @@ bool is_layout_agnostic_elementwise(const Node& n) {
   return n.domain.empty() && n.outputs.size() == 1 && !n.inputs.empty() && ops.count(n.op_type);
 }
 
+// A pool that has a channels-last form (onnxtrain.ChannelsLastPool): MaxPool without Indices,
+// AveragePool and the global average / max pools, of a rank >= 3 fp32 input of known shape; the
+// windowed ones with explicit pads (or none), no ceil mode and no window wholly in the padding, the
+// geometry the backend's pooling computes in any layout. Returns the ChannelsLastPool mode, or "".
+std::string channels_last_pool_mode(const Graph& g, const Node& n) {
+  if (!n.domain.empty() || n.inputs.size() != 1 || n.outputs.empty() || !fused_op_built("ChannelsLastPool")) return "";
+  auto vi = g.value_info.find(n.inputs[0]);
+  auto s = known_shape(g, n.inputs[0]);
+  if (vi == g.value_info.end() || vi->second.dtype != DType::kFloat32 || !known_but_batch(s) || s->size() < 3) return "";
+  if (n.op_type == "GlobalAveragePool") return "global_average";
+  if (n.op_type == "GlobalMaxPool") return "global_max";
+  bool max = n.op_type == "MaxPool";
+  if (!max && n.op_type != "AveragePool") return "";
+  if (max && n.outputs.size() > 1 && !n.outputs[1].empty()) return "";  // Indices count in ONNX order
+  std::string auto_pad = n.attr_string("auto_pad", "NOTSET");
+  if ((auto_pad != "NOTSET" && auto_pad != "VALID") || n.attr_int("ceil_mode", 0) != 0 || !n.has_attr("kernel_shape"))
+    return "";
+  std::vector<int64_t> kernel = n.attr_ints("kernel_shape");
+  size_t nd = s->size() - 2;
+  std::vector<int64_t> pads = auto_pad == "VALID" ? std::vector<int64_t>(2 * nd, 0) : n.attr_ints("pads", std::vector<int64_t>(2 * nd, 0));
+  std::vector<int64_t> dil = n.attr_ints("dilations", std::vector<int64_t>(nd, 1));
+  if (kernel.size() != nd || pads.size() != 2 * nd || dil.size() != nd) return "";
+  for (size_t i = 0; i < nd; ++i) {
+    int64_t extent = (kernel[i] - 1) * dil[i] + 1;
+    if (pads[i] >= extent || pads[i + nd] >= extent) return "";
+  }
+  return max ? "max" : "average";
+}
+
 }  // namespace
 
 // Values between layout-aware nodes stay channels last ([N, spatial..., C] order for an
@@ -555,8 +591,16 @@ int keep_channels_last(Graph& g) {
   };
   // Candidates: rank >= 3 fp32 outputs of convolutions and elementwise ops, not graph outputs.
   std::unordered_set<std::string> kept;
-  for (const auto& n : g.nodes) {
-    if (!fp32_conv(n) && !is_layout_agnostic_elementwise(n)) continue;
+  std::vector<std::string> pool_mode(g.nodes.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) pool_mode[i] = channels_last_pool_mode(g, g.nodes[i]);
+  auto windowed = [](const std::string& mode) { return mode == "max" || mode == "average"; };
+  auto unit_spatial = [&](const std::string& value) {
+    auto s = known_shape(g, value);
+    return s && s->size() >= 3 && std::all_of(s->begin() + 2, s->end(), [](int64_t d) { return d == 1; });
+  };
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (!fp32_conv(n) && !is_layout_agnostic_elementwise(n) && !windowed(pool_mode[i])) continue;
     auto s = known_shape(g, n.outputs[0]);
     auto vi = g.value_info.find(n.outputs[0]);
     bool fp32 = vi != g.value_info.end() && vi->second.dtype == DType::kFloat32;
@@ -569,7 +613,19 @@ int keep_channels_last(Graph& g) {
   };
   for (bool changed = true; changed;) {
     changed = false;
-    for (const auto& n : g.nodes) {
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      const Node& n = g.nodes[i];
+      // A windowed pool keeps X's layout for Y; a global one (or a window covering X) reads X in
+      // either and writes [N, C, 1...], the same bytes in both orders (Y stays a plain value).
+      if (windowed(pool_mode[i]) && !unit_spatial(n.outputs[0])) {
+        if (kept.count(n.inputs[0]) != kept.count(n.outputs[0])) changed = drop_all({n.inputs[0], n.outputs[0]}) || changed;
+        changed = drop_all({n.outputs.begin() + 1, n.outputs.end()}) || changed;
+        continue;
+      }
+      if (!pool_mode[i].empty()) {
+        changed = drop_all(n.outputs) || changed;
+        continue;
+      }
       if (fp32_conv(n)) {  // X may be channels last; a summand Z shares Y's layout; W, B never
         changed = drop_all({n.inputs.begin() + 1, n.inputs.begin() + std::min<size_t>(n.inputs.size(), 3)}) || changed;
         if (n.inputs.size() > 3 && !n.inputs[3].empty() && kept.count(n.inputs[3]) != kept.count(n.outputs[0]))
@@ -584,9 +640,10 @@ int keep_channels_last(Graph& g) {
       }
       // Elementwise: every operand of the output's full shape, and the output, share one layout;
       // the others must be single elements (a broadcast of anything larger reads by position).
+      // An unknown batch dim is no obstacle (known_but_batch); an unknown spatial one is.
       auto out_shape = known_shape(g, n.outputs[0]);
       std::vector<std::string> tied = {n.outputs[0]};
-      bool agnostic = fully_known(out_shape);
+      bool agnostic = known_but_batch(out_shape);
       for (const auto& in : n.inputs) {
         if (in.empty()) continue;
         auto s = known_shape(g, in);
@@ -602,7 +659,15 @@ int keep_channels_last(Graph& g) {
       if (!all_kept) changed = drop_all(tied) || changed;
     }
   }
-  for (auto& n : g.nodes) {
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    Node& n = g.nodes[i];
+    if (!pool_mode[i].empty() && kept.count(n.inputs[0])) {
+      n.domain = kOnnxTrainDomain;
+      n.op_type = "ChannelsLastPool";
+      n.attributes["mode"] = Attribute::of(pool_mode[i]);
+      n.outputs.resize(1);
+      continue;
+    }
     if (!fp32_conv(n)) continue;
     bool x_last = kept.count(n.inputs[0]) > 0, y_last = kept.count(n.outputs[0]) > 0;
     if (!x_last && !y_last) continue;

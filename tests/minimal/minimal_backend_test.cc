@@ -142,6 +142,27 @@ TEST(MinimalBackend, ConvolutionForwardMatchesTheReference) {
           relu[size_t((i * c.m + k) * ys + p)] = std::max(0.0f, want[size_t((i * c.m + k) * ys + p)]);
         }
     expect_close(back, relu, 1e-4f, "fused conv " + shape_str(c.x));
+
+    // A summand Z that is Y's own buffer (FusedConv's residual, summed in place), in both layouts.
+    cpu::ConvSpec summed = spec_of(c, g, false);
+    summed.sum = true;
+    auto z = random_values(got.size(), seed++);
+    std::vector<float> in_place = z, want_sum(want.size());
+    for (size_t i = 0; i < want.size(); ++i) want_sum[i] = want[i] + z[i];
+    cpu::ConvPrimitive(summed, "summed").run(x.data(), w.data(), c.bias ? b.data() : nullptr, in_place.data(), false,
+                                             in_place.data());
+    expect_close(in_place, want_sum, 1e-4f, "conv + Z in place " + shape_str(c.x));
+    summed.x_channels_last = summed.y_channels_last = true;
+    std::vector<float> z_last(z.size());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < c.m; ++k)
+        for (int64_t p = 0; p < ys; ++p) z_last[size_t((i * ys + p) * c.m + k)] = z[size_t((i * c.m + k) * ys + p)];
+    cpu::ConvPrimitive(summed, "summed").run(x_last.data(), w.data(), c.bias ? b.data() : nullptr, z_last.data(), false,
+                                             z_last.data());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t k = 0; k < c.m; ++k)
+        for (int64_t p = 0; p < ys; ++p) back[size_t((i * c.m + k) * ys + p)] = z_last[size_t((i * ys + p) * c.m + k)];
+    expect_close(back, want_sum, 1e-4f, "channels-last conv + Z in place " + shape_str(c.x));
   }
 }
 
@@ -322,6 +343,44 @@ TEST(MinimalBackend, OpsAreSelectedOneByOneWithoutGradientRules) {
     if (schema->op_type == "Relu") {
       EXPECT_EQ(schema->gradient_status, GradientStatus::kDifferentiable);
     }
+  }
+}
+
+TEST(MinimalBackend, ChannelsLastPoolRunsThePlainPoolOnReorderedCopies) {
+  // This backend has no channels-last pooling: onnxtrain.ChannelsLastPool (what the layout pass
+  // makes of a pool between convolutions) reorders X, pools, and reorders Y back.
+  if (OpRegistry::global().versions(kOnnxTrainDomain, "ChannelsLastPool").empty()) GTEST_SKIP() << "op left out";
+  const int64_t n = 2, c = 3, h = 5, w = 4, oh = 2, ow = 2;  // 2x2 windows, stride 2, no pads
+  for (const char* mode : {"max", "average"}) {
+    Model m;
+    m.opsets[""] = 17;
+    m.opsets[kOnnxTrainDomain] = 1;
+    m.graph.inputs = {{"x", ValueInfo{DType::kFloat32, Shape{n, c, h, w}, {}}}};
+    m.graph.outputs = {{"y", ValueInfo{DType::kFloat32, Shape{n, c, oh, ow}, {}}}};
+    Node node;
+    node.op_type = "ChannelsLastPool", node.domain = kOnnxTrainDomain, node.name = "pool";
+    node.inputs = {"x"}, node.outputs = {"y"};
+    node.attributes["mode"] = Attribute::of(std::string(mode));
+    node.attributes["kernel_shape"] = Attribute::of(std::vector<int64_t>{2, 2});
+    node.attributes["strides"] = Attribute::of(std::vector<int64_t>{2, 2});
+    m.graph.nodes = {node};
+    auto values = random_values(size_t(n * c * h * w), 500);
+    Tensor x = Tensor::from_vector(values, {n, c, h, w});  // read as [N, H, W, C] memory
+    auto sess = InferenceSession::from_bytes(save_model_to_bytes(m));
+    Tensor y = sess.run({{"x", x}})[0];
+    ASSERT_EQ(y.shape(), (Shape{n, c, oh, ow}));
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t r = 0; r < oh; ++r)
+        for (int64_t q = 0; q < ow; ++q)
+          for (int64_t k = 0; k < c; ++k) {
+            float want = std::string(mode) == "max" ? -std::numeric_limits<float>::infinity() : 0.0f;
+            for (int64_t a = 0; a < 2; ++a)
+              for (int64_t b = 0; b < 2; ++b) {
+                const float v = values[size_t(((i * h + 2 * r + a) * w + 2 * q + b) * c + k)];
+                want = std::string(mode) == "max" ? std::max(want, v) : want + v / 4;
+              }
+            EXPECT_NEAR(y.data<float>()[((i * oh + r) * ow + q) * c + k], want, 1e-5f) << mode;
+          }
   }
 }
 

@@ -60,3 +60,31 @@ def test_conv_fp32_on_one_thread_and_on_the_pool_matches_torch(batch):
     w = rng.standard_normal((64, 32, 3, 3)).astype(np.float32)
     y = single_node.run_node("Conv", [x, w], dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]))[0]
     np.testing.assert_allclose(y, F.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy(), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("hw,stride", [(2, 1), (4, 2), (1, 1)])
+def test_conv_fp32_on_tiny_planes_matches_torch(hw, stride):
+    # Output planes of at most 4 positions over a batch run in oneDNN's nChw16c blocks (its direct
+    # kernel) instead of the layout its brgemm kernel takes.
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((8, 32, hw, hw)).astype(np.float32)
+    w = rng.standard_normal((48, 32, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(48).astype(np.float32)
+    y = single_node.run_node("Conv", [x, w, b], dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[stride] * 2))[0]
+    want = F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b), stride=stride, padding=1).numpy()
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("shape", [(1, 48, 12, 20), (3, 16, 7, 9), (2, 8, 11), (2, 4, 3, 5, 4)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_pointwise_conv_in_onnx_order_matches_torch(shape, bias):
+    # 1x1 convolutions between values in ONNX order run oneDNN's GEMM-based kernel on that order.
+    rng = np.random.default_rng(3)
+    nd = len(shape) - 2
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((24, shape[1]) + (1,) * nd).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    y = single_node.run_node("Conv", [x, w] + ([b] if bias else []), dict(kernel_shape=[1] * nd))[0]
+    conv = [F.conv1d, F.conv2d, F.conv3d][nd - 1]
+    want = conv(torch.tensor(x), torch.tensor(w), torch.tensor(b) if bias else None).numpy()
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)

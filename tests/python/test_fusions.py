@@ -410,9 +410,13 @@ def test_residual_add_and_relu_fold_into_the_conv(relu, z_from):
     plain = onnxtrain.SessionOptions()
     plain.optimize = False
     want = onnxtrain.InferenceSession(data, plain).run(None, feeds)[0]
-    got = onnxtrain.InferenceSession(data).run(None, feeds)[0]
+    fed = {k: v.copy() for k, v in feeds.items()}
+    sess = onnxtrain.InferenceSession(data)
+    got = sess.run(None, feeds)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert (want == 0).any() == relu  # the Relu was applied after the sum, not skipped
+    for k, v in fed.items():  # a fed Z is summed from, never written (the conv sums in place only over its own values)
+        np.testing.assert_array_equal(feeds[k], v)
 
 
 def test_broadcast_summand_stays_an_add():
@@ -431,3 +435,181 @@ def test_broadcast_summand_stays_an_add():
     plain.optimize = False
     np.testing.assert_allclose(onnxtrain.InferenceSession(data).run(None, feeds)[0],
                                onnxtrain.InferenceSession(data, plain).run(None, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+class _PooledConvs(torch.nn.Module):
+    """conv-relu (3 -> 20 channels, not a multiple of 16), then `pool`, conv-relu, a residual Add
+    around a 3x3 average pool (padded: its border windows count fewer taps), conv, global pool,
+    linear head."""
+
+    def __init__(self, pool, global_pool):
+        super().__init__()
+        self.stem, self.mid, self.last = (torch.nn.Conv2d(3, 20, 3, padding=1), torch.nn.Conv2d(20, 24, 3, padding=1),
+                                          torch.nn.Conv2d(24, 24, 1))
+        self.pool, self.global_pool = pool, global_pool
+        self.smooth = torch.nn.AvgPool2d(3, stride=1, padding=1, count_include_pad=False)
+        self.head = torch.nn.Linear(24, 5)
+
+    def forward(self, x):
+        y = torch.relu(self.mid(self.pool(torch.relu(self.stem(x)))))
+        y = self.last(y + self.smooth(y))
+        return self.head(torch.flatten(self.global_pool(y), 1))
+
+
+def _pool_layouts(model_bytes):
+    """[(op type, mode)] of the optimized graph's pools."""
+    out = []
+    for n in onnx.load_from_string(_C.optimize_model(model_bytes)).graph.node:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        if "Pool" in n.op_type:
+            out.append((n.op_type, attrs.get("mode", b"").decode()))
+    return out
+
+
+@pytest.mark.parametrize("pool, mode", [(torch.nn.MaxPool2d(2), "max"),
+                                        (torch.nn.MaxPool2d(3, stride=2, padding=1), "max"),
+                                        (torch.nn.AvgPool2d(3, stride=2, padding=1, count_include_pad=False), "average")])
+@pytest.mark.parametrize("global_pool, global_mode", [(torch.nn.AdaptiveAvgPool2d(1), "global_average"),
+                                                      (torch.nn.AdaptiveMaxPool2d(1), "max")])  # a window of all X
+def test_pools_between_convs_run_channels_last_and_match_the_unoptimized_graph(pool, mode, global_pool, global_mode):
+    module = _PooledConvs(pool, global_pool).eval()
+    x = torch.randn(3, 3, 13, 11)
+    data = export(module, x)
+    assert _pool_layouts(data) == [("ChannelsLastPool", mode), ("ChannelsLastPool", "average"),
+                                   ("ChannelsLastPool", global_mode)], _pool_layouts(data)
+    convs = [(i, o) for op, i, o in _channels_last_attrs(data) if op == "FusedConv"]
+    assert convs == [(0, 1), (1, 1), (1, 1)], convs  # no reorder between the stem and the global pool
+    plain, optimized = _unoptimized_and_optimized(data, {"in0": x.numpy()})
+    np.testing.assert_allclose(optimized[0], plain[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(optimized[0], module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("pool", [torch.nn.MaxPool2d(3, stride=2, ceil_mode=True), torch.nn.MaxPool2d(2, return_indices=True)])
+def test_pools_channels_last_cannot_express_stay_in_onnx_order(pool):
+    # Ceil mode's last window may reach past the pads; Indices number elements in ONNX's order.
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.pool = torch.nn.Conv2d(3, 16, 3), torch.nn.Conv2d(16, 8, 1), pool
+
+        def forward(self, x):
+            y = self.pool(torch.relu(self.a(x)))
+            if isinstance(y, tuple):
+                return self.b(y[0]), y[1]
+            return self.b(y)
+
+    module = Net().eval()
+    x = torch.randn(2, 3, 12, 10)
+    data = export(module, x)
+    assert {op for op, _ in _pool_layouts(data)} == {"MaxPool"}, _pool_layouts(data)
+    plain, optimized = _unoptimized_and_optimized(data, {"in0": x.numpy()})
+    for p, o in zip(plain, optimized):
+        np.testing.assert_allclose(o, p, rtol=1e-5, atol=1e-6)
+
+
+def test_channels_last_pool_rejects_an_unknown_mode_and_float64():
+    def model(mode, dtype):
+        node = onnx.helper.make_node("ChannelsLastPool", ["x"], ["y"], domain="onnxtrain", mode=mode, kernel_shape=[2, 2])
+        graph = onnx.helper.make_graph([node], "g", [onnx.helper.make_tensor_value_info("x", dtype, [1, 2, 4, 4])],
+                                       [onnx.helper.make_tensor_value_info("y", dtype, None)])
+        return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17),
+                                                            onnx.helper.make_opsetid("onnxtrain", 1)]).SerializeToString()
+
+    with pytest.raises(Exception, match="mode must be max, average, global_average or global_max"):
+        onnxtrain.InferenceSession(model("median", onnx.TensorProto.FLOAT)).run(None, {"x": np.ones((1, 2, 4, 4), np.float32)})
+    with pytest.raises(Exception, match="X must be float32"):
+        onnxtrain.InferenceSession(model("max", onnx.TensorProto.DOUBLE)).run(None, {"x": np.ones((1, 2, 4, 4))})
+
+
+@pytest.mark.parametrize("op, mode", [("GlobalMaxPool", "global_max"), ("GlobalAveragePool", "global_average")])
+def test_global_pools_read_channels_last(op, mode):
+    from onnx import helper
+    data = _conv_then(([helper.make_node(op, ["y"], ["out"])], []))
+    assert _pool_layouts(data) == [("ChannelsLastPool", mode)], _pool_layouts(data)
+    assert _channels_last_attrs(data)[0] == ("FusedConv", 0, 1)
+    _check_against_unoptimized(data)
+
+
+def test_residual_block_on_2x2_planes_in_blocked_layout_matches_torch():
+    # A ResNet's last stage: channels-last values between convolutions, the residual Add + Relu in
+    # the second convolution's post-ops, each convolution computing in nChw16c blocks (2x2 planes).
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.down = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+            self.conv1, self.conv2 = torch.nn.Conv2d(32, 32, 3, padding=1), torch.nn.Conv2d(32, 32, 3, padding=1)
+            self.head = torch.nn.Conv2d(32, 16, 1)
+
+        def forward(self, x):
+            y = torch.relu(self.down(x))
+            return self.head(torch.relu(self.conv2(torch.relu(self.conv1(y))) + y)).mean((2, 3))
+
+    module = Block().eval()
+    x = torch.randn(6, 16, 4, 4)
+    data = export(module, x)
+    assert [(i, o) for op, i, o in _channels_last_attrs(data) if op == "FusedConv"] == [(0, 1), (1, 1), (1, 1), (1, 0)]
+    sess = onnxtrain.InferenceSession(data)
+    (y,) = sess.run(None, {"in0": x.numpy()})
+    np.testing.assert_allclose(y, module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    # The summand dies at conv2, whose output takes over its buffer: the sum post-op reads it in place.
+    assert " 1 in-place" in sess.memory_report(), sess.memory_report()
+
+
+class _DynamicBatchNet(torch.nn.Module):
+    """openWakeWord's embedding pattern: conv, LeakyRelu, max with a constant, max pool, repeated."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Conv2d(1, 16, (3, 1)), torch.nn.Conv2d(16, 24, (1, 3), padding=(0, 1)), torch.nn.Conv2d(24, 8, 3)
+
+    def forward(self, x):
+        y = torch.maximum(torch.nn.functional.leaky_relu(self.a(x), 0.2), torch.tensor(-0.1))
+        y = torch.nn.functional.max_pool2d(torch.clamp_min(torch.nn.functional.leaky_relu(self.b(y), 0.2), -0.05), 2)
+        return self.c(y)
+
+
+def _export_dynamic(module, x, axes):
+    f = io.BytesIO()
+    torch.onnx.export(module, (x,), f, opset_version=17, input_names=["in0"], output_names=["out"],
+                      dynamic_axes={"in0": axes, "out": axes})
+    return f.getvalue()
+
+
+def test_values_of_an_unknown_batch_stay_channels_last():
+    module = _DynamicBatchNet().eval()
+    data = _export_dynamic(module, torch.randn(2, 1, 14, 9), {0: "batch"})
+    assert [(i, o) for op, i, o in _channels_last_attrs(data) if op == "FusedConv"] == [(0, 1), (1, 1), (1, 0)]
+    assert [op for op, _ in _pool_layouts(data)] == ["ChannelsLastPool"]
+    sess = onnxtrain.InferenceSession(data)
+    for batch in (1, 3):  # one session, two batch sizes
+        x = torch.randn(batch, 1, 14, 9)
+        np.testing.assert_allclose(sess.run(None, {"in0": x.numpy()})[0], module(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_values_of_an_unknown_spatial_dim_stay_in_onnx_order():
+    # An unknown height could hide a broadcast along it, which pairs elements by position.
+    module = _DynamicBatchNet().eval()
+    data = _export_dynamic(module, torch.randn(2, 1, 14, 9), {0: "batch", 2: "height"})
+    assert all(i == 0 and o == 0 for _, i, o in _channels_last_attrs(data)), _channels_last_attrs(data)
+    x = torch.randn(2, 1, 12, 9)
+    np.testing.assert_allclose(onnxtrain.InferenceSession(data).run(None, {"in0": x.numpy()})[0], module(x).detach().numpy(),
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_pointwise_conv_with_a_residual_in_onnx_order_matches_numpy():
+    # Conv 1x1 + Add between a graph input and a graph output (ONNX order on both sides): the
+    # residual folds into the sum post-op of oneDNN's GEMM-based kernel.
+    from onnx import helper, numpy_helper
+    rng = np.random.default_rng(4)
+    w, b = rng.standard_normal((16, 12, 1, 1)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y"]), helper.make_node("Add", ["y", "z"], ["out"])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 12, 5, 7]),
+                                           helper.make_tensor_value_info("z", onnx.TensorProto.FLOAT, [2, 16, 5, 7])],
+                              [helper.make_tensor_value_info("out", onnx.TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "W"), numpy_helper.from_array(b, "B")])
+    data = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    assert [(op, i, o) for op, i, o in _channels_last_attrs(data)] == [("FusedConv", 0, 0)]
+    x, z = rng.standard_normal((2, 12, 5, 7)).astype(np.float32), rng.standard_normal((2, 16, 5, 7)).astype(np.float32)
+    (got,) = onnxtrain.InferenceSession(data).run(None, {"x": x, "z": z})
+    want = np.einsum("oc,nchw->nohw", w[:, :, 0, 0], x) + b[None, :, None, None] + z
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -208,6 +208,11 @@ void ConvPrimitive::run(const void* x_data, const void* w_data, const void* bias
   const int64_t cg = c / groups, mg = m / groups;
   const int64_t x_size = numel(spatial(s.x)), y_size = numel(s.out);
   std::vector<float> x_cf, y_cf;  // channels-first copies (FusedConv chains only)
+  std::vector<float> z_own;       // Z when it is Y's own buffer (FusedConv's in-place summand)
+  if (s.sum && z_data == y_data && !s.y_channels_last) {
+    z_own.assign(y, y + n * m * numel(s.out));
+    z_data = z_own.data();
+  }
   if (s.x_channels_last) {
     x_cf.resize(size_t(n * c * x_size));
     to_channels_first(x, x_cf.data(), n, c, x_size);
@@ -270,7 +275,7 @@ void ConvPrimitive::run(const void* x_data, const void* w_data, const void* bias
         }
   }
   if (s.sum) {  // Z has Y's layout; y is channels first here
-    OT_CHECK(z_data != nullptr && z_data != y_data, "convolution: the summand must be a separate buffer");
+    OT_CHECK(z_data != nullptr, "convolution: the summand is missing");
     const auto* z = static_cast<const float*>(z_data);
     std::vector<float> z_cf;
     if (s.y_channels_last) {

@@ -16,7 +16,7 @@ std::vector<int64_t> ConvSpec::key() const {
 }
 
 std::vector<int64_t> PoolSpec::key() const {
-  std::vector<int64_t> k{max, count_include_pad, int64_t(dtype), int64_t(x.size())};
+  std::vector<int64_t> k{max, count_include_pad, channels_last, int64_t(dtype), int64_t(x.size())};
   for (const auto* v : {&x, &kernel, &stride, &dilation, &pad_l, &pad_r, &out}) k.insert(k.end(), v->begin(), v->end());
   return k;
 }

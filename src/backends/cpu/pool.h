@@ -19,6 +19,7 @@ struct PoolSpec {
   bool max = true;                  // else average
   bool count_include_pad = false;   // average only: divide by the taps inside input + explicit pads
   DType dtype = DType::kFloat32;    // of X, Y, dX, dY: kFloat32 or kBFloat16
+  bool channels_last = false;       // X and Y stored [N, spatial..., C] (the minimal build declines)
   Shape x;                          // [N, C, in...]
   // pad_r as the attributes give it; `out` may need more (ceil mode) or less of it.
   std::vector<int64_t> kernel, stride, dilation, pad_l, pad_r, out;

@@ -43,8 +43,8 @@ std::optional<PoolPrimitive> PoolPrimitive::make(const PoolSpec& s, bool backwar
   OT_CHECK(s.dtype == DType::kFloat32 || s.dtype == DType::kBFloat16, context, "oneDNN pooling takes float32 or ",
            "bfloat16, got ", dtype_name(s.dtype));
   const dt data = s.dtype == DType::kBFloat16 ? dt::bf16 : dt::f32;
-  p.src_md = plain_md(to_dims(s.x), data);
-  p.dst_md = plain_md(dst_dims, data);
+  p.src_md = s.channels_last ? channels_last_md(to_dims(s.x), data) : plain_md(to_dims(s.x), data);
+  p.dst_md = s.channels_last ? channels_last_md(dst_dims, data) : plain_md(dst_dims, data);
   auto alg = s.max ? dnnl::algorithm::pooling_max
                    : s.count_include_pad ? dnnl::algorithm::pooling_avg_include_padding
                                          : dnnl::algorithm::pooling_avg_exclude_padding;

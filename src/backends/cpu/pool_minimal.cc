@@ -51,7 +51,8 @@ struct PoolPrimitive::Impl {
 };
 
 std::optional<PoolPrimitive> PoolPrimitive::make(const PoolSpec& spec, bool, const std::string&) {
-  if (spec.dtype != DType::kFloat32 || spec.x.size() != 4 || spec.kernel.size() != 2) return std::nullopt;
+  if (spec.dtype != DType::kFloat32 || spec.x.size() != 4 || spec.kernel.size() != 2 || spec.channels_last)
+    return std::nullopt;
   PoolPrimitive p;
   p.impl_ = std::make_shared<Impl>();
   Impl& s = *p.impl_;

@@ -283,7 +283,7 @@ ONNXTRAIN_OP(Conv, kOnnxDomain, 1).inputs(2, 3).outputs(1).shape(conv_shape).cpu
 // values in channels-last order (fp32 only): set on a FusedConv feeding another FusedConv, so the
 // value between them stays in the layout the convolutions compute in and neither reorders it.
 ONNXTRAIN_OP(FusedConv, kOnnxTrainDomain, 1).inputs(2, 4).outputs(1).shape(conv_shape).cpu_kernel<ConvKernel>()
-    .work(conv_work)
+    .work(conv_work).inplace(0, 3)
     .gradient_not_implemented("an inference-only fusion: autodiff differentiates Conv and the activation");
 
 // dX, dW, dB = ConvGrad(dY, X, W): linear in dY, so differentiable in principle.

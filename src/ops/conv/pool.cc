@@ -131,12 +131,14 @@ class PoolPrimitives {
  public:
   PoolPrimitives(bool max, bool backward) : max_(max), backward_(backward) {}
 
-  const cpu::PoolPrimitive* find(const Node& node, const Tensor& x, const PoolSetup& s) {
+  // `channels_last`: X and Y stored [N, spatial..., C] (ChannelsLastPool).
+  const cpu::PoolPrimitive* find(const Node& node, const Tensor& x, const PoolSetup& s, bool channels_last = false) {
     const bool bf16 = x.dtype() == DType::kBFloat16 && cpu::matmul_native(DType::kBFloat16);
     if ((x.dtype() != DType::kFloat32 && !bf16) || x.numel() == 0) return nullptr;
     cpu::PoolSpec spec;
     spec.dtype = x.dtype();
     spec.max = max_;
+    spec.channels_last = channels_last;
     spec.count_include_pad = !max_ && node.attr_int("count_include_pad", 0) != 0;
     spec.x = x.shape();
     spec.kernel = s.g.kernel;
@@ -417,6 +419,89 @@ class PoolGradKernel final : public Kernel {
   PoolPrimitives dnnl_;
 };
 
+// [N, C, S] <-> [N, S, C] copies of an fp32 tensor (S: the spatial dims flattened).
+void swap_channels(const float* src, float* dst, int64_t n, int64_t rows, int64_t cols) {
+  parallel_for(n * rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(cols, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      const int64_t img = r / rows, row = r % rows;
+      const float* in = src + img * rows * cols + row * cols;
+      float* out = dst + img * rows * cols + row;
+      for (int64_t c = 0; c < cols; ++c) out[c * rows] = in[c];
+    }
+  });
+}
+
+// onnxtrain.ChannelsLastPool(X) -> Y, mode "max" / "average" (MaxPool's / AveragePool's
+// attributes) or "global_average" / "global_max": the pool of an fp32 X stored channels last
+// ([N, spatial..., C] order for the [N, C, spatial...] value, as keep_channels_last leaves values
+// between convolutions); Y is stored channels last too (for the global modes that order is ONNX's).
+class ChannelsLastPoolKernel final : public Kernel {
+ public:
+  explicit ChannelsLastPoolKernel(const Node& node)
+      : mode_(node.attr_string("mode", "")), max_(mode_ == "max" || mode_ == "global_max"), dnnl_(max_, false) {
+    OT_CHECK(mode_ == "max" || mode_ == "average" || mode_ == "global_average" || mode_ == "global_max",
+             node.context(), "mode must be max, average, global_average or global_max, got '", mode_, "'");
+  }
+
+  void compute(KernelContext& ctx) override {
+    const Node& node = ctx.node();
+    const Tensor& x = ctx.input(0);
+    OT_CHECK(x.dtype() == DType::kFloat32 && x.rank() >= 3, node.context(),
+             "X must be float32 [N, C, spatial...], got ", dtype_name(x.dtype()), shape_str(x.shape()));
+    const int64_t n = x.dim(0), c = x.dim(1), spatial = x.numel() / std::max<int64_t>(n * c, 1);
+    if (mode_ == "global_average" || mode_ == "global_max") {
+      Shape out = x.shape();
+      for (size_t i = 2; i < out.size(); ++i) out[i] = 1;
+      Tensor& y = ctx.output(0, x.dtype(), out);
+      if (x.numel() == 0) return;
+      return global_pool(x.data<float>(), y.data<float>(), n, spatial, c);
+    }
+    PoolSetup s = pool_setup(node, x.shape());
+    Tensor& y = ctx.output(0, x.dtype(), s.out);
+    if (x.numel() == 0 || y.numel() == 0) return;
+    if (const cpu::PoolPrimitive* pool = dnnl_.find(node, x, s, true)) return pool->forward(x.data(), y.data());
+    // A backend without channels-last pooling: the plain-layout one on reordered copies.
+    const cpu::PoolPrimitive* plain = dnnl_.find(node, x, s, false);
+    OT_CHECK(plain, node.context(), "no pooling kernel for this geometry in channels-last order");
+    const int64_t out_spatial = y.numel() / (n * c);
+    Tensor xt = Tensor::empty(x.dtype(), x.shape()), yt = Tensor::empty(y.dtype(), y.shape());
+    swap_channels(x.data<float>(), xt.data<float>(), n, spatial, c);
+    plain->forward(xt.data(), yt.data());
+    swap_channels(yt.data<float>(), y.data<float>(), n, c, out_spatial);
+  }
+
+ private:
+  // Y[n, c] = max or mean over s of X[n, s, c]: C-wide vector accumulations, one image per task.
+  void global_pool(const float* x, float* y, int64_t n, int64_t spatial, int64_t c) const {
+    parallel_for(n, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(spatial * c, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t img = b; img < e; ++img) {
+        const float* xi = x + img * spatial * c;
+        float* yi = y + img * c;
+        std::copy(xi, xi + c, yi);
+        for (int64_t p = 1; p < spatial; ++p) {
+          const float* row = xi + p * c;
+          if (max_)
+            for (int64_t k = 0; k < c; ++k) yi[k] = std::max(yi[k], row[k]);
+          else
+            for (int64_t k = 0; k < c; ++k) yi[k] += row[k];
+        }
+        if (!max_)
+          for (int64_t k = 0; k < c; ++k) yi[k] /= float(spatial);
+      }
+    });
+  }
+
+  std::string mode_;
+  bool max_;
+  PoolPrimitives dnnl_;
+};
+
+void channels_last_pool_shape(ShapeContext& ctx) {
+  const std::string mode = ctx.node().attr_string("mode", "");
+  if (mode == "global_average" || mode == "global_max") return global_shape(ctx);
+  pool_shape(ctx);
+}
+
 void pool_grad_shape(ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1)); }
 
 // The fused backward ops copy the forward node's attributes.
@@ -443,6 +528,12 @@ ONNXTRAIN_OP(GlobalAveragePool, kOnnxDomain, 1).inputs(1).outputs(1).shape(globa
 // Y = max over spatial dims.  dX = dY at the (first) argmax of each plane, 0 elsewhere
 ONNXTRAIN_OP(GlobalMaxPool, kOnnxDomain, 1).inputs(1).outputs(1).shape(global_shape).cpu(global_pool_kernel<true>)
     .work(memory_bound_work)    .gradient(pool_gradient("GlobalPoolGrad", "max"));
+
+// An inference-only layout of the pools above (keep_channels_last): the same values, stored
+// channels last.
+ONNXTRAIN_OP(ChannelsLastPool, kOnnxTrainDomain, 1).inputs(1).outputs(1).shape(channels_last_pool_shape)
+    .cpu_kernel<ChannelsLastPoolKernel>().work(memory_bound_work)
+    .gradient_not_implemented("an inference-only layout: autodiff differentiates the ONNX pool");
 
 // The fused pool backward ops are linear in dY (MaxPool's given its argmax): second derivatives
 // are not needed.
