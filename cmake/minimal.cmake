@@ -3,8 +3,9 @@
 # library outside the C++ runtime and OpenMP:
 #   - ONNX files through the protobuf wire-format reader/writer (src/onnx/wire_format.cc), not
 #     protobuf and the ONNX library;
-#   - GEMM and convolution through the blocked kernels of src/backends/cpu (sgemm_blocked.cc under
-#     gemm_minimal.cc and conv_minimal.cc), pooling through the kernels' own loops, not oneDNN;
+#   - GEMM, convolution and pooling through the portable kernels of src/backends/cpu
+#     (gemm_blocked.cc and conv_im2col.cc over sgemm_blocked.cc, pool_loops.cc), not oneDNN; the
+#     full build runs small shapes through the same files (portable.h);
 # Files named *_minimal.cc replace their full-build counterparts here and only here.
 #   - .npz archives stored uncompressed (np.savez), not zlib;
 #   - the ops of ONNXTRAIN_OPS (a ;- or ,-separated list) and/or ONNXTRAIN_OPS_FILE (one op type a

@@ -1,0 +1,37 @@
+// Portable fp32 convolution: im2col and the blocked GEMM of sgemm_blocked.h, with no library.
+// One source for both builds: the minimal build runs every convolution through it
+// (conv_minimal.cc), the full build the small ones portable.h picks (conv_dnnl.cc), so a model of
+// such convolutions (the digits CNN) trains to bit-identical parameters on either build.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backends/cpu/conv.h"
+
+namespace onnxtrain::cpu {
+
+// Forward convolution or transposed convolution of any ConvSpec with dtype kFloat32.
+class Im2colConv {
+ public:
+  Im2colConv(const ConvSpec& spec, const std::string& context);
+  // As ConvPrimitive::run (fp32 pointers); z: the summand when spec.sum, a buffer other than y.
+  void run(const void* x, const void* w, const void* bias, void* y, const void* z) const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<const Impl> impl_;
+};
+
+// dX and/or dW (and dB) of a plain, channels-first fp32 convolution.
+class Im2colConvBackward {
+ public:
+  Im2colConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);
+  void run(const void* dy, const void* x, const void* w, void* dx, void* dw, void* db) const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace onnxtrain::cpu

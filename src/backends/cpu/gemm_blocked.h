@@ -1,0 +1,25 @@
+// fp32 Matmul through the blocked kernels of sgemm_blocked.h, with no library. One source for both
+// builds: the minimal build runs every matmul through it (gemm_minimal.cc), the full build the
+// small ones portable.h picks (gemm_dnnl.cc), so both compute them in the same order.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backends/cpu/gemm.h"
+
+namespace onnxtrain::cpu {
+
+class BlockedMatmul {
+ public:
+  // dims.dtype and dims.c_dtype() must be kFloat32.
+  BlockedMatmul(const MatmulDims& dims, const std::string& context);
+  void run(const void* a, const void* b, void* c, const void* bias) const;
+  const MatmulDims& dims() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<const Impl> impl_;
+};
+
+}  // namespace onnxtrain::cpu
