@@ -4,7 +4,7 @@
 #   - ONNX files through the protobuf wire-format reader/writer (src/onnx/wire_format.cc), not
 #     protobuf and the ONNX library;
 #   - GEMM, convolution and pooling through the portable kernels of src/backends/cpu
-#     (gemm_blocked.cc and conv_im2col.cc over sgemm_blocked.cc, pool_loops.cc), not oneDNN; the
+#     (gemm_blocked.cc and conv_portable.cc over sgemm_blocked.cc, pool_loops.cc), not oneDNN; the
 #     full build runs small shapes through the same files (portable.h);
 # Files named *_minimal.cc replace their full-build counterparts here and only here.
 #   - .npz archives stored uncompressed (np.savez), not zlib;

@@ -1,5 +1,6 @@
-"""fp32 Conv and onnxtrain.ConvGrad (the oneDNN path: backward-data and backward-weights run side by
-side) against torch, across bias, groups, strides, dilations and the compute_dx / compute_dw flags."""
+"""fp32 Conv and onnxtrain.ConvGrad against torch, across bias, groups, strides, dilations and the
+compute_dx / compute_dw flags: the oneDNN path (backward-data and backward-weights side by side) and,
+for small 2-d images, the portable kernels (src/backends/cpu/portable.h)."""
 import numpy as np
 import pytest
 import torch
@@ -14,6 +15,12 @@ CASES = [
     ((2, 8, 10, 10), 12, 3, 1, 2, 2, 4, True),      # groups and dilation
     ((3, 6, 11), 4, 5, 2, 2, 1, 2, True),           # 1-d
     ((1, 4, 5, 6, 5), 6, 3, 1, 1, 1, 1, True),      # 3-d
+    # Small 2-d images, which both builds run through the portable direct kernels (conv_direct.h):
+    ((2, 5, 6, 5), 20, 3, 1, 2, 1, 1, True),        # outputs not a whole vector, pad at the kernel's reach
+    ((2, 3, 4, 4), 7, 3, 1, 3, 1, 1, True),         # pad past the reach: windows wholly in the padding
+    ((2, 4, 7, 7), 9, 3, 1, 1, 2, 1, False),        # dilation
+    ((2, 3, 6, 6), 70, 3, 1, 1, 1, 1, True),        # several output blocks and a tail
+    ((3, 2, 8, 8), 5, 2, 2, 0, 1, 1, True),         # stride 2: dX through im2col, dW direct
 ]
 
 

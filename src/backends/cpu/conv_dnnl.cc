@@ -8,7 +8,7 @@
 #include <optional>
 #include <unordered_map>
 
-#include "backends/cpu/conv_im2col.h"
+#include "backends/cpu/conv_portable.h"
 #include "backends/cpu/dnnl_utils.h"
 #include "backends/cpu/portable.h"
 #include "core/omp_threads.h"
@@ -29,7 +29,7 @@ dt data_type(const ConvSpec& s, const std::string& context) {
 }  // namespace
 
 struct ConvPrimitive::Impl {
-  std::optional<Im2colConv> portable;  // small shapes (portable.h): instead of oneDNN
+  std::optional<PortableConv> portable;  // small shapes (portable.h): instead of oneDNN
   std::string context;
   bool bias = false, sum = false, serial = false;
   size_t y_bytes = 0;
@@ -187,7 +187,7 @@ void run_pair(A&& a, B&& b) {
 }  // namespace
 
 struct ConvBackwardPrimitive::Impl {
-  std::optional<Im2colConvBackward> portable;  // small shapes (portable.h): instead of oneDNN
+  std::optional<PortableConvBackward> portable;  // small shapes (portable.h): instead of oneDNN
   std::string context;
   bool need_dx = false, need_dw = false, bias = false;
   dnnl::memory::desc bias_md;

@@ -1,11 +1,11 @@
 #include "backends/cpu/portable.h"
 
 #include <atomic>
+#include <cstdlib>
+#include <string_view>
 
 namespace onnxtrain::cpu {
 namespace {
-
-std::atomic<KernelChoice> g_choice{KernelChoice::kBySize};
 
 // The bounds of "small", from bench/small_kernels.cc (docs/DESIGN.md, "Portable kernels").
 // Convolutions: at most this many output positions per image and multiply-adds per call.
@@ -16,8 +16,22 @@ constexpr int64_t kPortableMatmulMacs = int64_t(1) << 20;
 // Pools: at most this many input elements.
 constexpr int64_t kPortablePoolElements = int64_t(1) << 20;
 
+constexpr int kUnset = -1;
+std::atomic<int> g_choice{kUnset};
+
+// ONNXTRAIN_KERNELS=library / portable / by-size (the default): the process's choice until
+// set_kernel_choice. Read at the first primitive built, so a bad value is an error there.
+KernelChoice choice_from_environment() {
+  const char* env = std::getenv("ONNXTRAIN_KERNELS");
+  const std::string_view v = env ? env : "";
+  if (v.empty() || v == "by-size") return KernelChoice::kBySize;
+  if (v == "library") return KernelChoice::kLibrary;
+  if (v == "portable") return KernelChoice::kPortable;
+  OT_THROW(kInvalidArgument, "ONNXTRAIN_KERNELS: expected library, portable or by-size, got '", v, "'");
+}
+
 bool by_size(bool small) {
-  switch (g_choice.load(std::memory_order_relaxed)) {
+  switch (kernel_choice()) {
     case KernelChoice::kLibrary: return false;
     case KernelChoice::kPortable: return true;
     case KernelChoice::kBySize: break;
@@ -27,8 +41,18 @@ bool by_size(bool small) {
 
 }  // namespace
 
-void set_kernel_choice(KernelChoice choice) { g_choice.store(choice, std::memory_order_relaxed); }
-KernelChoice kernel_choice() { return g_choice.load(std::memory_order_relaxed); }
+void set_kernel_choice(KernelChoice choice) { g_choice.store(int(choice), std::memory_order_relaxed); }
+
+KernelChoice kernel_choice() {
+  int c = g_choice.load(std::memory_order_relaxed);
+  if (c == kUnset) {
+    c = int(choice_from_environment());
+    int expected = kUnset;
+    g_choice.compare_exchange_strong(expected, c);  // a concurrent set_kernel_choice wins
+    c = g_choice.load(std::memory_order_relaxed);
+  }
+  return KernelChoice(c);
+}
 
 bool portable_conv(const ConvSpec& s) {
   if (s.dtype != DType::kFloat32) return false;

@@ -6,26 +6,17 @@
 #include <vector>
 
 #include "backends/cpu/thread_scratch.h"
+#include "backends/cpu/vec.h"
 #include "core/parallel.h"
 
 namespace onnxtrain::cpu {
 namespace {
 
-// The widest vector the target compiles for; the micro-kernel holds kMR x kNV of them.
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-constexpr const char* kIsa = "blocked-avx512";
-#elif defined(__AVX2__)
-constexpr int kLanes = 8;
-constexpr const char* kIsa = "blocked-avx2";
-#elif defined(__ARM_NEON)
-constexpr int kLanes = 4;
-constexpr const char* kIsa = "blocked-neon";
-#else
-constexpr int kLanes = 4;
-constexpr const char* kIsa = "blocked-generic";
-#endif
-using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
+using vec::kLanes;
+using vec::load;
+using vec::splat;
+using vec::store;
+using vec::Vec;
 
 // kMR x kNV vector accumulators, leaving room for the kNV B vectors and the broadcast A value:
 // 8 x 3 (24 registers) where there are 32 (ZMM, NEON q), 6 x 2 where there are 16 (YMM, SSE).
@@ -44,18 +35,6 @@ constexpr int64_t kMC = 768;                 // rows of A packed at once (768 x 
 constexpr int64_t kNC = kNR * (4096 / kNR);  // columns of B packed at once, whole panels
 // Below this many multiply-adds one thread does the whole product (waking the pool costs more).
 constexpr int64_t kParallelFlops = int64_t(1) << 18;
-
-// Every lane = x: a broadcast. x - (+0) is exactly x for every x, so the compiler drops the
-// subtraction (x + 0 is not: -0 + 0 = +0, and a lane-by-lane fill goes through memory).
-inline Vec splat(float x) { return x - Vec{}; }
-
-inline Vec load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
 // tile[kMR][kNR] = sum over p < kc of A panel column p times B panel row p.
 inline void micro_kernel(int64_t kc, const float* ap, const float* bp, Vec (&acc)[kMR][kNV]) {
@@ -237,6 +216,6 @@ void sgemm_blocked(const SgemmArgs& g, bool parallel) {
   });
 }
 
-std::string sgemm_blocked_isa() { return kIsa; }
+std::string sgemm_blocked_isa() { return std::string("blocked-") + vec::kIsa; }
 
 }  // namespace onnxtrain::cpu

@@ -1,16 +1,21 @@
-// Portable fp32 convolution (conv_im2col.h): im2col and the blocked GEMM (sgemm_blocked.h), per
-// group over a chunk of images at once so each GEMM is wide:
+// Portable fp32 convolution (conv_portable.h). Ungrouped 2-d channels-first convolutions run
+// through the direct kernels of conv_direct.h (and their backward data at stride 1); the rest
+// through im2col and the blocked GEMM (sgemm_blocked.h), per group over a chunk of images at once
+// so each GEMM is wide:
 //   forward            Y_g  [M/G, n O] = W_g [M/G, C/G K] x col_g [C/G K, n O]
 //   backward weights   dW_g [M/G, C/G K] = dY_g [M/G, n O] x col_g^T   (summed over chunks)
 //   backward data      dcol_g = W_g^T x dY_g, then col2im into dX
 //   transposed         col_g = W_g^T x X_g, then col2im into Y (the backward data of a conv)
 // with K the kernel's taps and O the output positions. The tap table maps every (tap, output
 // position) pair to its input offset, or -1 in the padding.
+#include "backends/cpu/conv_portable.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
-#include "backends/cpu/conv_im2col.h"
+#include "backends/cpu/conv_direct.h"
 #include "backends/cpu/sgemm_blocked.h"
 #include "backends/cpu/thread_scratch.h"
 #include "core/parallel.h"
@@ -179,23 +184,26 @@ std::vector<int64_t> spatial(const Shape& x) { return std::vector<int64_t>(x.beg
 
 }  // namespace
 
-struct Im2colConv::Impl {
+struct PortableConv::Impl {
   ConvSpec spec;
   TapTable table;
+  std::optional<DirectConv> direct;  // what conv_direct.h takes: instead of im2col
   Impl(const ConvSpec& s)
       : spec(s), table(s.transposed ? s.out : spatial(s.x), s.transposed ? spatial(s.x) : s.out, s) {}
 };
 
-Im2colConv::Im2colConv(const ConvSpec& spec, const std::string& context) {
+PortableConv::PortableConv(const ConvSpec& spec, const std::string& context) {
   OT_CHECK(spec.dtype == DType::kFloat32, context, "convolution: the portable kernels take float32, got ",
            dtype_name(spec.dtype));
   OT_CHECK(spec.x.size() >= 3 && spec.group >= 1 && spec.x[1] % spec.group == 0 && spec.out_channels % spec.group == 0,
            context, "convolution: X ", shape_str(spec.x), " with ", spec.out_channels, " output channels and group ",
            spec.group, " is not a valid convolution");
-  impl_ = std::make_shared<Impl>(spec);
+  auto impl = std::make_shared<Impl>(spec);
+  if (DirectConv::takes(spec)) impl->direct.emplace(spec);
+  impl_ = std::move(impl);
 }
 
-void Im2colConv::run(const void* x_data, const void* w_data, const void* bias_data, void* y_data,
+void PortableConv::run(const void* x_data, const void* w_data, const void* bias_data, void* y_data,
                      const void* z_data) const {
   const auto* x = static_cast<const float*>(x_data);
   const auto* w = static_cast<const float*>(w_data);
@@ -224,7 +232,9 @@ void Im2colConv::run(const void* x_data, const void* w_data, const void* bias_da
     y_cf.resize(size_t(n * m * y_size));
     y = y_cf.data();
   }
-  if (!s.transposed) {
+  if (impl_->direct) {
+    impl_->direct->run(x, w, bias, y);
+  } else if (!s.transposed) {
     const int64_t rows = cg * tab.taps, chunk = chunk_images(rows, tab.grid, n);
     float* col = scratch(0, rows * chunk * tab.grid);
     float* out = scratch(1, mg * chunk * tab.grid);
@@ -290,14 +300,15 @@ void Im2colConv::run(const void* x_data, const void* w_data, const void* bias_da
   if (s.y_channels_last) to_channels_last(y, y_out, n, m, y_size);
 }
 
-struct Im2colConvBackward::Impl {
+struct PortableConvBackward::Impl {
   ConvSpec spec;
   bool need_dx, need_dw;
   TapTable table;
+  std::optional<DirectConvBackward> direct;  // what conv_direct.h takes: instead of im2col
   Impl(const ConvSpec& s, bool dx, bool dw) : spec(s), need_dx(dx), need_dw(dw), table(spatial(s.x), s.out, s) {}
 };
 
-Im2colConvBackward::Im2colConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context) {
+PortableConvBackward::PortableConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context) {
   OT_CHECK(spec.dtype == DType::kFloat32, context, "convolution backward: the portable kernels take float32, got ",
            dtype_name(spec.dtype));
   OT_CHECK(!spec.transposed && !spec.x_channels_last && !spec.y_channels_last, context,
@@ -305,10 +316,12 @@ Im2colConvBackward::Im2colConvBackward(const ConvSpec& spec, bool need_dx, bool 
   OT_CHECK(spec.x.size() >= 3 && spec.group >= 1 && spec.x[1] % spec.group == 0 && spec.out_channels % spec.group == 0,
            context, "convolution backward: X ", shape_str(spec.x), " with ", spec.out_channels,
            " output channels and group ", spec.group, " is not a valid convolution");
-  impl_ = std::make_shared<Impl>(spec, need_dx, need_dw);
+  auto impl = std::make_shared<Impl>(spec, need_dx, need_dw);
+  if (DirectConvBackward::takes(spec, need_dx)) impl->direct.emplace(spec, need_dx, need_dw);
+  impl_ = std::move(impl);
 }
 
-void Im2colConvBackward::run(const void* dy_data, const void* x_data, const void* w_data, void* dx_data,
+void PortableConvBackward::run(const void* dy_data, const void* x_data, const void* w_data, void* dx_data,
                              void* dw_data, void* db_data) const {
   const auto* dy = static_cast<const float*>(dy_data);
   const auto* x = static_cast<const float*>(x_data);
@@ -318,6 +331,9 @@ void Im2colConvBackward::run(const void* dy_data, const void* x_data, const void
   auto* db = static_cast<float*>(db_data);
   const Impl& p = *impl_;
   const ConvSpec& s = p.spec;
+  if (p.direct)
+    return p.direct->run(dy, x, w, p.need_dx ? dx : nullptr, p.need_dw ? dw : nullptr,
+                         p.need_dw && s.bias ? db : nullptr);
   const TapTable& tab = p.table;
   const int64_t n = s.x[0], c = s.x[1], m = s.out_channels, groups = s.group;
   const int64_t cg = c / groups, mg = m / groups, x_size = tab.image, y_size = tab.grid;

@@ -1,4 +1,5 @@
-// Portable fp32 convolution: im2col and the blocked GEMM of sgemm_blocked.h, with no library.
+// Portable fp32 convolution, with no library: direct kernels for small 2-d images (conv_direct.h),
+// im2col and the blocked GEMM of sgemm_blocked.h for the rest.
 // One source for both builds: the minimal build runs every convolution through it
 // (conv_minimal.cc), the full build the small ones portable.h picks (conv_dnnl.cc), so a model of
 // such convolutions (the digits CNN) trains to bit-identical parameters on either build.
@@ -12,9 +13,9 @@
 namespace onnxtrain::cpu {
 
 // Forward convolution or transposed convolution of any ConvSpec with dtype kFloat32.
-class Im2colConv {
+class PortableConv {
  public:
-  Im2colConv(const ConvSpec& spec, const std::string& context);
+  PortableConv(const ConvSpec& spec, const std::string& context);
   // As ConvPrimitive::run (fp32 pointers); z: the summand when spec.sum, a buffer other than y.
   void run(const void* x, const void* w, const void* bias, void* y, const void* z) const;
 
@@ -24,9 +25,9 @@ class Im2colConv {
 };
 
 // dX and/or dW (and dB) of a plain, channels-first fp32 convolution.
-class Im2colConvBackward {
+class PortableConvBackward {
  public:
-  Im2colConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);
+  PortableConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);
   void run(const void* dy, const void* x, const void* w, void* dx, void* dw, void* db) const;
 
  private:
