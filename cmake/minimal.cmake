@@ -32,6 +32,7 @@ set(_left_out
   src/onnx/model_io.cc                        # protobuf (replaced by model_io_minimal.cc)
   src/backends/cpu/gemm_dnnl.cc src/backends/cpu/conv_dnnl.cc src/backends/cpu/pool_dnnl.cc
   src/backends/cpu/dnnl_utils.cc              # oneDNN (replaced by gemm_, conv_, pool_minimal.cc)
+  src/backends/cpu/portable.cc                # the full build's choice of oneDNN or the portable kernels
   src/ops/build_ops.cc                        # replaced by the generated list of left-out ops
 )
 set(ONNXTRAIN_MINIMAL_SOURCES "")

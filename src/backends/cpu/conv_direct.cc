@@ -18,10 +18,11 @@ using vec::store;
 using vec::Vec;
 
 // Register budget of a tile: MB output vectors by P positions (or Q weight rows) of accumulators,
-// leaving room for the MB weight (or dY) vectors and a broadcast. 16-register targets hold at
-// most 2 output vectors.
+// leaving room for the MB weight (or dY) vectors and a broadcast: MB = 4 where there are 32
+// vector registers, 2 where there are 16. One MB per target (one instantiation per kernel keeps
+// the minimal build small); a tile wider than the outputs computes zeros past them.
+constexpr int kMB = vec::kRegisters == 32 ? 4 : 2;
 constexpr int kAccumulators = vec::kRegisters == 32 ? 24 : 12;
-constexpr int kMaxMB = vec::kRegisters == 32 ? 4 : 2;
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
@@ -51,20 +52,19 @@ struct Frame {
 // plus bias[o]; out is [outs][positions].
 struct DirectPlan {
   int64_t ins = 0, outs = 0, taps = 0, plane = 0, positions = 0;
-  int mb = 1;       // output vectors per tile; positions per tile: kAccumulators / mb
   int64_t ldw = 0;  // outs rounded up to whole tiles (wt's extra columns are zeros)
   std::vector<int64_t> tap, pos;  // pos: rounded up to whole tiles, repeating a valid offset
 
   void finish() {
-    mb = int(std::clamp<int64_t>((outs + kLanes - 1) / kLanes, 1, kMaxMB));
-    ldw = round_up(outs, int64_t(mb) * kLanes);
-    pos.resize(size_t(round_up(positions, kAccumulators / mb)), pos.empty() ? 0 : pos[0]);
+    ldw = round_up(outs, int64_t(kMB) * kLanes);
+    pos.resize(size_t(round_up(positions, kAccumulators / kMB)), pos.empty() ? 0 : pos[0]);
   }
 };
 
-template <int MB>
-void direct_tiles(const DirectPlan& d, const float* src, const float* wt, const float* bias, float* out) {
-  constexpr int P = kAccumulators / MB;
+// noclone: one copy, not one more per constant argument (the minimal build's size).
+__attribute__((noinline, noclone)) void direct_tiles(const DirectPlan& d, const float* src, const float* wt,
+                                                     const float* bias, float* out) {
+  constexpr int MB = kMB, P = kAccumulators / MB;
   alignas(64) float tile[P][MB * kLanes];
   for (int64_t o0 = 0; o0 < d.outs; o0 += MB * kLanes) {
     const int64_t o_valid = std::min<int64_t>(MB * kLanes, d.outs - o0);
@@ -96,18 +96,6 @@ void direct_tiles(const DirectPlan& d, const float* src, const float* wt, const 
         for (int64_t r = 0; r < p_valid; ++r) dst[r] = tile[r][o] + b;
       }
     }
-  }
-}
-
-void run_direct(const DirectPlan& d, const float* src, const float* wt, const float* bias, float* out) {
-  switch (d.mb) {
-    case 1: return direct_tiles<1>(d, src, wt, bias, out);
-    case 2: return direct_tiles<2>(d, src, wt, bias, out);
-    default:
-      if constexpr (kMaxMB >= 4) {
-        if (d.mb == 3) return direct_tiles<3>(d, src, wt, bias, out);
-        return direct_tiles<4>(d, src, wt, bias, out);
-      }
   }
 }
 
@@ -186,7 +174,7 @@ void DirectConv::run(const float* x, const float* w, const float* bias, float* y
     float* src = scratch(1, p.c * d.plane);
     for (int64_t j = begin; j < end; ++j) {
       p.frame.fill(x + j * p.c * p.ih * p.iw, p.c, p.ih, p.iw, src);
-      run_direct(d, src, wt, bias, y + j * p.m * d.positions);
+      direct_tiles(d, src, wt, bias, y + j * p.m * d.positions);
     }
   });
 }
@@ -195,10 +183,10 @@ namespace {
 
 // dw_acc[q][o] (rows ldo apart) += sum over positions p of dyt[p][o] * src[qoff[q] + pos[p]], q < Q,
 // o < MB vectors, for one image (src: its frame, dyt: its dY transposed to [p][o]).
-template <int MB>
-void weight_tile(const float* src, const float* dyt, int64_t ldo, const int64_t* pos, int64_t positions,
-                 const int64_t* qoff, float* dw_acc) {
-  constexpr int Q = kAccumulators / MB;
+__attribute__((noinline, noclone)) void weight_tile(const float* src, const float* dyt, int64_t ldo,
+                                                    const int64_t* pos, int64_t positions, const int64_t* qoff,
+                                                    float* dw_acc) {
+  constexpr int MB = kMB, Q = kAccumulators / MB;
   Vec acc[Q][MB];
   int64_t off[Q];
   for (int q = 0; q < Q; ++q) {
@@ -218,19 +206,6 @@ void weight_tile(const float* src, const float* dyt, int64_t ldo, const int64_t*
     for (int v = 0; v < MB; ++v) store(dw_acc + q * ldo + v * kLanes, acc[q][v]);
 }
 
-void run_weight_tile(int mb, const float* src, const float* dyt, int64_t ldo, const int64_t* pos, int64_t positions,
-                     const int64_t* qoff, float* dw_acc) {
-  switch (mb) {
-    case 1: return weight_tile<1>(src, dyt, ldo, pos, positions, qoff, dw_acc);
-    case 2: return weight_tile<2>(src, dyt, ldo, pos, positions, qoff, dw_acc);
-    default:
-      if constexpr (kMaxMB >= 4) {
-        if (mb == 3) return weight_tile<3>(src, dyt, ldo, pos, positions, qoff, dw_acc);
-        return weight_tile<4>(src, dyt, ldo, pos, positions, qoff, dw_acc);
-      }
-  }
-}
-
 }  // namespace
 
 struct DirectConvBackward::Impl {
@@ -239,7 +214,6 @@ struct DirectConvBackward::Impl {
   // dW: X's frame, the window origins and, per (i, t) row q (rounded up to whole tiles), its offset.
   Frame x_frame;
   std::vector<int64_t> pos, qoff;
-  int mb = 1;
   int64_t ldo = 0, rows = 0;  // M rounded up to whole tiles; C * taps rounded up to whole tiles
   // dX: the stride-1 convolution of dY's frame with mirrored taps.
   Frame dy_frame;
@@ -259,9 +233,8 @@ DirectConvBackward::DirectConvBackward(const ConvSpec& s, bool need_dx, bool nee
   if (need_dw) {
     p.x_frame = input_frame(s);
     p.pos = window_offsets(s, p.x_frame);
-    p.mb = int(std::clamp<int64_t>((p.m + kLanes - 1) / kLanes, 1, kMaxMB));
-    p.ldo = round_up(p.m, int64_t(p.mb) * kLanes);
-    p.rows = round_up(p.c * p.taps, kAccumulators / p.mb);
+    p.ldo = round_up(p.m, int64_t(kMB) * kLanes);
+    p.rows = round_up(p.c * p.taps, kAccumulators / kMB);
     const std::vector<int64_t> tap = tap_offsets(s, p.x_frame.w, false);
     p.qoff.assign(size_t(p.rows), 0);  // rows past C * taps read offset 0 and are dropped
     for (int64_t q = 0; q < p.c * p.taps; ++q) p.qoff[size_t(q)] = (q / p.taps) * p.x_frame.plane() + tap[size_t(q % p.taps)];
@@ -306,7 +279,7 @@ void DirectConvBackward::run(const float* dy, const float* x, const float* w, fl
       float* src = scratch(1, p.m * d.plane);
       for (int64_t j = begin; j < end; ++j) {
         p.dy_frame.fill(dy + j * y_image, p.m, p.oh, p.ow, src);
-        run_direct(d, src, wt, nullptr, dx + j * x_image);
+        direct_tiles(d, src, wt, nullptr, dx + j * x_image);
       }
     });
   }
@@ -314,7 +287,7 @@ void DirectConvBackward::run(const float* dy, const float* x, const float* w, fl
   // Accumulated as [q][o] over images, then transposed into dW [o][q]. Tiles (an M block by a
   // block of q) are split over the threads; each thread walks every image for its tiles, so a
   // gradient's sum runs over (image, position) in order whatever the thread count.
-  const int64_t q_tile = kAccumulators / p.mb, o_tile = int64_t(p.mb) * kLanes;
+  const int64_t q_tile = kAccumulators / kMB, o_tile = int64_t(kMB) * kLanes;
   const int64_t q_tiles = p.rows / q_tile, o_tiles = p.ldo / o_tile;
   float* acc = scratch(2, p.rows * p.ldo);
   std::fill(acc, acc + p.rows * p.ldo, 0.0f);
@@ -332,7 +305,7 @@ void DirectConvBackward::run(const float* dy, const float* x, const float* w, fl
       }
       for (int64_t t = begin; t < end; ++t) {
         const int64_t q0 = (t / o_tiles) * q_tile, o0 = (t % o_tiles) * o_tile;
-        run_weight_tile(p.mb, src, dyt + o0, p.ldo, p.pos.data(), y_size, p.qoff.data() + q0, acc + q0 * p.ldo + o0);
+        weight_tile(src, dyt + o0, p.ldo, p.pos.data(), y_size, p.qoff.data() + q0, acc + q0 * p.ldo + o0);
       }
     }
   });

@@ -16,6 +16,7 @@
 
 #include <memory>
 
+#include "backends/cpu/internal.h"
 #include "backends/cpu/conv.h"
 
 namespace onnxtrain::cpu {
@@ -23,10 +24,10 @@ namespace onnxtrain::cpu {
 class DirectConv {
  public:
   // fp32, 2-d, not transposed, one group, channels-first X and Y.
-  static bool takes(const ConvSpec& spec);
-  explicit DirectConv(const ConvSpec& spec);
+  OT_INTERNAL static bool takes(const ConvSpec& spec);
+  OT_INTERNAL explicit DirectConv(const ConvSpec& spec);
   // y = conv(x, w) + bias (per output channel; null: none). No activation or summand.
-  void run(const float* x, const float* w, const float* bias, float* y) const;
+  OT_INTERNAL void run(const float* x, const float* w, const float* bias, float* y) const;
 
  private:
   struct Impl;
@@ -35,11 +36,11 @@ class DirectConv {
 
 class DirectConvBackward {
  public:
-  // As DirectConv::takes; with need_dx also stride 1 and pads within the kernel's reach.
-  static bool takes(const ConvSpec& spec, bool need_dx);
-  DirectConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw);
+  // As DirectConv::takes; with need_dx also stride 1.
+  OT_INTERNAL static bool takes(const ConvSpec& spec, bool need_dx);
+  OT_INTERNAL DirectConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw);
   // dx: null unless need_dx; dw (and db, when not null) null unless need_dw.
-  void run(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db) const;
+  OT_INTERNAL void run(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db) const;
 
  private:
   struct Impl;

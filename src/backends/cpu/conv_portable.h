@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "backends/cpu/internal.h"
 #include "backends/cpu/conv.h"
 
 namespace onnxtrain::cpu {
@@ -15,9 +16,9 @@ namespace onnxtrain::cpu {
 // Forward convolution or transposed convolution of any ConvSpec with dtype kFloat32.
 class PortableConv {
  public:
-  PortableConv(const ConvSpec& spec, const std::string& context);
+  OT_INTERNAL PortableConv(const ConvSpec& spec, const std::string& context);
   // As ConvPrimitive::run (fp32 pointers); z: the summand when spec.sum, a buffer other than y.
-  void run(const void* x, const void* w, const void* bias, void* y, const void* z) const;
+  OT_INTERNAL void run(const void* x, const void* w, const void* bias, void* y, const void* z) const;
 
  private:
   struct Impl;
@@ -27,8 +28,8 @@ class PortableConv {
 // dX and/or dW (and dB) of a plain, channels-first fp32 convolution.
 class PortableConvBackward {
  public:
-  PortableConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);
-  void run(const void* dy, const void* x, const void* w, void* dx, void* dw, void* db) const;
+  OT_INTERNAL PortableConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);
+  OT_INTERNAL void run(const void* dy, const void* x, const void* w, void* dx, void* dw, void* db) const;
 
  private:
   struct Impl;

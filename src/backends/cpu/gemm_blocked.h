@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 
+#include "backends/cpu/internal.h"
 #include "backends/cpu/gemm.h"
 
 namespace onnxtrain::cpu {
@@ -13,9 +14,9 @@ namespace onnxtrain::cpu {
 class BlockedMatmul {
  public:
   // dims.dtype and dims.c_dtype() must be kFloat32.
-  BlockedMatmul(const MatmulDims& dims, const std::string& context);
-  void run(const void* a, const void* b, void* c, const void* bias) const;
-  const MatmulDims& dims() const;
+  OT_INTERNAL BlockedMatmul(const MatmulDims& dims, const std::string& context);
+  OT_INTERNAL void run(const void* a, const void* b, void* c, const void* bias) const;
+  OT_INTERNAL const MatmulDims& dims() const;
 
  private:
   struct Impl;

@@ -69,11 +69,35 @@ std::optional<LoopPool> LoopPool::make(const PoolSpec& spec) {
 
 namespace {
 
+// The forward of 2x2 windows at stride 2 (most CNNs' pooling), one output row at a time: the
+// compares as dense_max_pool makes them (window order, strict >), in a loop over the row the
+// compiler vectorises (4x faster than the per-window loop on the digits CNN's pool). The
+// backward stays with dense_max_pool: a branch-free four-way write per window ran 2-7x slower.
+void max_pool_2x2_forward(const PoolSpec& p, const float* x, float* y) {
+  const int64_t planes = p.x[0] * p.x[1], ih = p.x[2], iw = p.x[3], oh = p.out[0], ow = p.out[1];
+  parallel_for(planes, 1, [&](int64_t b, int64_t e) {
+    for (int64_t plane = b; plane < e; ++plane)
+      for (int64_t i = 0; i < oh; ++i) {
+        const float* r0 = x + plane * ih * iw + 2 * i * iw;
+        const float* r1 = r0 + iw;
+        float* yr = y + (plane * oh + i) * ow;
+        for (int64_t j = 0; j < ow; ++j) {
+          float best = r0[2 * j];
+          best = r0[2 * j + 1] > best ? r0[2 * j + 1] : best;
+          best = r1[2 * j] > best ? r1[2 * j] : best;
+          best = r1[2 * j + 1] > best ? r1[2 * j + 1] : best;
+          yr[j] = best;
+        }
+      }
+  });
+}
+
 // Dense max pooling (Impl::dense_max): y = the window's maximum, or with `dx` the window's first
 // maximum (window order) receives dy; the same choices as the general loops.
 void dense_max_pool(const PoolSpec& p, const float* x, float* y, const float* dy, float* dx) {
   const int64_t planes = p.x[0] * p.x[1], ih = p.x[2], iw = p.x[3], oh = p.out[0], ow = p.out[1];
   const int64_t kh = p.kernel[0], kw = p.kernel[1], sh = p.stride[0], sw = p.stride[1];
+  if (!dx && kh == 2 && kw == 2 && sh == 2 && sw == 2) return max_pool_2x2_forward(p, x, y);
   if (dx) std::fill(dx, dx + planes * ih * iw, 0.0f);
   parallel_for(planes, 1, [&](int64_t b, int64_t e) {
     for (int64_t plane = b; plane < e; ++plane) {

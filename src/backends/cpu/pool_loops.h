@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "backends/cpu/internal.h"
 #include "backends/cpu/pool.h"
 
 namespace onnxtrain::cpu {
@@ -16,9 +17,9 @@ class LoopPool {
  public:
   // None for what the loops do not take (not fp32 2-d) or a window wholly in the padding (the
   // generic loop says what that means).
-  static std::optional<LoopPool> make(const PoolSpec& spec);
-  void forward(const float* x, float* y) const;
-  void backward(const float* dy, const float* x, float* dx) const;
+  OT_INTERNAL static std::optional<LoopPool> make(const PoolSpec& spec);
+  OT_INTERNAL void forward(const float* x, float* y) const;
+  OT_INTERNAL void backward(const float* dy, const float* x, float* dx) const;
 
  private:
   LoopPool() = default;

@@ -177,6 +177,48 @@ void sgemm_serial(const SgemmArgs& g) {
   }
 }
 
+// Narrow products whose A rows and B columns both run contiguously along k (X W^T of a classifier
+// head, N = classes): a register tile kNR wide would be mostly padding, so each output is a dot
+// product instead, kDotRows x kDotCols of them at once in vector partial sums over k; each partial
+// sum vector then adds up its lanes in order and the scalar tail of k after it.
+constexpr int kDotRows = 4, kDotCols = vec::kRegisters == 32 ? 4 : 2;
+
+bool narrow_dots(const SgemmArgs& g) { return g.a_col == 1 && g.b_row == 1 && g.n * 2 < kNR && g.k >= kLanes; }
+
+void sgemm_dots(const SgemmArgs& g, int64_t row_begin, int64_t row_end) {
+  const int64_t k_vec = g.k / kLanes * kLanes;
+  for (int64_t i0 = row_begin; i0 < row_end; i0 += kDotRows) {
+    const float* a[kDotRows];
+    for (int r = 0; r < kDotRows; ++r) a[r] = g.a + std::min<int64_t>(i0 + r, row_end - 1) * g.a_row;
+    for (int64_t j0 = 0; j0 < g.n; j0 += kDotCols) {
+      const float* b[kDotCols];
+      for (int c = 0; c < kDotCols; ++c) b[c] = g.b + std::min<int64_t>(j0 + c, g.n - 1) * g.b_col;
+      Vec acc[kDotRows][kDotCols];
+      for (int r = 0; r < kDotRows; ++r)
+        for (int c = 0; c < kDotCols; ++c) acc[r][c] = Vec{};
+      for (int64_t p = 0; p < k_vec; p += kLanes) {
+        Vec bv[kDotCols];
+        for (int c = 0; c < kDotCols; ++c) bv[c] = load(b[c] + p);
+        for (int r = 0; r < kDotRows; ++r) {
+          const Vec av = load(a[r] + p);
+          for (int c = 0; c < kDotCols; ++c) acc[r][c] += av * bv[c];
+        }
+      }
+      for (int r = 0; r < kDotRows && i0 + r < row_end; ++r)
+        for (int c = 0; c < kDotCols && j0 + c < g.n; ++c) {
+          float sum = 0.0f;
+          for (int l = 0; l < kLanes; ++l) sum += acc[r][c][l];
+          for (int64_t p = k_vec; p < g.k; ++p) sum += a[r][p] * b[c][p];
+          float* out = g.c + (i0 + r) * g.ldc + j0 + c;
+          float v = g.alpha * sum;
+          if (g.beta != 0.0f) v += g.beta * *out;
+          if (g.bias) v += g.bias[j0 + c];
+          *out = v;
+        }
+    }
+  }
+}
+
 }  // namespace
 
 void sgemm_blocked(const SgemmArgs& g, bool parallel) {
@@ -190,6 +232,13 @@ void sgemm_blocked(const SgemmArgs& g, bool parallel) {
     return;
   }
   const int threads = parallel && g.m * g.n * g.k >= kParallelFlops ? num_threads() : 1;
+  if (narrow_dots(g)) {  // rows split over the threads, whole dot tiles each
+    if (threads <= 1) return sgemm_dots(g, 0, g.m);
+    const int64_t tiles = (g.m + kDotRows - 1) / kDotRows;
+    return parallel_for(tiles, 1, [&](int64_t b, int64_t e) {
+      sgemm_dots(g, b * kDotRows, std::min(g.m, e * kDotRows));
+    });
+  }
   if (threads <= 1) return sgemm_serial(g);
   // One parallel region per product: each thread computes a band of C's columns (or rows, when C
   // is taller than wide) with its own packing buffers; bands are whole register tiles.
