@@ -26,23 +26,76 @@ constexpr int kAccumulators = vec::kRegisters == 32 ? 24 : 12;
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
-float* scratch(int slot, int64_t count) { return thread_scratch<ScratchUser::kDirectConvolution>(slot, count); }
+float* scratch(int slot, int64_t count) { return thread_scratch<ScratchUser::kConvolution>(slot, count); }
 
-// A zero-padded copy of a [channels, h, w] image: [channels, fh, fw] with the image's (0, 0) at
-// (top, left) (negative: the image's first rows/columns fall outside and are dropped).
+// Row-major strides of dims.
+OT_COLD std::vector<int64_t> strides_of(const std::vector<int64_t>& dims) {
+  std::vector<int64_t> st(dims.size(), 1);
+  for (size_t d = dims.size(); d-- > 1;) st[d - 1] = st[d] * dims[d];
+  return st;
+}
+
+// Calls fn(index) for every index of dims, row-major.
+template <typename Fn>
+void for_each_index(const std::vector<int64_t>& dims, Fn&& fn) {
+  std::vector<int64_t> idx(dims.size(), 0);
+  for (int64_t v : dims)
+    if (v <= 0) return;
+  while (true) {
+    fn(idx);
+    size_t d = dims.size();
+    while (d-- > 0) {
+      if (++idx[d] < dims[d]) break;
+      idx[d] = 0;
+    }
+    if (d == size_t(-1)) return;
+  }
+}
+
+// A zero-padded copy of [channels, image dims...]: [channels, frame dims...], image element i at
+// frame position top + i * spread along each axis (spread > 1: zeros between, the backward-data
+// pass of a strided convolution); elements falling outside the frame are dropped (they would only
+// meet padding).
 struct Frame {
-  int64_t h = 0, w = 0, top = 0, left = 0;
-  int64_t plane() const { return h * w; }
+  std::vector<int64_t> dims, top, spread, image;
+  int64_t plane = 0;
 
-  void fill(const float* img, int64_t channels, int64_t ih, int64_t iw, float* out) const {
-    const int64_t c0 = std::max<int64_t>(0, -left), c1 = std::min<int64_t>(iw, w - left);
-    const int64_t r0 = std::max<int64_t>(0, -top), r1 = std::min<int64_t>(ih, h - top);
+  Frame(std::vector<int64_t> frame_dims, std::vector<int64_t> origin, std::vector<int64_t> step,
+        std::vector<int64_t> image_dims)
+      : dims(std::move(frame_dims)), top(std::move(origin)), spread(std::move(step)), image(std::move(image_dims)) {
+    plane = numel(dims);
+  }
+
+  void fill(const float* img, int64_t channels, float* out) const {
+    const size_t nd = dims.size();
+    const std::vector<int64_t> fst = strides_of(dims);
+    const int64_t len = image[nd - 1], image_plane = numel(image);
+    std::vector<int64_t> rows(image.begin(), image.end() - 1);
+    const int64_t t = top[nd - 1], sp = spread[nd - 1], fw = dims[nd - 1];
+    // The last axis' elements inside the frame: [i0, i1).
+    int64_t i0 = 0, i1 = len;
+    while (i0 < len && t + i0 * sp < 0) ++i0;
+    while (i1 > i0 && t + (i1 - 1) * sp >= fw) --i1;
     for (int64_t c = 0; c < channels; ++c) {
-      float* dst = out + c * plane();
-      std::memset(dst, 0, sizeof(float) * size_t(plane()));
-      if (c1 <= c0) continue;
-      for (int64_t r = r0; r < r1; ++r)
-        std::memcpy(dst + (r + top) * w + c0 + left, img + (c * ih + r) * iw + c0, sizeof(float) * size_t(c1 - c0));
+      float* dst = out + c * plane;
+      std::memset(dst, 0, sizeof(float) * size_t(plane));
+      const float* src = img + c * image_plane;
+      int64_t row = 0;  // the image row, row-major over rows (1-d: the one line)
+      for_each_index(rows, [&](const std::vector<int64_t>& idx) {
+        int64_t at = 0;
+        bool inside = true;
+        for (size_t d = 0; d + 1 < nd; ++d) {
+          const int64_t f = top[d] + idx[d] * spread[d];
+          inside = inside && f >= 0 && f < dims[d];
+          at += f * fst[d];
+        }
+        const float* in = src + row++ * len;
+        if (!inside || i1 <= i0) return;
+        float* o = dst + at + t;
+        if (sp == 1) std::memcpy(o + i0, in + i0, sizeof(float) * size_t(i1 - i0));
+        else
+          for (int64_t i = i0; i < i1; ++i) o[i * sp] = in[i];
+      });
     }
   }
 };
@@ -99,84 +152,120 @@ __attribute__((noinline, noclone)) void direct_tiles(const DirectPlan& d, const 
   }
 }
 
-// Offsets of every tap in a frame `fw` wide: (a, b) at (a * dh) * fw + b * dw, or mirrored
-// ((kh - 1 - a), (kw - 1 - b)) for the backward-data pass.
-std::vector<int64_t> tap_offsets(const ConvSpec& s, int64_t fw, bool mirrored) {
+// Offsets of every tap in a frame of dims `fdims`: tap k at sum over axes of k * dilation (or,
+// mirrored, (kernel - 1 - k) * dilation for the backward-data pass) times the frame's stride.
+OT_COLD std::vector<int64_t> tap_offsets(const ConvSpec& s, const std::vector<int64_t>& fdims, bool mirrored) {
+  const std::vector<int64_t> fst = strides_of(fdims);
   std::vector<int64_t> taps;
-  for (int64_t a = 0; a < s.kernel[0]; ++a)
-    for (int64_t b = 0; b < s.kernel[1]; ++b) {
-      const int64_t ra = mirrored ? s.kernel[0] - 1 - a : a, rb = mirrored ? s.kernel[1] - 1 - b : b;
-      taps.push_back(ra * s.dilation[0] * fw + rb * s.dilation[1]);
-    }
+  for_each_index(s.kernel, [&](const std::vector<int64_t>& k) {
+    int64_t off = 0;
+    for (size_t d = 0; d < k.size(); ++d) off += (mirrored ? s.kernel[d] - 1 - k[d] : k[d]) * s.dilation[d] * fst[d];
+    taps.push_back(off);
+  });
   return taps;
 }
 
-// The forward pass's frame of X: every window inside it.
-Frame input_frame(const ConvSpec& s) {
-  Frame f;
-  f.h = (s.out[0] - 1) * s.stride[0] + (s.kernel[0] - 1) * s.dilation[0] + 1;
-  f.w = (s.out[1] - 1) * s.stride[1] + (s.kernel[1] - 1) * s.dilation[1] + 1;
-  f.top = s.pad_l[0];
-  f.left = s.pad_l[1];
-  return f;
-}
-
-// Window origins of the output positions in X's frame.
-std::vector<int64_t> window_offsets(const ConvSpec& s, const Frame& f) {
+// Offsets of the grid `grid` in a frame of dims `fdims`, `step` apart along each axis.
+OT_COLD std::vector<int64_t> grid_offsets(const std::vector<int64_t>& grid, const std::vector<int64_t>& step,
+                                  const std::vector<int64_t>& fdims) {
+  const std::vector<int64_t> fst = strides_of(fdims);
   std::vector<int64_t> pos;
-  for (int64_t y = 0; y < s.out[0]; ++y)
-    for (int64_t x = 0; x < s.out[1]; ++x) pos.push_back(y * s.stride[0] * f.w + x * s.stride[1]);
+  for_each_index(grid, [&](const std::vector<int64_t>& o) {
+    int64_t off = 0;
+    for (size_t d = 0; d < o.size(); ++d) off += o[d] * step[d] * fst[d];
+    pos.push_back(off);
+  });
   return pos;
 }
 
-bool plain_2d(const ConvSpec& s) {
-  return s.dtype == DType::kFloat32 && !s.transposed && s.group == 1 && s.x.size() == 4 && !s.x_channels_last &&
-         !s.y_channels_last && s.x[1] > 0 && s.out[0] > 0 && s.out[1] > 0;
+std::vector<int64_t> spatial(const Shape& x) { return std::vector<int64_t>(x.begin() + 2, x.end()); }
+
+// The forward pass's frame of X: every window inside it.
+OT_COLD Frame input_frame(const ConvSpec& s) {
+  std::vector<int64_t> dims;
+  for (size_t d = 0; d < s.kernel.size(); ++d)
+    dims.push_back((s.out[d] - 1) * s.stride[d] + (s.kernel[d] - 1) * s.dilation[d] + 1);
+  return Frame(dims, s.pad_l, std::vector<int64_t>(s.kernel.size(), 1), spatial(s.x));
+}
+
+// dX[i][y] = sum over o, k of W[o][i][k] * dY[o][(y + pad - k dilation) / stride] where that divides:
+// dY spread out by the stride at (kernel - 1) dilation - pad of a frame the kernel's reach larger
+// than X, read at y + the mirrored tap.
+OT_COLD Frame output_frame(const ConvSpec& s) {
+  std::vector<int64_t> dims, top;
+  for (size_t d = 0; d < s.kernel.size(); ++d) {
+    const int64_t reach = (s.kernel[d] - 1) * s.dilation[d];
+    dims.push_back(s.x[d + 2] + reach);
+    top.push_back(reach - s.pad_l[d]);
+  }
+  return Frame(dims, top, s.stride, s.out);
 }
 
 }  // namespace
 
 struct DirectConv::Impl {
-  int64_t n = 0, c = 0, m = 0, ih = 0, iw = 0;
+  int64_t n = 0, groups = 1, c = 0, m = 0;  // c, m: per group
   Frame frame;
   DirectPlan plan;
+  explicit Impl(const ConvSpec& s) : frame(input_frame(s)) {}
 };
 
-bool DirectConv::takes(const ConvSpec& s) { return plain_2d(s); }
-
-DirectConv::DirectConv(const ConvSpec& s) {
-  auto impl = std::make_shared<Impl>();
+OT_COLD DirectConv::DirectConv(const ConvSpec& s) {
+  auto impl = std::make_shared<Impl>(s);
   Impl& p = *impl;
-  p.n = s.x[0], p.c = s.x[1], p.m = s.out_channels, p.ih = s.x[2], p.iw = s.x[3];
-  p.frame = input_frame(s);
+  p.n = s.x[0], p.groups = s.group, p.c = s.x[1] / s.group, p.m = s.out_channels / s.group;
   p.plan.ins = p.c;
   p.plan.outs = p.m;
-  p.plan.taps = s.kernel[0] * s.kernel[1];
-  p.plan.plane = p.frame.plane();
-  p.plan.positions = s.out[0] * s.out[1];
-  p.plan.tap = tap_offsets(s, p.frame.w, false);
-  p.plan.pos = window_offsets(s, p.frame);
+  p.plan.taps = numel(s.kernel);
+  p.plan.plane = p.frame.plane;
+  p.plan.positions = numel(s.out);
+  p.plan.tap = tap_offsets(s, p.frame.dims, false);
+  p.plan.pos = grid_offsets(s.out, s.stride, p.frame.dims);
   p.plan.finish();
   impl_ = std::move(impl);
 }
 
+namespace {
+
+// Per group g: wt[g][(i * taps + t) * ldw + o] = W[g * outs + o][i][t] (`transposed_io`: W[g * ins
+// + i][o][t], the backward-data pass's reading of a conv's weights), zeros past outs.
+float* pack_weights(const DirectPlan& d, int64_t groups, const float* w, bool transposed_io) {
+  const int64_t per_group = d.ins * d.taps * d.ldw;
+  float* wt = scratch(0, groups * per_group);
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t i = 0; i < d.ins; ++i)
+      for (int64_t t = 0; t < d.taps; ++t) {
+        float* row = wt + g * per_group + (i * d.taps + t) * d.ldw;
+        for (int64_t o = 0; o < d.outs; ++o)
+          row[o] = transposed_io ? w[((g * d.ins + i) * d.outs + o) * d.taps + t]
+                                 : w[((g * d.outs + o) * d.ins + i) * d.taps + t];
+        std::fill(row + d.outs, row + d.ldw, 0.0f);
+      }
+  return wt;
+}
+
+// Every image's frame, then each group's tiles, images split over the threads.
+void run_images(const DirectPlan& d, const Frame& frame, int64_t n, int64_t groups, const float* src_images,
+                int64_t src_image, const float* wt, const float* bias, float* out, int64_t out_image) {
+  parallel_for(n, 1, [&](int64_t begin, int64_t end) {
+    float* src = scratch(1, groups * d.ins * d.plane);
+    for (int64_t j = begin; j < end; ++j) {
+      frame.fill(src_images + j * src_image, groups * d.ins, src);
+      for (int64_t g = 0; g < groups; ++g)
+        direct_tiles(d, src + g * d.ins * d.plane, wt + g * d.ins * d.taps * d.ldw, bias ? bias + g * d.outs : nullptr,
+                     out + j * out_image + g * d.outs * d.positions);
+    }
+  });
+}
+
+}  // namespace
+
 void DirectConv::run(const float* x, const float* w, const float* bias, float* y) const {
   const Impl& p = *impl_;
   const DirectPlan& d = p.plan;
-  // wt[(i * taps + t) * ldw + o] = W[o][i][t], zeros past M.
-  float* wt = scratch(0, d.ins * d.taps * d.ldw);
-  for (int64_t it = 0; it < d.ins * d.taps; ++it) {
-    float* row = wt + it * d.ldw;
-    for (int64_t o = 0; o < p.m; ++o) row[o] = w[o * d.ins * d.taps + it];
-    std::fill(row + p.m, row + d.ldw, 0.0f);
-  }
-  parallel_for(p.n, 1, [&](int64_t begin, int64_t end) {
-    float* src = scratch(1, p.c * d.plane);
-    for (int64_t j = begin; j < end; ++j) {
-      p.frame.fill(x + j * p.c * p.ih * p.iw, p.c, p.ih, p.iw, src);
-      direct_tiles(d, src, wt, bias, y + j * p.m * d.positions);
-    }
-  });
+  const float* wt = pack_weights(d, p.groups, w, false);
+  run_images(d, p.frame, p.n, p.groups, x, p.groups * p.c * numel(p.frame.image), wt, bias, y,
+             p.groups * p.m * d.positions);
 }
 
 namespace {
@@ -210,53 +299,42 @@ __attribute__((noinline, noclone)) void weight_tile(const float* src, const floa
 
 struct DirectConvBackward::Impl {
   bool need_dx = false, need_dw = false;
-  int64_t n = 0, c = 0, m = 0, ih = 0, iw = 0, oh = 0, ow = 0, taps = 0;
+  int64_t n = 0, groups = 1, c = 0, m = 0, taps = 0, x_size = 0, y_size = 0;  // c, m: per group
   // dW: X's frame, the window origins and, per (i, t) row q (rounded up to whole tiles), its offset.
   Frame x_frame;
   std::vector<int64_t> pos, qoff;
-  int64_t ldo = 0, rows = 0;  // M rounded up to whole tiles; C * taps rounded up to whole tiles
-  // dX: the stride-1 convolution of dY's frame with mirrored taps.
+  int64_t ldo = 0, rows = 0;  // M / G rounded up to whole tiles; C / G * taps rounded up to whole tiles
+  // dX: the stride-1 convolution of dY's spread frame with mirrored taps.
   Frame dy_frame;
   DirectPlan dx_plan;
+  explicit Impl(const ConvSpec& s) : x_frame(input_frame(s)), dy_frame(output_frame(s)) {}
 };
 
-bool DirectConvBackward::takes(const ConvSpec& s, bool need_dx) {
-  return plain_2d(s) && (!need_dx || (s.stride[0] == 1 && s.stride[1] == 1));
-}
-
-DirectConvBackward::DirectConvBackward(const ConvSpec& s, bool need_dx, bool need_dw) {
-  auto impl = std::make_shared<Impl>();
+OT_COLD DirectConvBackward::DirectConvBackward(const ConvSpec& s, bool need_dx, bool need_dw) {
+  auto impl = std::make_shared<Impl>(s);
   Impl& p = *impl;
   p.need_dx = need_dx, p.need_dw = need_dw;
-  p.n = s.x[0], p.c = s.x[1], p.m = s.out_channels, p.ih = s.x[2], p.iw = s.x[3], p.oh = s.out[0], p.ow = s.out[1];
-  p.taps = s.kernel[0] * s.kernel[1];
+  p.n = s.x[0], p.groups = s.group, p.c = s.x[1] / s.group, p.m = s.out_channels / s.group;
+  p.taps = numel(s.kernel);
+  p.x_size = numel(spatial(s.x));
+  p.y_size = numel(s.out);
   if (need_dw) {
-    p.x_frame = input_frame(s);
-    p.pos = window_offsets(s, p.x_frame);
+    p.pos = grid_offsets(s.out, s.stride, p.x_frame.dims);
     p.ldo = round_up(p.m, int64_t(kMB) * kLanes);
     p.rows = round_up(p.c * p.taps, kAccumulators / kMB);
-    const std::vector<int64_t> tap = tap_offsets(s, p.x_frame.w, false);
-    p.qoff.assign(size_t(p.rows), 0);  // rows past C * taps read offset 0 and are dropped
-    for (int64_t q = 0; q < p.c * p.taps; ++q) p.qoff[size_t(q)] = (q / p.taps) * p.x_frame.plane() + tap[size_t(q % p.taps)];
+    const std::vector<int64_t> tap = tap_offsets(s, p.x_frame.dims, false);
+    p.qoff.assign(size_t(p.rows), 0);  // rows past C/G * taps read offset 0 and are dropped
+    for (int64_t q = 0; q < p.c * p.taps; ++q) p.qoff[size_t(q)] = (q / p.taps) * p.x_frame.plane + tap[size_t(q % p.taps)];
   }
   if (need_dx) {
-    // dX[i][y][x] = sum over o, (a, b) of W[o][i][a][b] * dY[o][y + pad_t - a dh][x + pad_l - b dw]:
-    // dY placed at ((kh - 1) dh - pad_t, (kw - 1) dw - pad_l) of a frame (kh - 1) dh rows and
-    // (kw - 1) dw columns larger than X, read at (y, x) + the mirrored tap.
-    Frame& f = p.dy_frame;
-    f.h = p.ih + (s.kernel[0] - 1) * s.dilation[0];
-    f.w = p.iw + (s.kernel[1] - 1) * s.dilation[1];
-    f.top = (s.kernel[0] - 1) * s.dilation[0] - s.pad_l[0];
-    f.left = (s.kernel[1] - 1) * s.dilation[1] - s.pad_l[1];
     DirectPlan& d = p.dx_plan;
     d.ins = p.m;
     d.outs = p.c;
     d.taps = p.taps;
-    d.plane = f.plane();
-    d.positions = p.ih * p.iw;
-    d.tap = tap_offsets(s, f.w, true);
-    for (int64_t y = 0; y < p.ih; ++y)
-      for (int64_t x = 0; x < p.iw; ++x) d.pos.push_back(y * f.w + x);
+    d.plane = p.dy_frame.plane;
+    d.positions = p.x_size;
+    d.tap = tap_offsets(s, p.dy_frame.dims, true);
+    d.pos = grid_offsets(spatial(s.x), std::vector<int64_t>(s.kernel.size(), 1), p.dy_frame.dims);
     d.finish();
   }
   impl_ = std::move(impl);
@@ -264,60 +342,54 @@ DirectConvBackward::DirectConvBackward(const ConvSpec& s, bool need_dx, bool nee
 
 void DirectConvBackward::run(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db) const {
   const Impl& p = *impl_;
-  const int64_t x_image = p.c * p.ih * p.iw, y_size = p.oh * p.ow, y_image = p.m * y_size;
+  const int64_t x_image = p.groups * p.c * p.x_size, y_image = p.groups * p.m * p.y_size;
   if (p.need_dx) {
     const DirectPlan& d = p.dx_plan;
-    // wt[(o * taps + t) * ldw + i] = W[o][i][t], zeros past C.
-    float* wt = scratch(0, d.ins * d.taps * d.ldw);
-    for (int64_t o = 0; o < p.m; ++o)
-      for (int64_t t = 0; t < p.taps; ++t) {
-        float* row = wt + (o * p.taps + t) * d.ldw;
-        for (int64_t i = 0; i < p.c; ++i) row[i] = w[(o * p.c + i) * p.taps + t];
-        std::fill(row + p.c, row + d.ldw, 0.0f);
-      }
-    parallel_for(p.n, 1, [&](int64_t begin, int64_t end) {
-      float* src = scratch(1, p.m * d.plane);
-      for (int64_t j = begin; j < end; ++j) {
-        p.dy_frame.fill(dy + j * y_image, p.m, p.oh, p.ow, src);
-        direct_tiles(d, src, wt, nullptr, dx + j * x_image);
-      }
-    });
+    const float* wt = pack_weights(d, p.groups, w, true);
+    run_images(d, p.dy_frame, p.n, p.groups, dy, y_image, wt, nullptr, dx, x_image);
   }
   if (!p.need_dw) return;
-  // Accumulated as [q][o] over images, then transposed into dW [o][q]. Tiles (an M block by a
-  // block of q) are split over the threads; each thread walks every image for its tiles, so a
-  // gradient's sum runs over (image, position) in order whatever the thread count.
+  // Accumulated as [g][q][o] over images, then transposed into dW [g o][q]. Tiles (a group, a
+  // block of M/G, a block of q) are split over the threads; each thread walks every image for its
+  // tiles, so a gradient's sum runs over (image, position) in order whatever the thread count.
   const int64_t q_tile = kAccumulators / kMB, o_tile = int64_t(kMB) * kLanes;
-  const int64_t q_tiles = p.rows / q_tile, o_tiles = p.ldo / o_tile;
-  float* acc = scratch(2, p.rows * p.ldo);
-  std::fill(acc, acc + p.rows * p.ldo, 0.0f);
-  const int64_t tiles = q_tiles * o_tiles;
+  const int64_t q_tiles = p.rows / q_tile, o_tiles = p.ldo / o_tile, group_acc = p.rows * p.ldo;
+  float* acc = scratch(2, p.groups * group_acc);
+  std::fill(acc, acc + p.groups * group_acc, 0.0f);
+  const int64_t tiles = p.groups * q_tiles * o_tiles;
   parallel_for(tiles, std::max<int64_t>(1, tiles / std::max(1, num_threads())), [&](int64_t begin, int64_t end) {
-    float* src = scratch(1, p.c * p.x_frame.plane());
-    float* dyt = scratch(0, y_size * p.ldo);
+    float* src = scratch(1, p.groups * p.c * p.x_frame.plane);
+    float* dyt = scratch(0, p.y_size * p.ldo);
     for (int64_t j = 0; j < p.n; ++j) {
-      p.x_frame.fill(x + j * x_image, p.c, p.ih, p.iw, src);
-      const float* dyj = dy + j * y_image;
-      for (int64_t q = 0; q < y_size; ++q) {
-        float* row = dyt + q * p.ldo;
-        for (int64_t o = 0; o < p.m; ++o) row[o] = dyj[o * y_size + q];
-        std::fill(row + p.m, row + p.ldo, 0.0f);
-      }
+      p.x_frame.fill(x + j * x_image, p.groups * p.c, src);
+      int64_t dyt_group = -1;  // the group dyt holds
       for (int64_t t = begin; t < end; ++t) {
-        const int64_t q0 = (t / o_tiles) * q_tile, o0 = (t % o_tiles) * o_tile;
-        weight_tile(src, dyt + o0, p.ldo, p.pos.data(), y_size, p.qoff.data() + q0, acc + q0 * p.ldo + o0);
+        const int64_t g = t / (q_tiles * o_tiles), r = t % (q_tiles * o_tiles);
+        const int64_t q0 = (r / o_tiles) * q_tile, o0 = (r % o_tiles) * o_tile;
+        if (g != dyt_group) {  // dY of image j, group g, as [p][o]
+          const float* dyg = dy + j * y_image + g * p.m * p.y_size;
+          for (int64_t q = 0; q < p.y_size; ++q) {
+            float* row = dyt + q * p.ldo;
+            for (int64_t o = 0; o < p.m; ++o) row[o] = dyg[o * p.y_size + q];
+            std::fill(row + p.m, row + p.ldo, 0.0f);
+          }
+          dyt_group = g;
+        }
+        weight_tile(src + g * p.c * p.x_frame.plane, dyt + o0, p.ldo, p.pos.data(), p.y_size, p.qoff.data() + q0,
+                    acc + g * group_acc + q0 * p.ldo + o0);
       }
     }
   });
   const int64_t q_count = p.c * p.taps;
-  for (int64_t o = 0; o < p.m; ++o)
-    for (int64_t q = 0; q < q_count; ++q) dw[o * q_count + q] = acc[q * p.ldo + o];
+  for (int64_t g = 0; g < p.groups; ++g)
+    for (int64_t o = 0; o < p.m; ++o)
+      for (int64_t q = 0; q < q_count; ++q) dw[(g * p.m + o) * q_count + q] = acc[g * group_acc + q * p.ldo + o];
   if (db) {
-    for (int64_t o = 0; o < p.m; ++o) {
+    for (int64_t o = 0; o < p.groups * p.m; ++o) {
       double sum = 0;
       for (int64_t j = 0; j < p.n; ++j) {
-        const float* src = dy + j * y_image + o * y_size;
-        for (int64_t q = 0; q < y_size; ++q) sum += src[q];
+        const float* src = dy + j * y_image + o * p.y_size;
+        for (int64_t q = 0; q < p.y_size; ++q) sum += src[q];
       }
       db[o] = float(sum);
     }

@@ -13,7 +13,7 @@ struct BlockedMatmul::Impl {
   std::string context;
 };
 
-BlockedMatmul::BlockedMatmul(const MatmulDims& dims, const std::string& context) {
+OT_COLD BlockedMatmul::BlockedMatmul(const MatmulDims& dims, const std::string& context) {
   auto impl = std::make_shared<Impl>();
   Impl& p = *impl;
   impl_ = impl;

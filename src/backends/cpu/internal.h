@@ -4,3 +4,8 @@
 #pragma once
 
 #define OT_INTERNAL __attribute__((visibility("hidden")))
+
+// OT_COLD: code that runs once per shape (a primitive's construction, its offset tables), compiled
+// for size: the minimal runtime's size target; these functions do no floating-point arithmetic
+// that a kernel's result depends on.
+#define OT_COLD __attribute__((cold, optimize("Os")))

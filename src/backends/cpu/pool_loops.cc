@@ -16,7 +16,7 @@ struct AxisTaps {
   std::vector<int64_t> begin, end, padded;
 };
 
-AxisTaps axis_taps(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t dilation, int64_t pad_l,
+OT_COLD AxisTaps axis_taps(int64_t in, int64_t out, int64_t kernel, int64_t stride, int64_t dilation, int64_t pad_l,
                    int64_t pad_r) {
   AxisTaps a;
   for (int64_t o = 0; o < out; ++o) {
@@ -48,7 +48,7 @@ struct LoopPool::Impl {
   }
 };
 
-std::optional<LoopPool> LoopPool::make(const PoolSpec& spec) {
+OT_COLD std::optional<LoopPool> LoopPool::make(const PoolSpec& spec) {
   if (spec.dtype != DType::kFloat32 || spec.x.size() != 4 || spec.kernel.size() != 2) return std::nullopt;
   auto impl = std::make_shared<Impl>();
   Impl& s = *impl;

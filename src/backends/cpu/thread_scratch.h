@@ -1,4 +1,4 @@
-// Per-thread float scratch of the portable kernels (conv_portable.cc, conv_direct.cc, sgemm_blocked.cc):
+// Per-thread float scratch of the portable kernels (conv_direct.cc, sgemm_blocked.cc):
 // it outlives a call, so a step's products and convolutions reuse it instead of allocating, and it
 // only grows. Never zero-filled: every user writes what it reads (zero-filling cost the first step
 // of the digits CNN ~20%, and a std::vector resized between a small and a large product 6% of
@@ -10,7 +10,7 @@
 
 namespace onnxtrain::cpu {
 
-enum class ScratchUser { kConvolution, kDirectConvolution, kGemm };
+enum class ScratchUser { kConvolution, kGemm };
 
 // Slot `slot` of `User`'s buffers on this thread, at least `count` floats.
 template <ScratchUser User>
