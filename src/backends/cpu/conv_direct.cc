@@ -19,17 +19,19 @@ using vec::Vec;
 
 // Register budget of a tile: MB output vectors by P positions (or Q weight rows) of accumulators,
 // leaving room for the MB weight (or dY) vectors and a broadcast: MB = 4 where there are 32
-// vector registers, 2 where there are 16. One MB per target (one instantiation per kernel keeps
-// the minimal build small); a tile wider than the outputs computes zeros past them.
-constexpr int kMB = vec::kRegisters == 32 ? 4 : 2;
+// vector registers and more than 2 vectors of outputs, else 2 (a tile wider than the outputs
+// computes zeros past them: the digits CNN's 32-channel passes ran 1.5-2x slower at MB = 4).
+constexpr int kMaxMB = vec::kRegisters == 32 ? 4 : 2;
 constexpr int kAccumulators = vec::kRegisters == 32 ? 24 : 12;
+
+int tile_vectors(int64_t outs) { return (outs + kLanes - 1) / kLanes > 2 ? kMaxMB : 2; }
 
 int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 float* scratch(int slot, int64_t count) { return thread_scratch<ScratchUser::kConvolution>(slot, count); }
 
 // Row-major strides of dims.
-OT_COLD std::vector<int64_t> strides_of(const std::vector<int64_t>& dims) {
+std::vector<int64_t> strides_of(const std::vector<int64_t>& dims) {
   std::vector<int64_t> st(dims.size(), 1);
   for (size_t d = dims.size(); d-- > 1;) st[d - 1] = st[d] * dims[d];
   return st;
@@ -105,19 +107,22 @@ struct Frame {
 // plus bias[o]; out is [outs][positions].
 struct DirectPlan {
   int64_t ins = 0, outs = 0, taps = 0, plane = 0, positions = 0;
+  int mb = 2;       // output vectors per tile (tile_vectors); positions per tile: kAccumulators / mb
   int64_t ldw = 0;  // outs rounded up to whole tiles (wt's extra columns are zeros)
   std::vector<int64_t> tap, pos;  // pos: rounded up to whole tiles, repeating a valid offset
 
   void finish() {
-    ldw = round_up(outs, int64_t(kMB) * kLanes);
-    pos.resize(size_t(round_up(positions, kAccumulators / kMB)), pos.empty() ? 0 : pos[0]);
+    mb = tile_vectors(outs);
+    ldw = round_up(outs, int64_t(mb) * kLanes);
+    pos.resize(size_t(round_up(positions, kAccumulators / mb)), pos.empty() ? 0 : pos[0]);
   }
 };
 
-// noclone: one copy, not one more per constant argument (the minimal build's size).
+// noclone: one copy per MB, not one more per constant argument (the minimal build's size).
+template <int MB>
 __attribute__((noinline, noclone)) void direct_tiles(const DirectPlan& d, const float* src, const float* wt,
                                                      const float* bias, float* out) {
-  constexpr int MB = kMB, P = kAccumulators / MB;
+  constexpr int P = kAccumulators / MB;
   alignas(64) float tile[P][MB * kLanes];
   for (int64_t o0 = 0; o0 < d.outs; o0 += MB * kLanes) {
     const int64_t o_valid = std::min<int64_t>(MB * kLanes, d.outs - o0);
@@ -150,6 +155,11 @@ __attribute__((noinline, noclone)) void direct_tiles(const DirectPlan& d, const 
       }
     }
   }
+}
+
+void run_tiles(const DirectPlan& d, const float* src, const float* wt, const float* bias, float* out) {
+  if (d.mb == kMaxMB) return direct_tiles<kMaxMB>(d, src, wt, bias, out);
+  if constexpr (kMaxMB != 2) direct_tiles<2>(d, src, wt, bias, out);
 }
 
 // Offsets of every tap in a frame of dims `fdims`: tap k at sum over axes of k * dilation (or,
@@ -211,7 +221,8 @@ struct DirectConv::Impl {
 };
 
 OT_COLD DirectConv::DirectConv(const ConvSpec& s) {
-  auto impl = std::make_shared<Impl>(s);
+  auto* impl = new Impl(s);
+  impl_.reset(impl);
   Impl& p = *impl;
   p.n = s.x[0], p.groups = s.group, p.c = s.x[1] / s.group, p.m = s.out_channels / s.group;
   p.plan.ins = p.c;
@@ -222,8 +233,12 @@ OT_COLD DirectConv::DirectConv(const ConvSpec& s) {
   p.plan.tap = tap_offsets(s, p.frame.dims, false);
   p.plan.pos = grid_offsets(s.out, s.stride, p.frame.dims);
   p.plan.finish();
-  impl_ = std::move(impl);
 }
+
+DirectConv::DirectConv(DirectConv&&) noexcept = default;
+DirectConv& DirectConv::operator=(DirectConv&&) noexcept = default;
+DirectConv::~DirectConv() = default;
+
 
 namespace {
 
@@ -252,7 +267,7 @@ void run_images(const DirectPlan& d, const Frame& frame, int64_t n, int64_t grou
     for (int64_t j = begin; j < end; ++j) {
       frame.fill(src_images + j * src_image, groups * d.ins, src);
       for (int64_t g = 0; g < groups; ++g)
-        direct_tiles(d, src + g * d.ins * d.plane, wt + g * d.ins * d.taps * d.ldw, bias ? bias + g * d.outs : nullptr,
+        run_tiles(d, src + g * d.ins * d.plane, wt + g * d.ins * d.taps * d.ldw, bias ? bias + g * d.outs : nullptr,
                      out + j * out_image + g * d.outs * d.positions);
     }
   });
@@ -272,10 +287,11 @@ namespace {
 
 // dw_acc[q][o] (rows ldo apart) += sum over positions p of dyt[p][o] * src[qoff[q] + pos[p]], q < Q,
 // o < MB vectors, for one image (src: its frame, dyt: its dY transposed to [p][o]).
+template <int MB>
 __attribute__((noinline, noclone)) void weight_tile(const float* src, const float* dyt, int64_t ldo,
                                                     const int64_t* pos, int64_t positions, const int64_t* qoff,
                                                     float* dw_acc) {
-  constexpr int MB = kMB, Q = kAccumulators / MB;
+  constexpr int Q = kAccumulators / MB;
   Vec acc[Q][MB];
   int64_t off[Q];
   for (int q = 0; q < Q; ++q) {
@@ -303,6 +319,7 @@ struct DirectConvBackward::Impl {
   // dW: X's frame, the window origins and, per (i, t) row q (rounded up to whole tiles), its offset.
   Frame x_frame;
   std::vector<int64_t> pos, qoff;
+  int mb = 2;                 // output vectors per tile (tile_vectors)
   int64_t ldo = 0, rows = 0;  // M / G rounded up to whole tiles; C / G * taps rounded up to whole tiles
   // dX: the stride-1 convolution of dY's spread frame with mirrored taps.
   Frame dy_frame;
@@ -311,7 +328,8 @@ struct DirectConvBackward::Impl {
 };
 
 OT_COLD DirectConvBackward::DirectConvBackward(const ConvSpec& s, bool need_dx, bool need_dw) {
-  auto impl = std::make_shared<Impl>(s);
+  auto* impl = new Impl(s);
+  impl_.reset(impl);
   Impl& p = *impl;
   p.need_dx = need_dx, p.need_dw = need_dw;
   p.n = s.x[0], p.groups = s.group, p.c = s.x[1] / s.group, p.m = s.out_channels / s.group;
@@ -320,8 +338,9 @@ OT_COLD DirectConvBackward::DirectConvBackward(const ConvSpec& s, bool need_dx, 
   p.y_size = numel(s.out);
   if (need_dw) {
     p.pos = grid_offsets(s.out, s.stride, p.x_frame.dims);
-    p.ldo = round_up(p.m, int64_t(kMB) * kLanes);
-    p.rows = round_up(p.c * p.taps, kAccumulators / kMB);
+    p.mb = tile_vectors(p.m);
+    p.ldo = round_up(p.m, int64_t(p.mb) * kLanes);
+    p.rows = round_up(p.c * p.taps, kAccumulators / p.mb);
     const std::vector<int64_t> tap = tap_offsets(s, p.x_frame.dims, false);
     p.qoff.assign(size_t(p.rows), 0);  // rows past C/G * taps read offset 0 and are dropped
     for (int64_t q = 0; q < p.c * p.taps; ++q) p.qoff[size_t(q)] = (q / p.taps) * p.x_frame.plane + tap[size_t(q % p.taps)];
@@ -337,8 +356,12 @@ OT_COLD DirectConvBackward::DirectConvBackward(const ConvSpec& s, bool need_dx, 
     d.pos = grid_offsets(spatial(s.x), std::vector<int64_t>(s.kernel.size(), 1), p.dy_frame.dims);
     d.finish();
   }
-  impl_ = std::move(impl);
 }
+
+DirectConvBackward::DirectConvBackward(DirectConvBackward&&) noexcept = default;
+DirectConvBackward& DirectConvBackward::operator=(DirectConvBackward&&) noexcept = default;
+DirectConvBackward::~DirectConvBackward() = default;
+
 
 void DirectConvBackward::run(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db) const {
   const Impl& p = *impl_;
@@ -352,7 +375,7 @@ void DirectConvBackward::run(const float* dy, const float* x, const float* w, fl
   // Accumulated as [g][q][o] over images, then transposed into dW [g o][q]. Tiles (a group, a
   // block of M/G, a block of q) are split over the threads; each thread walks every image for its
   // tiles, so a gradient's sum runs over (image, position) in order whatever the thread count.
-  const int64_t q_tile = kAccumulators / kMB, o_tile = int64_t(kMB) * kLanes;
+  const int64_t q_tile = kAccumulators / p.mb, o_tile = int64_t(p.mb) * kLanes;
   const int64_t q_tiles = p.rows / q_tile, o_tiles = p.ldo / o_tile, group_acc = p.rows * p.ldo;
   float* acc = scratch(2, p.groups * group_acc);
   std::fill(acc, acc + p.groups * group_acc, 0.0f);
@@ -375,8 +398,10 @@ void DirectConvBackward::run(const float* dy, const float* x, const float* w, fl
           }
           dyt_group = g;
         }
-        weight_tile(src + g * p.c * p.x_frame.plane, dyt + o0, p.ldo, p.pos.data(), p.y_size, p.qoff.data() + q0,
-                    acc + g * group_acc + q0 * p.ldo + o0);
+        const float* frame = src + g * p.c * p.x_frame.plane;
+        float* tile_acc = acc + g * group_acc + q0 * p.ldo + o0;
+        if (p.mb == kMaxMB) weight_tile<kMaxMB>(frame, dyt + o0, p.ldo, p.pos.data(), p.y_size, p.qoff.data() + q0, tile_acc);
+        else weight_tile<2>(frame, dyt + o0, p.ldo, p.pos.data(), p.y_size, p.qoff.data() + q0, tile_acc);
       }
     }
   });

@@ -29,9 +29,13 @@ class DirectConv {
   OT_INTERNAL explicit DirectConv(const ConvSpec& spec);
   OT_INTERNAL void run(const float* x, const float* w, const float* bias, float* y) const;
 
+  OT_INTERNAL DirectConv(DirectConv&&) noexcept;
+  OT_INTERNAL DirectConv& operator=(DirectConv&&) noexcept;
+  OT_INTERNAL ~DirectConv();
+
  private:
   struct Impl;
-  std::shared_ptr<const Impl> impl_;
+  std::unique_ptr<const Impl> impl_;  // unique: no shared_ptr control-block symbols (minimal size)
 };
 
 // dX and/or dW (and dB) of a plain channels-first convolution.
@@ -42,9 +46,13 @@ class DirectConvBackward {
   // without need_dw.
   OT_INTERNAL void run(const float* dy, const float* x, const float* w, float* dx, float* dw, float* db) const;
 
+  OT_INTERNAL DirectConvBackward(DirectConvBackward&&) noexcept;
+  OT_INTERNAL DirectConvBackward& operator=(DirectConvBackward&&) noexcept;
+  OT_INTERNAL ~DirectConvBackward();
+
  private:
   struct Impl;
-  std::shared_ptr<const Impl> impl_;
+  std::unique_ptr<const Impl> impl_;  // unique: no shared_ptr control-block symbols (minimal size)
 };
 
 }  // namespace onnxtrain::cpu

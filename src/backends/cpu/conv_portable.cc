@@ -4,6 +4,7 @@
 #include "backends/cpu/conv_portable.h"
 
 #include <cmath>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -13,20 +14,21 @@
 namespace onnxtrain::cpu {
 namespace {
 
-// [N, C, S] <-> [N, S, C] (channels-last X or Y of FusedConv chains).
-void to_channels_first(const float* src, float* dst, int64_t n, int64_t c, int64_t s) {
+// [N, C, S] <-> [N, S, C] (channels-last X or Y of FusedConv chains). FusedConv is an inference
+// fusion the training graphs the portable kernels exist for never have: compiled for size.
+OT_COLD void to_channels_first(const float* src, float* dst, int64_t n, int64_t c, int64_t s) {
   for (int64_t i = 0; i < n; ++i)
     for (int64_t p = 0; p < s; ++p)
       for (int64_t ch = 0; ch < c; ++ch) dst[(i * c + ch) * s + p] = src[(i * s + p) * c + ch];
 }
-void to_channels_last(const float* src, float* dst, int64_t n, int64_t c, int64_t s) {
+OT_COLD void to_channels_last(const float* src, float* dst, int64_t n, int64_t c, int64_t s) {
   for (int64_t i = 0; i < n; ++i)
     for (int64_t ch = 0; ch < c; ++ch)
       for (int64_t p = 0; p < s; ++p) dst[(i * s + p) * c + ch] = src[(i * c + ch) * s + p];
 }
 
-void activate(const ConvSpec& s, float* y, int64_t count) {
-  if (s.activation == ConvActivation::kNone) return;
+// A FusedConv's activation (see above: compiled for size).
+OT_COLD void apply_activation(const ConvSpec& s, float* y, int64_t count) {
   parallel_for(count, kElementwiseGrain, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
       float v = y[i];
@@ -58,12 +60,14 @@ OT_COLD ConvSpec reversed(const ConvSpec& s) {
   return r;
 }
 
-OT_COLD void check_spec(const ConvSpec& s, const std::string& context, const char* what) {
+// `backward`: also plain (not transposed) and channels first, as ConvGrad's convolutions are.
+OT_COLD void check_spec(const ConvSpec& s, const std::string& context, const char* what, bool backward) {
   OT_CHECK(s.dtype == DType::kFloat32 && s.x.size() >= 3 && s.x.size() <= 5 && s.kernel.size() == s.x.size() - 2 &&
-               s.group >= 1 && s.x[1] % s.group == 0 && s.out_channels % s.group == 0,
-           context, what, ": the portable kernels take a float32 1-d, 2-d or 3-d convolution, got ",
-           dtype_name(s.dtype), " X ", shape_str(s.x), " with ", s.out_channels, " output channels, group ", s.group,
-           " and a ", s.kernel.size(), "-d kernel");
+               s.group >= 1 && s.x[1] % s.group == 0 && s.out_channels % s.group == 0 &&
+               (!backward || (!s.transposed && !s.x_channels_last && !s.y_channels_last)),
+           context, what, ": the portable kernels take a float32 1-d, 2-d or 3-d convolution",
+           backward ? " (plain, channels first)" : "", ", got ", dtype_name(s.dtype), " X ", shape_str(s.x), " with ",
+           s.out_channels, " output channels, group ", s.group, " and a ", s.kernel.size(), "-d kernel");
 }
 
 }  // namespace
@@ -75,13 +79,18 @@ struct PortableConv::Impl {
 };
 
 OT_COLD PortableConv::PortableConv(const ConvSpec& spec, const std::string& context) {
-  check_spec(spec, context, "convolution");
-  auto impl = std::make_shared<Impl>();
+  check_spec(spec, context, "convolution", false);
+  auto* impl = new Impl();
+  impl_.reset(impl);
   impl->spec = spec;
   if (spec.transposed) impl->transposed.emplace(reversed(spec), true, false);
   else impl->conv.emplace(spec);
-  impl_ = std::move(impl);
 }
+
+PortableConv::PortableConv(PortableConv&&) noexcept = default;
+PortableConv& PortableConv::operator=(PortableConv&&) noexcept = default;
+PortableConv::~PortableConv() = default;
+
 
 void PortableConv::run(const void* x_data, const void* w_data, const void* bias_data, void* y_data,
                        const void* z_data) const {
@@ -132,7 +141,7 @@ void PortableConv::run(const void* x_data, const void* w_data, const void* bias_
     }
     for (int64_t i = 0; i < n * m * y_size; ++i) y[i] += z[i];
   }
-  activate(s, y, n * m * y_size);
+  if (s.activation != ConvActivation::kNone) apply_activation(s, y, n * m * y_size);
   if (s.y_channels_last) to_channels_last(y, y_out, n, m, y_size);
 }
 
@@ -143,11 +152,14 @@ struct PortableConvBackward::Impl {
 
 OT_COLD PortableConvBackward::PortableConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw,
                                                    const std::string& context) {
-  check_spec(spec, context, "convolution backward");
-  OT_CHECK(!spec.transposed && !spec.x_channels_last && !spec.y_channels_last, context,
-           "convolution backward: a plain (not transposed, channels-first) convolution was expected");
-  impl_ = std::make_shared<Impl>(Impl{spec.bias, DirectConvBackward(spec, need_dx, need_dw)});
+  check_spec(spec, context, "convolution backward", true);
+  impl_.reset(new Impl{spec.bias, DirectConvBackward(spec, need_dx, need_dw)});
 }
+
+PortableConvBackward::PortableConvBackward(PortableConvBackward&&) noexcept = default;
+PortableConvBackward& PortableConvBackward::operator=(PortableConvBackward&&) noexcept = default;
+PortableConvBackward::~PortableConvBackward() = default;
+
 
 void PortableConvBackward::run(const void* dy, const void* x, const void* w, void* dx, void* dw, void* db) const {
   impl_->conv.run(static_cast<const float*>(dy), static_cast<const float*>(x), static_cast<const float*>(w),

@@ -20,9 +20,13 @@ class PortableConv {
   // As ConvPrimitive::run (fp32 pointers); z: the summand when spec.sum, a buffer other than y.
   OT_INTERNAL void run(const void* x, const void* w, const void* bias, void* y, const void* z) const;
 
+  OT_INTERNAL PortableConv(PortableConv&&) noexcept;
+  OT_INTERNAL PortableConv& operator=(PortableConv&&) noexcept;
+  OT_INTERNAL ~PortableConv();
+
  private:
   struct Impl;
-  std::shared_ptr<const Impl> impl_;
+  std::unique_ptr<const Impl> impl_;  // unique: no shared_ptr control-block symbols (minimal size)
 };
 
 // dX and/or dW (and dB) of a plain, channels-first fp32 convolution.
@@ -31,9 +35,13 @@ class PortableConvBackward {
   OT_INTERNAL PortableConvBackward(const ConvSpec& spec, bool need_dx, bool need_dw, const std::string& context);
   OT_INTERNAL void run(const void* dy, const void* x, const void* w, void* dx, void* dw, void* db) const;
 
+  OT_INTERNAL PortableConvBackward(PortableConvBackward&&) noexcept;
+  OT_INTERNAL PortableConvBackward& operator=(PortableConvBackward&&) noexcept;
+  OT_INTERNAL ~PortableConvBackward();
+
  private:
   struct Impl;
-  std::shared_ptr<const Impl> impl_;
+  std::unique_ptr<const Impl> impl_;  // unique: no shared_ptr control-block symbols (minimal size)
 };
 
 }  // namespace onnxtrain::cpu

@@ -14,9 +14,9 @@ struct BlockedMatmul::Impl {
 };
 
 OT_COLD BlockedMatmul::BlockedMatmul(const MatmulDims& dims, const std::string& context) {
-  auto impl = std::make_shared<Impl>();
+  auto* impl = new Impl();
+  impl_.reset(impl);
   Impl& p = *impl;
-  impl_ = impl;
   p.dims = dims;
   p.context = context;
   OT_CHECK(dims.dtype == DType::kFloat32 && dims.c_dtype() == DType::kFloat32, context,
@@ -36,6 +36,10 @@ OT_COLD BlockedMatmul::BlockedMatmul(const MatmulDims& dims, const std::string& 
   p.b_off = std::move(offsets.b);
   p.c_off = std::move(offsets.c);
 }
+
+BlockedMatmul::BlockedMatmul(BlockedMatmul&&) noexcept = default;
+BlockedMatmul& BlockedMatmul::operator=(BlockedMatmul&&) noexcept = default;
+BlockedMatmul::~BlockedMatmul() = default;
 
 const MatmulDims& BlockedMatmul::dims() const { return impl_->dims; }
 

@@ -18,9 +18,13 @@ class BlockedMatmul {
   OT_INTERNAL void run(const void* a, const void* b, void* c, const void* bias) const;
   OT_INTERNAL const MatmulDims& dims() const;
 
+  OT_INTERNAL BlockedMatmul(BlockedMatmul&&) noexcept;
+  OT_INTERNAL BlockedMatmul& operator=(BlockedMatmul&&) noexcept;
+  OT_INTERNAL ~BlockedMatmul();
+
  private:
   struct Impl;
-  std::shared_ptr<const Impl> impl_;
+  std::unique_ptr<const Impl> impl_;  // unique: no shared_ptr control-block symbols (minimal size)
 };
 
 }  // namespace onnxtrain::cpu

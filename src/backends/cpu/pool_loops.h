@@ -21,10 +21,14 @@ class LoopPool {
   OT_INTERNAL void forward(const float* x, float* y) const;
   OT_INTERNAL void backward(const float* dy, const float* x, float* dx) const;
 
+  OT_INTERNAL LoopPool(LoopPool&&) noexcept;
+  OT_INTERNAL LoopPool& operator=(LoopPool&&) noexcept;
+  OT_INTERNAL ~LoopPool();
+
  private:
-  LoopPool() = default;
+  OT_INTERNAL LoopPool();
   struct Impl;
-  std::shared_ptr<const Impl> impl_;
+  std::unique_ptr<const Impl> impl_;  // unique: no shared_ptr control-block symbols (minimal size)
 };
 
 }  // namespace onnxtrain::cpu

@@ -14,7 +14,7 @@ std::optional<PoolPrimitive> PoolPrimitive::make(const PoolSpec& spec, bool, con
   std::optional<LoopPool> loops = LoopPool::make(spec);
   if (!loops) return std::nullopt;
   PoolPrimitive p;
-  p.impl_ = std::make_shared<Impl>(Impl{*loops});
+  p.impl_ = std::make_shared<Impl>(Impl{std::move(*loops)});
   return p;
 }
 
