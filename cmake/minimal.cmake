@@ -231,5 +231,18 @@ if(ONNXTRAIN_BUILD_TESTS)
                        $<TARGET_FILE:${_example}> ${_digits}/digits_artifacts ${_data})
       set_tests_properties(minimal_${_example} PROPERTIES SKIP_RETURN_CODE 77)
     endforeach()
+    # The same two programs on the full build (ONNXTRAIN_FULL_BUILD_DIR) and on this one, 2 epochs:
+    # their checkpoints must be byte-for-byte identical (scripts/check_minimal_digits.sh). Skipped
+    # (77) without the demo's artifacts or a full build; not under an emulator (another ISA's
+    # vector width sums in another order).
+    if(NOT CMAKE_CROSSCOMPILING)
+      set(ONNXTRAIN_FULL_BUILD_DIR "${CMAKE_SOURCE_DIR}/build" CACHE PATH
+          "Minimal build: the full build whose digits checkpoints minimal_digits_match_full compares")
+      add_test(NAME minimal_digits_match_full
+               COMMAND sh -c "test -d \"$1/digits_artifacts\" && test -x \"$2/examples/train_digits_c\" || exit 77; exec \"$3\" \"$2\" \"$4\" 0 2"
+                       sh ${_digits} ${ONNXTRAIN_FULL_BUILD_DIR} ${CMAKE_SOURCE_DIR}/scripts/check_minimal_digits.sh
+                       ${CMAKE_BINARY_DIR})
+      set_tests_properties(minimal_digits_match_full PROPERTIES SKIP_RETURN_CODE 77)
+    endif()
   endif()
 endif()
