@@ -11,11 +11,7 @@
 namespace onnxtrain::cpu {
 namespace {
 
-using vec::kLanes;
-using vec::load;
-using vec::splat;
-using vec::store;
-using vec::Vec;
+using namespace vec;  // NOLINT: the kernels' one SIMD vocabulary (Vec, kLanes, load, store, splat)
 
 // Register budget of a tile: MB output vectors by P positions (or Q weight rows) of accumulators,
 // leaving room for the MB weight (or dY) vectors and a broadcast: MB = 4 where there are 32
@@ -30,8 +26,8 @@ int64_t round_up(int64_t v, int64_t to) { return (v + to - 1) / to * to; }
 
 float* scratch(int slot, int64_t count) { return thread_scratch<ScratchUser::kConvolution>(slot, count); }
 
-// Row-major strides of dims.
-std::vector<int64_t> strides_of(const std::vector<int64_t>& dims) {
+// Row-major strides of dims (for offset tables: never on a kernel's path).
+OT_COLD std::vector<int64_t> strides_of(const std::vector<int64_t>& dims) {
   std::vector<int64_t> st(dims.size(), 1);
   for (size_t d = dims.size(); d-- > 1;) st[d - 1] = st[d] * dims[d];
   return st;
@@ -61,43 +57,47 @@ void for_each_index(const std::vector<int64_t>& dims, Fn&& fn) {
 struct Frame {
   std::vector<int64_t> dims, top, spread, image;
   int64_t plane = 0;
+  // Per image row (every axis but the last, row-major): its offset in the frame, or -1 outside;
+  // and the last axis' elements inside the frame, [first, last).
+  std::vector<int64_t> row_at;
+  int64_t first = 0, last = 0;
 
-  Frame(std::vector<int64_t> frame_dims, std::vector<int64_t> origin, std::vector<int64_t> step,
-        std::vector<int64_t> image_dims)
+  OT_COLD Frame(std::vector<int64_t> frame_dims, std::vector<int64_t> origin, std::vector<int64_t> step,
+                std::vector<int64_t> image_dims)
       : dims(std::move(frame_dims)), top(std::move(origin)), spread(std::move(step)), image(std::move(image_dims)) {
     plane = numel(dims);
+    const size_t nd = dims.size();
+    const std::vector<int64_t> fst = strides_of(dims);
+    for_each_index(std::vector<int64_t>(image.begin(), image.end() - 1), [&](const std::vector<int64_t>& idx) {
+      int64_t at = 0;
+      for (size_t d = 0; d + 1 < nd; ++d) {
+        const int64_t f = top[d] + idx[d] * spread[d];
+        if (at < 0 || f < 0 || f >= dims[d]) at = -1;
+        else at += f * fst[d];
+      }
+      row_at.push_back(at);
+    });
+    const int64_t len = image[nd - 1], t = top[nd - 1], sp = spread[nd - 1];
+    last = len;
+    while (first < len && t + first * sp < 0) ++first;
+    while (last > first && t + (last - 1) * sp >= dims[nd - 1]) --last;
   }
 
   void fill(const float* img, int64_t channels, float* out) const {
-    const size_t nd = dims.size();
-    const std::vector<int64_t> fst = strides_of(dims);
-    const int64_t len = image[nd - 1], image_plane = numel(image);
-    std::vector<int64_t> rows(image.begin(), image.end() - 1);
-    const int64_t t = top[nd - 1], sp = spread[nd - 1], fw = dims[nd - 1];
-    // The last axis' elements inside the frame: [i0, i1).
-    int64_t i0 = 0, i1 = len;
-    while (i0 < len && t + i0 * sp < 0) ++i0;
-    while (i1 > i0 && t + (i1 - 1) * sp >= fw) --i1;
+    const int64_t len = image.back(), t = top.back(), sp = spread.back(), rows = int64_t(row_at.size());
     for (int64_t c = 0; c < channels; ++c) {
       float* dst = out + c * plane;
       std::memset(dst, 0, sizeof(float) * size_t(plane));
-      const float* src = img + c * image_plane;
-      int64_t row = 0;  // the image row, row-major over rows (1-d: the one line)
-      for_each_index(rows, [&](const std::vector<int64_t>& idx) {
-        int64_t at = 0;
-        bool inside = true;
-        for (size_t d = 0; d + 1 < nd; ++d) {
-          const int64_t f = top[d] + idx[d] * spread[d];
-          inside = inside && f >= 0 && f < dims[d];
-          at += f * fst[d];
-        }
-        const float* in = src + row++ * len;
-        if (!inside || i1 <= i0) return;
-        float* o = dst + at + t;
-        if (sp == 1) std::memcpy(o + i0, in + i0, sizeof(float) * size_t(i1 - i0));
+      if (last <= first) continue;
+      const float* src = img + c * rows * len;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (row_at[size_t(r)] < 0) continue;
+        const float* in = src + r * len;
+        float* o = dst + row_at[size_t(r)] + t;
+        if (sp == 1) std::memcpy(o + first, in + first, sizeof(float) * size_t(last - first));
         else
-          for (int64_t i = i0; i < i1; ++i) o[i * sp] = in[i];
-      });
+          for (int64_t i = first; i < last; ++i) o[i * sp] = in[i];
+      }
     }
   }
 };

@@ -27,23 +27,22 @@ OT_COLD void to_channels_last(const float* src, float* dst, int64_t n, int64_t c
       for (int64_t p = 0; p < s; ++p) dst[(i * s + p) * c + ch] = src[(i * c + ch) * s + p];
 }
 
-// A FusedConv's activation (see above: compiled for size).
+// A FusedConv's activation (see above: compiled for size, on the calling thread: the portable
+// kernels' convolutions are small).
 OT_COLD void apply_activation(const ConvSpec& s, float* y, int64_t count) {
-  parallel_for(count, kElementwiseGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      float v = y[i];
-      switch (s.activation) {
-        case ConvActivation::kRelu: v = v > 0.0f ? v : 0.0f; break;
-        case ConvActivation::kLeakyRelu: v = v > 0.0f ? v : s.act_alpha * v; break;
-        case ConvActivation::kSigmoid: v = 1.0f / (1.0f + std::exp(-v)); break;
-        case ConvActivation::kTanh: v = std::tanh(v); break;
-        case ConvActivation::kClip: v = std::min(std::max(v, s.act_alpha), s.act_beta); break;
-        case ConvActivation::kHardSwish: v = v * std::min(std::max(v + 3.0f, 0.0f), 6.0f) / 6.0f; break;
-        case ConvActivation::kNone: break;
-      }
-      y[i] = v;
+  for (int64_t i = 0; i < count; ++i) {
+    float v = y[i];
+    switch (s.activation) {
+      case ConvActivation::kRelu: v = v > 0.0f ? v : 0.0f; break;
+      case ConvActivation::kLeakyRelu: v = v > 0.0f ? v : s.act_alpha * v; break;
+      case ConvActivation::kSigmoid: v = 1.0f / (1.0f + std::exp(-v)); break;
+      case ConvActivation::kTanh: v = std::tanh(v); break;
+      case ConvActivation::kClip: v = std::min(std::max(v, s.act_alpha), s.act_beta); break;
+      case ConvActivation::kHardSwish: v = v * std::min(std::max(v + 3.0f, 0.0f), 6.0f) / 6.0f; break;
+      case ConvActivation::kNone: break;
     }
-  });
+    y[i] = v;
+  }
 }
 
 std::vector<int64_t> spatial(const Shape& x) { return std::vector<int64_t>(x.begin() + 2, x.end()); }

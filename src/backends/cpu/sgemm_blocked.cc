@@ -12,11 +12,7 @@
 namespace onnxtrain::cpu {
 namespace {
 
-using vec::kLanes;
-using vec::load;
-using vec::splat;
-using vec::store;
-using vec::Vec;
+using namespace vec;  // NOLINT: the kernels' one SIMD vocabulary (Vec, kLanes, load, store, splat)
 
 // kMR x kNV vector accumulators, leaving room for the kNV B vectors and the broadcast A value:
 // 8 x 3 (24 registers) where there are 32 (ZMM, NEON q), 6 x 2 where there are 16 (YMM, SSE).
@@ -232,13 +228,9 @@ void sgemm_blocked(const SgemmArgs& g, bool parallel) {
     return;
   }
   const int threads = parallel && g.m * g.n * g.k >= kParallelFlops ? num_threads() : 1;
-  if (narrow_dots(g)) {  // rows split over the threads, whole dot tiles each
-    if (threads <= 1) return sgemm_dots(g, 0, g.m);
-    const int64_t tiles = (g.m + kDotRows - 1) / kDotRows;
-    return parallel_for(tiles, 1, [&](int64_t b, int64_t e) {
-      sgemm_dots(g, b * kDotRows, std::min(g.m, e * kDotRows));
-    });
-  }
+  // Narrow products on the calling thread: a head's X W^T is microseconds (the digits head's 327 K
+  // multiply-adds: 12 us), less than waking the pool.
+  if (narrow_dots(g)) return sgemm_dots(g, 0, g.m);
   if (threads <= 1) return sgemm_serial(g);
   // One parallel region per product: each thread computes a band of C's columns (or rows, when C
   // is taller than wide) with its own packing buffers; bands are whole register tiles.
