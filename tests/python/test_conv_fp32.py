@@ -67,3 +67,23 @@ def test_conv_fp32_on_one_thread_and_on_the_pool_matches_torch(batch):
     w = rng.standard_normal((64, 32, 3, 3)).astype(np.float32)
     y = single_node.run_node("Conv", [x, w], dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]))[0]
     np.testing.assert_allclose(y, F.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy(), rtol=1e-4, atol=1e-3)
+
+
+def test_unknown_kernel_choice_is_an_error_naming_the_variable():
+    # ONNXTRAIN_KERNELS (src/backends/cpu/portable.cc) is read when the first primitive is built:
+    # an unknown value fails that call with a message, in a fresh process (the choice is per process).
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np\n"
+            "from tests.python import single_node\n"
+            "x = np.ones((1, 1, 4, 4), np.float32); w = np.ones((1, 1, 3, 3), np.float32)\n"
+            "try:\n"
+            "    single_node.run_node('Conv', [x, w], dict(kernel_shape=[3, 3]))\n"
+            "except Exception as e:\n"
+            "    print('ERROR', e)\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, ONNXTRAIN_KERNELS="fastest")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "ERROR" in out.stdout and "ONNXTRAIN_KERNELS" in out.stdout and "'fastest'" in out.stdout, out.stdout

@@ -1,5 +1,5 @@
-// Portable fp32 convolution, with no library: direct kernels for small 2-d images (conv_direct.h),
-// im2col and the blocked GEMM of sgemm_blocked.h for the rest.
+// Portable fp32 convolution, with no library: the direct kernels of conv_direct.h with the
+// channels-last copies, summand and activation of FusedConv around them.
 // One source for both builds: the minimal build runs every convolution through it
 // (conv_minimal.cc), the full build the small ones portable.h picks (conv_dnnl.cc), so a model of
 // such convolutions (the digits CNN) trains to bit-identical parameters on either build.
