@@ -62,10 +62,12 @@ void compare(const std::string& what, const std::function<std::function<void()>(
               median(tp) * 1e6, median(ratio));
 }
 
-onnxtrain::cpu::ConvSpec conv_spec(int64_t n, int64_t c, int64_t m, int64_t hw, int64_t k, int64_t stride = 1) {
+onnxtrain::cpu::ConvSpec conv_spec(int64_t n, int64_t c, int64_t m, int64_t hw, int64_t k, int64_t stride = 1,
+                                   int64_t group = 1) {
   onnxtrain::cpu::ConvSpec s;
   s.x = {n, c, hw, hw};
   s.out_channels = m;
+  s.group = group;
   s.kernel = {k, k};
   s.stride = {stride, stride};
   s.dilation = {1, 1};
@@ -78,8 +80,9 @@ onnxtrain::cpu::ConvSpec conv_spec(int64_t n, int64_t c, int64_t m, int64_t hw, 
 void conv_case(const std::string& name, const onnxtrain::cpu::ConvSpec& s, bool need_dx, int rounds) {
   const int64_t n = s.x[0], c = s.x[1], m = s.out_channels, xs = s.x[2] * s.x[3], ys = s.out[0] * s.out[1];
   const int64_t taps = s.kernel[0] * s.kernel[1];
-  auto x = random_floats(n * c * xs, 1), w = random_floats(m * c * taps, 2), dy = random_floats(n * m * ys, 3);
-  std::vector<float> y(size_t(n * m * ys)), dx(size_t(n * c * xs)), dw(size_t(m * c * taps));
+  const int64_t w_size = m * (c / s.group) * taps;
+  auto x = random_floats(n * c * xs, 1), w = random_floats(w_size, 2), dy = random_floats(n * m * ys, 3);
+  std::vector<float> y(size_t(n * m * ys)), dx(size_t(n * c * xs)), dw(static_cast<size_t>(w_size));
   compare(name + " forward", [&](KernelChoice) {
     auto p = std::make_shared<onnxtrain::cpu::ConvPrimitive>(s, "bench");
     return [p, &x, &w, &y] { p->run(x.data(), w.data(), nullptr, y.data()); };
@@ -139,6 +142,9 @@ int main(int argc, char** argv) {
   conv_case("conv 64->64 3x3 on 8x8", conv_spec(32, 64, 64, 8, 3), true, rounds);
   conv_case("conv 32->64 3x3 on 16x16", conv_spec(32, 32, 64, 16, 3), true, rounds);
   conv_case("conv 128->128 3x3 on 7x7 (batch 8)", conv_spec(8, 128, 128, 7, 3), true, rounds);
+  // MobileNet's last stage at batch 1 (issue 13's CNNs): a 1x1 expansion and a depthwise 3x3.
+  conv_case("conv 160->960 1x1 on 7x7 (batch 1)", conv_spec(1, 160, 960, 7, 1), true, rounds);
+  conv_case("depthwise 960 3x3 on 7x7 (batch 1)", conv_spec(1, 960, 960, 7, 3, 1, 960), true, rounds);
   pool_case("maxpool 2x2 [32,64,16,16]", 32, 64, 16, rounds);
   matmul_case("matmul 128x128x128", 128, 128, 128, false, false, false, rounds);
   matmul_case("matmul 256x256x256", 256, 256, 256, false, false, false, rounds);

@@ -8,8 +8,11 @@ namespace onnxtrain::cpu {
 namespace {
 
 // The bounds of "small", from bench/small_kernels.cc (docs/DESIGN.md, "Portable kernels").
-// Convolutions: at most this many output positions per image and multiply-adds per call.
+// Convolutions: ungrouped, at most this many output positions per image, input and output
+// channels, and multiply-adds per call. Wider or grouped ones lose to oneDNN (MobileNet's last
+// stage at batch 1: a 160->960 1x1 on 7x7 1.6x, a depthwise 3x3 over 960 channels 6-27x).
 constexpr int64_t kPortableConvPositions = 64;
+constexpr int64_t kPortableConvChannels = 64;
 constexpr int64_t kPortableConvMacs = int64_t(64) << 20;
 // Matmuls: at most this many multiply-adds over the whole batch.
 constexpr int64_t kPortableMatmulMacs = int64_t(1) << 20;
@@ -58,7 +61,9 @@ bool portable_conv(const ConvSpec& s) {
   if (s.dtype != DType::kFloat32) return false;
   const int64_t positions = numel(s.out);
   const int64_t macs = s.x[0] * s.out_channels * positions * (s.x[1] / s.group) * numel(s.kernel);
-  return by_size(!s.transposed && positions <= kPortableConvPositions && macs <= kPortableConvMacs);
+  return by_size(!s.transposed && s.group == 1 && positions <= kPortableConvPositions &&
+                 s.x[1] <= kPortableConvChannels && s.out_channels <= kPortableConvChannels &&
+                 macs <= kPortableConvMacs);
 }
 
 bool portable_pool(const PoolSpec& s) {
