@@ -3,8 +3,9 @@
 # library outside the C++ runtime and OpenMP:
 #   - ONNX files through the protobuf wire-format reader/writer (src/onnx/wire_format.cc), not
 #     protobuf and the ONNX library;
-#   - GEMM and convolution through the blocked kernels of src/backends/cpu (sgemm_blocked.cc under
-#     gemm_minimal.cc and conv_minimal.cc), pooling through the kernels' own loops, not oneDNN;
+#   - GEMM, convolution and pooling through the portable kernels of src/backends/cpu
+#     (gemm_blocked.cc and conv_portable.cc over sgemm_blocked.cc, pool_loops.cc), not oneDNN; the
+#     full build runs small shapes through the same files (portable.h);
 # Files named *_minimal.cc replace their full-build counterparts here and only here.
 #   - .npz archives stored uncompressed (np.savez), not zlib;
 #   - the ops of ONNXTRAIN_OPS (a ;- or ,-separated list) and/or ONNXTRAIN_OPS_FILE (one op type a
@@ -31,6 +32,7 @@ set(_left_out
   src/onnx/model_io.cc                        # protobuf (replaced by model_io_minimal.cc)
   src/backends/cpu/gemm_dnnl.cc src/backends/cpu/conv_dnnl.cc src/backends/cpu/pool_dnnl.cc
   src/backends/cpu/dnnl_utils.cc              # oneDNN (replaced by gemm_, conv_, pool_minimal.cc)
+  src/backends/cpu/portable.cc                # the full build's choice of oneDNN or the portable kernels
   src/ops/build_ops.cc                        # replaced by the generated list of left-out ops
 )
 set(ONNXTRAIN_MINIMAL_SOURCES "")
@@ -229,5 +231,18 @@ if(ONNXTRAIN_BUILD_TESTS)
                        $<TARGET_FILE:${_example}> ${_digits}/digits_artifacts ${_data})
       set_tests_properties(minimal_${_example} PROPERTIES SKIP_RETURN_CODE 77)
     endforeach()
+    # The same two programs on the full build (ONNXTRAIN_FULL_BUILD_DIR) and on this one, 2 epochs:
+    # their checkpoints must be byte-for-byte identical (scripts/check_minimal_digits.sh). Skipped
+    # (77) without the demo's artifacts or a full build; not under an emulator (another ISA's
+    # vector width sums in another order).
+    if(NOT CMAKE_CROSSCOMPILING)
+      set(ONNXTRAIN_FULL_BUILD_DIR "${CMAKE_SOURCE_DIR}/build" CACHE PATH
+          "Minimal build: the full build whose digits checkpoints minimal_digits_match_full compares")
+      add_test(NAME minimal_digits_match_full
+               COMMAND sh -c "test -d \"$1/digits_artifacts\" && test -x \"$2/examples/train_digits_c\" || exit 77; exec \"$3\" \"$2\" \"$4\" 0 2"
+                       sh ${_digits} ${ONNXTRAIN_FULL_BUILD_DIR} ${CMAKE_SOURCE_DIR}/scripts/check_minimal_digits.sh
+                       ${CMAKE_BINARY_DIR})
+      set_tests_properties(minimal_digits_match_full PROPERTIES SKIP_RETURN_CODE 77)
+    endif()
   endif()
 endif()

@@ -1,5 +1,6 @@
-"""fp32 Conv and onnxtrain.ConvGrad (the oneDNN path: backward-data and backward-weights run side by
-side) against torch, across bias, groups, strides, dilations and the compute_dx / compute_dw flags."""
+"""fp32 Conv and onnxtrain.ConvGrad against torch, across bias, groups, strides, dilations and the
+compute_dx / compute_dw flags: the oneDNN path (backward-data and backward-weights side by side) and,
+for small 2-d images, the portable kernels (src/backends/cpu/portable.h)."""
 import numpy as np
 import pytest
 import torch
@@ -14,6 +15,13 @@ CASES = [
     ((2, 8, 10, 10), 12, 3, 1, 2, 2, 4, True),      # groups and dilation
     ((3, 6, 11), 4, 5, 2, 2, 1, 2, True),           # 1-d
     ((1, 4, 5, 6, 5), 6, 3, 1, 1, 1, 1, True),      # 3-d
+    # Small 2-d images, which both builds run through the portable direct kernels (conv_direct.h;
+    # src/backends/cpu/portable.h); with ONNXTRAIN_KERNELS=portable every case here does.
+    ((2, 5, 6, 5), 20, 3, 1, 2, 1, 1, True),        # outputs not a whole vector, pad at the kernel's reach
+    ((2, 3, 4, 4), 7, 3, 1, 3, 1, 1, True),         # pad past the reach: windows wholly in the padding
+    ((2, 4, 7, 7), 9, 3, 1, 1, 2, 1, False),        # dilation
+    ((2, 3, 6, 6), 60, 3, 1, 1, 1, 1, True),        # a 64-wide output tile with a tail
+    ((3, 2, 8, 8), 5, 2, 2, 0, 1, 1, True),         # stride 2: dX from the stride-spread dY frame
 ]
 
 
@@ -88,3 +96,23 @@ def test_pointwise_conv_in_onnx_order_matches_torch(shape, bias):
     conv = [F.conv1d, F.conv2d, F.conv3d][nd - 1]
     want = conv(torch.tensor(x), torch.tensor(w), torch.tensor(b) if bias else None).numpy()
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_unknown_kernel_choice_is_an_error_naming_the_variable():
+    # ONNXTRAIN_KERNELS (src/backends/cpu/portable.cc) is read when the first primitive is built:
+    # an unknown value fails that call with a message, in a fresh process (the choice is per process).
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np\n"
+            "from tests.python import single_node\n"
+            "x = np.ones((1, 1, 4, 4), np.float32); w = np.ones((1, 1, 3, 3), np.float32)\n"
+            "try:\n"
+            "    single_node.run_node('Conv', [x, w], dict(kernel_shape=[3, 3]))\n"
+            "except Exception as e:\n"
+            "    print('ERROR', e)\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, ONNXTRAIN_KERNELS="fastest")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "ERROR" in out.stdout and "ONNXTRAIN_KERNELS" in out.stdout and "'fastest'" in out.stdout, out.stdout

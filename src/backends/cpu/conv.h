@@ -1,8 +1,9 @@
 // Convolution and transposed convolution (1-d/2-d/3-d, groups, dilations, asymmetric pads),
 // forward and backward, one primitive per input/weight shape; fp32, and bf16 where the backend has
 // kernels for it. The full build runs them through oneDNN (conv_dnnl.cc: the primitive picks its
-// own blocked layouts, with reorders to and from the plain ONNX layouts built with it); the minimal
-// build through im2col and the blocked GEMM (conv_minimal.cc, fp32 only).
+// own blocked layouts, with reorders to and from the plain ONNX layouts built with it), except the
+// small fp32 ones portable.h picks; the minimal build every one through the portable direct kernels
+// (conv_portable.h, conv_minimal.cc, fp32 only).
 #pragma once
 
 #include <memory>
@@ -60,7 +61,8 @@ class ConvPrimitive {
   std::shared_ptr<Impl> impl_;
 };
 
-// Convolution backward (spec.transposed must be false): dX through oneDNN's backward-data
+// Convolution backward (spec.transposed must be false; the full build beyond portable.h's small
+// shapes): dX through oneDNN's backward-data
 // primitive, dW (and dB when spec.bias) through backward-weights, both built with a
 // forward-training primitive_desc as their hint. The primitives choose their (blocked) layouts and
 // reorders to and from the plain ONNX layouts are built with them, as for ConvPrimitive.

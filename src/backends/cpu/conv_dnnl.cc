@@ -8,7 +8,9 @@
 #include <optional>
 #include <unordered_map>
 
+#include "backends/cpu/conv_portable.h"
 #include "backends/cpu/dnnl_utils.h"
+#include "backends/cpu/portable.h"
 #include "core/omp_threads.h"
 
 namespace onnxtrain::cpu {
@@ -27,6 +29,7 @@ dt data_type(const ConvSpec& s, const std::string& context) {
 }  // namespace
 
 struct ConvPrimitive::Impl {
+  std::optional<PortableConv> portable;  // small shapes (portable.h): instead of oneDNN
   std::string context;
   bool bias = false, sum = false, serial = false;
   size_t y_bytes = 0;
@@ -43,6 +46,10 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : im
   p.sum = s.sum;
   p.serial = s.serial;
   OT_CHECK(!s.sum || !s.transposed, context, "a summand is for convolutions only");
+  if (portable_conv(s)) {
+    p.portable.emplace(s, context);
+    return;
+  }
   const dt f = data_type(s, context);
   std::optional<OmpThreadsScope> one_thread;
   if (s.serial) one_thread.emplace(1);
@@ -155,6 +162,7 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : im
 void ConvPrimitive::run(const void* x, const void* w, const void* bias, void* y, bool w_constant,
                         const void* z) const {
   const Impl& p = *impl_;
+  if (p.portable) return p.portable->run(x, w, bias, y, z);
   std::optional<OmpThreadsScope> one_thread;
   if (p.serial) one_thread.emplace(1);  // reorders size their parallel loops when they run
   dnnl_guard(p.context, "run a convolution", [&] {
@@ -209,6 +217,7 @@ void run_pair(A&& a, B&& b) {
 }  // namespace
 
 struct ConvBackwardPrimitive::Impl {
+  std::optional<PortableConvBackward> portable;  // small shapes (portable.h): instead of oneDNN
   std::string context;
   bool need_dx = false, need_dw = false, bias = false;
   dnnl::memory::desc bias_md;
@@ -237,6 +246,10 @@ ConvBackwardPrimitive::ConvBackwardPrimitive(const ConvSpec& s, bool need_dx, bo
   p.need_dw = need_dw;
   p.bias = s.bias;
   OT_CHECK(!s.transposed, context, "ConvBackwardPrimitive handles convolutions only");
+  if (portable_conv(s)) {
+    p.portable.emplace(s, need_dx, need_dw, context);
+    return;
+  }
   const dt f = data_type(s, context);
   dnnl_guard(context, "create convolution backward primitives", [&] {
     auto& eng = dnnl_engine();
@@ -302,6 +315,7 @@ ConvBackwardPrimitive::ConvBackwardPrimitive(const ConvSpec& s, bool need_dx, bo
 
 void ConvBackwardPrimitive::run(const void* dy, const void* x, const void* w, void* dx, void* dw, void* db) const {
   const Impl& p = *impl_;
+  if (p.portable) return p.portable->run(dy, x, w, dx, dw, db);
   dnnl_guard(p.context, "run a convolution backward", [&] {
     // Reorders into the primitives' layouts on all threads first, then the primitives (side by
     // side when both run), then the reorders out.

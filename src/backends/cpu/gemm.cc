@@ -1,6 +1,7 @@
 // What every matmul backend shares: MatmulDims, the per-shape cache and the cached fp32 entry
-// point. The full build computes through oneDNN (gemm_dnnl.cc), the minimal build through the
-// blocked kernels (gemm_minimal.cc).
+// point. The full build computes through oneDNN (gemm_dnnl.cc) but for the small fp32 products
+// portable.h picks, the minimal build all through the blocked kernels (gemm_blocked.h,
+// gemm_minimal.cc).
 #include "backends/cpu/gemm.h"
 
 #include <cstring>

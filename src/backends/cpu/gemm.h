@@ -6,8 +6,8 @@
 // with numpy broadcasting over the batch dims. fp32, and bf16 / fp16 where the CPU has native
 // kernels for them (matmul_native), run through oneDNN's matmul primitive, built once per
 // MatmulDims (JIT, ~4 ms) and reused; the half types accumulate in fp32 inside the primitive.
-// The minimal build (gemm_minimal.cc) runs fp32 through the blocked kernels of sgemm_blocked.h and
-// has no native half kernels.
+// Small fp32 products (portable.h) and every product of the minimal build (gemm_minimal.cc) run
+// through the blocked kernels of sgemm_blocked.h; the minimal build has no native half kernels.
 // Transposed operands are read through strides, never copied. Other dtypes use matmul_reference.
 #pragma once
 

@@ -3,15 +3,19 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 
 #include "backends/cpu/dnnl_utils.h"
+#include "backends/cpu/gemm_blocked.h"
+#include "backends/cpu/portable.h"
 
 namespace onnxtrain::cpu {
 
 using dt = dnnl::memory::data_type;
 
 struct Matmul::Impl {
+  std::optional<BlockedMatmul> portable;  // small products (portable.h): instead of oneDNN
   MatmulDims dims;
   // What the primitive computes: the batch may be folded into M, or looped over.
   dnnl::memory::desc a_md, b_md, c_md, bias_md;
@@ -62,6 +66,10 @@ Matmul::Matmul(const MatmulDims& dims, const std::string& context) : impl_(std::
   Impl& p = *impl_;
   p.dims = dims;
   p.context = context;
+  if (portable_matmul(dims)) {
+    p.portable.emplace(dims, context);
+    return;
+  }
   Shape ab = dims.a_batch, bb = dims.b_batch;
   int64_t m = dims.m;
   bool b_broadcast = true;
@@ -119,6 +127,7 @@ const MatmulDims& Matmul::dims() const { return impl_->dims; }
 
 void Matmul::run(const void* a, const void* b, void* c, const void* bias) const {
   const Impl& p = *impl_;
+  if (p.portable) return p.portable->run(a, b, c, bias);
   dnnl_guard(p.context, "run a matmul", [&] {
     auto& eng = dnnl_engine();
     auto& strm = dnnl_stream();

@@ -1,9 +1,9 @@
 // Max and average pooling (1-d/2-d/3-d; strides, dilations, pads, ceil mode) and their backward
 // passes, in the plain ONNX layout; fp32, and bf16 where the backend has kernels for it. The full
-// build runs them through oneDNN (pool_dnnl.cc); the minimal build through 2-d fp32 loops
-// (pool_minimal.cc). One PoolPrimitive per shape; PoolPrimitive::make returns none for geometry
-// (or a dtype) the backend does not reproduce with ONNX's meaning, and the kernels then take their
-// generic loop.
+// build runs them through oneDNN (pool_dnnl.cc) but for the small fp32 2-d ones portable.h picks;
+// the minimal build through the 2-d fp32 loops of pool_loops.h (pool_minimal.cc). One
+// PoolPrimitive per shape; PoolPrimitive::make returns none for geometry (or a dtype) the backend
+// does not reproduce with ONNX's meaning, and the kernels then take their generic loop.
 #pragma once
 
 #include <memory>

@@ -4,12 +4,15 @@
 #include <unordered_map>
 
 #include "backends/cpu/dnnl_utils.h"
+#include "backends/cpu/pool_loops.h"
+#include "backends/cpu/portable.h"
 
 namespace onnxtrain::cpu {
 
 using dt = dnnl::memory::data_type;
 
 struct PoolPrimitive::Impl {
+  std::optional<LoopPool> portable;  // small pools (portable.h): instead of oneDNN
   std::string context;
   dnnl::memory::desc src_md, dst_md;
   dnnl::pooling_v2_forward forward;            // forward_inference
@@ -21,6 +24,14 @@ struct PoolPrimitive::Impl {
 };
 
 std::optional<PoolPrimitive> PoolPrimitive::make(const PoolSpec& s, bool backward, const std::string& context) {
+  if (portable_pool(s)) {
+    if (std::optional<LoopPool> loops = LoopPool::make(s)) {
+      PoolPrimitive pool;
+      pool.impl_ = std::make_shared<Impl>();
+      pool.impl_->portable = std::move(loops);
+      return pool;
+    }
+  }
   size_t nd = s.kernel.size();
   if (nd < 1 || nd > 3 || s.x.size() != nd + 2) return std::nullopt;
   // oneDNN derives out = floor((in + pl + pr - ek) / s) + 1, so ceil mode becomes extra right pad.
@@ -74,6 +85,7 @@ std::optional<PoolPrimitive> PoolPrimitive::make(const PoolSpec& s, bool backwar
 
 void PoolPrimitive::forward(const void* x, void* y) const {
   const Impl& p = *impl_;
+  if (p.portable) return p.portable->forward(static_cast<const float*>(x), static_cast<float*>(y));
   dnnl_guard(p.context, "run a pooling", [&] {
     auto& strm = dnnl_stream();
     auto& eng = dnnl_engine();
@@ -85,6 +97,8 @@ void PoolPrimitive::forward(const void* x, void* y) const {
 
 void PoolPrimitive::backward(const void* dy, const void* x, void* dx) const {
   const Impl& p = *impl_;
+  if (p.portable)
+    return p.portable->backward(static_cast<const float*>(dy), static_cast<const float*>(x), static_cast<float*>(dx));
   dnnl_guard(p.context, "run a pooling backward", [&] {
     auto& strm = dnnl_stream();
     auto& eng = dnnl_engine();

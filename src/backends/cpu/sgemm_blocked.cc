@@ -6,26 +6,13 @@
 #include <vector>
 
 #include "backends/cpu/thread_scratch.h"
+#include "backends/cpu/vec.h"
 #include "core/parallel.h"
 
 namespace onnxtrain::cpu {
 namespace {
 
-// The widest vector the target compiles for; the micro-kernel holds kMR x kNV of them.
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-constexpr const char* kIsa = "blocked-avx512";
-#elif defined(__AVX2__)
-constexpr int kLanes = 8;
-constexpr const char* kIsa = "blocked-avx2";
-#elif defined(__ARM_NEON)
-constexpr int kLanes = 4;
-constexpr const char* kIsa = "blocked-neon";
-#else
-constexpr int kLanes = 4;
-constexpr const char* kIsa = "blocked-generic";
-#endif
-using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
+using namespace vec;  // NOLINT: the kernels' one SIMD vocabulary (Vec, kLanes, load, store, splat)
 
 // kMR x kNV vector accumulators, leaving room for the kNV B vectors and the broadcast A value:
 // 8 x 3 (24 registers) where there are 32 (ZMM, NEON q), 6 x 2 where there are 16 (YMM, SSE).
@@ -44,18 +31,6 @@ constexpr int64_t kMC = 768;                 // rows of A packed at once (768 x 
 constexpr int64_t kNC = kNR * (4096 / kNR);  // columns of B packed at once, whole panels
 // Below this many multiply-adds one thread does the whole product (waking the pool costs more).
 constexpr int64_t kParallelFlops = int64_t(1) << 18;
-
-// Every lane = x: a broadcast. x - (+0) is exactly x for every x, so the compiler drops the
-// subtraction (x + 0 is not: -0 + 0 = +0, and a lane-by-lane fill goes through memory).
-inline Vec splat(float x) { return x - Vec{}; }
-
-inline Vec load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-inline void store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
 
 // tile[kMR][kNR] = sum over p < kc of A panel column p times B panel row p.
 inline void micro_kernel(int64_t kc, const float* ap, const float* bp, Vec (&acc)[kMR][kNV]) {
@@ -198,6 +173,48 @@ void sgemm_serial(const SgemmArgs& g) {
   }
 }
 
+// Narrow products whose A rows and B columns both run contiguously along k (X W^T of a classifier
+// head, N = classes): a register tile kNR wide would be mostly padding, so each output is a dot
+// product instead, kDotRows x kDotCols of them at once in vector partial sums over k; each partial
+// sum vector then adds up its lanes in order and the scalar tail of k after it.
+constexpr int kDotRows = 4, kDotCols = vec::kRegisters == 32 ? 4 : 2;
+
+bool narrow_dots(const SgemmArgs& g) { return g.a_col == 1 && g.b_row == 1 && g.n * 2 < kNR && g.k >= kLanes; }
+
+void sgemm_dots(const SgemmArgs& g, int64_t row_begin, int64_t row_end) {
+  const int64_t k_vec = g.k / kLanes * kLanes;
+  for (int64_t i0 = row_begin; i0 < row_end; i0 += kDotRows) {
+    const float* a[kDotRows];
+    for (int r = 0; r < kDotRows; ++r) a[r] = g.a + std::min<int64_t>(i0 + r, row_end - 1) * g.a_row;
+    for (int64_t j0 = 0; j0 < g.n; j0 += kDotCols) {
+      const float* b[kDotCols];
+      for (int c = 0; c < kDotCols; ++c) b[c] = g.b + std::min<int64_t>(j0 + c, g.n - 1) * g.b_col;
+      Vec acc[kDotRows][kDotCols];
+      for (int r = 0; r < kDotRows; ++r)
+        for (int c = 0; c < kDotCols; ++c) acc[r][c] = Vec{};
+      for (int64_t p = 0; p < k_vec; p += kLanes) {
+        Vec bv[kDotCols];
+        for (int c = 0; c < kDotCols; ++c) bv[c] = load(b[c] + p);
+        for (int r = 0; r < kDotRows; ++r) {
+          const Vec av = load(a[r] + p);
+          for (int c = 0; c < kDotCols; ++c) acc[r][c] += av * bv[c];
+        }
+      }
+      for (int r = 0; r < kDotRows && i0 + r < row_end; ++r)
+        for (int c = 0; c < kDotCols && j0 + c < g.n; ++c) {
+          float sum = 0.0f;
+          for (int l = 0; l < kLanes; ++l) sum += acc[r][c][l];
+          for (int64_t p = k_vec; p < g.k; ++p) sum += a[r][p] * b[c][p];
+          float* out = g.c + (i0 + r) * g.ldc + j0 + c;
+          float v = g.alpha * sum;
+          if (g.beta != 0.0f) v += g.beta * *out;
+          if (g.bias) v += g.bias[j0 + c];
+          *out = v;
+        }
+    }
+  }
+}
+
 }  // namespace
 
 void sgemm_blocked(const SgemmArgs& g, bool parallel) {
@@ -211,6 +228,9 @@ void sgemm_blocked(const SgemmArgs& g, bool parallel) {
     return;
   }
   const int threads = parallel && g.m * g.n * g.k >= kParallelFlops ? num_threads() : 1;
+  // Narrow products on the calling thread: a head's X W^T is microseconds (the digits head's 327 K
+  // multiply-adds: 12 us), less than waking the pool.
+  if (narrow_dots(g)) return sgemm_dots(g, 0, g.m);
   if (threads <= 1) return sgemm_serial(g);
   // One parallel region per product: each thread computes a band of C's columns (or rows, when C
   // is taller than wide) with its own packing buffers; bands are whole register tiles.
@@ -237,6 +257,6 @@ void sgemm_blocked(const SgemmArgs& g, bool parallel) {
   });
 }
 
-std::string sgemm_blocked_isa() { return kIsa; }
+std::string sgemm_blocked_isa() { return std::string("blocked-") + vec::kIsa; }
 
 }  // namespace onnxtrain::cpu

@@ -1,5 +1,5 @@
-// fp32 GEMM with no library: the minimal build's matmul and convolution kernel (gemm_minimal.cc,
-// conv_minimal.cc), also built into the full build so bench/ can measure it against oneDNN.
+// fp32 GEMM with no library: the portable matmul of both builds (gemm_blocked.h: every product of
+// the minimal build, the small ones of the full build; bench/ measures it against oneDNN).
 //
 //   C = alpha * A B + beta * C (+ bias row),   A: m x k, B: k x n, C: m x n (row stride ldc)
 //

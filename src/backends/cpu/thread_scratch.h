@@ -1,4 +1,4 @@
-// Per-thread float scratch of the minimal build's kernels (conv_minimal.cc, sgemm_blocked.cc):
+// Per-thread float scratch of the portable kernels (conv_direct.cc, sgemm_blocked.cc):
 // it outlives a call, so a step's products and convolutions reuse it instead of allocating, and it
 // only grows. Never zero-filled: every user writes what it reads (zero-filling cost the first step
 // of the digits CNN ~20%, and a std::vector resized between a small and a large product 6% of
