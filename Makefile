@@ -81,6 +81,7 @@ bench: setup
 	./bench/setup_peers.sh
 	$(PYTHON) bench/bench_inference.py
 	$(PYTHON) bench/bench_cnn.py
+	$(PYTHON) bench/cnn_train_breakdown.py
 	$(PYTHON) bench/bench_training.py
 	$(PYTHON) bench/bench_train_module.py
 	$(PYTHON) bench/bench_distributed.py
