@@ -583,6 +583,7 @@ std::string channels_last_pool_mode(const Graph& g, const Node& n) {
 // it through an elementwise op. Each value kept channels last saves a reorder out of one
 // convolution and one into the next.
 int keep_channels_last(Graph& g) {
+  if (!fused_op_built("FusedConv")) return 0;  // a minimal build without it runs the plain Conv
   auto fp32_conv = [&](const Node& n) {
     bool conv = (n.op_type == "FusedConv" && n.domain == kOnnxTrainDomain) || is_op(n, "Conv");
     if (!conv || n.inputs.size() < 2 || n.outputs.size() != 1) return false;
@@ -592,7 +593,8 @@ int keep_channels_last(Graph& g) {
   // Candidates: rank >= 3 fp32 outputs of convolutions and elementwise ops, not graph outputs.
   std::unordered_set<std::string> kept;
   std::vector<std::string> pool_mode(g.nodes.size());
-  for (size_t i = 0; i < g.nodes.size(); ++i) pool_mode[i] = channels_last_pool_mode(g, g.nodes[i]);
+  if (fused_op_built("ChannelsLastPool"))  // else pools are ordinary readers: their values stay in ONNX order
+    for (size_t i = 0; i < g.nodes.size(); ++i) pool_mode[i] = channels_last_pool_mode(g, g.nodes[i]);
   auto windowed = [](const std::string& mode) { return mode == "max" || mode == "average"; };
   auto unit_spatial = [&](const std::string& value) {
     auto s = known_shape(g, value);
