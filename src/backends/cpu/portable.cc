@@ -62,7 +62,11 @@ bool portable_conv(const ConvSpec& s) {
   if (s.dtype != DType::kFloat32) return false;
   const int64_t positions = numel(s.out);
   const int64_t macs = s.x[0] * s.out_channels * positions * (s.x[1] / s.group) * numel(s.kernel);
-  return by_size(!s.transposed && s.group == 1 && positions <= kPortableConvPositions &&
+  // Values kept channels last (keep_channels_last, inference graphs) are oneDNN's own layout;
+  // here they would cost a reorder each way (the ResNet's 64-channel 8x8 stage at batch 16: its
+  // forward 1.5x slower).
+  const bool channels_last = s.x_channels_last || s.y_channels_last;
+  return by_size(!s.transposed && s.group == 1 && !channels_last && positions <= kPortableConvPositions &&
                  s.x[1] <= kPortableConvChannels && s.out_channels <= kPortableConvChannels &&
                  macs <= kPortableConvMacs);
 }
