@@ -154,8 +154,9 @@ configure_file(${CMAKE_CURRENT_SOURCE_DIR}/src/ops/ops_in_build_minimal.h.in
                ${CMAKE_BINARY_DIR}/generated/ops_in_build.h @ONLY)
 # Only the op files see the switch (and so recompile when the selection changes): every other
 # source keeps the full build's command line, which the compiler cache serves to both builds.
+# The fusion passes too: a fusion into an op left out compiles to nothing (src/passes/fusions.cc).
 foreach(_f IN LISTS ONNXTRAIN_MINIMAL_SOURCES)
-  if(_f MATCHES "/src/ops/[a-z_]+/[^/]+\\.cc$")
+  if(_f MATCHES "/src/ops/[a-z_]+/[^/]+\\.cc$" OR _f MATCHES "/src/passes/fusions\\.cc$")
     set_property(SOURCE ${_f} APPEND PROPERTY COMPILE_DEFINITIONS ONNXTRAIN_MINIMAL_OPS=1)
   endif()
 endforeach()

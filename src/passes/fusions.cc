@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <unordered_map>
 #include <optional>
+#include <string_view>
+#include <type_traits>
 #include <unordered_set>
 
 #include "ops/registry.h"
@@ -95,12 +97,33 @@ std::string other_operand(const Node& n, const std::string& value) {
 }
 
 // A minimal build may leave a fused op's file out (ONNXTRAIN_OPS): its fusion then does not fire.
-bool fused_op_built(const char* op_type) { return !OpRegistry::global().versions(kOnnxTrainDomain, op_type).empty(); }
+bool fused_op_registered(const char* op_type) {
+  return !OpRegistry::global().versions(kOnnxTrainDomain, op_type).empty();
+}
+
+// Whether a fused op can be in this build at all: a minimal build's generated op list
+// (ops_in_build.h) says so at compile time, so the fusions into ops it leaves out compile to
+// nothing (the digits op set's library is held to 3 MB).
+constexpr bool fused_op_compiled([[maybe_unused]] std::string_view op_type) {
+#if defined(ONNXTRAIN_MINIMAL_OPS)
+  return op_in_build(op_type);
+#else
+  return true;
+#endif
+}
+
+}  // namespace
+
+// Evaluated at compile time, so a false first operand leaves the rest of its function dead.
+#define FUSED_OP_BUILT(op_type) \
+  (std::bool_constant<fused_op_compiled(op_type)>::value && fused_op_registered(op_type))
+
+namespace {
 
 }  // namespace
 
 int fuse_gelu(Graph& g) {
-  if (!fused_op_built("Gelu")) return 0;
+  if (!FUSED_OP_BUILT("Gelu")) return 0;
   Uses uses(g);
   std::vector<char> removed(g.nodes.size(), 0);
   int fused = 0;
@@ -179,7 +202,7 @@ bool swaps_last_two(const std::vector<int64_t>& perm) {
 }  // namespace
 
 int fuse_matmul(Graph& g) {
-  if (!fused_op_built("FusedMatMul")) return 0;
+  if (!FUSED_OP_BUILT("FusedMatMul")) return 0;
   FusionScan scan(g);
   for (size_t m = 0; m < g.nodes.size(); ++m) {
     Node& mm = g.nodes[m];
@@ -401,7 +424,7 @@ int fold_conv_scalar_affine(Graph& g) {
 // activation HardSwish: one oneDNN post-op instead of four passes). Either form exporters emit:
 //   y * Clip(y + 3, 0, 6) / 6   (or * (1/6)),      y * HardSigmoid(y; alpha 1/6, beta 1/2).
 int fuse_conv_hard_swish(Graph& g) {
-  if (!fused_op_built("FusedConv")) return 0;
+  if (!FUSED_OP_BUILT("FusedConv")) return 0;
   FusionScan scan(g);
   auto reader = [&](const std::string& v) { return scan.uses.sole_reader(v); };
   for (size_t c = 0; c < g.nodes.size(); ++c) {
@@ -461,7 +484,7 @@ int fuse_conv_hard_swish(Graph& g) {
 // oneDNN sum post-op), instead of two more passes over Y. The fused node takes the place of the last
 // node it replaces, where Z is certainly computed.
 int fuse_conv_residual_add(Graph& g) {
-  if (!fused_op_built("FusedConv")) return 0;
+  if (!FUSED_OP_BUILT("FusedConv")) return 0;
   FusionScan scan(g);
   for (size_t a = 0; a < g.nodes.size(); ++a) {
     const Node& add = g.nodes[a];
@@ -503,7 +526,7 @@ int fuse_conv_residual_add(Graph& g) {
 // Conv -> Relu / LeakyRelu / Sigmoid / Tanh / Clip (constant bounds) becomes onnxtrain.FusedConv
 // with the activation applied inside the convolution (oneDNN: a post-op): one pass over the output instead of two.
 int fuse_conv_activation(Graph& g) {
-  if (!fused_op_built("FusedConv")) return 0;
+  if (!FUSED_OP_BUILT("FusedConv")) return 0;
   FusionScan scan(g);
   for (size_t a = 0; a < g.nodes.size(); ++a) {
     const Node& act = g.nodes[a];
@@ -547,7 +570,7 @@ bool is_layout_agnostic_elementwise(const Node& n) {
 // windowed ones with explicit pads (or none), no ceil mode and no window wholly in the padding, the
 // geometry the backend's pooling computes in any layout. Returns the ChannelsLastPool mode, or "".
 std::string channels_last_pool_mode(const Graph& g, const Node& n) {
-  if (!n.domain.empty() || n.inputs.size() != 1 || n.outputs.empty() || !fused_op_built("ChannelsLastPool")) return "";
+  if (!n.domain.empty() || n.inputs.size() != 1 || n.outputs.empty() || !FUSED_OP_BUILT("ChannelsLastPool")) return "";
   auto vi = g.value_info.find(n.inputs[0]);
   auto s = known_shape(g, n.inputs[0]);
   if (vi == g.value_info.end() || vi->second.dtype != DType::kFloat32 || !known_but_batch(s) || s->size() < 3) return "";
@@ -583,7 +606,7 @@ std::string channels_last_pool_mode(const Graph& g, const Node& n) {
 // it through an elementwise op. Each value kept channels last saves a reorder out of one
 // convolution and one into the next.
 int keep_channels_last(Graph& g) {
-  if (!fused_op_built("FusedConv")) return 0;  // a minimal build without it runs the plain Conv
+  if (!FUSED_OP_BUILT("FusedConv")) return 0;  // a minimal build without it runs the plain Conv
   auto fp32_conv = [&](const Node& n) {
     bool conv = (n.op_type == "FusedConv" && n.domain == kOnnxTrainDomain) || is_op(n, "Conv");
     if (!conv || n.inputs.size() < 2 || n.outputs.size() != 1) return false;
@@ -593,7 +616,7 @@ int keep_channels_last(Graph& g) {
   // Candidates: rank >= 3 fp32 outputs of convolutions and elementwise ops, not graph outputs.
   std::unordered_set<std::string> kept;
   std::vector<std::string> pool_mode(g.nodes.size());
-  if (fused_op_built("ChannelsLastPool"))  // else pools are ordinary readers: their values stay in ONNX order
+  if (FUSED_OP_BUILT("ChannelsLastPool"))  // else pools are ordinary readers: their values stay in ONNX order
     for (size_t i = 0; i < g.nodes.size(); ++i) pool_mode[i] = channels_last_pool_mode(g, g.nodes[i]);
   auto windowed = [](const std::string& mode) { return mode == "max" || mode == "average"; };
   auto unit_spatial = [&](const std::string& value) {
