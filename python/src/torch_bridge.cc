@@ -185,7 +185,7 @@ class OutputBlock {
     std::vector<TensorSpec> specs;
     for (const Slot& slot : slots_)
       if (slot.in_block && slot.dtype != DType::kUndefined) specs.push_back({slot.dtype, slot.shape});
-    if (specs.empty()) return {};
+    if (specs.empty() || !stable_) return {};
     std::vector<Tensor> carved = allocate_tensors(specs, Fill::kUninitialized), buffers(num_outputs);
     size_t k = 0;
     for (const Slot& slot : slots_)
@@ -196,13 +196,23 @@ class OutputBlock {
   // After a run: dtypes and shapes for the next block. An output that was given a buffer and did
   // not land in it (a view of an input or of a parameter, a value set by its kernel) is left out
   // from then on: its bytes would be wasted.
+  // Shapes that change from run to run (padding sparsity keeps a different number of rows each
+  // step) get no block after a run that changed them, until two runs in a row agree: a block of
+  // the last run's shapes would be allocated and not used.
   void learn(const std::vector<Tensor>& outs, const std::vector<Tensor>& buffers) {
+    bool same = true;
     for (Slot& slot : slots_) {
       const Tensor& out = outs[slot.output];
       const Tensor* given = buffers.empty() ? nullptr : &buffers[slot.output];
-      if (!out.defined() || (given && given->defined() && out.data() != given->data())) slot.in_block = false;
-      if (out.defined()) slot.dtype = out.dtype(), slot.shape = out.shape();
+      const bool fitted = given && given->defined() && out.defined() && given->dtype() == out.dtype() &&
+                          given->shape() == out.shape();
+      if (!out.defined() || (fitted && out.data() != given->data())) slot.in_block = false;
+      if (out.defined()) {
+        same = same && (slot.dtype == DType::kUndefined || (slot.dtype == out.dtype() && slot.shape == out.shape()));
+        slot.dtype = out.dtype(), slot.shape = out.shape();
+      }
     }
+    stable_ = same;
   }
 
  private:
@@ -213,6 +223,7 @@ class OutputBlock {
     bool in_block;
   };
   std::vector<Slot> slots_;
+  bool stable_ = false;
 };
 
 // One exported module under one input schema: its forward and backward executors.
@@ -286,7 +297,8 @@ class TorchRunner {
         return on_gradient(index, tensor_to_dlpack(g)).cast<bool>();
       };
     } else {  // all handed over at the end, and accumulated into .grad in one go: one block
-      if (gradient_block_.empty()) gradient_block_ = OutputBlock(all_positions(fb_.backward.graph.outputs.size()));
+      if (gradient_block_.empty())
+        gradient_block_ = OutputBlock(all_positions(fb_.backward.graph.outputs.size()));
       buffers = gradient_block_.buffers(fb_.backward.graph.outputs.size());
     }
     {
