@@ -40,12 +40,16 @@ struct TensorSpec {
 std::vector<Tensor> allocate_tensors(const std::vector<TensorSpec>& specs, Fill fill,
                                      std::vector<std::weak_ptr<void>>* holders = nullptr);
 
-// A tensor that a run hands out rather than placing in its arena (graph outputs: what a training
-// forward stashes for the backward, the gradients it returns; values of shapes the plan did not
-// foresee), uninitialized. From kHugePageBytes on, a mapping of its own (allocate_storage),
-// unmapped when the tensor dies. From glibc's heap, such buffers fragmented it step after step
-// once its mmap threshold had risen (a GPT-style TrainModule's peak grew 45 MiB over 3 steps, to
-// 1.03 of PyTorch's); in huge pages, mapping them afresh costs a fault per 2 MiB (20 a step there).
+// A tensor that a run hands out rather than placing in its arena (graph outputs: a TrainModule
+// step's logits, values of shapes the plan did not foresee), uninitialized. From
+// kLargeOutputBytes on, a huge-page mapping of its own (allocate_storage), unmapped when the
+// tensor dies: glibc maps blocks that large afresh on every allocation anyway, in 4 KiB pages whose
+// faults cost this VM 15 us each (a GPT-style step's 32 MiB logits: 8,192 faults). Below, glibc's
+// heap, which reuses freed blocks without faulting or zeroing their pages again: fresh huge pages
+// for every 2-32 MiB output made steps whose shapes change (padding and label sparsity) 10-25%
+// slower. Outputs that die together come from one block instead (TrainModule's saved values and
+// gradients), which keeps them from fragmenting the heap.
+inline constexpr size_t kLargeOutputBytes = size_t(32) << 20;
 Tensor allocate_output(DType dtype, const Shape& shape);
 
 }  // namespace onnxtrain
