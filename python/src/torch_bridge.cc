@@ -161,9 +161,9 @@ std::vector<int> all_positions(size_t n) {
 // forward to the end of the backward, and its gradients (without memory-efficient gradient
 // management) are handed to torch at once and accumulated into .grad in one go. Passed to the run
 // as output buffers (huge pages from 2 MiB on, core/memory.h), the block is given back when the
-// last of them dies. Allocated one by one, the 0.25-1 MiB ones fragmented glibc's heap step after
-// step, interleaved with torch's own blocks: a GPT-style model's peak grew 28 MiB over 3 steps
-// with the large outputs already mapped on their own (20 MiB more than with these blocks).
+// last of them dies. Allocated one by one from glibc's heap, these 0.25-8 MiB values fragmented it
+// step after step, interleaved with torch's own blocks (a GPT-style model's peak grew 45 MiB over
+// 3 steps).
 class OutputBlock {
  public:
   OutputBlock() = default;
@@ -175,7 +175,7 @@ class OutputBlock {
   std::string describe() const {
     size_t in = 0, bytes = 0;
     for (const Slot& slot : slots_)
-      if (slot.in_block && slot.dtype != DType::kUndefined) ++in, bytes += size_t(numel(slot.shape)) * dtype_size(slot.dtype);
+      if (slot.blocked()) ++in, bytes += size_t(numel(slot.shape)) * dtype_size(slot.dtype);
     return std::to_string(in) + " of " + std::to_string(slots_.size()) + " in one block of " + std::to_string(bytes) + " bytes";
   }
 
@@ -184,12 +184,12 @@ class OutputBlock {
   std::vector<Tensor> buffers(size_t num_outputs) const {
     std::vector<TensorSpec> specs;
     for (const Slot& slot : slots_)
-      if (slot.in_block && slot.dtype != DType::kUndefined) specs.push_back({slot.dtype, slot.shape});
+      if (slot.blocked()) specs.push_back({slot.dtype, slot.shape});
     if (specs.empty() || !stable_) return {};
     std::vector<Tensor> carved = allocate_tensors(specs, Fill::kUninitialized), buffers(num_outputs);
     size_t k = 0;
     for (const Slot& slot : slots_)
-      if (slot.in_block && slot.dtype != DType::kUndefined) buffers[slot.output] = std::move(carved[k++]);
+      if (slot.blocked()) buffers[slot.output] = std::move(carved[k++]);
     return buffers;
   }
 
@@ -221,6 +221,7 @@ class OutputBlock {
     DType dtype;
     Shape shape;
     bool in_block;
+    bool blocked() const { return in_block && dtype != DType::kUndefined; }  // gets a buffer next run
   };
   std::vector<Slot> slots_;
   bool stable_ = false;
