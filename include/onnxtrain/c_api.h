@@ -213,6 +213,18 @@ OT_API OtStatus ot_artifact_options_set_additional_output_names(OtArtifactOption
 OT_API OtStatus ot_artifact_options_set_nominal_checkpoint(OtArtifactOptions* options, int nominal);
 /* "bf16", "fp16" (with a dynamic loss scaler: see ot_optimizer_step_report) or NULL/"" for fp32. */
 OT_API OtStatus ot_artifact_options_set_mixed_precision(OtArtifactOptions* options, const char* mode);
+/* The memory optimizer: recomputes stashed activations in the backward instead of keeping them.
+ * level 0 applies only what config asks, 1 recomputes inside transformer layers (checkpoints at
+ * their residual boundaries), 2 adds the compromised plans; config is "cluster:strategy:count,..."
+ * (strategy 0 none, 1 recompute, 2 compromised; count -1 every occurrence), NULL or "" for none.
+ * A level other than 0-2 fails here; a config entry naming no cluster of the model fails in
+ * ot_generate_artifacts, listing the model's clusters (`onnxtrain inspect` prints the plan table). */
+OT_API OtStatus ot_artifact_options_set_memory_optimizer(OtArtifactOptions* options, int level,
+                                                         const char* config);
+/* Nonzero (the default): a Gather or Slice that keeps a few positions (a head on token 0, the last
+ * token) moves upstream past elementwise ops, LayerNorm, Softmax and MatMul, so the graphs compute
+ * only those rows; exact. 0: every row is computed. */
+OT_API OtStatus ot_artifact_options_set_compute_optimizer(OtArtifactOptions* options, int enabled);
 
 /* Writes training_model.onnx, eval_model.onnx, optimizer_model.onnx and checkpoint into
  * artifact_directory (created when missing). */

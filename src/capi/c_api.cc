@@ -400,6 +400,19 @@ OtStatus ot_artifact_options_set_mixed_precision(OtArtifactOptions* options, con
   });
 }
 
+OtStatus ot_artifact_options_set_memory_optimizer(OtArtifactOptions* options, int level, const char* config) {
+  return guard(__func__, [&](Call& c) {
+    MemoryOptimizerOptions& m = c.ref(options, "options").options.memory;
+    OT_CHECK(level >= 0 && level <= 2, "memory optimizer level must be 0, 1 or 2, got ", level);
+    m.level = level;
+    m.config = config ? config : "";
+  });
+}
+
+OtStatus ot_artifact_options_set_compute_optimizer(OtArtifactOptions* options, int enabled) {
+  return guard(__func__, [&](Call& c) { c.ref(options, "options").options.graphs.compute_optimizer = enabled != 0; });
+}
+
 OtStatus ot_generate_artifacts(const char* model_path, const OtArtifactOptions* options,
                                const char* artifact_directory) {
   return guard(__func__, [&](Call& c) {

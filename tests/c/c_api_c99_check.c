@@ -81,6 +81,9 @@ int main(void) {
   rejects_null(ot_artifact_options_set_additional_output_names(NULL, NULL, 0),
                "ot_artifact_options_set_additional_output_names");
   rejects_null(ot_artifact_options_set_nominal_checkpoint(NULL, 1), "ot_artifact_options_set_nominal_checkpoint");
+  rejects_null(ot_artifact_options_set_memory_optimizer(NULL, 1, NULL), "ot_artifact_options_set_memory_optimizer");
+  rejects_null(ot_artifact_options_set_compute_optimizer(NULL, 0), "ot_artifact_options_set_compute_optimizer");
+  rejects_null(ot_artifact_options_set_mixed_precision(NULL, "bf16"), "ot_artifact_options_set_mixed_precision");
   rejects_null(ot_generate_artifacts("m.onnx", NULL, "out"), "ot_generate_artifacts");
   ot_artifact_options_release(NULL);
 

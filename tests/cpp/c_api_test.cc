@@ -85,11 +85,7 @@ class CApiTest : public ::testing::Test {
                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     Options o;
-    ASSERT_OK(ot_artifact_options_create(o.out()));
-    ASSERT_OK(ot_artifact_options_set_requires_grad(o, kParams, 6));
-    ASSERT_OK(ot_artifact_options_set_loss(o, OT_LOSS_CROSS_ENTROPY));
-    ASSERT_OK(ot_artifact_options_set_optimizer(o, OT_OPTIMIZER_ADAMW, 1e-2));
-    ASSERT_OK(ot_artifact_options_set_additional_output_names(o, kLogits, 1));
+    ASSERT_NO_FATAL_FAILURE(mlp_options(o));
     ASSERT_OK(ot_generate_artifacts(model_path().c_str(), o, dir_.c_str()));
     for (int i = 0; i < kBatch; ++i) {
       x_.push_back(std::sin(0.7f * i));
@@ -98,6 +94,14 @@ class CApiTest : public ::testing::Test {
     }
   }
   void TearDown() override { fs::remove_all(dir_); }
+  // The fixture's artifact options: every MLP parameter, cross-entropy, AdamW at 1e-2, logits out.
+  static void mlp_options(Options& o) {
+    ASSERT_OK(ot_artifact_options_create(o.out()));
+    ASSERT_OK(ot_artifact_options_set_requires_grad(o, kParams, 6));
+    ASSERT_OK(ot_artifact_options_set_loss(o, OT_LOSS_CROSS_ENTROPY));
+    ASSERT_OK(ot_artifact_options_set_optimizer(o, OT_OPTIMIZER_ADAMW, 1e-2));
+    ASSERT_OK(ot_artifact_options_set_additional_output_names(o, kLogits, 1));
+  }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
 
   void open(Checkpoint& ckpt, Module& module, bool with_eval = true) {
@@ -544,6 +548,52 @@ TEST_F(CApiTest, ArtifactOptionsAreChecked) {
   ASSERT_OK(ot_checkpoint_load((fs::path(out) / "checkpoint").c_str(), nominal.out()));
   expect_error(ot_module_create((fs::path(out) / "training_model.onnx").c_str(), nominal, nullptr, module.out()),
                OT_INVALID_ARGUMENT, "nominal");
+}
+
+// The memory optimizer through the C surface: bad levels fail at once, a config naming no cluster
+// fails at generation listing the model's clusters, and recomputing the MLP's Gemm+Relu outputs
+// (the plan the config asks for, recorded in the training model) trains bit-identically.
+TEST_F(CApiTest, MemoryOptimizerRecomputesAndTrainsTheSame) {
+  Options o;
+  ASSERT_NO_FATAL_FAILURE(mlp_options(o));
+  expect_error(ot_artifact_options_set_memory_optimizer(o, 3, nullptr), OT_INVALID_ARGUMENT,
+               "must be 0, 1 or 2, got 3");
+  expect_error(ot_artifact_options_set_memory_optimizer(o, -1, ""), OT_INVALID_ARGUMENT, "got -1");
+  ASSERT_OK(ot_artifact_options_set_memory_optimizer(o, 0, "Softmax+:1:-1"));
+  const std::string out = path("recompute");
+  expect_error(ot_generate_artifacts(model_path().c_str(), o, out.c_str()), OT_INVALID_ARGUMENT, "Gemm+Relu+");
+  ASSERT_OK(ot_artifact_options_set_memory_optimizer(o, 0, "Gemm+Relu+:1:-1"));
+  ASSERT_OK(ot_generate_artifacts(model_path().c_str(), o, out.c_str()));
+
+  auto read = [](const fs::path& p) {
+    std::ifstream f(p, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(f)), {});
+  };
+  const std::string plan_key = "onnxtrain.memory_plan";  // metadata of an applied plan
+  EXPECT_NE(read(fs::path(out) / "training_model.onnx").find(plan_key), std::string::npos);
+  EXPECT_EQ(read(path("training_model.onnx")).find(plan_key), std::string::npos);
+
+  auto train = [&](const std::string& dir) {
+    Checkpoint ckpt;
+    Module module;
+    Optimizer opt;
+    std::vector<float> losses;
+    EXPECT_OK(ot_checkpoint_load((fs::path(dir) / "checkpoint").c_str(), ckpt.out()));
+    EXPECT_OK(ot_module_create((fs::path(dir) / "training_model.onnx").c_str(), ckpt, nullptr, module.out()));
+    EXPECT_OK(ot_optimizer_create((fs::path(dir) / "optimizer_model.onnx").c_str(), module, opt.out()));
+    auto in = inputs();
+    for (int step = 0; step < 8; ++step) {
+      Outputs loss(2);
+      EXPECT_OK(ot_module_train_step(module, in.data(), in.size(), loss.t.data(), 2));
+      losses.push_back(loss.scalar(0));
+      EXPECT_OK(ot_optimizer_step(opt));
+      EXPECT_OK(ot_module_lazy_reset_grad(module));
+    }
+    return losses;
+  };
+  const std::vector<float> plain = train(dir_.string()), recomputed = train(out);
+  EXPECT_EQ(plain, recomputed);
+  EXPECT_LT(plain.back(), plain.front());
 }
 
 // fp16 artifacts: a scale of 2^40 overflows, so the first updates are skipped, each halving the

@@ -3,6 +3,7 @@
 or last position (Slice) makes the last layer's FFN and LayerNorm run on those rows only, and
 training follows the same losses and parameters as with it off."""
 import copy
+import ctypes
 import os
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from onnxtrain.torch import TrainModule
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import models  # noqa: E402
 
-from .build_paths import ONNXTRAIN  # noqa: E402
+from .build_paths import LIBRARY, ONNXTRAIN  # noqa: E402
 from .train_loops import train_artifacts, train_torch  # noqa: E402
 
 onnxtrain.set_num_threads(1)
@@ -119,3 +120,28 @@ def test_cli_turns_it_off(tmp_path):
                         *flags], check=True, capture_output=True)
         rows[bool(flags)] = ffn_rows(onnx.load(str(out / "training_model.onnx")))[:2]
     assert rows[False] == [SEQ, 1] and rows[True] == [SEQ, SEQ], rows
+
+
+def test_c_api_turns_it_off(tmp_path):
+    """ot_artifact_options_set_compute_optimizer, called through the C ABI as a C program would."""
+    model = PositionHead("gather_first").eval()
+    ids = torch.randint(0, 40, (BATCH, SEQ), generator=torch.Generator().manual_seed(2))
+    path = models.export(model, (ids,), str(tmp_path / "head.onnx"), ["ids"], ["logits"])
+    lib = ctypes.CDLL(str(LIBRARY))
+    lib.ot_last_error.restype = ctypes.c_char_p
+    floats = [p.name.encode() for p in onnx.load(path).graph.initializer if p.data_type == onnx.TensorProto.FLOAT]
+    names = (ctypes.c_char_p * len(floats))(*floats)
+    rows = {}
+    for enabled in (1, 0):
+        options = ctypes.c_void_p()
+        out = tmp_path / str(enabled)
+        assert lib.ot_artifact_options_create(ctypes.byref(options)) == 0, lib.ot_last_error()
+        try:
+            assert lib.ot_artifact_options_set_requires_grad(options, names, ctypes.c_size_t(len(names))) == 0
+            assert lib.ot_artifact_options_set_loss(options, 4) == 0, lib.ot_last_error()  # OT_LOSS_CROSS_ENTROPY
+            assert lib.ot_artifact_options_set_compute_optimizer(options, enabled) == 0, lib.ot_last_error()
+            assert lib.ot_generate_artifacts(path.encode(), options, str(out).encode()) == 0, lib.ot_last_error()
+        finally:
+            lib.ot_artifact_options_release(options)
+        rows[enabled] = ffn_rows(onnx.load(str(out / "training_model.onnx")))[:2]
+    assert rows[1] == [SEQ, 1] and rows[0] == [SEQ, SEQ], rows
