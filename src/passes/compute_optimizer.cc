@@ -1,5 +1,6 @@
 #include "passes/compute_optimizer.h"
 
+#include <algorithm>
 #include <map>
 #include <optional>
 #include <unordered_set>
@@ -110,7 +111,8 @@ bool move_one(Model& model, size_t si, const std::unordered_map<std::string, siz
   if (!sel) return false;
   const int64_t r = int64_t(xs->size());
 
-  std::vector<Node> added;
+  std::vector<Node> added;  // placed before the moved node
+  std::vector<Node> after;  // placed after it
   std::map<std::string, Tensor> constants;  // added on success
   auto constant = [&](Tensor t, const std::string& what) {
     std::string name = g.unique_name(sel_node.name + "/" + what);
@@ -121,6 +123,23 @@ bool move_one(Model& model, size_t si, const std::unordered_map<std::string, siz
     std::string out = g.unique_name(v + "/selected");
     added.push_back(Node{g.unique_name(sel_node.name + "/upstream"), op, "", std::move(inputs), {out}, {}});
     return &added.back();
+  };
+  auto ints = [&](const std::vector<int64_t>& values, const std::string& what) {
+    return constant(Tensor::from_vector<int64_t>(values, {int64_t(values.size())}), what);
+  };
+  auto gather = [&](const std::string& v, const std::string& index, int64_t axis) {
+    Node* n = add("Gather", {v, index}, v);
+    n->attributes["axis"] = Attribute::of(axis);
+    return n->outputs[0];
+  };
+  auto slice = [&](const std::string& v, const std::vector<int64_t>& axes, const std::vector<int64_t>& starts,
+                   const std::vector<int64_t>& ends, const std::vector<int64_t>& steps) {
+    return add("Slice", {v, ints(starts, "starts"), ints(ends, "ends"), ints(axes, "axes"), ints(steps, "steps")}, v)
+        ->outputs[0];
+  };
+  // The same selection on value `v` along its axes `axes` (parallel to the selection's own).
+  auto select_along = [&](const std::string& v, const std::vector<int64_t>& axes) {
+    return sel->gather ? gather(v, sel->index, axes[0]) : slice(v, axes, sel->starts, sel->ends, sel->steps);
   };
   // The rows of operand `v` (its shape aligned to x's from the right) that the selection keeps;
   // nullopt when an axis it spans is neither x's size nor 1.
@@ -140,9 +159,7 @@ bool move_one(Model& model, size_t si, const std::unordered_map<std::string, siz
       } else if (d != (*xs)[size_t(sel->axes[0])]) {
         return std::nullopt;
       }
-      Node* n = add("Gather", {v, index}, v);
-      n->attributes["axis"] = Attribute::of(ax);
-      return n->outputs[0];
+      return gather(v, index, ax);
     }
     std::vector<int64_t> axes, starts, ends, steps;
     for (size_t k = 0; k < sel->axes.size(); ++k) {
@@ -155,11 +172,7 @@ bool move_one(Model& model, size_t si, const std::unordered_map<std::string, siz
       steps.push_back(sel->steps[k]);
     }
     if (axes.empty()) return v;
-    auto ints = [&](const std::vector<int64_t>& values, const std::string& what) {
-      return constant(Tensor::from_vector<int64_t>(values, {int64_t(values.size())}), what);
-    };
-    return add("Slice", {v, ints(starts, "starts"), ints(ends, "ends"), ints(axes, "axes"), ints(steps, "steps")}, v)
-        ->outputs[0];
+    return slice(v, axes, starts, ends, steps);
   };
   auto all_axes_below = [&](int64_t limit) {
     for (int64_t a : sel->axes) if (a >= limit) return false;
@@ -185,15 +198,75 @@ bool move_one(Model& model, size_t si, const std::unordered_map<std::string, siz
     moved.attributes["axis"] = Attribute::of(norm - r);  // counted from the end: the rank may drop
   } else if (p.domain.empty() && p.op_type == "MatMul") {
     std::optional<Shape> b = known_shape(g, p.inputs[1]), a = known_shape(g, p.inputs[0]);
-    if (!a || !b || b->size() != 2 || int64_t(a->size()) != r || !all_axes_below(r - 1)) return false;
-    std::optional<std::string> picked = select(p.inputs[0]);  // rows of A; the weight's columns stay
-    if (!picked) return false;
-    moved.inputs[0] = *picked;
+    if (!a || !b || b->size() < 2 || int64_t(a->size()) != r) return false;
+    if (b->size() == 2) {  // A [..., M, K] @ W [K, N]: any rows of A; the weight's columns stay
+      std::optional<std::string> picked = select(p.inputs[0]);
+      if (!all_axes_below(r - 1) || !picked) return false;
+      moved.inputs[0] = *picked;
+    } else {
+      // Batched, A [..., M, K] @ B [..., K, N] (attention's Q K^T and P V): rows of M only, so B,
+      // which has no M axis, stays whole.
+      for (int64_t axis : sel->axes) if (axis != r - 2) return false;
+      if (sel->gather && sel->index_rank > 1) return false;
+      if (sel->gather && sel->index_rank == 0) {
+        // A rank-0 gather would make A's rows a batch of vectors: keep the axis through the
+        // product with a one-element index, and drop it after.
+        const Tensor* index = constant_tensor(g, sel->index);
+        std::string index1;
+        if (index && index->numel() == 1) {
+          index1 = constant(Tensor::from_vector<int64_t>(index->to_int_vector(), {1}), "index");
+        } else {
+          index1 = add("Reshape", {sel->index, ints({1}, "one")}, sel->index)->outputs[0];
+        }
+        moved.inputs[0] = gather(p.inputs[0], index1, r - 2);
+        moved.outputs = {g.unique_name(p.outputs[0] + "/selected")};
+        Node squeeze{g.unique_name(sel_node.name + "/squeeze"), "Squeeze", "", {moved.outputs[0]},
+                     {sel_node.outputs[0]}, {}};
+        if (model.opset("") >= 13) {
+          squeeze.inputs.push_back(ints({r - 2}, "axes"));
+        } else {
+          squeeze.attributes["axes"] = Attribute::of(std::vector<int64_t>{r - 2});
+        }
+        after.push_back(std::move(squeeze));
+      } else {
+        moved.inputs[0] = select_along(p.inputs[0], sel->axes);
+      }
+    }
+  } else if (p.domain.empty() && p.op_type == "Transpose" && p.inputs.size() == 1) {
+    // Output axis k is input axis perm[k]: the selection moves to those axes.
+    std::vector<int64_t> perm = p.attr_ints("perm");
+    if (perm.empty()) for (int64_t k = r - 1; k >= 0; --k) perm.push_back(k);
+    if (int64_t(perm.size()) != r || (sel->gather && sel->index_rank > 1)) return false;
+    std::vector<int64_t> axes;
+    for (int64_t axis : sel->axes) axes.push_back(perm[size_t(axis)]);
+    moved.inputs[0] = select_along(p.inputs[0], axes);
+    if (sel->gather && sel->index_rank == 0) {  // the gathered axis is gone from both sides
+      const int64_t gone = axes[0];
+      std::vector<int64_t> kept;
+      for (int64_t k = 0; k < r; ++k)
+        if (k != sel->axes[0]) kept.push_back(perm[size_t(k)] - (perm[size_t(k)] > gone ? 1 : 0));
+      perm = kept;
+    }
+    moved.attributes["perm"] = Attribute::of(perm);
+  } else if (p.domain.empty() && p.op_type == "Reshape") {
+    // A reshape that keeps every axis up to the last selected one (attention's head split and
+    // merge) selects the same rows of its input; its target becomes the selection's shape.
+    const std::optional<Shape> in = known_shape(g, p.inputs[0]), out = known_shape(g, sel_node.outputs[0]);
+    if (!in || !out) return false;
+    for (int64_t d : *out) if (d < 0) return false;
+    int64_t last = 0;
+    for (int64_t axis : sel->axes) last = std::max(last, axis);
+    if (int64_t(in->size()) <= last) return false;
+    for (int64_t k = 0; k <= last; ++k)
+      if ((*in)[size_t(k)] < 0 || (*in)[size_t(k)] != (*xs)[size_t(k)]) return false;
+    moved.inputs = {select_along(p.inputs[0], sel->axes), ints(*out, "shape")};
+    moved.attributes.erase("allowzero");
   } else {
     return false;
   }
   for (auto& [name, t] : constants) g.initializers[name] = std::move(t);
-  moved.outputs = {sel_node.outputs[0]};
+  if (after.empty()) moved.outputs = {sel_node.outputs[0]};
+  moved.outputs.resize(1);
   for (size_t k = 1; k < p.outputs.size(); ++k) moved.outputs.push_back("");
   // The new nodes take the selection's place (its operands may be computed after P); P goes.
   std::vector<Node> nodes;
@@ -203,6 +276,7 @@ bool move_one(Model& model, size_t si, const std::unordered_map<std::string, siz
     if (i == si) {
       for (auto& n : added) nodes.push_back(std::move(n));
       nodes.push_back(std::move(moved));
+      for (auto& n : after) nodes.push_back(std::move(n));
       continue;
     }
     nodes.push_back(std::move(g.nodes[i]));

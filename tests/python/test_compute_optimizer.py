@@ -49,13 +49,34 @@ class PositionHead(nn.Module):
         return self.head(self.pick(self.encoder(ids)))
 
 
+def shapes_of(m: onnx.ModelProto):
+    """The shapes onnxtrain recorded in the model."""
+    return {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
+            for v in list(m.graph.value_info) + list(m.graph.output)}
+
+
 def ffn_rows(m: onnx.ModelProto):
-    """Rows per sequence of every MatMul/FusedMatMul output whose width is the FFN's, in graph order
-    (the shapes onnxtrain recorded in the model)."""
-    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim]
-              for v in list(m.graph.value_info) + list(m.graph.output)}
+    """Rows per sequence of every MatMul/FusedMatMul output whose width is the FFN's, in graph order."""
+    shapes = shapes_of(m)
     return [int(np.prod(shapes[n.output[0]][:-1])) // BATCH for n in m.graph.node
             if n.op_type in ("MatMul", "FusedMatMul") and n.output[0] in shapes and shapes[n.output[0]][-1] == FFN]
+
+
+def attention_rows(m: onnx.ModelProto):
+    """Query rows of every attention Softmax ([B, heads, queries, keys]), in graph order."""
+    shapes = shapes_of(m)
+    return [shapes[n.output[0]][2] for n in m.graph.node if n.op_type == "Softmax" and n.output[0] in shapes]
+
+
+class LastTokenDecoder(nn.Module):
+    """The GPT-style decoder (causal mask) predicting from its last position only."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = models.GPTDecoder(cfg())
+
+    def forward(self, ids):
+        return self.decoder(ids)[:, -1]
 
 
 @pytest.mark.parametrize("pick", sorted(PositionHead.PICKS))
@@ -73,13 +94,35 @@ def test_train_module_heads_train_alike(monkeypatch, pick):
         losses = train_torch(wrapped, data)
         runner = next(iter(wrapped._graphs.values())).runner
         forward = onnx.load_from_string(runner.forward_model())
-        runs[flag] = (losses, model.state_dict(), ffn_rows(forward))
+        runs[flag] = (losses, model.state_dict(), ffn_rows(forward), attention_rows(forward))
     np.testing.assert_allclose(runs["1"][0], runs["0"][0], rtol=1e-5)
     for k, v in runs["0"][1].items():
         torch.testing.assert_close(runs["1"][1][k], v, rtol=1e-5, atol=1e-6, msg=k)
-    # The last layer's FFN up-projection computes one row per sequence instead of SEQ.
-    assert runs["0"][2] == [SEQ, SEQ], runs["0"][2]
-    assert runs["1"][2] == [SEQ, 1], runs["1"][2]
+    # The last layer's FFN up-projection and attention (through the head merge, P V, softmax,
+    # Q K^T and the head split) compute one row per sequence instead of SEQ.
+    assert runs["0"][2] == [SEQ, SEQ] and runs["0"][3] == [SEQ, SEQ], runs["0"][2:]
+    assert runs["1"][2] == [SEQ, 1] and runs["1"][3] == [SEQ, 1], runs["1"][2:]
+
+
+def test_train_module_last_token_through_causal_attention(monkeypatch):
+    """The selection moves through the causal mask (its rows are selected too) into the attention."""
+    torch.manual_seed(0)
+    base = LastTokenDecoder().train()
+    g = torch.Generator().manual_seed(4)
+    data = [(torch.randint(0, 40, (BATCH, SEQ), generator=g), torch.randint(0, 40, (BATCH,), generator=g))
+            for _ in range(20)]
+    runs = {}
+    for flag in ("1", "0"):
+        monkeypatch.setenv("ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER", flag)
+        model = copy.deepcopy(base)
+        wrapped = TrainModule(model)
+        losses = train_torch(wrapped, data)
+        runner = next(iter(wrapped._graphs.values())).runner
+        runs[flag] = (losses, model.state_dict(), attention_rows(onnx.load_from_string(runner.forward_model())))
+    np.testing.assert_allclose(runs["1"][0], runs["0"][0], rtol=1e-5)
+    for k, v in runs["0"][1].items():
+        torch.testing.assert_close(runs["1"][1][k], v, rtol=1e-5, atol=1e-6, msg=k)
+    assert runs["0"][2] == [SEQ, SEQ] and runs["1"][2] == [SEQ, 1], (runs["0"][2], runs["1"][2])
 
 
 @pytest.mark.parametrize("pick", ["gather_first", "slice_last"])
