@@ -79,12 +79,11 @@ class LastTokenDecoder(nn.Module):
         return self.decoder(ids)[:, -1]
 
 
-@pytest.mark.parametrize("pick", sorted(PositionHead.PICKS))
-def test_train_module_heads_train_alike(monkeypatch, pick):
-    torch.manual_seed(0)
-    base = PositionHead(pick).train()
-    g = torch.Generator().manual_seed(3)
-    data = [(torch.randint(0, 40, (BATCH, SEQ), generator=g), torch.randint(0, 3, (BATCH,), generator=g))
+def forward_graphs_on_and_off(monkeypatch, base, labels, seed):
+    """Trains copies of `base` under TrainModule with the compute optimizer on and off, checks that
+    they give the same losses and parameters, and returns the forward graphs {"1": on, "0": off}."""
+    g = torch.Generator().manual_seed(seed)
+    data = [(torch.randint(0, 40, (BATCH, SEQ), generator=g), torch.randint(0, labels, (BATCH,), generator=g))
             for _ in range(20)]
     runs = {}
     for flag in ("1", "0"):
@@ -93,36 +92,30 @@ def test_train_module_heads_train_alike(monkeypatch, pick):
         wrapped = TrainModule(model)
         losses = train_torch(wrapped, data)
         runner = next(iter(wrapped._graphs.values())).runner
-        forward = onnx.load_from_string(runner.forward_model())
-        runs[flag] = (losses, model.state_dict(), ffn_rows(forward), attention_rows(forward))
+        runs[flag] = (losses, model.state_dict(), onnx.load_from_string(runner.forward_model()))
     np.testing.assert_allclose(runs["1"][0], runs["0"][0], rtol=1e-5)
     for k, v in runs["0"][1].items():
         torch.testing.assert_close(runs["1"][1][k], v, rtol=1e-5, atol=1e-6, msg=k)
+    return {flag: run[2] for flag, run in runs.items()}
+
+
+@pytest.mark.parametrize("pick", sorted(PositionHead.PICKS))
+def test_train_module_heads_train_alike(monkeypatch, pick):
+    torch.manual_seed(0)
+    graphs = forward_graphs_on_and_off(monkeypatch, PositionHead(pick).train(), labels=3, seed=3)
+    rows = {flag: (ffn_rows(m), attention_rows(m)) for flag, m in graphs.items()}
     # The last layer's FFN up-projection and attention (through the head merge, P V, softmax,
     # Q K^T and the head split) compute one row per sequence instead of SEQ.
-    assert runs["0"][2] == [SEQ, SEQ] and runs["0"][3] == [SEQ, SEQ], runs["0"][2:]
-    assert runs["1"][2] == [SEQ, 1] and runs["1"][3] == [SEQ, 1], runs["1"][2:]
+    assert rows["0"] == ([SEQ, SEQ], [SEQ, SEQ]), rows["0"]
+    assert rows["1"] == ([SEQ, 1], [SEQ, 1]), rows["1"]
 
 
 def test_train_module_last_token_through_causal_attention(monkeypatch):
     """The selection moves through the causal mask (its rows are selected too) into the attention."""
     torch.manual_seed(0)
-    base = LastTokenDecoder().train()
-    g = torch.Generator().manual_seed(4)
-    data = [(torch.randint(0, 40, (BATCH, SEQ), generator=g), torch.randint(0, 40, (BATCH,), generator=g))
-            for _ in range(20)]
-    runs = {}
-    for flag in ("1", "0"):
-        monkeypatch.setenv("ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER", flag)
-        model = copy.deepcopy(base)
-        wrapped = TrainModule(model)
-        losses = train_torch(wrapped, data)
-        runner = next(iter(wrapped._graphs.values())).runner
-        runs[flag] = (losses, model.state_dict(), attention_rows(onnx.load_from_string(runner.forward_model())))
-    np.testing.assert_allclose(runs["1"][0], runs["0"][0], rtol=1e-5)
-    for k, v in runs["0"][1].items():
-        torch.testing.assert_close(runs["1"][1][k], v, rtol=1e-5, atol=1e-6, msg=k)
-    assert runs["0"][2] == [SEQ, SEQ] and runs["1"][2] == [SEQ, 1], (runs["0"][2], runs["1"][2])
+    graphs = forward_graphs_on_and_off(monkeypatch, LastTokenDecoder().train(), labels=40, seed=4)
+    rows = {flag: attention_rows(m) for flag, m in graphs.items()}
+    assert rows["0"] == [SEQ, SEQ] and rows["1"] == [SEQ, 1], rows
 
 
 @pytest.mark.parametrize("pick", ["gather_first", "slice_last"])
