@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "ops/common.h"
+#include "ops/gradient_builder.h"
 #include "ops/registry.h"
 
 namespace onnxtrain {
@@ -101,15 +102,31 @@ void upsample_kernel(KernelContext& ctx) {
   });
 }
 
+// Upsample samples as Resize-10 does (asymmetric coordinates, floor for nearest, the same two
+// linear taps clamped to the edge), so its transpose is Resize's: ResizeGrad with those settings.
+void upsample_gradient(GradientBuilder& g) {
+  GraphBuilder::Attrs attrs;
+  attrs["mode"] = Attribute::of(std::string(read_mode(g.node()) ? "linear" : "nearest"));
+  attrs["coordinate_transformation_mode"] = Attribute::of(std::string("asymmetric"));
+  attrs["nearest_mode"] = Attribute::of(std::string("floor"));
+  std::string scales;
+  if (g.opset() < 9) {
+    const std::vector<float> s = g.node().attr_floats("scales");
+    scales = g.constant(Tensor::from_vector<float>(s, {int64_t(s.size())}));
+  } else {
+    scales = g.x(1);
+    if (g.needs(1)) g.set(1, g.zeros_like(g.x(1)));  // scales only select sample positions
+  }
+  if (g.needs(0)) g.set(0, g.emit("ResizeGrad", {g.dy(0), g.x(0), "", scales}, attrs, kOnnxTrainDomain));
+}
+
 }  // namespace
 
-// Y = interpolate(X).  dX = the transposed interpolation of dY (each output adds dY * weight to its
-// taps); scales get no gradient
-ONNXTRAIN_OP(Upsample, kOnnxDomain, 7).inputs(1).outputs(1).shape(upsample_shape)
-    .gradient_not_implemented("deprecated op; no rule yet (the transposed interpolation scatter)")
+// Y = interpolate(X).  dX = ResizeGrad(dY): the transposed interpolation (each output adds
+// dY * weight to its taps); scales get no gradient
+ONNXTRAIN_OP(Upsample, kOnnxDomain, 7).inputs(1).outputs(1).shape(upsample_shape).gradient(upsample_gradient)
     .cpu(upsample_kernel);
-ONNXTRAIN_OP(Upsample, kOnnxDomain, 9).inputs(2).outputs(1).shape(upsample_shape)
-    .gradient_not_implemented("deprecated op; no rule yet (the transposed interpolation scatter)")
+ONNXTRAIN_OP(Upsample, kOnnxDomain, 9).inputs(2).outputs(1).shape(upsample_shape).gradient(upsample_gradient)
     .cpu(upsample_kernel);
 
 }  // namespace onnxtrain

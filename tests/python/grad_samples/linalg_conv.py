@@ -133,3 +133,15 @@ SAMPLES["Resize"] = [
     _resize(r(2, 3, 4), scales=[1, 2, 1.5], mode="linear", coordinate_transformation_mode="asymmetric"),
     _resize(r(1, 1, 3, 4), scales=[1, 1, 2, 2], opset=10, mode="linear"),
 ]
+
+# Upsample (deprecated at opset 10): scales as an attribute (opset 7) or a constant input (opset 9).
+SAMPLES["Upsample"] = [
+    Sample([r(1, 1, 3, 3)], attrs=dict(mode="nearest", scales=[1.0, 1.0, 2.0, 1.5]), opset=7, name="opset 7 nearest"),
+    Sample([r(1, 2, 3, 4)], attrs=dict(mode="linear", scales=[1.0, 1.0, 2.0, 2.5]), opset=8, name="opset 8 linear"),
+    Sample([r(2, 3, 4), np.asarray([1, 2, 1.5], np.float32)], attrs=dict(mode="linear"), constants=[1], opset=9,
+           name="opset 9 linear"),
+    Sample([r(1, 1, 2, 3), np.asarray([1, 1, 3, 2], np.float32)], attrs=dict(mode="bilinear"), constants=[1],
+           opset=9, name="opset 9 bilinear"),
+    Sample([r(1, 2, 3, 2), np.asarray([1, 1, 2, 3], np.float32)], attrs=dict(mode="nearest"), constants=[1], opset=9,
+           name="opset 9 nearest"),
+]
