@@ -145,3 +145,25 @@ SAMPLES["Upsample"] = [
     Sample([r(1, 2, 3, 2), np.asarray([1, 1, 2, 3], np.float32)], attrs=dict(mode="nearest"), constants=[1], opset=9,
            name="opset 9 nearest"),
 ]
+
+
+def _unpool_indices(n, c, h, w, repeat=False):
+    """MaxPool(2x2, stride 2) indices into [n, c, h, w], flattened over the whole tensor: one position
+    per window; `repeat` points the last window at the first one's position (the later X wins)."""
+    idx = np.zeros((n, c, h // 2, w // 2), np.int64)
+    for (b, ch, i, j), _ in np.ndenumerate(idx):
+        di, dj = rng.integers(0, 2, 2)
+        idx[b, ch, i, j] = ((b * c + ch) * h + 2 * i + di) * w + 2 * j + dj
+    if repeat:
+        idx[0, 0, -1, -1] = idx[0, 0, 0, 0]
+    return idx
+
+
+SAMPLES["MaxUnpool"] = [
+    Sample([r(1, 2, 2, 2), _unpool_indices(1, 2, 4, 4)], attrs=dict(kernel_shape=[2, 2], strides=[2, 2]),
+           constants=[1], opset=11, name="2x2 stride 2"),
+    Sample([r(2, 1, 2, 3), _unpool_indices(2, 1, 4, 6), np.asarray([2, 1, 5, 7], np.int64)],
+           attrs=dict(kernel_shape=[2, 2], strides=[2, 2]), constants=[1, 2], opset=11, name="output_shape"),
+    Sample([r(1, 1, 2, 2), _unpool_indices(1, 1, 4, 4, repeat=True)], attrs=dict(kernel_shape=[2, 2], strides=[2, 2]),
+           constants=[1], opset=11, name="a repeated index"),
+]
