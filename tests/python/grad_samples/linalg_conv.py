@@ -167,3 +167,11 @@ SAMPLES["MaxUnpool"] = [
     Sample([r(1, 1, 2, 2), _unpool_indices(1, 1, 4, 4, repeat=True)], attrs=dict(kernel_shape=[2, 2], strides=[2, 2]),
            constants=[1], opset=11, name="a repeated index"),
 ]
+
+# Det: invertible matrices (det * X^-T), a singular one of rank m-1 (the adjugate: no inverse), 1x1.
+SAMPLES["Det"] = [
+    Sample([r(3, 3)], name="3x3"),
+    Sample([r(2, 2, 4, 4)], name="batched 4x4"),
+    Sample([np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.5, -1.0, 1.5]])], name="singular rank 2"),
+    Sample([r(2, 1, 1)], name="1x1"),
+]
