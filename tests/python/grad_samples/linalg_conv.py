@@ -175,3 +175,24 @@ SAMPLES["Det"] = [
     Sample([np.array([[1.0, 2.0, 3.0], [2.0, 4.0, 6.0], [0.5, -1.0, 1.5]])], name="singular rank 2"),
     Sample([r(2, 1, 1)], name="1x1"),
 ]
+
+# DFT and STFT (src/ops/signal/): real ([..., 1]) and complex ([..., 2]) signals, power-of-two and
+# other lengths, onesided, inverse, dft_length padding and cutting, a window that is differentiated.
+_i64 = np.int64
+SAMPLES["DFT"] = [
+    Sample([r(2, 8, 1)], opset=17, name="real, length 8"),
+    Sample([r(2, 5, 2)], opset=17, name="complex, length 5"),
+    Sample([r(1, 6, 1)], attrs=dict(onesided=1), opset=17, name="real onesided"),
+    Sample([r(1, 7, 1)], attrs=dict(onesided=1), opset=17, name="real onesided, odd length"),
+    Sample([r(2, 4, 2)], attrs=dict(inverse=1), opset=17, name="complex inverse"),
+    Sample([r(1, 5, 1), np.array(8, _i64)], constants=[1], opset=17, name="dft_length pads"),
+    Sample([r(1, 6, 2), np.array(4, _i64)], attrs=dict(inverse=1), constants=[1], opset=17, name="dft_length cuts"),
+    Sample([r(1, 2, 3, 2)], attrs=dict(axis=2), opset=17, name="axis 2"),
+]
+SAMPLES["STFT"] = [
+    Sample([r(1, 16, 1), np.array(4, _i64), r(8)], constants=[1], opset=17, name="real, window"),
+    Sample([r(2, 12, 2), np.array(3, _i64), r(6)], attrs=dict(onesided=0), constants=[1], opset=17,
+           name="complex, window, two-sided"),
+    Sample([r(1, 10, 1), np.array(2, _i64), None, np.array(4, _i64)], constants=[1, 3], opset=17,
+           name="frame_length, no window"),
+]
