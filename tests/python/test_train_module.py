@@ -299,16 +299,38 @@ class WithMseLoss(nn.Module):  # aten::mse_loss has no ONNX export in torch 1.13
         return nn.functional.mse_loss(self.fc(x), y)
 
 
-class WithDet(nn.Module):  # exports, but onnxtrain has no gradient rule for Det
+class WithGridSample(nn.Module):  # exports (opset 16), but onnxtrain has no gradient rule for GridSample
     def __init__(self):
         super().__init__()
-        self.w = nn.Parameter(torch.eye(3) + 0.1)
+        self.w = nn.Parameter(torch.randn(1, 1, 4, 4))
+
+    def forward(self, x, y):
+        grid = torch.tanh(x[:, :2]).reshape(1, 2, 2, 2)
+        return nn.functional.grid_sample(self.w, grid, align_corners=False).sum() * (x.sum() - y.sum())
+
+
+class WithDet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.eye(3) + 0.1 * torch.randn(3, 3))
 
     def forward(self, x, y):
         return torch.linalg.det(self.w) * (x.sum() - y.sum())
 
 
-@pytest.mark.parametrize("module,named", [(WithMseLoss, "aten::mse_loss"), (WithDet, "[Det] node")])
+def test_determinant_trains_as_in_torch():
+    """Det's gradient (the cofactor matrix) under TrainModule against torch.autograd."""
+    torch.manual_seed(0)
+    plain = WithDet()
+    inner = copy.deepcopy(plain)
+    x, y = torch.randn(4, 3), torch.randn(4, 2)
+    for m in (plain, TrainModule(inner)):
+        m(x, y).backward()
+    assert inner.w.grad is not None
+    torch.testing.assert_close(inner.w.grad, plain.w.grad, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("module,named", [(WithMseLoss, "aten::mse_loss"), (WithGridSample, "[GridSample] node")])
 def test_failures_raise_by_default_and_warn_once_with_fallback(monkeypatch, module, named):
     x, y = torch.randn(4, 3), torch.randn(4, 2)
     with pytest.raises(TrainModuleError, match=named.replace("[", r"\[")):
