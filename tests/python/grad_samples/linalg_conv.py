@@ -196,3 +196,24 @@ SAMPLES["STFT"] = [
     Sample([r(1, 10, 1), np.array(2, _i64), None, np.array(4, _i64)], constants=[1, 3], opset=17,
            name="frame_length, no window"),
 ]
+
+# GridSample: grid points in [-1.3, 1.3], so some fall outside and exercise each padding mode.
+def _grid(n, h, w):
+    return rng.uniform(-1.3, 1.3, (n, h, w, 2))
+
+
+SAMPLES["GridSample"] = [
+    Sample([r(1, 2, 3, 4), _grid(1, 2, 3)], opset=16, name="bilinear zeros"),
+    Sample([r(2, 1, 4, 3), _grid(2, 3, 2)], attrs=dict(align_corners=1), opset=16, name="bilinear zeros aligned"),
+    Sample([r(1, 2, 3, 4), _grid(1, 3, 2)], attrs=dict(padding_mode="border"), opset=16, name="bilinear border"),
+    Sample([r(1, 1, 4, 4), _grid(1, 3, 3)], attrs=dict(padding_mode="reflection"), opset=16,
+           name="bilinear reflection"),
+    Sample([r(1, 1, 3, 5), _grid(1, 2, 3)], attrs=dict(padding_mode="reflection", align_corners=1), opset=16,
+           name="bilinear reflection aligned"),
+    Sample([r(1, 2, 3, 3), _grid(1, 2, 2)], attrs=dict(mode="nearest"), opset=16, name="nearest"),
+    Sample([r(1, 1, 4, 4), _grid(1, 2, 2)], attrs=dict(mode="bicubic"), opset=16, name="bicubic zeros"),
+    Sample([r(1, 1, 4, 5), _grid(1, 2, 2)], attrs=dict(mode="bicubic", padding_mode="border", align_corners=1),
+           opset=16, name="bicubic border aligned"),
+    Sample([r(1, 1, 4, 4), _grid(1, 2, 2)], attrs=dict(mode="bicubic", padding_mode="reflection"), opset=16,
+           name="bicubic reflection"),
+]
