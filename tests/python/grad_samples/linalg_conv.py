@@ -217,3 +217,16 @@ SAMPLES["GridSample"] = [
     Sample([r(1, 1, 4, 4), _grid(1, 2, 2)], attrs=dict(mode="bicubic", padding_mode="reflection"), opset=16,
            name="bicubic reflection"),
 ]
+
+# RoiAlign: rois are constants (their gradient has no rule), two rois on one image overlap.
+_rois = np.array([[0.3, 0.2, 4.1, 3.6], [1.0, 1.5, 5.2, 4.4], [0.5, 0.0, 2.5, 2.5]])
+_batch = np.array([0, 0, 1], np.int64)
+SAMPLES["RoiAlign"] = [
+    Sample([r(2, 2, 5, 6), _rois, _batch], attrs=dict(output_height=2, output_width=3, sampling_ratio=2),
+           constants=[1, 2], opset=16, name="avg half_pixel"),
+    Sample([r(2, 1, 5, 6), _rois, _batch], attrs=dict(output_height=2, output_width=2, spatial_scale=0.8),
+           constants=[1, 2], opset=10, name="avg output_half_pixel, adaptive samples"),
+    Sample([distinct(2, 2, 5, 6), _rois, _batch], attrs=dict(output_height=2, output_width=2, sampling_ratio=2,
+                                                            mode="max"),
+           constants=[1, 2], opset=16, name="max"),
+]
