@@ -1,4 +1,5 @@
-// Shared pieces of the Python extension: numpy <-> Tensor, and each binding file's entry point.
+// Shared pieces of the Python extension: numpy <-> Tensor (python/src/convert.cc), and each
+// binding file's entry point.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -19,7 +20,7 @@ py::dtype numpy_dtype(DType dt);
 Tensor tensor_from_numpy(py::handle obj, const std::string& what);  // zero-copy when C-contiguous
 py::array tensor_to_numpy(const Tensor& t);                          // zero-copy
 std::map<std::string, Tensor> feeds_from_dict(const py::dict& feeds);
-// {grad_norm, clip_coef, skipped, loss_scale}: what one optimizer step reports (python/src/optim.cc).
+// {grad_norm, clip_coef, skipped, loss_scale}: what one optimizer step reports.
 py::dict stats_dict(const StepStats& stats);
 
 }  // namespace onnxtrain::python

@@ -126,14 +126,6 @@ std::vector<std::vector<Tensor>> state_lists(const OptimizerConfig& cfg, const p
 
 }  // namespace
 
-py::dict onnxtrain::python::stats_dict(const StepStats& s) {
-  py::dict d;
-  d["grad_norm"] = s.grad_norm;
-  d["clip_coef"] = s.clip_coef;
-  d["skipped"] = s.skipped;
-  d["loss_scale"] = s.loss_scale;
-  return d;
-}
 
 void bind_optim(pybind11::module_& root) {
   py::module_ m = root.def_submodule("optim", "multi-tensor optimizer updates and LR schedules (src/optim)");
