@@ -352,6 +352,32 @@ def test_failures_raise_by_default_and_warn_once_with_fallback(monkeypatch, modu
         torch.testing.assert_close(wrapped(x, y), plain(x, y))
 
 
+def test_a_changed_structure_exports_again():
+    """A layer replaced after wrapping (other width, other activation) or added: the next call
+    exports again and computes what the changed module computes, forward and backward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+    wrapped = TrainModule(model)
+    x = torch.randn(5, 3)
+    wrapped(x).sum().backward()
+    changes = [lambda: model.__setitem__(1, nn.Tanh()),           # same parameters, other op
+               lambda: model.__setitem__(2, nn.Linear(4, 3)),     # other shapes
+               lambda: model.append(nn.Linear(3, 1))]             # a new parameterised layer
+    for change in changes:
+        change()
+        model.zero_grad()
+        out = wrapped(x)
+        out.sum().backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        expected = model(x)
+        expected.sum().backward()
+        torch.testing.assert_close(out, expected)
+        for got, want in zip(grads, (p.grad for p in model.parameters())):
+            torch.testing.assert_close(got, want)
+    assert len(wrapped.build_stats) == 1  # the old structures' graphs are gone
+
+
 def test_debug_options_and_environment(monkeypatch, tmp_path, caplog):
     monkeypatch.setenv("ONNXTRAIN_SAVE_ONNX_PATH", str(tmp_path))
     model, batches = model_and_batches("mlp", 1)

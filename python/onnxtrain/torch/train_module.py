@@ -219,6 +219,7 @@ class TrainModule(nn.Module):
     def __getstate__(self):  # copy.deepcopy, pickling: graphs are rebuilt on the next call
         state = self.__dict__.copy()
         state["_exports"], state["_graphs"] = {}, {}
+        state.pop("_signature", None)
         return state
 
     def __getattr__(self, name: str):
@@ -350,10 +351,28 @@ class TrainModule(nn.Module):
 
     # ---- export and build, once per schema ----------------------------------------------------
 
+    def _module_signature(self) -> tuple:
+        """What an export depends on besides the inputs: each submodule's name and type, and each
+        parameter's and buffer's name, shape and dtype."""
+        m = self._original_module
+        return (tuple((n, type(s)) for n, s in m.named_modules()),
+                tuple((n, p.shape, p.dtype) for n, p in m.named_parameters()),
+                tuple((n, b.shape, b.dtype) for n, b in m.named_buffers()))
+
     def _graph_for(self, structure: tuple, inputs: List[torch.Tensor]) -> _Graph:
         for t in inputs:
             if t.device.type != "cpu":
                 raise TrainModuleError(f"TrainModule: an input is on {t.device}; onnxtrain runs on the CPU")
+        # A layer replaced, added or removed after wrapping, or a parameter reshaped: the graphs of
+        # the old structure would run stale, so they go and the module exports again.
+        signature = self._module_signature()
+        if signature != self.__dict__.get("_signature"):
+            if self.__dict__.get("_signature") is not None:
+                self._settings.log(LogLevel.INFO, f"TrainModule({type(self._original_module).__name__}): the "
+                                   "module's structure changed since its last export: exporting again")
+            self._exports.clear()
+            self._graphs.clear()
+            self.__dict__["_signature"] = signature
         export_key = (_tree.key(structure), tuple((tuple(t.shape), t.dtype) for t in inputs), self.training)
         grad = torch.is_grad_enabled()
         wrt_inputs = tuple(i for i, t in enumerate(inputs) if grad and t.requires_grad)
