@@ -21,9 +21,28 @@ def test_integer_wrt_and_missing_rule_fail_naming_the_value_and_node():
         build_gradient_graph(m, ["x"], ["y"])
     f = helper.make_tensor_value_info("f", TensorProto.FLOAT, [3])
     u = helper.make_tensor_value_info("u", TensorProto.FLOAT, None)
-    m = model([helper.make_node("Unique", ["f"], ["u"], name="uniq")], [f], [u])
-    with pytest.raises(onnxtrain.NotImplemented, match=r"\[Unique\] node 'uniq'"):
+    m = model([helper.make_node("ReluGrad", ["f", "f"], ["u"], name="second", domain="onnxtrain")], [f], [u])
+    m.opset_import.append(helper.make_opsetid("onnxtrain", 1))
+    with pytest.raises(onnxtrain.NotImplemented, match=r"\[ReluGrad\] node 'second'.*second derivatives"):
         build_gradient_graph(m, ["f"], ["u"])
+
+
+def test_unique_backward_fails_where_a_value_repeats():
+    """Unique's values are a permutation of distinct inputs (a scatter back); with a repeated value
+    no derivative exists, and the backward says so at run time."""
+    f = helper.make_tensor_value_info("f", TensorProto.FLOAT, [5])
+    u = helper.make_tensor_value_info("u", TensorProto.FLOAT, None)
+    m = model([helper.make_node("Unique", ["f"], ["u"], name="uniq", sorted=1)], [f], [u])
+    sess = onnxtrain.InferenceSession(build_gradient_graph(m, ["f"], ["u"]))
+    distinct = np.array([3.0, -1.0, 2.5, 0.0, 7.0], np.float32)
+    seed = np.arange(1, 6, dtype=np.float32)  # u_grad: the gradient flowing into each sorted value
+    grad = sess.run(["f_grad"], {"f": distinct, "u_grad": seed})[0]
+    # sorted values -1, 0, 2.5, 3, 7: each input gets the seed at its value's position
+    np.testing.assert_array_equal(grad, np.array([4.0, 1.0, 3.0, 2.0, 5.0], np.float32))
+    repeated = np.array([3.0, -1.0, 3.0, 0.0, 7.0], np.float32)
+    with pytest.raises(onnxtrain.InvalidArgument, match="Unique is differentiable only where its input has no "
+                                                        "repeated values: 1 of 4 values repeat"):
+        sess.run(["f_grad"], {"f": repeated, "u_grad": seed[:4]})
 
 
 def test_fan_out_gradients_are_summed_and_scalar_loss_is_seeded():

@@ -295,16 +295,46 @@ void topk_gradient(GradientBuilder& g) {
                   {{"axis", Attribute::of(g.node().attr_int("axis", -1))}}, kOnnxTrainDomain));
 }
 
-void compress_gradient(GradientBuilder& g) {
-  // The kept positions: nonzero(condition) as a 1-D index list.
-  std::string kept = g.reshape(g.emit("NonZero", {g.x(1)}), g.ints({-1}));
+// For ops whose output is x's items at `indices` along the node's axis (x flattened without one):
+// dx = gather_grad(dy, shape(x), indices, axis).
+void set_scattered_gradient(GradientBuilder& g, const std::string& indices) {
   if (g.node().has_attr("axis")) {
-    return g.set(0, g.emit("GatherGrad", {g.dy(0), g.shape(g.x(0)), kept},
+    return g.set(0, g.emit("GatherGrad", {g.dy(0), g.shape(g.x(0)), indices},
                            {{"axis", Attribute::of(g.node().attr_int("axis", 0))}}, kOnnxTrainDomain));
   }
-  // Without an axis, x is flattened first.
   std::string flat_shape = g.shape(g.reshape(g.x(0), g.ints({-1})));
-  g.set(0, reshape_like(g, g.emit("GatherGrad", {g.dy(0), flat_shape, kept}, {}, kOnnxTrainDomain), g.x(0)));
+  g.set(0, reshape_like(g, g.emit("GatherGrad", {g.dy(0), flat_shape, indices}, {}, kOnnxTrainDomain), g.x(0)));
+}
+
+// Unique's first-occurrence indices, passed through once its counts show no repeated value: the
+// values output is then a permutation of x's items (its derivative a scatter), whereas a repeated
+// value that moves apart changes the output's shape (no derivative exists there).
+void unique_grad_indices_kernel(KernelContext& ctx) {
+  const Tensor& indices = ctx.input(0);
+  const Tensor& counts = ctx.input(1);
+  OT_CHECK(counts.numel() == indices.numel(), ctx.node().context(), "indices (", indices.numel(),
+           ") and counts (", counts.numel(), ") should describe the same unique values");
+  int64_t repeated = 0, most = 1;
+  for (int64_t g = 0; g < counts.numel(); ++g) {
+    const int64_t c = counts.item_as_int(g);
+    if (c > 1) ++repeated;
+    most = std::max(most, c);
+  }
+  OT_CHECK(repeated == 0, ctx.node().context(), "Unique is differentiable only where its input has no repeated ",
+           "values: ", repeated, " of ", counts.numel(), " values repeat (one of them ", most, " times)");
+  ctx.set_output(0, indices);
+}
+
+// values = x[first]: with distinct items, dx = gather_grad(dvalues, shape(x), first, axis)
+// (flattened x without an axis), after checking that no item repeats.
+void unique_gradient(GradientBuilder& g) {
+  auto outs = g.emit_n("Unique", {g.x(0)}, 4, g.node().attributes);  // values, first, inverse, counts
+  set_scattered_gradient(g, g.emit("UniqueGradIndices", {outs[1], outs[3]}, {}, kOnnxTrainDomain));
+}
+
+void compress_gradient(GradientBuilder& g) {
+  // The kept positions: nonzero(condition) as a 1-D index list.
+  set_scattered_gradient(g, g.reshape(g.emit("NonZero", {g.x(1)}), g.ints({-1})));
 }
 
 }  // namespace
@@ -313,10 +343,14 @@ void compress_gradient(GradientBuilder& g) {
 ONNXTRAIN_OP(TopK, kOnnxDomain, 1).inputs(1, 2).outputs(2).shape(topk_rule).cpu(topk_kernel).gradient(topk_gradient);
 ONNXTRAIN_OP(NonZero, kOnnxDomain, 9).inputs(1).outputs(1).shape(nonzero_rule).not_differentiable()
     .cpu(nonzero_kernel);
-ONNXTRAIN_OP(Unique, kOnnxDomain, 11).inputs(1).outputs(1, 4).shape(unique_rule)
-    .gradient_not_implemented("the values output changes shape when tied inputs move apart, so it is "
-                              "differentiable only for tie-free inputs; no rule is written for that case")
+// values = unique(x) = x[first] for distinct items.  dx = gather_grad(dvalues, shape(x), first, axis);
+// an input with a repeated value has no derivative (moving the copies apart adds an output): the
+// backward fails there, naming it (UniqueGradIndices)
+ONNXTRAIN_OP(Unique, kOnnxDomain, 11).inputs(1).outputs(1, 4).shape(unique_rule).gradient(unique_gradient)
     .cpu(unique_kernel);
+ONNXTRAIN_OP(UniqueGradIndices, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape([](ShapeContext& ctx) {
+  ctx.set_output(0, ctx.input_dtype(0), ctx.input_shape(0));
+}).not_differentiable().cpu(unique_grad_indices_kernel);
 // y = compress(x, c, axis).  dx = gather_grad(dy, shape(x), nonzero(c), axis) (flattened x without an axis)
 ONNXTRAIN_OP(Compress, kOnnxDomain, 9).inputs(2).outputs(1).shape(compress_rule).cpu(compress_kernel)
     .gradient(compress_gradient);

@@ -241,3 +241,12 @@ SAMPLES = {
         onnxtrain([r(2, 6, 3), i64(1, 2), i64(1)], attrs={"mode": "constant"}, constants=[1, 2], name="axes"),
     ],
 }
+
+# Unique has a derivative only where no item repeats (tests/python/test_autodiff.py checks the
+# error for a repeated one): random values are distinct.
+SAMPLES["Unique"] = [
+    Sample([r(6)], name="sorted"),
+    Sample([r(2, 3)], attrs={"sorted": 0}, name="flattened, first-occurrence order"),
+    Sample([r(3, 2)], attrs={"axis": 0}, name="rows"),
+    Sample([r(2, 4)], attrs={"axis": 1, "sorted": 0}, name="columns, unsorted"),
+]
