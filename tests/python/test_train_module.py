@@ -299,13 +299,13 @@ class WithMseLoss(nn.Module):  # aten::mse_loss has no ONNX export in torch 1.13
         return nn.functional.mse_loss(self.fc(x), y)
 
 
-class WithDiagonal(nn.Module):  # exports (Einsum "ii->i"), whose gradient onnxtrain has no rule for
+class WithBroadcastEinsum(nn.Module):  # exports (Einsum), but an ellipsis broadcast has no gradient rule
     def __init__(self):
         super().__init__()
-        self.w = nn.Parameter(torch.randn(3, 3))
+        self.w = nn.Parameter(torch.randn(1, 3, 2))
 
     def forward(self, x, y):
-        return torch.einsum("ii->i", self.w).sum() * (x.sum() - y.sum())
+        return torch.einsum("...ij,...jk->...ik", self.w, torch.ones(4, 2, 2)).sum() * (x.sum() - y.sum())
 
 
 class WithDet(nn.Module):
@@ -329,7 +329,7 @@ def test_determinant_trains_as_in_torch():
     torch.testing.assert_close(inner.w.grad, plain.w.grad, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("module,named", [(WithMseLoss, "aten::mse_loss"), (WithDiagonal, "[Einsum] node")])
+@pytest.mark.parametrize("module,named", [(WithMseLoss, "aten::mse_loss"), (WithBroadcastEinsum, "[Einsum] node")])
 def test_failures_raise_by_default_and_warn_once_with_fallback(monkeypatch, module, named):
     x, y = torch.randn(4, 3), torch.randn(4, 2)
     with pytest.raises(TrainModuleError, match=named.replace("[", r"\[")):

@@ -1,6 +1,7 @@
 // Einsum: parses the equation (explicit or implicit output, ellipsis broadcasting), takes
 // diagonals of repeated labels, sums labels nothing else needs, and contracts operands left to
 // right as batched matmuls ([batch, M, K] x [batch, K, N]) through the shared MatMul path.
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -377,8 +378,10 @@ class EinsumKernel final : public Kernel {
 
 // dX_i = einsum("out, other terms -> X_i's labels", dY, X_j...) for j != i. Ellipsis dims become
 // explicit letters; labels of X_i that nothing else has (summed away in the forward) are
-// unsqueezed and expanded back. Not handled (kNotImplemented): repeated labels in one operand
-// (diagonals) and size-1 broadcasting of ellipsis dims between operands.
+// unsqueezed and expanded back. A label X_i repeats (a diagonal, "ii->i") reads only the diagonal:
+// the gradient over X_i's distinct labels is placed on it by identity matrices,
+// dX[a, b] = G[a] * I[a, b] ("a,aB->aB"), zero elsewhere (the repeated dims' sizes must be static).
+// Not handled (kNotImplemented): size-1 broadcasting of ellipsis dims between operands.
 void einsum_gradient(GradientBuilder& g) {
   const Node& node = g.node();
   std::vector<Shape> shapes;
@@ -422,16 +425,21 @@ void einsum_gradient(GradientBuilder& g) {
   for (size_t i = 0; i < e.inputs.size(); ++i) {
     if (!g.needs(i)) continue;
     const auto& li = e.inputs[i];
-    std::set<int> seen(li.begin(), li.end());
-    if (seen.size() != li.size())
-      OT_THROW(kNotImplemented, g.context(), "no gradient for repeated labels (diagonals) in operand ", i);
+    std::vector<int> distinct;  // X_i's labels, each once, in order of first appearance
+    std::vector<int64_t> distinct_dims;
+    for (size_t d = 0; d < li.size(); ++d) {
+      if (std::find(distinct.begin(), distinct.end(), li[d]) != distinct.end()) continue;
+      distinct.push_back(li[d]);
+      distinct_dims.push_back(shapes[i][d]);
+    }
+    const bool diagonal = distinct.size() != li.size();
     std::set<int> elsewhere(e.output.begin(), e.output.end());
     for (size_t j = 0; j < e.inputs.size(); ++j)
       if (j != i) elsewhere.insert(e.inputs[j].begin(), e.inputs[j].end());
     std::vector<int> kept;
-    std::vector<int64_t> missing;  // axes of X_i summed away in the forward
-    for (size_t d = 0; d < li.size(); ++d) {
-      if (elsewhere.count(li[d])) kept.push_back(li[d]);
+    std::vector<int64_t> missing;  // axes of the distinct labels summed away in the forward
+    for (size_t d = 0; d < distinct.size(); ++d) {
+      if (elsewhere.count(distinct[d])) kept.push_back(distinct[d]);
       else missing.push_back(int64_t(d));
     }
     std::string eq = out_term;
@@ -443,8 +451,30 @@ void einsum_gradient(GradientBuilder& g) {
     }
     eq += "->" + term(kept);
     std::string d = g.emit("Einsum", ins, {{"equation", Attribute::of(eq)}});
-    if (!missing.empty()) d = g.expand_like(g.unsqueeze(d, missing), g.x(i));
-    g.set(i, d);
+    if (!diagonal) {
+      if (!missing.empty()) d = g.expand_like(g.unsqueeze(d, missing), g.x(i));
+      g.set(i, d);
+      continue;
+    }
+    for (int64_t n : distinct_dims)
+      if (n < 0) OT_THROW(kNotImplemented, g.context(), "the gradient of a diagonal needs operand ", i, "'s static shape");
+    if (!missing.empty()) d = g.emit("Expand", {g.unsqueeze(d, missing), g.ints(distinct_dims)});
+    // Each repeat of a label gets a fresh letter tied to the first by an identity matrix.
+    std::string place_eq = term(distinct), place_out;
+    std::vector<std::string> place_ins{d};
+    std::set<int> placed;
+    for (size_t k = 0; k < li.size(); ++k) {
+      if (placed.insert(li[k]).second) {
+        place_out += name(li[k]);
+        continue;
+      }
+      const int fresh = kEllipsisBase + 1000 + int(k);  // a label no operand has
+      const int64_t n = shapes[i][k];
+      place_eq += std::string(",") + name(li[k]) + name(fresh);
+      place_out += name(fresh);
+      place_ins.push_back(g.emit("EyeLike", {g.emit("Expand", {g.scalar_like(0.0, g.x(i)), g.ints({n, n})})}));
+    }
+    g.set(i, g.emit("Einsum", place_ins, {{"equation", Attribute::of(place_eq + "->" + place_out)}}));
   }
 }
 

@@ -59,6 +59,12 @@ SAMPLES.update({
         Sample([r(2, 3, 4), r(3, 4)], attrs=dict(equation="ijk,jk"), name="implicit output"),
         Sample([r(3, 4), r(5)], attrs=dict(equation="ij,k->ik"), name="label summed away"),
         Sample([r(2, 3), r(3, 4), r(4, 2)], attrs=dict(equation="ij,jk,kl->il"), name="three operands"),
+        Sample([r(3, 3)], attrs=dict(equation="ii->i"), name="diagonal"),
+        Sample([r(4, 4)], attrs=dict(equation="ii->"), name="trace"),
+        Sample([r(2, 3, 3)], attrs=dict(equation="bii->bi"), name="batched diagonal"),
+        Sample([r(3, 3, 2), r(2, 4)], attrs=dict(equation="iij,jk->ik"), name="diagonal times matrix"),
+        Sample([r(2, 3), r(3, 3)], attrs=dict(equation="ij,jj->i"), name="diagonal of the second operand"),
+        Sample([r(2, 2, 2)], attrs=dict(equation="iii->i"), name="a label three times"),
     ],
     "Conv": [
         Sample([r(1, 2, 7), r(3, 2, 3), r(3)], attrs=dict(pads=[1, 1]), name="1-d bias"),
