@@ -381,7 +381,8 @@ class EinsumKernel final : public Kernel {
 // unsqueezed and expanded back. A label X_i repeats (a diagonal, "ii->i") reads only the diagonal:
 // the gradient over X_i's distinct labels is placed on it by identity matrices,
 // dX[a, b] = G[a] * I[a, b] ("a,aB->aB"), zero elsewhere (the repeated dims' sizes must be static).
-// Not handled (kNotImplemented): size-1 broadcasting of ellipsis dims between operands.
+// Operands whose size-1 (ellipsis) dims others broadcast get their gradient summed back to 1.
+// Not handled (kNotImplemented): a diagonal in an operand that is also broadcast.
 void einsum_gradient(GradientBuilder& g) {
   const Node& node = g.node();
   std::vector<Shape> shapes;
@@ -412,15 +413,26 @@ void einsum_gradient(GradientBuilder& g) {
     for (int l : labels) t += name(l);
     return t;
   };
-  // Sizes per label: a label of size 1 in one operand and > 1 in another is a broadcast.
+  // Sizes per label: a label of size 1 in one operand and > 1 in another (ellipsis dims) is a
+  // broadcast; that operand's gradient comes out at the full size and is summed back to 1.
   std::map<int, int64_t> size;
   for (size_t i = 0; i < e.inputs.size(); ++i)
     for (size_t d = 0; d < e.inputs[i].size(); ++d) {
-      int64_t v = shapes[i][d];
+      const int64_t v = shapes[i][d];
       auto [it, fresh] = size.emplace(e.inputs[i][d], v);
-      if (!fresh && v >= 0 && it->second >= 0 && v != it->second)
-        OT_THROW(kNotImplemented, g.context(), "no gradient for ellipsis dims broadcast between operands");
+      if (fresh) continue;
+      if (v < 0 || it->second < 0) {
+        if (v != it->second)
+          OT_THROW(kNotImplemented, g.context(), "the gradient needs the static sizes of label dims that may broadcast");
+        continue;
+      }
+      it->second = std::max(it->second, v);
     }
+  auto broadcast_in = [&](size_t i) {  // operand i has a size-1 dim the others broadcast
+    for (size_t d = 0; d < e.inputs[i].size(); ++d)
+      if (shapes[i][d] == 1 && size.at(e.inputs[i][d]) > 1) return true;
+    return false;
+  };
   std::string out_term = term(e.output);
   for (size_t i = 0; i < e.inputs.size(); ++i) {
     if (!g.needs(i)) continue;
@@ -453,9 +465,11 @@ void einsum_gradient(GradientBuilder& g) {
     std::string d = g.emit("Einsum", ins, {{"equation", Attribute::of(eq)}});
     if (!diagonal) {
       if (!missing.empty()) d = g.expand_like(g.unsqueeze(d, missing), g.x(i));
-      g.set(i, d);
+      g.set(i, broadcast_in(i) ? g.sum_to(d, g.x(i)) : d);
       continue;
     }
+    if (broadcast_in(i))
+      OT_THROW(kNotImplemented, g.context(), "no gradient for operand ", i, ": a diagonal with a broadcast dim");
     for (int64_t n : distinct_dims)
       if (n < 0) OT_THROW(kNotImplemented, g.context(), "the gradient of a diagonal needs operand ", i, "'s static shape");
     if (!missing.empty()) d = g.emit("Expand", {g.unsqueeze(d, missing), g.ints(distinct_dims)});

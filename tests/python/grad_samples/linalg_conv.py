@@ -65,6 +65,8 @@ SAMPLES.update({
         Sample([r(3, 3, 2), r(2, 4)], attrs=dict(equation="iij,jk->ik"), name="diagonal times matrix"),
         Sample([r(2, 3), r(3, 3)], attrs=dict(equation="ij,jj->i"), name="diagonal of the second operand"),
         Sample([r(2, 2, 2)], attrs=dict(equation="iii->i"), name="a label three times"),
+        Sample([r(1, 3, 2), r(4, 2, 2)], attrs=dict(equation="...ij,...jk->...ik"), name="ellipsis broadcast"),
+        Sample([r(2, 1, 3), r(1, 4, 3)], attrs=dict(equation="...j,...j->..."), name="ellipsis broadcast both ways"),
     ],
     "Conv": [
         Sample([r(1, 2, 7), r(3, 2, 3), r(3)], attrs=dict(pads=[1, 1]), name="1-d bias"),
