@@ -299,13 +299,21 @@ class WithMseLoss(nn.Module):  # aten::mse_loss has no ONNX export in torch 1.13
         return nn.functional.mse_loss(self.fc(x), y)
 
 
-class WithBroadcastEinsum(nn.Module):  # exports (Einsum), but an ellipsis broadcast has no gradient rule
+class WithCustomOp(nn.Module):  # exports (through custom_erfinv below) an op onnxtrain does not know
     def __init__(self):
         super().__init__()
-        self.w = nn.Parameter(torch.randn(1, 3, 2))
+        self.w = nn.Parameter(torch.rand(3) * 0.5)
 
     def forward(self, x, y):
-        return torch.einsum("...ij,...jk->...ik", self.w, torch.ones(4, 2, 2)).sum() * (x.sum() - y.sum())
+        return torch.erfinv(self.w).sum() * (x.sum() - y.sum())
+
+
+@pytest.fixture
+def custom_erfinv():
+    """aten::erfinv exported as a custom-domain op, as a project with its own ops would."""
+    torch.onnx.register_custom_op_symbolic("aten::erfinv", lambda g, x: g.op("mydomain::ErfInv", x), 1)
+    yield
+    torch.onnx.unregister_custom_op_symbolic("aten::erfinv", 1)
 
 
 class WithDet(nn.Module):
@@ -329,8 +337,8 @@ def test_determinant_trains_as_in_torch():
     torch.testing.assert_close(inner.w.grad, plain.w.grad, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("module,named", [(WithMseLoss, "aten::mse_loss"), (WithBroadcastEinsum, "[Einsum] node")])
-def test_failures_raise_by_default_and_warn_once_with_fallback(monkeypatch, module, named):
+@pytest.mark.parametrize("module,named", [(WithMseLoss, "aten::mse_loss"), (WithCustomOp, "[ErfInv] node")])
+def test_failures_raise_by_default_and_warn_once_with_fallback(monkeypatch, custom_erfinv, module, named):
     x, y = torch.randn(4, 3), torch.randn(4, 2)
     with pytest.raises(TrainModuleError, match=named.replace("[", r"\[")):
         TrainModule(module())(x, y)
