@@ -130,7 +130,7 @@ STARTUP_MODELS = {
 }
 STARTUP_FIELDS = ("checkpoint", "module", "optimizer", "first_step", "startup", "steady_step",
                   "checkpoint_cpu", "module_cpu", "optimizer_cpu", "first_step_cpu", "startup_cpu", "steady_step_cpu",
-                  "startup_faults", "first_step_faults", "steady_step_faults")
+                  "startup_faults", "first_step_faults", "steady_step_faults", "before_main")
 
 
 def run_startup(build: str, directory: str, inputs: list, compile_first: bool = False) -> dict:
@@ -140,6 +140,7 @@ def run_startup(build: str, directory: str, inputs: list, compile_first: bool = 
     if compile_first:
         subprocess.run([program, "--compile", directory, *inputs], check=True, env=env, stdout=subprocess.DEVNULL)
         return {}
+    env["ONNXTRAIN_BENCH_SPAWN_NS"] = str(time.clock_gettime_ns(time.CLOCK_MONOTONIC))  # for before_main
     out = subprocess.run([program, directory, *inputs], check=True, env=env, capture_output=True, text=True)
     if "note:" in out.stderr:
         raise RuntimeError(f"startup on {directory} printed a note: {out.stderr}")
@@ -192,7 +193,8 @@ def startup(builds: dict, repeats: int) -> None:
                       f"Optimizer {m['optimizer_cpu']:.2f}, first step {m['first_step_cpu']:.2f}, startup "
                       f"{m['startup_cpu']:.2f} ms (a steady step {m['steady_step_cpu']:.2f} ms); page faults: startup "
                       f"{m['startup_faults']:.0f}, of them the first step {m['first_step_faults']:.0f} (a steady step "
-                      f"{m['steady_step_faults']:.0f})")
+                      f"{m['steady_step_faults']:.0f}); before main (spawn, exec, loading the libraries, not "
+                      f"counted) {m['before_main']:.1f} ms")
             ratio = median([o["startup"] / c["startup"] for o, c in zip(rows["onnx"], rows["compiled"])])
             overhead = median([(o["startup"] - o["steady_step"]) / max(c["startup"] - c["steady_step"], 1e-3)
                                for o, c in zip(rows["onnx"], rows["compiled"])])

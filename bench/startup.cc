@@ -8,7 +8,9 @@
 // its optimizer step), the startup total (all four), and the median of 5 further steps
 // (--steady-steps N: N; 0 to profile the startup alone); then per phase the main thread's CPU time
 // (`<phase>_cpu`) and the process's minor page faults (`<phase>_faults`). Time before main (exec,
-// loading and relocating the libraries) is not counted: both forms pay it alike.
+// loading and relocating the libraries) is not in the startup, since both forms pay it alike; with
+// ONNXTRAIN_BENCH_SPAWN_NS set to CLOCK_MONOTONIC nanoseconds just before the spawn (bench_minimal.py
+// sets it), `before_main` says how long it took.
 // --compile instead pre-compiles ART_DIR for those shapes with this build (compile_artifacts).
 // `startup --first-touch MIB` prints what writing MIB of fresh anonymous memory costs, in 4 KiB pages
 // and in 2 MiB pages (MADV_HUGEPAGE), the cost core/memory.h's storage avoids.
@@ -63,6 +65,12 @@ static double first_touch_ms(size_t mib, bool huge_pages) {
 }
 
 int main(int argc, char** argv) {
+  double before_main_ms = -1;
+  if (const char* spawn = std::getenv("ONNXTRAIN_BENCH_SPAWN_NS")) {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    before_main_ms = (double(ts.tv_sec) * 1e9 + double(ts.tv_nsec) - std::atof(spawn)) / 1e6;
+  }
   if (argc == 3 && std::string(argv[1]) == "--first-touch") {
     const size_t mib = size_t(std::atoll(argv[2]));
     const double small = first_touch_ms(mib, false), huge = first_touch_ms(mib, true);
@@ -145,8 +153,8 @@ int main(int argc, char** argv) {
     std::printf("checkpoint %.3f module %.3f optimizer %.3f first_step %.3f startup %.3f steady_step %.3f",
                 checkpoint, module_ms, optimizer_ms, first, total, later.empty() ? 0.0 : later[later.size() / 2]);
     for (const auto& [name, c] : costs) std::printf(" %s_cpu %.3f %s_faults %ld", name, c.cpu_ms, name, c.faults);
-    std::printf(" startup_cpu %.3f startup_faults %ld steady_step_cpu %.3f steady_step_faults %ld\n", whole.cpu_ms,
-                whole.faults, steady.cpu_ms, steady.faults);
+    std::printf(" startup_cpu %.3f startup_faults %ld steady_step_cpu %.3f steady_step_faults %ld before_main %.3f\n",
+                whole.cpu_ms, whole.faults, steady.cpu_ms, steady.faults, before_main_ms);
   } catch (const onnxtrain::Error& e) {
     std::fprintf(stderr, "startup: %s\n", e.what());
     return 1;
