@@ -7,7 +7,8 @@
 // Prints one line of milliseconds: checkpoint load, Module, Optimizer, the first train step (with
 // its optimizer step), the startup total (all four), and the median of 5 further steps
 // (--steady-steps N: N; 0 to profile the startup alone); then per phase the main thread's CPU time
-// (`<phase>_cpu`) and the process's minor page faults (`<phase>_faults`). Time before main (exec,
+// (`<phase>_cpu`) and the process's minor page faults (`<phase>_faults`; for the steady steps the
+// median CPU time and the most faults of one). Time before main (exec,
 // loading and relocating the libraries) is not in the startup, since both forms pay it alike; with
 // ONNXTRAIN_BENCH_SPAWN_NS set to CLOCK_MONOTONIC nanoseconds just before the spawn (bench_minimal.py
 // sets it), `before_main` says how long it took.
@@ -140,21 +141,26 @@ int main(int argc, char** argv) {
     const double first = phase_done("first_step");
     const double total = ms_since(start);
     const Usage whole = Usage::now() - at_start;
-    std::vector<double> later;
-    Usage steady{0, 0};
+    std::vector<double> later, later_cpu;
+    long steady_faults = 0;  // the most of one steady step (0 once every buffer is in place)
     for (int i = 0; i < steady_steps; ++i) {
       t = Clock::now();
       const Usage before = Usage::now();
       step();
       later.push_back(ms_since(t));
-      if (i == steady_steps / 2) steady = Usage::now() - before;
+      const Usage used = Usage::now() - before;
+      later_cpu.push_back(used.cpu_ms);
+      steady_faults = std::max(steady_faults, used.faults);
     }
-    std::sort(later.begin(), later.end());
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.empty() ? 0.0 : v[v.size() / 2];
+    };
     std::printf("checkpoint %.3f module %.3f optimizer %.3f first_step %.3f startup %.3f steady_step %.3f",
-                checkpoint, module_ms, optimizer_ms, first, total, later.empty() ? 0.0 : later[later.size() / 2]);
+                checkpoint, module_ms, optimizer_ms, first, total, median(later));
     for (const auto& [name, c] : costs) std::printf(" %s_cpu %.3f %s_faults %ld", name, c.cpu_ms, name, c.faults);
     std::printf(" startup_cpu %.3f startup_faults %ld steady_step_cpu %.3f steady_step_faults %ld before_main %.3f\n",
-                whole.cpu_ms, whole.faults, steady.cpu_ms, steady.faults, before_main_ms);
+                whole.cpu_ms, whole.faults, median(later_cpu), steady_faults, before_main_ms);
   } catch (const onnxtrain::Error& e) {
     std::fprintf(stderr, "startup: %s\n", e.what());
     return 1;
