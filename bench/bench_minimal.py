@@ -192,7 +192,7 @@ def startup(builds: dict, repeats: int) -> None:
                 print(f"{'':{len(model) + 20}s}CPU time: checkpoint {m['checkpoint_cpu']:.2f}, Module {m['module_cpu']:.2f}, "
                       f"Optimizer {m['optimizer_cpu']:.2f}, first step {m['first_step_cpu']:.2f}, startup "
                       f"{m['startup_cpu']:.2f} ms (a steady step {m['steady_step_cpu']:.2f} ms); page faults: startup "
-                      f"{m['startup_faults']:.0f}, of them the first step {m['first_step_faults']:.0f} (a steady step "
+                      f"{m['startup_faults']:.0f}, of them the first step {m['first_step_faults']:.0f} (a steady step at most "
                       f"{m['steady_step_faults']:.0f}); before main (spawn, exec, loading the libraries, not "
                       f"counted) {m['before_main']:.1f} ms")
             ratio = median([o["startup"] / c["startup"] for o, c in zip(rows["onnx"], rows["compiled"])])
