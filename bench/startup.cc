@@ -5,11 +5,19 @@
 //                                                          :i64 for integer inputs such as labels)
 //
 // Prints one line of milliseconds: checkpoint load, Module, Optimizer, the first train step (with
-// its optimizer step), the startup total (all four), and the median of 5 further steps.
+// its optimizer step), the startup total (all four), and the median of 5 further steps
+// (--steady-steps N: N; 0 to profile the startup alone); then per phase the main thread's CPU time
+// (`<phase>_cpu`) and the process's minor page faults (`<phase>_faults`; for the steady steps the
+// median CPU time and the most faults of one). Time before main (exec,
+// loading and relocating the libraries) is not in the startup, since both forms pay it alike; with
+// ONNXTRAIN_BENCH_SPAWN_NS set to CLOCK_MONOTONIC nanoseconds just before the spawn (bench_minimal.py
+// sets it), `before_main` says how long it took.
 // --compile instead pre-compiles ART_DIR for those shapes with this build (compile_artifacts).
 // `startup --first-touch MIB` prints what writing MIB of fresh anonymous memory costs, in 4 KiB pages
 // and in 2 MiB pages (MADV_HUGEPAGE), the cost core/memory.h's storage avoids.
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -28,6 +36,21 @@ static double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
+// What a phase cost besides wall time: the main thread's CPU time (wall time minus it is waiting
+// for a core, on a shared machine) and the process's minor page faults (first touches of pages).
+struct Usage {
+  double cpu_ms;
+  long faults;
+  static Usage now() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    rusage ru{};
+    getrusage(RUSAGE_SELF, &ru);
+    return {double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6, ru.ru_minflt};
+  }
+  Usage operator-(const Usage& o) const { return {cpu_ms - o.cpu_ms, faults - o.faults}; }
+};
+
 // Milliseconds to write one byte per 4 KiB page of `mib` MiB of fresh anonymous memory.
 static double first_touch_ms(size_t mib, bool huge_pages) {
   const size_t huge = size_t(2) << 20, bytes = mib << 20;
@@ -43,6 +66,12 @@ static double first_touch_ms(size_t mib, bool huge_pages) {
 }
 
 int main(int argc, char** argv) {
+  double before_main_ms = -1;
+  if (const char* spawn = std::getenv("ONNXTRAIN_BENCH_SPAWN_NS")) {
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    before_main_ms = (double(ts.tv_sec) * 1e9 + double(ts.tv_nsec) - std::atof(spawn)) / 1e6;
+  }
   if (argc == 3 && std::string(argv[1]) == "--first-touch") {
     const size_t mib = size_t(std::atoll(argv[2]));
     const double small = first_touch_ms(mib, false), huge = first_touch_ms(mib, true);
@@ -51,8 +80,13 @@ int main(int argc, char** argv) {
   }
   const bool compile = argc > 1 && std::string(argv[1]) == "--compile";
   if (compile) ++argv, --argc;
+  int steady_steps = 5;  // --steady-steps 0: only the startup (for profiling it)
+  if (argc > 2 && std::string(argv[1]) == "--steady-steps") {
+    steady_steps = std::atoi(argv[2]);
+    argv += 2, argc -= 2;
+  }
   if (argc < 3) {
-    std::fprintf(stderr, "usage: startup [--compile] ART_DIR NAME=D0,D1,...[:i64] ...\n");
+    std::fprintf(stderr, "usage: startup [--compile | --steady-steps N] ART_DIR NAME=D0,D1,...[:i64] ...\n");
     return 2;
   }
   const std::string dir = argv[1];
@@ -80,33 +114,53 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto start = Clock::now();
+    const Usage at_start = Usage::now();
     auto t = start;
+    Usage u = at_start;
+    std::vector<std::pair<const char*, Usage>> costs;  // per phase: CPU time and page faults
+    auto phase_done = [&](const char* name) {
+      const double ms = ms_since(t);
+      const Usage now = Usage::now();
+      costs.emplace_back(name, now - u);
+      t = Clock::now();
+      u = Usage::now();
+      return ms;
+    };
     onnxtrain::CheckpointState state = onnxtrain::CheckpointState::load(dir + "/checkpoint");
-    const double checkpoint = ms_since(t);
-    t = Clock::now();
+    const double checkpoint = phase_done("checkpoint");
     onnxtrain::Module module(dir + "/training_model.onnx", state, dir + "/eval_model.onnx");
-    const double module_ms = ms_since(t);
-    t = Clock::now();
+    const double module_ms = phase_done("module");
     onnxtrain::Optimizer optimizer(dir + "/optimizer_model.onnx", module);
-    const double optimizer_ms = ms_since(t);
+    const double optimizer_ms = phase_done("optimizer");
     auto step = [&] {
       module.train_step(inputs);
       optimizer.step();
       module.lazy_reset_grad();
     };
-    t = Clock::now();
     step();
-    const double first = ms_since(t);
+    const double first = phase_done("first_step");
     const double total = ms_since(start);
-    std::vector<double> later;
-    for (int i = 0; i < 5; ++i) {
+    const Usage whole = Usage::now() - at_start;
+    std::vector<double> later, later_cpu;
+    long steady_faults = 0;  // the most of one steady step (0 once every buffer is in place)
+    for (int i = 0; i < steady_steps; ++i) {
       t = Clock::now();
+      const Usage before = Usage::now();
       step();
       later.push_back(ms_since(t));
+      const Usage used = Usage::now() - before;
+      later_cpu.push_back(used.cpu_ms);
+      steady_faults = std::max(steady_faults, used.faults);
     }
-    std::sort(later.begin(), later.end());
-    std::printf("checkpoint %.3f module %.3f optimizer %.3f first_step %.3f startup %.3f steady_step %.3f\n",
-                checkpoint, module_ms, optimizer_ms, first, total, later[2]);
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v.empty() ? 0.0 : v[v.size() / 2];
+    };
+    std::printf("checkpoint %.3f module %.3f optimizer %.3f first_step %.3f startup %.3f steady_step %.3f",
+                checkpoint, module_ms, optimizer_ms, first, total, median(later));
+    for (const auto& [name, c] : costs) std::printf(" %s_cpu %.3f %s_faults %ld", name, c.cpu_ms, name, c.faults);
+    std::printf(" startup_cpu %.3f startup_faults %ld steady_step_cpu %.3f steady_step_faults %ld before_main %.3f\n",
+                whole.cpu_ms, whole.faults, median(later_cpu), steady_faults, before_main_ms);
   } catch (const onnxtrain::Error& e) {
     std::fprintf(stderr, "startup: %s\n", e.what());
     return 1;
