@@ -40,6 +40,14 @@ struct TensorSpec {
 std::vector<Tensor> allocate_tensors(const std::vector<TensorSpec>& specs, Fill fill,
                                      std::vector<std::weak_ptr<void>>* holders = nullptr);
 
+// The bytes allocate_tensors takes for `specs` (each tensor 64-byte aligned, at least 64 bytes).
+size_t tensors_bytes(const std::vector<TensorSpec>& specs);
+// allocate_tensors' carving on storage the caller obtained (at least tensors_bytes(specs) bytes,
+// 64-byte aligned), as is: nothing is filled. The storage's own release runs when the last of the
+// tensors dies, so a caller can take memory back for another use (TrainModule's blocks).
+std::vector<Tensor> carve_tensors(const std::shared_ptr<void>& storage, const std::vector<TensorSpec>& specs,
+                                  std::vector<std::weak_ptr<void>>* holders = nullptr);
+
 // A tensor that a run hands out rather than placing in its arena (graph outputs: a TrainModule
 // step's logits, values of shapes the plan did not foresee), uninitialized. From
 // kLargeOutputBytes on, a huge-page mapping of its own (allocate_storage), unmapped when the
