@@ -101,13 +101,4 @@ std::vector<Tensor> allocate_tensors(const std::vector<TensorSpec>& specs, Fill 
   return carve_tensors(allocate_storage(tensors_bytes(specs), fill), specs, holders);
 }
 
-Tensor allocate_output(DType dtype, const Shape& shape) {
-  if (size_t(numel(shape)) * dtype_size(dtype) < kLargeOutputBytes) return Tensor::empty(dtype, shape);
-  OT_CHECK(dtype_supported(dtype), "cannot allocate a tensor of dtype ", dtype_name(dtype));
-  for (int64_t d : shape) OT_CHECK(d >= 0, "cannot allocate a tensor of shape ", shape_str(shape));
-  std::shared_ptr<void> storage = allocate_storage(size_t(numel(shape)) * dtype_size(dtype), Fill::kUninitialized);
-  void* data = storage.get();
-  return Tensor::borrow(dtype, shape, data, std::move(storage));
-}
-
 }  // namespace onnxtrain

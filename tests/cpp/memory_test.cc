@@ -97,12 +97,12 @@ TEST(MemoryTest, TensorsFromOneAllocationAreSeparateTensors) {
   EXPECT_EQ(last.data<uint8_t>()[6], 0x5a);
 }
 
-TEST(MemoryTest, LargeOutputsAreMappingsOfTheirOwnGoneWithTheTensor) {
+TEST(MemoryTest, LargeTensorsAreMappingsOfTheirOwnGoneWithTheTensor) {
   if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled"))
     GTEST_SKIP() << "this kernel has no transparent huge pages";
   const void* at = nullptr;
   {
-    Tensor large = allocate_output(DType::kFloat32, {33, 1 << 18});  // 33 MiB
+    Tensor large = Tensor::empty(DType::kFloat32, {33, 1 << 18});  // 33 MiB
     at = large.data();
     EXPECT_EQ(reinterpret_cast<uintptr_t>(at) % kHugePageBytes, 0u);
     EXPECT_NE(vm_flags_of(at).find(" hg"), std::string::npos);
@@ -112,11 +112,11 @@ TEST(MemoryTest, LargeOutputsAreMappingsOfTheirOwnGoneWithTheTensor) {
     EXPECT_NE(vm_flags_of(at), "");
   }
   EXPECT_EQ(vm_flags_of(at), "") << "the mapping outlived its last tensor";
-  Tensor small = allocate_output(DType::kFloat32, {31, 1 << 18});  // 31 MiB: the heap's
+  Tensor small = Tensor::empty(DType::kFloat32, {31, 1 << 18});  // 31 MiB: the heap's
   EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % 64, 0u);
   EXPECT_NE(reinterpret_cast<uintptr_t>(small.data()) % kHugePageBytes, 0u);
   EXPECT_EQ(small.shape(), (Shape{31, 1 << 18}));
-  EXPECT_THROW(allocate_output(DType::kFloat32, {1 << 20, -1}), Error);
+  EXPECT_THROW(Tensor::empty(DType::kFloat32, {1 << 20, -1}), Error);
 }
 
 TEST(MemoryTest, BadSpecsAreErrors) {
