@@ -119,6 +119,28 @@ TEST(MemoryTest, LargeTensorsAreMappingsOfTheirOwnGoneWithTheTensor) {
   EXPECT_THROW(Tensor::empty(DType::kFloat32, {1 << 20, -1}), Error);
 }
 
+// carve_tensors lays tensors out as allocate_tensors does, on the caller's storage, whose own
+// release runs once the last tensor dies (TrainModule takes a dead block's memory back that way).
+TEST(MemoryTest, CarvedTensorsReleaseTheStorageWithTheLastOfThem) {
+  const std::vector<TensorSpec> specs{{DType::kFloat32, {3}}, {DType::kInt64, {0}}, {DType::kFloat64, {2, 5}}};
+  EXPECT_EQ(tensors_bytes(specs), size_t(64 + 64 + 128));
+  std::vector<char> bytes(tensors_bytes(specs) + 64);
+  char* base = bytes.data() + (64 - reinterpret_cast<uintptr_t>(bytes.data()) % 64) % 64;
+  int released = 0;
+  std::vector<Tensor> t = carve_tensors(std::shared_ptr<void>(base, [&](void*) { ++released; }), specs);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[0].data(), base);
+  EXPECT_EQ(t[1].data(), base + 64);  // an empty tensor still has an address of its own
+  EXPECT_EQ(t[2].data(), base + 128);
+  EXPECT_EQ(t[2].shape(), (Shape{2, 5}));
+  Tensor last = t[1];
+  t.clear();
+  EXPECT_EQ(released, 0) << "released while a tensor still lives";
+  last = Tensor();
+  EXPECT_EQ(released, 1);
+  EXPECT_THROW(carve_tensors(std::shared_ptr<void>(base + 1, [](void*) {}), specs), Error);
+}
+
 TEST(MemoryTest, BadSpecsAreErrors) {
   EXPECT_THROW(allocate_tensors({{DType::kString, {2}}}, Fill::kZeros), Error);
   EXPECT_THROW(allocate_tensors({{DType::kFloat32, {2, -1}}}, Fill::kZeros), Error);
