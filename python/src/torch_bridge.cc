@@ -162,12 +162,13 @@ std::vector<int> all_positions(size_t n) {
 // for the next block of that kind. In this VM fresh pages are the cost: the kernel zero-fills
 // every page of a new mapping when it is first written (a BERT-style step's two blocks, 81 MiB,
 // cost 4-20 ms of a 100 ms step), while the heap, which reused freed memory, fragmented (below).
-// The spare lives only where nothing of ours could use that memory otherwise: a saved-values block
-// dies at the end of the backward and the next forward takes its memory; a gradient block dies
-// once torch has accumulated it (or at zero_grad(set_to_none=True)) and the next backward takes
-// its memory, while the forward between holds it. Any other request (another size, a forward
-// without a backward) gives it back first, so the process holds at most one spare of each kind,
-// never a block that is still in use.
+// A block's memory becomes the spare only once its last tensor has died, so a block in use is
+// never handed out, and a request that does not fit gives the spare back before allocating, so
+// the process never holds two blocks' memory where it held one. When it is kept follows from a
+// step's timeline: the saved values die at the end of the backward and only the accumulation,
+// the optimizer and zero_grad come before the next forward takes their memory; the gradients die
+// once torch has accumulated them, but the next backward comes after the forward, torch's loss
+// and that loss's backward (TorchRunner::forward gives their spare back).
 class SpareBlock {
  public:
   // Memory of `bytes` (64-byte aligned) for a new block: the spare when it fits (at least `bytes`,
@@ -242,16 +243,15 @@ class OutputBlock {
   }
 
   // Buffers for the next run (one per output of the run; undefined where none), carved from
-  // `spare`'s memory when it fits: empty until a run has shown the outputs' dtypes and shapes, and
-  // then `spare` is given back.
+  // `spare`'s memory when it fits: empty until a run has shown the outputs' dtypes and shapes.
+  // A run without a block leaves `spare` as it is: the run of a module whose shapes change
+  // (padding sparsity), interleaved with a dense one, or an evaluation between training steps,
+  // would otherwise cost the next block its reuse; the spare is then held through that run.
   std::vector<Tensor> buffers(size_t num_outputs, SpareBlock& spare) {
     std::vector<TensorSpec> specs;
     for (const Slot& slot : slots_)
       if (slot.blocked()) specs.push_back({slot.dtype, slot.shape});
-    if (specs.empty() || !stable_) {
-      spare.release();
-      return {};
-    }
+    if (specs.empty() || !stable_) return {};
     bool reused = false;
     std::vector<Tensor> carved = carve_tensors(spare.take(tensors_bytes(specs), &reused), specs), buffers(num_outputs);
     ++blocks_, reused_ += reused;
@@ -366,7 +366,6 @@ class TorchRunner {
     std::vector<Tensor> grads, buffers;
     OutputReadyFn hand_over;
     if (!on_gradient.is_none()) {
-      SpareBlock::gradients().release();  // no gradient block to take it
       hand_over = [&](size_t index, const Tensor& g) {
         py::gil_scoped_acquire acquire;
         return on_gradient(index, tensor_to_dlpack(g)).cast<bool>();
