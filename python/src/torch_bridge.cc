@@ -5,8 +5,8 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <numeric>
 #include <mutex>
+#include <numeric>
 #include <set>
 
 #include "bindings.h"
