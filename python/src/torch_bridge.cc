@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <mutex>
 #include <numeric>
 #include <set>
 
@@ -157,13 +158,73 @@ std::vector<int> all_positions(size_t n) {
   return all;
 }
 
+// The memory of the last block of one kind (saved values, gradients) to die in this process, kept
+// for the next block of that kind. In this VM fresh pages are the cost: the kernel zero-fills
+// every page of a new mapping when it is first written (a BERT-style step's two blocks, 81 MiB,
+// cost 4-20 ms of a 100 ms step), while the heap, which reused freed memory, fragmented (below).
+// A block's memory becomes the spare only once its last tensor has died, so a block in use is
+// never handed out, and a request that does not fit gives the spare back before allocating, so
+// the process never holds two blocks' memory where it held one. When it is kept follows from a
+// step's timeline: the saved values die at the end of the backward and only the accumulation,
+// the optimizer and zero_grad come before the next forward takes their memory; the gradients die
+// once torch has accumulated them, but the next backward comes after the forward, torch's loss
+// and that loss's backward (TorchRunner::forward gives their spare back).
+class SpareBlock {
+ public:
+  // Memory of `bytes` (64-byte aligned) for a new block: the spare when it fits (at least `bytes`,
+  // at most an eighth more), else a fresh allocation after the spare is given back. When the
+  // returned pointer's last copy dies, its memory becomes the spare. `reused` says which it was.
+  std::shared_ptr<void> take(size_t bytes, bool* reused) {
+    std::shared_ptr<void> memory, unfit;
+    size_t memory_bytes = bytes;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (memory_ && bytes_ >= bytes && bytes_ - bytes <= bytes / 8) {
+        memory = std::move(memory_), memory_bytes = bytes_;
+      } else {
+        unfit = std::move(memory_);
+      }
+      bytes_ = 0;
+    }
+    *reused = memory != nullptr;
+    unfit.reset();  // given back before the new allocation: never two at once
+    if (!memory) memory = allocate_storage(bytes, Fill::kUninitialized);
+    void* at = memory.get();
+    return std::shared_ptr<void>(at, [this, memory, memory_bytes](void*) { keep(memory, memory_bytes); });
+  }
+
+  // Gives the spare back to the system (a request that will not take it).
+  void release() {
+    std::shared_ptr<void> spare;
+    std::lock_guard<std::mutex> lock(mutex_);
+    spare = std::move(memory_);  // unmapped after the lock (destroyed after `lock`)
+    bytes_ = 0;
+  }
+
+  static SpareBlock& saved_values() { static SpareBlock* spare = new SpareBlock; return *spare; }
+  static SpareBlock& gradients() { static SpareBlock* spare = new SpareBlock; return *spare; }
+
+ private:
+  SpareBlock() = default;  // process-wide (above): a block's release may come from any thread, at any time
+
+  void keep(std::shared_ptr<void> memory, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::swap(memory_, memory);  // the spare it replaces is given back after the lock
+    bytes_ = bytes;
+  }
+
+  std::mutex mutex_;
+  std::shared_ptr<void> memory_;
+  size_t bytes_ = 0;
+};
+
 // One allocation for a run's outputs that die together: a step's saved values live from the
 // forward to the end of the backward, and its gradients (without memory-efficient gradient
 // management) are handed to torch at once and accumulated into .grad in one go. Passed to the run
-// as output buffers (huge pages from 2 MiB on, core/memory.h), the block is given back when the
-// last of them dies. Allocated one by one from glibc's heap, these 0.25-8 MiB values fragmented it
-// step after step, interleaved with torch's own blocks (a GPT-style model's peak grew 45 MiB over
-// 3 steps).
+// as output buffers (huge pages from 2 MiB on, core/memory.h), the block's memory becomes its
+// kind's spare when the last of them dies (SpareBlock). Allocated one by one from glibc's heap,
+// these 0.25-8 MiB values fragmented it step after step, interleaved with torch's own blocks (a
+// GPT-style model's peak grew 45 MiB over 3 steps).
 class OutputBlock {
  public:
   OutputBlock() = default;
@@ -171,22 +232,29 @@ class OutputBlock {
     for (int i : outputs) slots_.push_back({size_t(i), DType::kUndefined, {}, true});
   }
   bool empty() const { return slots_.empty(); }
-  // "K of N in one block of B bytes" (the next run's block).
+  // "K of N in one block of B bytes, R of them in the memory of the block before" (the next
+  // run's block; R counts the runs whose block reused the spare).
   std::string describe() const {
     size_t in = 0, bytes = 0;
     for (const Slot& slot : slots_)
       if (slot.blocked()) ++in, bytes += size_t(numel(slot.shape)) * dtype_size(slot.dtype);
-    return std::to_string(in) + " of " + std::to_string(slots_.size()) + " in one block of " + std::to_string(bytes) + " bytes";
+    return std::to_string(in) + " of " + std::to_string(slots_.size()) + " in one block of " + std::to_string(bytes) +
+           " bytes, " + std::to_string(reused_) + " of " + std::to_string(blocks_) + " in the memory of the block before";
   }
 
-  // Buffers for the next run (one per output of the run; undefined where none): empty until a
-  // run has shown the outputs' dtypes and shapes.
-  std::vector<Tensor> buffers(size_t num_outputs) const {
+  // Buffers for the next run (one per output of the run; undefined where none), carved from
+  // `spare`'s memory when it fits: empty until a run has shown the outputs' dtypes and shapes.
+  // A run without a block leaves `spare` as it is: the run of a module whose shapes change
+  // (padding sparsity), interleaved with a dense one, or an evaluation between training steps,
+  // would otherwise cost the next block its reuse; the spare is then held through that run.
+  std::vector<Tensor> buffers(size_t num_outputs, SpareBlock& spare) {
     std::vector<TensorSpec> specs;
     for (const Slot& slot : slots_)
       if (slot.blocked()) specs.push_back({slot.dtype, slot.shape});
     if (specs.empty() || !stable_) return {};
-    std::vector<Tensor> carved = allocate_tensors(specs, Fill::kUninitialized), buffers(num_outputs);
+    bool reused = false;
+    std::vector<Tensor> carved = carve_tensors(spare.take(tensors_bytes(specs), &reused), specs), buffers(num_outputs);
+    ++blocks_, reused_ += reused;
     size_t k = 0;
     for (const Slot& slot : slots_)
       if (slot.blocked()) buffers[slot.output] = std::move(carved[k++]);
@@ -225,6 +293,7 @@ class OutputBlock {
   };
   std::vector<Slot> slots_;
   bool stable_ = false;
+  size_t blocks_ = 0, reused_ = 0;  // blocks carved, and how many of them from a spare
 };
 
 // One exported module under one input schema: its forward and backward executors.
@@ -262,7 +331,11 @@ class TorchRunner {
     std::map<std::string, Tensor> named;
     bind(named, feeds, fb_.forward_feeds, fb_.forward.graph, "forward feed");
     if (stash_.empty()) stash_ = OutputBlock(positions(fb_.saved, forward_outputs_));
-    std::vector<Tensor> outs, stash = stash_.buffers(forward_outputs_.size());
+    // The gradient block's memory, held from here to the backward, would be held through torch's
+    // own peak after the forward, its loss and that loss's backward (a GPT-style step's logits
+    // and their gradients: 32 MiB each, its peak 28 MiB higher): the next backward maps afresh.
+    SpareBlock::gradients().release();
+    std::vector<Tensor> outs, stash = stash_.buffers(forward_outputs_.size(), SpareBlock::saved_values());
     {
       py::gil_scoped_release release;
       outs = forward_->run(named, {}, {}, stash);
@@ -300,7 +373,7 @@ class TorchRunner {
     } else {  // all handed over at the end, and accumulated into .grad in one go: one block
       if (gradient_block_.empty())
         gradient_block_ = OutputBlock(all_positions(fb_.backward.graph.outputs.size()));
-      buffers = gradient_block_.buffers(fb_.backward.graph.outputs.size());
+      buffers = gradient_block_.buffers(fb_.backward.graph.outputs.size(), SpareBlock::gradients());
     }
     {
       py::gil_scoped_release release;

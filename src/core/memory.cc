@@ -66,39 +66,39 @@ std::shared_ptr<void> allocate_storage(size_t bytes, Fill fill) {
   return std::shared_ptr<void>(p, std::free);
 }
 
-std::vector<Tensor> allocate_tensors(const std::vector<TensorSpec>& specs, Fill fill,
-                                     std::vector<std::weak_ptr<void>>* holders) {
-  std::vector<size_t> offsets;
-  offsets.reserve(specs.size());
+size_t tensors_bytes(const std::vector<TensorSpec>& specs) {
   size_t total = 0;
   for (const TensorSpec& s : specs) {
     OT_CHECK(dtype_supported(s.dtype), "cannot allocate a tensor of dtype ", dtype_name(s.dtype));
     for (int64_t d : s.shape) OT_CHECK(d >= 0, "cannot allocate a tensor of shape ", shape_str(s.shape));
-    offsets.push_back(total);
     // At least one byte each: distinct addresses, so that no two tensors look like views of one.
     total += round_up(std::max<size_t>(size_t(numel(s.shape)) * dtype_size(s.dtype), 1), kAlign);
   }
-  std::shared_ptr<void> storage = allocate_storage(total, fill);
+  return total;
+}
+
+std::vector<Tensor> carve_tensors(const std::shared_ptr<void>& storage, const std::vector<TensorSpec>& specs,
+                                  std::vector<std::weak_ptr<void>>* holders) {
+  OT_CHECK(storage && reinterpret_cast<uintptr_t>(storage.get()) % kAlign == 0,
+           "carve_tensors: the storage must be ", kAlign, "-byte aligned");
   std::vector<Tensor> tensors;
   tensors.reserve(specs.size());
-  for (size_t i = 0; i < specs.size(); ++i) {
-    void* at = static_cast<char*>(storage.get()) + offsets[i];
+  size_t offset = 0;
+  for (const TensorSpec& s : specs) {
+    void* at = static_cast<char*>(storage.get()) + offset;
+    offset += round_up(std::max<size_t>(size_t(numel(s.shape)) * dtype_size(s.dtype), 1), kAlign);
     // A holder per tensor that keeps the shared storage alive (not an aliasing pointer, whose use
     // count would be the storage's).
     std::shared_ptr<void> holder(at, [storage](void*) {});
     if (holders) holders->push_back(holder);
-    tensors.push_back(Tensor::borrow(specs[i].dtype, specs[i].shape, at, std::move(holder)));
+    tensors.push_back(Tensor::borrow(s.dtype, s.shape, at, std::move(holder)));
   }
   return tensors;
 }
 
-Tensor allocate_output(DType dtype, const Shape& shape) {
-  if (size_t(numel(shape)) * dtype_size(dtype) < kLargeOutputBytes) return Tensor::empty(dtype, shape);
-  OT_CHECK(dtype_supported(dtype), "cannot allocate a tensor of dtype ", dtype_name(dtype));
-  for (int64_t d : shape) OT_CHECK(d >= 0, "cannot allocate a tensor of shape ", shape_str(shape));
-  std::shared_ptr<void> storage = allocate_storage(size_t(numel(shape)) * dtype_size(dtype), Fill::kUninitialized);
-  void* data = storage.get();
-  return Tensor::borrow(dtype, shape, data, std::move(storage));
+std::vector<Tensor> allocate_tensors(const std::vector<TensorSpec>& specs, Fill fill,
+                                     std::vector<std::weak_ptr<void>>* holders) {
+  return carve_tensors(allocate_storage(tensors_bytes(specs), fill), specs, holders);
 }
 
 }  // namespace onnxtrain

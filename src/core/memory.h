@@ -40,16 +40,22 @@ struct TensorSpec {
 std::vector<Tensor> allocate_tensors(const std::vector<TensorSpec>& specs, Fill fill,
                                      std::vector<std::weak_ptr<void>>* holders = nullptr);
 
-// A tensor that a run hands out rather than placing in its arena (graph outputs: a TrainModule
-// step's logits, values of shapes the plan did not foresee), uninitialized. From
-// kLargeOutputBytes on, a huge-page mapping of its own (allocate_storage), unmapped when the
-// tensor dies: glibc maps blocks that large afresh on every allocation anyway, in 4 KiB pages whose
-// faults cost this VM 15 us each (a GPT-style step's 32 MiB logits: 8,192 faults). Below, glibc's
-// heap, which reuses freed blocks without faulting or zeroing their pages again: fresh huge pages
-// for every 2-32 MiB output made steps whose shapes change (padding and label sparsity) 10-25%
-// slower. Outputs that die together come from one block instead (TrainModule's saved values and
-// gradients), which keeps them from fragmenting the heap.
-inline constexpr size_t kLargeOutputBytes = size_t(32) << 20;
-Tensor allocate_output(DType dtype, const Shape& shape);
+// The bytes allocate_tensors takes for `specs` (each tensor 64-byte aligned, at least 64 bytes).
+size_t tensors_bytes(const std::vector<TensorSpec>& specs);
+// allocate_tensors' carving on storage the caller obtained (at least tensors_bytes(specs) bytes,
+// 64-byte aligned), as is: nothing is filled. The storage's own release runs when the last of the
+// tensors dies, so a caller can take memory back for another use (TrainModule's blocks).
+std::vector<Tensor> carve_tensors(const std::shared_ptr<void>& storage, const std::vector<TensorSpec>& specs,
+                                  std::vector<std::weak_ptr<void>>* holders = nullptr);
+
+// Tensor::empty from this size on: a huge-page mapping of its own (allocate_storage), unmapped
+// when the tensor dies. glibc maps blocks this large afresh on every allocation anyway, in 4 KiB
+// pages whose faults cost this VM 1.5-15 us each (a GPT-style step's 32 MiB logits, or the
+// log-softmax scratch its loss computes in the forward and again in the backward: 8,192 faults
+// each). Below, glibc's heap, which reuses freed blocks without faulting or zeroing their pages
+// again: fresh huge pages for every 2-32 MiB output made steps whose shapes change (padding and
+// label sparsity) 10-25% slower. Outputs that die together come from one block instead
+// (TrainModule's saved values and gradients), which keeps them from fragmenting the heap.
+inline constexpr size_t kLargeTensorBytes = size_t(32) << 20;
 
 }  // namespace onnxtrain

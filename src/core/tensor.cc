@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "core/dispatch.h"
+#include "core/memory.h"
 
 namespace onnxtrain {
 
@@ -134,6 +135,11 @@ Tensor Tensor::empty(DType dtype, Shape shape) {
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   size_t bytes = t.nbytes();
+  if (bytes >= kLargeTensorBytes) {  // huge pages of its own (core/memory.h)
+    t.holder_ = allocate_storage(bytes, Fill::kUninitialized);
+    t.data_ = t.holder_.get();
+    return t;
+  }
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded ? rounded : 64);
   if (!p) OT_THROW(kRuntime, "out of memory allocating ", bytes, " bytes");

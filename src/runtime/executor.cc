@@ -134,7 +134,7 @@ class StepContext final : public KernelContext, public SubgraphHost {
       }
       if (view.defined()) ++dynamic_;  // larger than planned: fall back to a fresh buffer
     }
-    *slot = recording() ? recording_output(dtype, shape) : allocate_output(dtype, shape);
+    *slot = recording() ? recording_output(dtype, shape) : Tensor::empty(dtype, shape);
     return *slot;
   }
 

@@ -321,7 +321,7 @@ TEST(Executor, RecordingRunReturnsDeadValuesMemory) {
 #endif
 }
 
-// Outputs a planned run hands out come from allocate_output: a large one is a huge-page mapping
+// Outputs a planned run hands out come from Tensor::empty: a large one is a huge-page mapping
 // of its own (2 MiB aligned; glibc's own mappings put their header first), smaller ones the heap's.
 TEST(Executor, LargeOutputsAreHugePageMappings) {
   constexpr int64_t kN = int64_t(9) << 20;  // 36 MiB of floats

@@ -97,12 +97,12 @@ TEST(MemoryTest, TensorsFromOneAllocationAreSeparateTensors) {
   EXPECT_EQ(last.data<uint8_t>()[6], 0x5a);
 }
 
-TEST(MemoryTest, LargeOutputsAreMappingsOfTheirOwnGoneWithTheTensor) {
+TEST(MemoryTest, LargeTensorsAreMappingsOfTheirOwnGoneWithTheTensor) {
   if (!std::filesystem::exists("/sys/kernel/mm/transparent_hugepage/enabled"))
     GTEST_SKIP() << "this kernel has no transparent huge pages";
   const void* at = nullptr;
   {
-    Tensor large = allocate_output(DType::kFloat32, {33, 1 << 18});  // 33 MiB
+    Tensor large = Tensor::empty(DType::kFloat32, {33, 1 << 18});  // 33 MiB
     at = large.data();
     EXPECT_EQ(reinterpret_cast<uintptr_t>(at) % kHugePageBytes, 0u);
     EXPECT_NE(vm_flags_of(at).find(" hg"), std::string::npos);
@@ -112,11 +112,33 @@ TEST(MemoryTest, LargeOutputsAreMappingsOfTheirOwnGoneWithTheTensor) {
     EXPECT_NE(vm_flags_of(at), "");
   }
   EXPECT_EQ(vm_flags_of(at), "") << "the mapping outlived its last tensor";
-  Tensor small = allocate_output(DType::kFloat32, {31, 1 << 18});  // 31 MiB: the heap's
+  Tensor small = Tensor::empty(DType::kFloat32, {31, 1 << 18});  // 31 MiB: the heap's
   EXPECT_EQ(reinterpret_cast<uintptr_t>(small.data()) % 64, 0u);
   EXPECT_NE(reinterpret_cast<uintptr_t>(small.data()) % kHugePageBytes, 0u);
   EXPECT_EQ(small.shape(), (Shape{31, 1 << 18}));
-  EXPECT_THROW(allocate_output(DType::kFloat32, {1 << 20, -1}), Error);
+  EXPECT_THROW(Tensor::empty(DType::kFloat32, {1 << 20, -1}), Error);
+}
+
+// carve_tensors lays tensors out as allocate_tensors does, on the caller's storage, whose own
+// release runs once the last tensor dies (TrainModule takes a dead block's memory back that way).
+TEST(MemoryTest, CarvedTensorsReleaseTheStorageWithTheLastOfThem) {
+  const std::vector<TensorSpec> specs{{DType::kFloat32, {3}}, {DType::kInt64, {0}}, {DType::kFloat64, {2, 5}}};
+  EXPECT_EQ(tensors_bytes(specs), size_t(64 + 64 + 128));
+  std::vector<char> bytes(tensors_bytes(specs) + 64);
+  char* base = bytes.data() + (64 - reinterpret_cast<uintptr_t>(bytes.data()) % 64) % 64;
+  int released = 0;
+  std::vector<Tensor> t = carve_tensors(std::shared_ptr<void>(base, [&](void*) { ++released; }), specs);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[0].data(), base);
+  EXPECT_EQ(t[1].data(), base + 64);  // an empty tensor still has an address of its own
+  EXPECT_EQ(t[2].data(), base + 128);
+  EXPECT_EQ(t[2].shape(), (Shape{2, 5}));
+  Tensor last = t[1];
+  t.clear();
+  EXPECT_EQ(released, 0) << "released while a tensor still lives";
+  last = Tensor();
+  EXPECT_EQ(released, 1);
+  EXPECT_THROW(carve_tensors(std::shared_ptr<void>(base + 1, [](void*) {}), specs), Error);
 }
 
 TEST(MemoryTest, BadSpecsAreErrors) {

@@ -458,3 +458,49 @@ def test_saved_values_and_gradients_of_a_step_share_one_block():
     assert 0 < blocked < saved and nbytes > 0
     blocked, grads, nbytes = _block(report, "gradients")
     assert blocked == grads == len(list(model.parameters())) and nbytes >= 4 * sum(p.numel() for p in model.parameters())
+
+
+def _reuses(report: str, what: str):
+    """(blocks in the memory of the block before, blocks) from a memory report's "<what>: ..."."""
+    m = re.search(what + r": [^;]*, (\d+) of (\d+) in the memory of the block before", report)
+    assert m, f"no '{what}' reuse count in: {report}"
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_a_saved_values_block_reuses_the_memory_of_the_dead_one_before_it_and_never_of_a_live_one():
+    # The next forward takes the memory of the last saved-values block to die (fresh pages cost
+    # more than the step's work on them here): results must be bit for bit those of a step
+    # without blocks (a fresh TrainModule's first step), and a block that is still alive (a graph
+    # not yet backpropagated) must never be handed out.
+    model, batches = model_and_batches("gpt", 7)
+
+    def step_alone(x, y):  # the first step of a fresh TrainModule: no blocks, no spare taken
+        wrapped = TrainModule(copy.deepcopy(model))
+        loss = cross_entropy(wrapped(x), y)
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in wrapped.parameters()]
+
+    want = [step_alone(x, y) for x, y in batches]
+    wrapped = TrainModule(model)
+
+    def check(loss, k):
+        loss.backward()
+        assert torch.equal(loss.detach(), want[k][0]), f"batch {k}: loss"
+        for p, g in zip(wrapped.parameters(), want[k][1]):
+            assert torch.equal(p.grad, g), f"batch {k}: a gradient differs"
+        wrapped.zero_grad(set_to_none=True)
+
+    def forward(k):
+        x, y = batches[k]
+        return cross_entropy(wrapped(x), y)
+
+    for k in range(3):  # the block's shapes are learnt, then a step takes the block before's memory
+        check(forward(k), k)
+    first, later = forward(3), forward(4)  # two graphs alive: their blocks are both in use
+    check(later, 4)  # its block dies: its memory is the spare now, while the first's block lives
+    third = forward(5)  # takes that spare; must not touch the first graph's saved values
+    check(first, 3)
+    check(third, 5)
+    check(forward(6), 6)
+    reused, blocks = _reuses(wrapped.build_stats[0]["memory"], "saved values")
+    assert blocks == 6 and reused >= 3, wrapped.build_stats[0]["memory"]
