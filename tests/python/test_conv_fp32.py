@@ -22,6 +22,11 @@ CASES = [
     ((2, 4, 7, 7), 9, 3, 1, 1, 2, 1, False),        # dilation
     ((2, 3, 6, 6), 60, 3, 1, 1, 1, 1, True),        # a 64-wide output tile with a tail
     ((3, 2, 8, 8), 5, 2, 2, 0, 1, 1, True),         # stride 2: dX from the stride-spread dY frame
+    # ConvGrad's Winograd shapes (winograd_backward in conv_dnnl.cc): both passes on 8x8 outputs,
+    # backward-weights alone on 4x4 (with AVX-512; elsewhere the direct kernels run them). Larger than
+    # the portable kernels' shapes.
+    ((2, 32, 16, 16), 16, 3, 1, 1, 1, 1, True),
+    ((2, 80, 4, 4), 16, 3, 1, 1, 1, 1, False),
 ]
 
 
@@ -116,3 +121,29 @@ def test_unknown_kernel_choice_is_an_error_naming_the_variable():
     out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "ERROR" in out.stdout and "ONNXTRAIN_KERNELS" in out.stdout and "'fastest'" in out.stdout, out.stdout
+
+
+def test_conv_grad_runs_winograd_where_chosen():
+    # ConvGrad of a 3x3 stride-1 convolution with 16-multiple channels on a 16x16 plane runs oneDNN's
+    # Winograd kernels (jit_wino_4x3, AVX-512 only) for both passes; the cases above check its
+    # numbers. oneDNN's verbose output, read when the library loads, names the kernels: a fresh process.
+    import os
+    import subprocess
+    import sys
+    with open("/proc/cpuinfo") as f:
+        if "avx512f" not in f.read():
+            pytest.skip("oneDNN's Winograd kernels need AVX-512")
+    code = ("import numpy as np\n"
+            "from tests.python import single_node\n"
+            "x = np.ones((2, 32, 16, 16), np.float32); w = np.ones((16, 32, 3, 3), np.float32)\n"
+            "dy = np.ones((2, 16, 16, 16), np.float32)\n"
+            "single_node.run_node('ConvGrad', [dy, x, w], dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]),\n"
+            "                     num_outputs=2, domain='onnxtrain')\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, ONEDNN_VERBOSE="1", DNNL_VERBOSE="1")
+    out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    kernels = {line.split(",")[5]: line.split(",")[4] for line in out.stdout.splitlines()
+               if line.startswith(("onednn_verbose,exec,cpu,convolution", "dnnl_verbose,exec,cpu,convolution"))}
+    assert kernels.get("backward_data", "").startswith("jit_wino_4x3"), kernels
+    assert kernels.get("backward_weights", "").startswith("jit_wino_4x3"), kernels

@@ -214,6 +214,26 @@ void run_pair(A&& a, B&& b) {
     if (e) std::rethrow_exception(e);
 }
 
+// Whether a convolution's backward-data (`weights` false) or backward-weights pass asks oneDNN
+// for Winograd F(4x4, 3x3) instead of its direct kernels: 3x3 windows, stride 1, no dilation, one
+// group, fp32, input and output channels multiples of 16 (oneDNN's vector width: 3 -> 32 channels
+// on 32x32, backward-weights 0.25 ms direct, 0.74 Winograd), output planes of at least 8x8
+// positions for backward-data (4x4 for backward-weights). Training only: inference keeps the direct kernels, and its results ORT's.
+// Measured on the ResNet's shapes (batch 16, one thread, Zen 4, 2026-11-27; ms direct / Winograd,
+// backward-data and backward-weights): 32 channels on 16x16 0.59 / 0.34 and 0.66 / 0.33; 64 on 8x8
+// 0.54 / 0.31 and 0.62 / 0.30; 128 on 4x4 0.46 / 0.50 and 0.67 / 0.33; 256 on 2x2 0.50 / 1.86 and
+// 0.82 / 1.38 (a 4x4 tile for 2x2 outputs). Rounding: against float64, relative L2 errors of
+// 0.5-1.2e-6 for backward-data (direct: 0.2e-6), 0.4-0.5e-6 for backward-weights (direct
+// 0.2-0.8e-6), on those shapes with 32-256 channels.
+bool winograd_backward(const ConvSpec& s, bool weights) {
+  if (s.transposed || s.group != 1 || s.dtype != DType::kFloat32 || s.kernel.size() != 2 || s.x[1] % 16 != 0 ||
+      s.out_channels % 16 != 0)
+    return false;
+  for (size_t i = 0; i < 2; ++i)
+    if (s.kernel[i] != 3 || s.stride[i] != 1 || s.dilation[i] != 1 || s.out[i] < (weights ? 4 : 8)) return false;
+  return true;
+}
+
 }  // namespace
 
 struct ConvBackwardPrimitive::Impl {
@@ -267,25 +287,42 @@ ConvBackwardPrimitive::ConvBackwardPrimitive(const ConvSpec& s, bool need_dx, bo
     dnnl::memory::dims strides(s.stride.begin(), s.stride.end()), dil(nd), pl(s.pad_l.begin(), s.pad_l.end()),
         pr(s.pad_r.begin(), s.pad_r.end());
     for (size_t i = 0; i < nd; ++i) dil[i] = s.dilation[i] - 1;
-    auto alg = dnnl::algorithm::convolution_direct;
+    // Winograd where it was measured faster (winograd_backward); oneDNN refuses it without
+    // AVX-512, and then the direct kernels run.
+    const bool wino_data = winograd_backward(s, false), wino_weights = winograd_backward(s, true);
     // Two threads (the machines this is tuned on): backward-weights single-threaded, next to
     // backward-data when both run. More threads: the usual multi-threaded primitives, one after
     // the other (a side-by-side split would leave all but two threads idle).
     int threads = omp_get_max_threads();
     p.concurrent = need_dx && need_dw && threads == 2;
     int weights_threads = threads <= 2 ? 1 : threads;
-    auto fwd = s.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei,
-                                                        p.bias_md, any_dst, strides, dil, pl, pr)
-                      : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei,
-                                                        any_dst, strides, dil, pl, pr);
-    dnnl::convolution_forward::primitive_desc hint(fwd, eng);
+    auto hint = [&](dnnl::algorithm alg) {
+      auto fwd = s.bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei,
+                                                          p.bias_md, any_dst, strides, dil, pl, pr)
+                        : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training, alg, any_src, any_wei,
+                                                          any_dst, strides, dil, pl, pr);
+      return dnnl::convolution_forward::primitive_desc(fwd, eng);
+    };
     dnnl::primitive_attr own_scratchpad;
     own_scratchpad.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    // The primitive_desc of `make(alg)`: Winograd's when `winograd` and oneDNN has a kernel for
+    // it, else the direct one.
+    auto with_algorithm = [](bool winograd, auto make) {
+      if (winograd) {
+        try {
+          return make(dnnl::algorithm::convolution_winograd);
+        } catch (const dnnl::error&) {  // no Winograd kernel for this CPU or shape
+        }
+      }
+      return make(dnnl::algorithm::convolution_direct);
+    };
     if (need_dx) {
-      dnnl::convolution_backward_data::desc d(alg, any_src, any_wei, any_dst, strides, dil, pl, pr);
       auto pd = [&] {  // single-threaded when it runs next to backward-weights
         OmpThreadsScope scope(p.concurrent ? 1 : threads);
-        dnnl::convolution_backward_data::primitive_desc pd(d, own_scratchpad, eng, hint);
+        auto pd = with_algorithm(wino_data, [&](dnnl::algorithm alg) {
+          dnnl::convolution_backward_data::desc d(alg, any_src, any_wei, any_dst, strides, dil, pl, pr);
+          return dnnl::convolution_backward_data::primitive_desc(d, own_scratchpad, eng, hint(alg));
+        });
         p.bwd_data = dnnl::convolution_backward_data(pd);
         p.data_scratch = dnnl::memory(pd.scratchpad_desc(), eng);
         return pd;
@@ -295,12 +332,15 @@ ConvBackwardPrimitive::ConvBackwardPrimitive(const ConvSpec& s, bool need_dx, bo
       p.data_dx = Relayout(user_src, pd.diff_src_desc(), false);
     }
     if (need_dw) {
-      auto d = s.bias ? dnnl::convolution_backward_weights::desc(alg, any_src, any_wei, p.bias_md, any_dst, strides,
-                                                                 dil, pl, pr)
-                      : dnnl::convolution_backward_weights::desc(alg, any_src, any_wei, any_dst, strides, dil, pl, pr);
       auto pd = [&] {
         OmpThreadsScope scope(weights_threads);
-        dnnl::convolution_backward_weights::primitive_desc pd(d, own_scratchpad, eng, hint);
+        auto pd = with_algorithm(wino_weights, [&](dnnl::algorithm alg) {
+          auto d = s.bias ? dnnl::convolution_backward_weights::desc(alg, any_src, any_wei, p.bias_md, any_dst,
+                                                                     strides, dil, pl, pr)
+                          : dnnl::convolution_backward_weights::desc(alg, any_src, any_wei, any_dst, strides, dil,
+                                                                     pl, pr);
+          return dnnl::convolution_backward_weights::primitive_desc(d, own_scratchpad, eng, hint(alg));
+        });
         p.bwd_weights = dnnl::convolution_backward_weights(pd);
         p.weights_scratch = dnnl::memory(pd.scratchpad_desc(), eng);
         return pd;
