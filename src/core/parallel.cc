@@ -1,5 +1,10 @@
 #include "core/parallel.h"
 
+#include <cstdlib>
+#include <string>
+
+#include "onnxtrain/status.h"
+
 namespace onnxtrain {
 
 void set_num_threads(int n) {
@@ -7,5 +12,19 @@ void set_num_threads(int n) {
 }
 
 int num_threads() { return omp_get_max_threads(); }
+
+int64_t serial_work() {
+  static const int64_t limit = [] {
+    const char* env = std::getenv("ONNXTRAIN_SERIAL_WORK");
+    if (!env || !*env) return kSerialWork;
+    char* end = nullptr;
+    const long long v = std::strtoll(env, &end, 10);
+    if (*end != '\0' || v < 0)
+      OT_THROW(kInvalidArgument, "ONNXTRAIN_SERIAL_WORK: expected a non-negative count of multiply-adds, got '",
+               std::string(env), "'");
+    return int64_t(v);
+  }();
+  return limit;
+}
 
 }  // namespace onnxtrain

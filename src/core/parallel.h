@@ -37,6 +37,8 @@ void parallel_for(int64_t n, int64_t grain, F&& fn) {
 // machine, a scheduler time slice (milliseconds: a 64x16x16 MaxPool took 13 ms on two threads and
 // 0.04 ms on one).
 inline constexpr int64_t kSerialWork = int64_t(4) << 20;
+// kSerialWork, or ONNXTRAIN_SERIAL_WORK (read once; 0: no serial steps) to measure the choice (DESIGN.md).
+int64_t serial_work();
 // A memory-bound element (read or written) counted as this many multiply-adds: one core streams
 // about 4 G elements/s through an elementwise loop and multiply-adds 30 G/s in a JIT convolution.
 inline constexpr int64_t kMemoryBoundElementWork = 8;

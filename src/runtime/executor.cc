@@ -481,7 +481,7 @@ void Executor::decide_serial(Plan& plan) {
       views = views && (id < 0 || plan.alias_of[size_t(id)] >= 0);
     }
     if (step.schema->work) {
-      if (step.schema->work(inputs, outputs) >= kSerialWork) return;
+      if (step.schema->work(inputs, outputs) >= serial_work()) return;
     } else if (!views && memory_bound_work(inputs, outputs) >= kUnstatedSerialWork) {
       return;  // an op that does not state its work may compute far more than it touches
     }

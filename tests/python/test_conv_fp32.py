@@ -147,3 +147,33 @@ def test_conv_grad_runs_winograd_where_chosen():
                if line.startswith(("onednn_verbose,exec,cpu,convolution", "dnnl_verbose,exec,cpu,convolution"))}
     assert kernels.get("backward_data", "").startswith("jit_wino_4x3"), kernels
     assert kernels.get("backward_weights", "").startswith("jit_wino_4x3"), kernels
+
+
+def test_serial_work_override_keeps_results_and_refuses_a_bad_value():
+    # ONNXTRAIN_SERIAL_WORK (src/core/parallel.cc) replaces the bar under which a convolution runs
+    # on the calling thread; read once per process, so each value gets a fresh one. 0 sends this
+    # batch-1 convolution (0.6 M multiply-adds, serial by default) through the pool: same values.
+    import os
+    import subprocess
+    import sys
+    code = ("import numpy as np, torch, torch.nn.functional as F\n"
+            "from tests.python import single_node\n"
+            "rng = np.random.default_rng(0)\n"
+            "x = rng.standard_normal((1, 16, 16, 16)).astype(np.float32)\n"
+            "w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)\n"
+            "try:\n"
+            "    y = single_node.run_node('Conv', [x, w], dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]))[0]\n"
+            "except Exception as e:\n"
+            "    print('ERROR', e); raise SystemExit(0)\n"
+            "want = F.conv2d(torch.tensor(x), torch.tensor(w), padding=1).numpy()\n"
+            "print('MAXERR', float(np.max(np.abs(y - want))))\n")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    outs = {}
+    for value in ("0", "many"):
+        env = dict(os.environ, ONNXTRAIN_SERIAL_WORK=value)
+        out = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                             timeout=120)
+        assert out.returncode == 0, out.stderr
+        outs[value] = out.stdout
+    assert "MAXERR" in outs["0"] and float(outs["0"].split("MAXERR")[1]) < 1e-3, outs["0"]
+    assert "ERROR" in outs["many"] and "ONNXTRAIN_SERIAL_WORK" in outs["many"] and "'many'" in outs["many"], outs["many"]

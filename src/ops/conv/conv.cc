@@ -143,7 +143,7 @@ class ConvKernel final : public Kernel {
     s.y_channels_last = y_channels_last_;
     s.sum = z != nullptr;
     int64_t macs = y.numel() * (w.numel() / std::max<int64_t>(w.dim(0), 1));  // per output: C/G * kernel taps
-    s.serial = !s.transposed && macs < kSerialWork;
+    s.serial = !s.transposed && macs < serial_work();
     auto key = s.key();
     cpu::ConvPrimitive* conv = cache_.find(key);
     if (!conv) conv = &cache_.insert(key, cpu::ConvPrimitive(s, node.context()));
