@@ -103,11 +103,12 @@ def bench_forward(args, ot, workdir: str) -> List[dict]:
                     engine.prepare(key, path, files)
                 except Exception as exc:  # noqa: BLE001
                     r.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            runs, warmup = case_runs(args, ot_engine, key, feeds, res["onnxtrain"])
             for _ in range(args.rounds):
                 if res["onnxtrain"].error is None:
-                    ot_engine.run(key, feeds, args.warmup, args.runs, res["onnxtrain"])
+                    ot_engine.run(key, feeds, warmup, runs, res["onnxtrain"])
                 if res["ORT"].error is None:
-                    ort_engine.run(key, args.warmup, args.runs, res["ORT"])
+                    ort_engine.run(key, warmup, runs, res["ORT"])
             err = float("nan")
             if res["onnxtrain"].ok and res["ORT"].ok:
                 err = max(float(np.max(np.abs(a.astype(np.float64) - b)) / (1 + np.max(np.abs(b))))
@@ -120,6 +121,24 @@ def bench_forward(args, ot, workdir: str) -> List[dict]:
             rows.append(row)
             ot_engine.sessions.pop(key, None)
     return rows
+
+
+def case_runs(args, ot_engine, key: str, feeds: Dict[str, np.ndarray], result) -> Tuple[int, int]:
+    """(timed runs, warm-up runs) per engine per round for one case: at least ``--runs``, and as
+    many as fill ``--round-ms`` at onnxtrain's speed (capped at 500), so that a sub-millisecond
+    batch-1 model gets hundreds of samples rather than ten (its medians swung 0.6-1.8x between runs
+    of 10); warm-up a tenth of that, at least ``--warmup``. Both engines get the same counts."""
+    if result.error is not None:
+        return args.runs, args.warmup
+    try:
+        probe = ot_engine.sessions[key]
+        probe.run(None, feeds)
+        estimate = min(time_ms(lambda: probe.run(None, feeds), 0, 3))
+    except Exception as exc:  # noqa: BLE001 (reported in the table by the timed runs)
+        result.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        return args.runs, args.warmup
+    runs = max(args.runs, min(500, int(args.round_ms / max(estimate, 1e-3))))
+    return runs, max(args.warmup, runs // 10)
 
 
 def profile_report(ot, path: str, feeds: Dict[str, np.ndarray], threads: int, runs: int = 10) -> str:
@@ -213,6 +232,9 @@ def parse_args(argv=None):
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 4, --short 2)")
     p.add_argument("--runs", type=int, default=None, help="timed runs per engine per round (default 10, --short 5)")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--round-ms", type=float, default=None,
+                   help="forward: more runs per round for fast cases, to fill this many ms "
+                        "(default 300, --short 150)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds per engine per round after which timing stops early (default 3, --short 1.5)")
     p.add_argument("--forward", default=",".join(FORWARD_MODELS), help="forward models ('' for none)")
@@ -224,6 +246,7 @@ def parse_args(argv=None):
     args.rounds = args.rounds or (2 if args.short else 4)
     args.runs = args.runs or (5 if args.short else 10)
     args.budget = args.budget or (1.5 if args.short else 3.0)
+    args.round_ms = args.round_ms if args.round_ms is not None else (150.0 if args.short else 300.0)
     args.forward = [m for m in args.forward.split(",") if m]
     args.train = [m for m in args.train.split(",") if m]
     args.batches = [int(b) for b in args.batches.split(",") if b]
@@ -238,8 +261,8 @@ def main(argv=None) -> int:
     os.makedirs(args.out_dir, exist_ok=True)
     ot = import_onnxtrain()
     workdir = tempfile.mkdtemp(prefix="cnn_", dir=args.out_dir)
-    print(f"onnxtrain CNN benchmark: {args.threads} threads, {args.rounds} rounds x {args.runs} runs "
-          f"(+{args.warmup} warmup), medians; load average {os.getloadavg()[0]:.1f}")
+    print(f"onnxtrain CNN benchmark: {args.threads} threads, {args.rounds} rounds x at least {args.runs} runs "
+          f"(forward: up to {args.round_ms:g} ms a round), medians; load average {os.getloadavg()[0]:.1f}")
     forward = bench_forward(args, ot, workdir)
     train = bench_train(args, ot, workdir)
     report(forward, train)

@@ -30,13 +30,17 @@ void parallel_for(int64_t n, int64_t grain, F&& fn) {
 }
 
 // Below this much work (multiply-adds, or kMemoryBoundElementWork per element a memory-bound op
-// reads or writes) one kernel call runs on the calling thread: on two cores waking the pool and
-// joining it costs more than the halved work (batch-1 ResNet and MobileNetV2 convolutions of 1-4 M
-// multiply-adds ran 1.5-3x faster on one thread, 2026-11-24), and after a run of such serial calls
-// the pool's threads have gone to sleep, so a region's wake-up costs a futex wake and, on a loaded
-// machine, a scheduler time slice (milliseconds: a 64x16x16 MaxPool took 13 ms on two threads and
-// 0.04 ms on one).
-inline constexpr int64_t kSerialWork = int64_t(4) << 20;
+// reads or writes) one kernel call runs on the calling thread, and a plan whose every step is below
+// it runs on one thread (Executor::decide_serial). The bar is what a region of the pool costs
+// against the work it halves: while a run keeps the pool busy its threads spin between regions and
+// a two-thread region forks and joins in about 1 us, where 256 Ki multiply-adds take about 8 us of
+// one core; a pool asleep (after about a millisecond idle: OpenMP's spin count) takes 100-150 us to
+// wake here, which a plan of only such small steps (an MLP on a few rows) would pay every run
+// (2-core Zen 4 VM, 2026-11-27). Until 2026-11-27 the bar was 4 Mi, set when batch-1 convolutions
+// of 1-4 M multiply-adds ran 1.5-3x faster on one thread (2026-11-24, a VM state whose page faults
+// cost 5-10x today's and a wake-up on the loaded machine milliseconds); today the batch-1 ResNet and MobileNetV2 run 1.5-2x faster
+// with the pool (docs/DESIGN.md "Small plans run on one thread").
+inline constexpr int64_t kSerialWork = int64_t(1) << 18;
 // kSerialWork, or ONNXTRAIN_SERIAL_WORK (read once; 0: no serial steps) to measure the choice (DESIGN.md).
 int64_t serial_work();
 // A memory-bound element (read or written) counted as this many multiply-adds: one core streams

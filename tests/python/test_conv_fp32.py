@@ -152,15 +152,15 @@ def test_conv_grad_runs_winograd_where_chosen():
 def test_serial_work_override_keeps_results_and_refuses_a_bad_value():
     # ONNXTRAIN_SERIAL_WORK (src/core/parallel.cc) replaces the bar under which a convolution runs
     # on the calling thread; read once per process, so each value gets a fresh one. 0 sends this
-    # batch-1 convolution (0.6 M multiply-adds, serial by default) through the pool: same values.
+    # batch-1 convolution (37 K multiply-adds, serial by default) through the pool: same values.
     import os
     import subprocess
     import sys
     code = ("import numpy as np, torch, torch.nn.functional as F\n"
             "from tests.python import single_node\n"
             "rng = np.random.default_rng(0)\n"
-            "x = rng.standard_normal((1, 16, 16, 16)).astype(np.float32)\n"
-            "w = rng.standard_normal((16, 16, 3, 3)).astype(np.float32)\n"
+            "x = rng.standard_normal((1, 8, 8, 8)).astype(np.float32)\n"
+            "w = rng.standard_normal((8, 8, 3, 3)).astype(np.float32)\n"
             "try:\n"
             "    y = single_node.run_node('Conv', [x, w], dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]))[0]\n"
             "except Exception as e:\n"
@@ -177,3 +177,45 @@ def test_serial_work_override_keeps_results_and_refuses_a_bad_value():
         outs[value] = out.stdout
     assert "MAXERR" in outs["0"] and float(outs["0"].split("MAXERR")[1]) < 1e-3, outs["0"]
     assert "ERROR" in outs["many"] and "ONNXTRAIN_SERIAL_WORK" in outs["many"] and "'many'" in outs["many"], outs["many"]
+
+
+# ConvTranspose whose windows tile the output (kernel == stride, no pads or dilation: a learned
+# upsampling) runs as a matmul and a scatter (run_tiled in conv_transpose.cc); the others through
+# oneDNN. (x shape, out channels, kernel = stride, bias)
+TILED_TRANSPOSE_CASES = [
+    ((2, 24, 5, 6), 24, (2, 2), True),     # PP-OCR det's upsampling
+    ((3, 24, 4, 4), 1, (2, 2), True),      # one output channel
+    ((1, 5, 3, 7), 7, (2, 3), False),      # unequal kernel dims, odd channels
+    ((2, 6, 9), 4, (4,), True),            # 1-d
+    ((2, 3, 2, 3, 4), 5, (2, 1, 3), True), # 3-d, a dim without upsampling
+    ((1, 4, 3, 3), 6, (1, 1), True),       # 1x1: a pointwise product
+    ((16, 16, 20, 20), 8, (2, 2), True),   # images on both threads at once, sharing one matmul
+]
+
+
+@pytest.mark.parametrize("x_shape,m,kernel,bias", TILED_TRANSPOSE_CASES)
+@pytest.mark.parametrize("weights_constant", [False, True])
+def test_tiled_conv_transpose_matches_torch(x_shape, m, kernel, bias, weights_constant):
+    import onnxtrain
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(len(x_shape) + m)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal((x_shape[1], m, *kernel)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32) if bias else None
+    conv_t = [F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d][x.ndim - 3]
+    want = conv_t(torch.tensor(x), torch.tensor(w), torch.tensor(b) if bias else None, stride=kernel).numpy()
+    names = ["x", "w", "b"][:3 if bias else 2]
+    values = dict(zip(names, [x, w, b]))
+    constants = [numpy_helper.from_array(values[n], n) for n in names[1:]] if weights_constant else []
+    graph_inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, values[n].shape)
+                    for n in names if not weights_constant or n == "x"]
+    node = helper.make_node("ConvTranspose", names, ["y"], kernel_shape=list(kernel), strides=list(kernel))
+    graph = helper.make_graph([node], "t", graph_inputs, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              constants)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = onnxtrain.InferenceSession(model.SerializeToString())
+    feeds = {i.name: values[i.name] for i in graph_inputs}
+    for _ in range(2):  # the second run reuses the kernel's matmul and its buffer
+        y = sess.run(None, feeds)[0]
+        assert y.shape == want.shape
+        np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)

@@ -38,21 +38,20 @@ struct ConvSpec {
   // sum post-op; forward only).
   bool sum = false;
   // Built and run on the calling thread alone (reorders included): for convolutions too small to
-  // pay for waking the pool (ConvPrimitive::kSerialMacs).
+  // pay for a region of the pool (serial_work(), core/parallel.h).
   bool serial = false;
   std::vector<int64_t> key() const;
 };
 
 class ConvPrimitive {
  public:
-  // Below this many multiply-adds a forward convolution runs on one thread (kSerialWork).
-  static constexpr int64_t kSerialMacs = kSerialWork;
-
   ConvPrimitive(const ConvSpec& spec, const std::string& context);
   // w in ONNX layout: Conv [M, C/G, k...], ConvTranspose [C, M/G, k...]. `w_constant`: w's
   // contents never change for this pointer (an initializer), so its reorder is done once.
   // Pointers to data of spec.dtype.
-  // `z`: the summand when spec.sum (may be y itself), else null.
+  // `z`: the summand when spec.sum (may be y itself), else null. One caller at a time (a kernel's
+  // primitive: the executor runs a plan on one thread at a time); its reorder buffers and memory
+  // objects are reused from call to call.
   void run(const void* x, const void* w, const void* bias, void* y, bool w_constant = false,
            const void* z = nullptr) const;
 

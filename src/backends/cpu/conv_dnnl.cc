@@ -36,6 +36,7 @@ struct ConvPrimitive::Impl {
   dnnl::memory::desc bias_md;
   dnnl::primitive conv;
   Relayout src, wei, dst;  // plain ONNX layouts <-> the primitive's
+  Relayout bias_at;        // the bias, read where it is (never relaid)
   Relayout dst_in;         // sum: Z into the primitive's dst layout
 };
 
@@ -84,6 +85,7 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : im
     auto user_dst = s.y_channels_last ? channels_last_md(dst_dims, f) : plain_md(dst_dims, f);
     auto user_wei = strided_md(wdims, f, wstrides);
     p.bias_md = plain_md({m}, f);
+    p.bias_at = Relayout(p.bias_md, p.bias_md, true, true);
     // Output planes of a few positions (a ResNet's last stage: 2x2) over a batch: oneDNN picks its
     // brgemm kernel for any layout, which runs them 1.4-1.6x slower than its direct kernel on
     // nChw16c blocks (16x256x2x2, 3x3: 0.55 vs 0.36 ms on one thread, 2026-11-24); the reorders
@@ -139,11 +141,11 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : im
         }
       }
       dnnl::convolution_forward::primitive_desc pd = plain ? *plain : conv_pd(any_src, any_dst);
-      p.src = Relayout(user_src, pd.src_desc(), true);
-      p.wei = Relayout(user_wei, pd.weights_desc(), true);
-      p.dst = Relayout(user_dst, pd.dst_desc(), false);
+      p.src = Relayout(user_src, pd.src_desc(), true, true);
+      p.wei = Relayout(user_wei, pd.weights_desc(), true, true);
+      p.dst = Relayout(user_dst, pd.dst_desc(), false, true);
       p.y_bytes = user_dst.get_size();
-      if (s.sum) p.dst_in = Relayout(user_dst, pd.dst_desc(), true);
+      if (s.sum) p.dst_in = Relayout(user_dst, pd.dst_desc(), true, true);
       p.conv = dnnl::convolution_forward(pd);
     } else {
       auto d = s.bias ? dnnl::deconvolution_forward::desc(pk, dnnl::algorithm::deconvolution_direct, any_src,
@@ -151,9 +153,9 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : im
                       : dnnl::deconvolution_forward::desc(pk, dnnl::algorithm::deconvolution_direct, any_src,
                                                           any_wei, any_dst, strides, dil, pl, pr);
       dnnl::deconvolution_forward::primitive_desc pd(d, attr, eng);
-      p.src = Relayout(user_src, pd.src_desc(), true);
-      p.wei = Relayout(user_wei, pd.weights_desc(), true);
-      p.dst = Relayout(user_dst, pd.dst_desc(), false);
+      p.src = Relayout(user_src, pd.src_desc(), true, true);
+      p.wei = Relayout(user_wei, pd.weights_desc(), true, true);
+      p.dst = Relayout(user_dst, pd.dst_desc(), false, true);
       p.conv = dnnl::deconvolution_forward(pd);
     }
   });
@@ -167,22 +169,23 @@ void ConvPrimitive::run(const void* x, const void* w, const void* bias, void* y,
   if (p.serial) one_thread.emplace(1);  // reorders size their parallel loops when they run
   dnnl_guard(p.context, "run a convolution", [&] {
     auto& strm = dnnl_stream();
-    dnnl::memory dst = p.dst.write(y);
+    const dnnl::memory dst = p.dst.write(y);
     if (p.sum) {  // the sum post-op adds what dst holds: Z, in the primitive's layout
       OT_CHECK(z != nullptr, p.context, "the convolution's summand is missing");
       if (p.dst_in.needed) {
-        dnnl::memory user_z(p.dst_in.user, dnnl_engine(), const_cast<void*>(z));
-        p.dst_in.reorder.execute(strm, user_z, dst);
+        execute(p.dst_in.reorder, strm, {{DNNL_ARG_FROM, p.dst_in.user_memory(z).get()}, {DNNL_ARG_TO, dst.get()}});
       } else if (z != y) {
         std::memcpy(y, z, p.y_bytes);
       }
     }
-    std::unordered_map<int, dnnl::memory> args{
-        {DNNL_ARG_SRC, p.src.read(x, strm)},
-        {DNNL_ARG_WEIGHTS, w_constant ? p.wei.read_constant(w, strm) : p.wei.read(w, strm)},
-        {DNNL_ARG_DST, dst}};
-    if (p.bias) args.emplace(DNNL_ARG_BIAS, dnnl::memory(p.bias_md, dnnl_engine(), const_cast<void*>(bias)));
-    p.conv.execute(strm, args);
+    const dnnl::memory src = p.src.read(x, strm);
+    const dnnl::memory wei = w_constant ? p.wei.read_constant(w, strm) : p.wei.read(w, strm);
+    if (p.bias) {
+      execute(p.conv, strm, {{DNNL_ARG_SRC, src.get()}, {DNNL_ARG_WEIGHTS, wei.get()},
+                             {DNNL_ARG_BIAS, p.bias_at.user_memory(bias).get()}, {DNNL_ARG_DST, dst.get()}});
+    } else {
+      execute(p.conv, strm, {{DNNL_ARG_SRC, src.get()}, {DNNL_ARG_WEIGHTS, wei.get()}, {DNNL_ARG_DST, dst.get()}});
+    }
     p.dst.finish_write(y, strm);
     strm.wait();
   });
