@@ -219,3 +219,35 @@ def test_tiled_conv_transpose_matches_torch(x_shape, m, kernel, bias, weights_co
         y = sess.run(None, feeds)[0]
         assert y.shape == want.shape
         np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+# A pointwise convolution between values in ONNX order (dynamic spatial dims keep the layout pass
+# away) runs oneDNN's GEMM-based kernel and then its activation as a separate in-place primitive
+# (conv_dnnl.cc); the fusion pass folds each of these activations into the convolution.
+POINTWISE_ACTIVATIONS = [
+    ("Relu", {}, F.relu),
+    ("LeakyRelu", {"alpha": 0.1}, lambda t: F.leaky_relu(t, 0.1)),
+    ("Sigmoid", {}, torch.sigmoid),
+    ("Tanh", {}, torch.tanh),
+    ("HardSwish", {}, F.hardswish),
+]
+
+
+@pytest.mark.parametrize("op,attrs,reference", POINTWISE_ACTIVATIONS, ids=[a[0] for a in POINTWISE_ACTIVATIONS])
+def test_pointwise_conv_activation_in_onnx_order_matches_torch(op, attrs, reference):
+    import onnxtrain
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 24, 9, 10)).astype(np.float32)  # past the portable kernels' 64 positions
+    w = rng.standard_normal((40, 24, 1, 1)).astype(np.float32) * 0.3
+    b = rng.standard_normal(40).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[1, 1]),
+             helper.make_node(op, ["c"], ["y"], **attrs)]
+    graph = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 24, "h", "w"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = onnxtrain.InferenceSession(model.SerializeToString())
+    want = reference(F.conv2d(torch.tensor(x), torch.tensor(w), torch.tensor(b))).numpy()
+    for _ in range(2):
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], want, rtol=1e-5, atol=1e-5)

@@ -37,6 +37,7 @@ struct ConvPrimitive::Impl {
   dnnl::primitive conv;
   Relayout src, wei, dst;  // plain ONNX layouts <-> the primitive's
   Relayout bias_at;        // the bias, read where it is (never relaid)
+  dnnl::primitive activation;  // when set: applied to Y in place after `conv` (not a post-op)
   Relayout dst_in;         // sum: Z into the primitive's dst layout
 };
 
@@ -102,45 +103,55 @@ ConvPrimitive::ConvPrimitive(const ConvSpec& s, const std::string& context) : im
         pr(s.pad_r.begin(), s.pad_r.end());
     for (size_t i = 0; i < nd; ++i) dil[i] = s.dilation[i] - 1;
     auto pk = dnnl::prop_kind::forward_inference;
-    dnnl::primitive_attr attr;
-    dnnl::post_ops ops;
-    if (s.sum) ops.append_sum(1.0f);  // before the activation: act(conv + Z)
-    if (s.activation != ConvActivation::kNone) {
-      dnnl::algorithm alg = dnnl::algorithm::eltwise_relu;  // LeakyRelu is relu with a slope
-      if (s.activation == ConvActivation::kSigmoid) alg = dnnl::algorithm::eltwise_logistic;
-      if (s.activation == ConvActivation::kTanh) alg = dnnl::algorithm::eltwise_tanh;
-      if (s.activation == ConvActivation::kClip) alg = dnnl::algorithm::eltwise_clip;
-      if (s.activation == ConvActivation::kHardSwish) alg = dnnl::algorithm::eltwise_hardswish;
-      ops.append_eltwise(1.0f, alg, s.act_alpha, s.act_beta);
-    }
-    attr.set_post_ops(ops);
+    dnnl::algorithm activation = dnnl::algorithm::eltwise_relu;  // LeakyRelu is relu with a slope
+    if (s.activation == ConvActivation::kSigmoid) activation = dnnl::algorithm::eltwise_logistic;
+    if (s.activation == ConvActivation::kTanh) activation = dnnl::algorithm::eltwise_tanh;
+    if (s.activation == ConvActivation::kClip) activation = dnnl::algorithm::eltwise_clip;
+    if (s.activation == ConvActivation::kHardSwish) activation = dnnl::algorithm::eltwise_hardswish;
+    // Post-ops: the sum before the activation, act(conv + Z); the activation unless it runs after.
+    auto attr_with = [&](bool with_activation) {
+      dnnl::primitive_attr attr;
+      dnnl::post_ops ops;
+      if (s.sum) ops.append_sum(1.0f);
+      if (with_activation && s.activation != ConvActivation::kNone)
+        ops.append_eltwise(1.0f, activation, s.act_alpha, s.act_beta);
+      attr.set_post_ops(ops);
+      return attr;
+    };
     // A pointwise convolution between values in ONNX order (all of them in models with dynamic
     // spatial dims, PaddleOCR's) is one GEMM per image in that order: oneDNN's GEMM-based kernel
     // runs it there 1.1-2.7x faster than its blocked kernels plus a reorder in and one out
     // (1x48x12x48 -> 24 channels: 9.0 vs 21.0 us; batch 16: 129 vs 346 us, one thread, 2026-11-24).
-    // Not with an activation: that kernel applies eltwise post-ops in a scalar pass (1x16x80x80 ->
-    // 32 channels: 50 us bare, 131 us with a Relu, 1058 us with a hard-swish).
-    bool pointwise = !s.transposed && g == 1 && f == dt::f32 && !s.x_channels_last && !s.y_channels_last &&
-                     s.activation == ConvActivation::kNone;
+    // Its activation runs after it as oneDNN's (vectorised) eltwise primitive in place: that kernel
+    // applies eltwise post-ops in a scalar pass (1x16x80x80 -> 32 channels: 50 us bare, 131 us with
+    // a Relu, 1058 us with a hard-swish), and the blocked kernel with the activation fused ran PP-OCR
+    // rec's 16x240x12x40 -> 240 in 6.9 ms against 4.4 ms bare in ONNX order (2026-11-27).
+    bool pointwise = !s.transposed && g == 1 && f == dt::f32 && !s.x_channels_last && !s.y_channels_last;
     for (size_t i = 0; i < nd; ++i)
       pointwise = pointwise && s.kernel[i] == 1 && s.stride[i] == 1 && s.dilation[i] == 1 && s.pad_l[i] == 0 &&
                   s.pad_r[i] == 0;
-    auto conv_pd = [&](const dnnl::memory::desc& src, const dnnl::memory::desc& dst) {
+    auto conv_pd = [&](const dnnl::memory::desc& src, const dnnl::memory::desc& dst, const dnnl::primitive_attr& attr) {
       auto d = s.bias ? dnnl::convolution_forward::desc(pk, dnnl::algorithm::convolution_direct, src, any_wei,
                                                         p.bias_md, dst, strides, dil, pl, pr)
                       : dnnl::convolution_forward::desc(pk, dnnl::algorithm::convolution_direct, src, any_wei, dst,
                                                         strides, dil, pl, pr);
       return dnnl::convolution_forward::primitive_desc(d, attr, eng);
     };
+    const dnnl::primitive_attr attr = attr_with(true);
     if (!s.transposed) {
       std::optional<dnnl::convolution_forward::primitive_desc> plain;
       if (pointwise) {
         try {
-          plain = conv_pd(user_src, user_dst);
+          plain = conv_pd(user_src, user_dst, attr_with(false));
+          if (s.activation != ConvActivation::kNone)
+            p.activation = dnnl::eltwise_forward(dnnl::eltwise_forward::primitive_desc(
+                dnnl::eltwise_forward::desc(pk, activation, user_dst, s.act_alpha, s.act_beta), eng));
         } catch (const dnnl::error&) {  // no kernel for these post-ops in ONNX order: the usual path
+          plain.reset();
+          p.activation = dnnl::primitive();
         }
       }
-      dnnl::convolution_forward::primitive_desc pd = plain ? *plain : conv_pd(any_src, any_dst);
+      dnnl::convolution_forward::primitive_desc pd = plain ? *plain : conv_pd(any_src, any_dst, attr);
       p.src = Relayout(user_src, pd.src_desc(), true, true);
       p.wei = Relayout(user_wei, pd.weights_desc(), true, true);
       p.dst = Relayout(user_dst, pd.dst_desc(), false, true);
@@ -186,6 +197,7 @@ void ConvPrimitive::run(const void* x, const void* w, const void* bias, void* y,
     } else {
       execute(p.conv, strm, {{DNNL_ARG_SRC, src.get()}, {DNNL_ARG_WEIGHTS, wei.get()}, {DNNL_ARG_DST, dst.get()}});
     }
+    if (p.activation) execute(p.activation, strm, {{DNNL_ARG_SRC, dst.get()}, {DNNL_ARG_DST, dst.get()}});
     p.dst.finish_write(y, strm);
     strm.wait();
   });
