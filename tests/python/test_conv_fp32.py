@@ -15,6 +15,7 @@ CASES = [
     ((2, 8, 10, 10), 12, 3, 1, 2, 2, 4, True),      # groups and dilation
     ((3, 6, 11), 4, 5, 2, 2, 1, 2, True),           # 1-d
     ((1, 4, 5, 6, 5), 6, 3, 1, 1, 1, 1, True),      # 3-d
+    ((2, 32, 12, 12), 32, 3, 1, 1, 1, 32, True),    # depthwise in ONNX order: oneDNN's nChw16c kernel
     # Small 2-d images, which both builds run through the portable direct kernels (conv_direct.h;
     # src/backends/cpu/portable.h); with ONNXTRAIN_KERNELS=portable every case here does.
     ((2, 5, 6, 5), 20, 3, 1, 2, 1, 1, True),        # outputs not a whole vector, pad at the kernel's reach
