@@ -4,7 +4,7 @@ BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
 
-.PHONY: setup deps build test test-cpp test-python conformance demo demo-inference bench sanitize clean minimal demo-minimal cross-aarch64
+.PHONY: setup deps build test test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
 
 setup: deps build
 
@@ -100,5 +100,17 @@ sanitize: deps
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ctest --output-on-failure -j $(JOBS)
 
+# The Python tests under AddressSanitizer and UBSan, for the kernels only Python tests reach: an
+# ASan build of the library and extension (optimised), loaded into /usr/bin/python3 with the
+# sanitizer runtimes preloaded; the first error stops the run. PYTEST_ARGS picks the tests.
+ASAN_PYTHON_DIR ?= build-asan-python
+PYTEST_ARGS ?= tests/python
+sanitize-python: deps
+	cmake -S . -B $(ASAN_PYTHON_DIR) -G Ninja -DPython3_EXECUTABLE=$(PYTHON) -DONNXTRAIN_SANITIZE=ON $(LAUNCHER)
+	cmake --build $(ASAN_PYTHON_DIR) -j $(JOBS)
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	  ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  PYTHONPATH=$(ASAN_PYTHON_DIR)/python $(PYTHON) -m pytest -q -x $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(BUILD_DIR) build-asan $(MINIMAL_DIR) $(CROSS_DIR)
+	rm -rf $(BUILD_DIR) build-asan $(ASAN_PYTHON_DIR) $(MINIMAL_DIR) $(CROSS_DIR)
