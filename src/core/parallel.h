@@ -38,8 +38,8 @@ void parallel_for(int64_t n, int64_t grain, F&& fn) {
 // wake here, which a plan of only such small steps (an MLP on a few rows) would pay every run
 // (2-core Zen 4 VM, 2026-11-27). Until 2026-11-27 the bar was 4 Mi, set when batch-1 convolutions
 // of 1-4 M multiply-adds ran 1.5-3x faster on one thread (2026-11-24, a VM state whose page faults
-// cost 5-10x today's and a wake-up on the loaded machine milliseconds); today the batch-1 ResNet and MobileNetV2 run 1.5-2x faster
-// with the pool (docs/DESIGN.md "Small plans run on one thread").
+// cost 5-10x today's, and a wake-up on the loaded machine milliseconds); today the batch-1 ResNet
+// and MobileNetV2 run 1.5-2x faster with the pool (docs/DESIGN.md "Small plans run on one thread").
 inline constexpr int64_t kSerialWork = int64_t(1) << 18;
 // kSerialWork, or ONNXTRAIN_SERIAL_WORK (read once; 0: no serial steps) to measure the choice (DESIGN.md).
 int64_t serial_work();
