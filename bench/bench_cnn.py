@@ -16,7 +16,9 @@
 Engines alternate round by round, so load on a shared machine hits both; only the ratios of one run
 mean anything. ``--short`` (under 3 minutes on a quiet 2-core machine) takes fewer rounds and runs.
 ``--profile`` prints onnxtrain's kernel time per op type for every forward model (from the
-executor's per-node profiler) and ORT's time next to it.
+executor's per-node profiler) and ORT's time next to it. ``--gap-ms 20`` times each forward run
+after 20 ms idle, as a server sees requests that arrive apart: both engines' thread pools have
+gone to sleep and their caches have cooled.
 
     ./bench/setup_peers.sh      # once: installs onnxruntime-node into bench/node_modules
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_cnn.py [--short] [--threads 2] [--profile]
@@ -80,8 +82,8 @@ def forward_case(name: str, batch: int, out_dir: str, cache: Callable[[], str]) 
 
 def bench_forward(args, ot, workdir: str) -> List[dict]:
     from bench_inference import EngineResult, OnnxtrainEngine, OrtEngine, save_feeds
-    ot_engine = OnnxtrainEngine(ot, args.threads, args.budget)
-    ort_engine = OrtEngine(args.threads, workdir, args.budget)
+    ot_engine = OnnxtrainEngine(ot, args.threads, args.budget, args.gap_ms / 1e3)
+    ort_engine = OrtEngine(args.threads, workdir, args.budget, args.gap_ms / 1e3)
     if ort_engine.unavailable:
         print(f"warning: ORT unavailable: {ort_engine.unavailable}", file=sys.stderr)
     cached: List[str] = []
@@ -138,6 +140,8 @@ def case_runs(args, ot_engine, key: str, feeds: Dict[str, np.ndarray], result) -
         result.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         return args.runs, args.warmup
     runs = max(args.runs, min(500, int(args.round_ms / max(estimate, 1e-3))))
+    if args.gap_ms > 0:  # the idle time, not the runs, dominates a round: about a second of it
+        runs = max(args.runs, min(runs, int(1000 / args.gap_ms)))
     return runs, max(args.warmup, runs // 10)
 
 
@@ -237,6 +241,9 @@ def parse_args(argv=None):
                         "(default 300, --short 150)")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds per engine per round after which timing stops early (default 3, --short 1.5)")
+    p.add_argument("--gap-ms", type=float, default=0.0,
+                   help="forward: idle before each timed run, as between requests that arrive apart (the "
+                        "thread pools have gone to sleep); default 0, back to back")
     p.add_argument("--forward", default=",".join(FORWARD_MODELS), help="forward models ('' for none)")
     p.add_argument("--batches", default=",".join(map(str, BATCHES)))
     p.add_argument("--train", default=",".join(TORCH_MODELS), help="train-step models ('' for none)")
@@ -261,8 +268,9 @@ def main(argv=None) -> int:
     os.makedirs(args.out_dir, exist_ok=True)
     ot = import_onnxtrain()
     workdir = tempfile.mkdtemp(prefix="cnn_", dir=args.out_dir)
+    gap = f", {args.gap_ms:g} ms idle before each" if args.gap_ms else ""
     print(f"onnxtrain CNN benchmark: {args.threads} threads, {args.rounds} rounds x at least {args.runs} runs "
-          f"(forward: up to {args.round_ms:g} ms a round), medians; load average {os.getloadavg()[0]:.1f}")
+          f"(forward: up to {args.round_ms:g} ms a round{gap}), medians; load average {os.getloadavg()[0]:.1f}")
     forward = bench_forward(args, ot, workdir)
     train = bench_train(args, ot, workdir)
     report(forward, train)

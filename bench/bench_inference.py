@@ -87,10 +87,11 @@ class OnnxtrainEngine:
 
     name = "onnxtrain"
 
-    def __init__(self, onnxtrain_module, threads: int, budget_s: Optional[float] = None):
+    def __init__(self, onnxtrain_module, threads: int, budget_s: Optional[float] = None, gap_s: float = 0.0):
         self.ot = onnxtrain_module
         self.threads = threads
         self.budget_s = budget_s
+        self.gap_s = gap_s  # idle before each timed run (requests that arrive apart)
         self.sessions: Dict[str, object] = {}
 
     def prepare(self, key: str, path: str, feed_files: Sequence[Tuple[str, str]]) -> None:
@@ -124,7 +125,7 @@ class OnnxtrainEngine:
         sess = self.sessions[key]
         self.ot.set_num_threads(self.threads)
         result.outputs = sess.run(None, feeds)
-        result.times_ms += time_ms(lambda: sess.run(None, feeds), warmup, runs, self.budget_s)
+        result.times_ms += time_ms(lambda: sess.run(None, feeds), warmup, runs, self.budget_s, self.gap_s)
 
     def memory_report(self, key: str) -> str:
         sess = self.sessions.get(key)
@@ -148,10 +149,11 @@ class OrtEngine:
 
     name = "ORT"
 
-    def __init__(self, threads: int, workdir: str, budget_s: Optional[float] = None):
+    def __init__(self, threads: int, workdir: str, budget_s: Optional[float] = None, gap_s: float = 0.0):
         self.threads = threads
         self.workdir = workdir
         self.budget_s = budget_s
+        self.gap_s = gap_s  # idle before each timed run (requests that arrive apart)
         self.inputs: Dict[str, List[Tuple[str, str]]] = {}
         self.models: Dict[str, str] = {}
         self.unavailable = self._check_available()
@@ -177,6 +179,8 @@ class OrtEngine:
                "--save-outputs", out_dir]
         if self.budget_s is not None:
             cmd += ["--budget-ms", str(1e3 * self.budget_s)]
+        if self.gap_s > 0:
+            cmd += ["--gap-ms", str(1e3 * self.gap_s)]
         for name, file in self.inputs[key]:
             cmd += ["--input", f"{name}={file}"]
         proc = subprocess.run(cmd, capture_output=True, text=True, cwd=BENCH_DIR, timeout=900)
