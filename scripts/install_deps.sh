@@ -20,12 +20,6 @@ packages=(
   g++-aarch64-linux-gnu qemu-user                 # the minimal runtime for aarch64 (make cross-aarch64)
   libxnnpack-dev libpthreadpool-dev               # XNNPACK, measured against our GEMM (bench/gemm_backends.cc)
 )
-# node and npm run ONNX Runtime (npm onnxruntime-node, installed by bench/setup_peers.sh) for the
-# export test and the benchmarks. A node from elsewhere (nodesource bundles npm) is kept as it is.
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  packages+=(nodejs npm)
-fi
-
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

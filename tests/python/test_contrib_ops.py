@@ -1,4 +1,4 @@
-"""com.microsoft contrib ops (src/ops/contrib/) against ONNX Runtime (npm onnxruntime-node, which
+"""com.microsoft contrib ops (src/ops/contrib/) against ONNX Runtime (the `ort` peer, which
 runs them natively) over their attribute combinations, and the MatMulNBits input checks. Gradients
 are checked by tests/python/test_gradients.py (samples in grad_samples/contrib.py)."""
 import numpy as np
@@ -6,9 +6,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import onnxtrain
+import peers
 
 from .contrib_ref import quantize_nbits
-from .test_export_ort import ort_runner, run_ort  # noqa: F401  (the fixture)
 
 MS = "com.microsoft"
 rng = np.random.default_rng(2014)
@@ -41,14 +41,14 @@ def model(op, feeds, consts, n_out, domain=MS, **attrs):
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
 
 
-def compare(tmp_path, runner, op, slots, n_out=1, rtol=1e-4, atol=1e-5, domain=MS, **attrs):
+def compare(tmp_path, op, slots, n_out=1, rtol=1e-4, atol=1e-5, domain=MS, **attrs):
     m = model(op, slots, None, n_out, domain=domain, **attrs)
     path = str(tmp_path / f"{op}.onnx")
     with open(path, "wb") as f:
         f.write(m.SerializeToString())
     feeds = {name: arr for name, arr, const in slots if arr is not None and not const}
     ours = onnxtrain.InferenceSession(m.SerializeToString()).run(None, feeds)
-    theirs = run_ort(runner, path, feeds, str(tmp_path))
+    theirs = peers.ort_run(path, feeds, str(tmp_path))
     assert len(ours) == len(theirs)
     for k, (a, b) in enumerate(zip(ours, theirs)):
         np.testing.assert_allclose(a, b, rtol=rtol, atol=atol, err_msg=f"{op} {attrs} output {k}")
@@ -68,7 +68,7 @@ NBITS_CASES = [(4, 32, None, False, (1, 1)), (4, 32, "packed", True, (1, 64)), (
 
 
 @pytest.mark.parametrize("bits,block,zp,bias,m", NBITS_CASES)
-def test_matmul_nbits_matches_onnx_runtime(tmp_path, ort_runner, bits, block, zp, bias, m):
+def test_matmul_nbits_matches_onnx_runtime(tmp_path, ort_peer, bits, block, zp, bias, m):
     k, n = 300, 72          # K not a multiple of the block size: a partial last block
     if bits == 2:
         pytest.skip("ONNX Runtime 1.23's CPU MatMulNBits has no 2-bit kernel (checked against numpy below)")
@@ -78,7 +78,7 @@ def test_matmul_nbits_matches_onnx_runtime(tmp_path, ort_runner, bits, block, zp
              ("g", None, True), const("bias", r(n) if bias else None)]
     while slots[-1][1] is None:
         slots.pop()
-    compare(tmp_path, ort_runner, "MatMulNBits", slots, K=k, N=n, bits=bits, block_size=block, rtol=2e-4, atol=2e-4)
+    compare(tmp_path, "MatMulNBits", slots, K=k, N=n, bits=bits, block_size=block, rtol=2e-4, atol=2e-4)
 
 
 def test_matmul_nbits_matches_dequantized_numpy():
@@ -112,7 +112,7 @@ def test_matmul_nbits_rejects_inconsistent_blobs():
 
 @pytest.mark.parametrize("with_bias,with_sum,rms", [(False, False, True), (True, True, True), (False, True, False),
                                                     (True, True, False)])
-def test_skip_norms_match_onnx_runtime(tmp_path, ort_runner, with_bias, with_sum, rms):
+def test_skip_norms_match_onnx_runtime(tmp_path, ort_peer, with_bias, with_sum, rms):
     h = 32
     slots = [inp("x", r(2, 5, h)), inp("skip", r(2, 5, h)), const("gamma", r(h))]
     if not rms:
@@ -133,23 +133,23 @@ def test_skip_norms_match_onnx_runtime(tmp_path, ort_runner, with_bias, with_sum
     open(path, "wb").write(m.SerializeToString())
     feeds = {"x": slots[0][1], "skip": slots[1][1]}
     ours = onnxtrain.InferenceSession(m.SerializeToString()).run(None, feeds)
-    theirs = run_ort(ort_runner, path, feeds, str(tmp_path))
+    theirs = peers.ort_run(path, feeds, str(tmp_path))
     for a, b in zip(ours, theirs):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
     assert len(ours) == len(compare_outputs)
 
 
 @pytest.mark.parametrize("axis", [-1, 1])
-def test_simplified_layer_norm_matches_onnx_runtime(tmp_path, ort_runner, axis):
+def test_simplified_layer_norm_matches_onnx_runtime(tmp_path, ort_peer, axis):
     x = r(2, 3, 8)
     scale = r(8) if axis == -1 else r(3, 8)
-    compare(tmp_path, ort_runner, "SimplifiedLayerNormalization", [inp("x", x), const("scale", scale)], domain="",
+    compare(tmp_path, "SimplifiedLayerNormalization", [inp("x", x), const("scale", scale)], domain="",
             axis=axis, epsilon=1e-5)
 
 
 @pytest.mark.parametrize("layout,interleaved,rot,pos_kind", [("bsh", 0, 0, "ids"), ("bsh", 1, 0, "offset"),
                                                               ("bnsh", 0, 0, "ids"), ("bsh", 0, 8, "ids")])
-def test_rotary_embedding_matches_onnx_runtime(tmp_path, ort_runner, layout, interleaved, rot, pos_kind):
+def test_rotary_embedding_matches_onnx_runtime(tmp_path, ort_peer, layout, interleaved, rot, pos_kind):
     b, s, heads, hs = 2, 5, 2, 16
     half = (rot or hs) // 2
     ang = np.arange(32)[:, None] * (1.0 / 10000 ** (np.arange(half) / half))[None, :]
@@ -158,22 +158,22 @@ def test_rotary_embedding_matches_onnx_runtime(tmp_path, ort_runner, layout, int
     attrs = dict(interleaved=interleaved)
     if rot:
         attrs.update(rotary_embedding_dim=rot, num_heads=heads)
-    compare(tmp_path, ort_runner, "RotaryEmbedding", [inp("x", x), inp("pos", pos), const("cos", np.cos(ang).astype(F32)),
+    compare(tmp_path, "RotaryEmbedding", [inp("x", x), inp("pos", pos), const("cos", np.cos(ang).astype(F32)),
                                                       const("sin", np.sin(ang).astype(F32))], **attrs)
 
 
-def test_gelus_match_onnx_runtime(tmp_path, ort_runner):
+def test_gelus_match_onnx_runtime(tmp_path, ort_peer):
     x, bias = r(3, 7, 16) * 2, r(16)
-    compare(tmp_path, ort_runner, "FastGelu", [inp("x", x)])
-    compare(tmp_path, ort_runner, "FastGelu", [inp("x", x), const("bias", bias)])
-    compare(tmp_path, ort_runner, "BiasGelu", [inp("x", x), const("bias", bias)])
-    compare(tmp_path, ort_runner, "QuickGelu", [inp("x", x)], alpha=1.5)
-    compare(tmp_path, ort_runner, "FusedMatMul", [inp("a", r(2, 6, 5)), inp("b", r(2, 4, 6))], transA=1, transB=1,
+    compare(tmp_path, "FastGelu", [inp("x", x)])
+    compare(tmp_path, "FastGelu", [inp("x", x), const("bias", bias)])
+    compare(tmp_path, "BiasGelu", [inp("x", x), const("bias", bias)])
+    compare(tmp_path, "QuickGelu", [inp("x", x)], alpha=1.5)
+    compare(tmp_path, "FusedMatMul", [inp("a", r(2, 6, 5)), inp("b", r(2, 4, 6))], transA=1, transB=1,
             alpha=0.7)
 
 
 @pytest.mark.parametrize("causal,past,bias,attn_bias", [(0, 0, 0, 0), (1, 0, 1, 0), (1, 3, 0, 1), (0, 2, 1, 0)])
-def test_multi_head_attention_matches_onnx_runtime(tmp_path, ort_runner, causal, past, bias, attn_bias):
+def test_multi_head_attention_matches_onnx_runtime(tmp_path, ort_peer, causal, past, bias, attn_bias):
     b, s, h, d = 2, 4, 2, 8
     slots = [inp("q", r(b, s, h * d)), inp("k", r(b, s, h * d)), inp("v", r(b, s, h * d)),
              const("bias", r(3 * h * d) if bias else None), ("mask", None, True),
@@ -181,15 +181,15 @@ def test_multi_head_attention_matches_onnx_runtime(tmp_path, ort_runner, causal,
              inp("pk", r(b, h, past, d) if past else None), inp("pv", r(b, h, past, d) if past else None)]
     while slots[-1][1] is None:
         slots.pop()
-    compare(tmp_path, ort_runner, "MultiHeadAttention", slots, n_out=3 if past else 1, num_heads=h,
+    compare(tmp_path, "MultiHeadAttention", slots, n_out=3 if past else 1, num_heads=h,
             unidirectional=causal)
 
 
 @pytest.mark.parametrize("past,s,hq,hkv", [(0, 6, 4, 2), (0, 5, 4, 4), (5, 1, 4, 1), (3, 2, 2, 1)])
-def test_group_query_attention_matches_onnx_runtime(tmp_path, ort_runner, past, s, hq, hkv):
+def test_group_query_attention_matches_onnx_runtime(tmp_path, ort_peer, past, s, hq, hkv):
     b, d = 1 if s > 1 and past else 2, 16
     total = past + s
     slots = [inp("q", r(b, s, hq * d)), inp("k", r(b, s, hkv * d)), inp("v", r(b, s, hkv * d)),
              inp("pk", r(b, hkv, past, d) if past else None), inp("pv", r(b, hkv, past, d) if past else None),
              inp("seqlens", np.full(b, total - 1, np.int32)), inp("total", np.array(total, np.int32))]
-    compare(tmp_path, ort_runner, "GroupQueryAttention", slots, n_out=3, num_heads=hq, kv_num_heads=hkv)
+    compare(tmp_path, "GroupQueryAttention", slots, n_out=3, num_heads=hq, kv_num_heads=hkv)

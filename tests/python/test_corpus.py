@@ -18,7 +18,7 @@ import onnxtrain
 from onnxtrain import artifacts, autodiff
 from onnxtrain.api import CheckpointState, Module, Optimizer
 
-from .test_export_ort import ort_runner, run_ort  # noqa: F401  (the ONNX Runtime fixture)
+import peers
 
 FETCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "corpus", "fetch_corpus.sh")
 RNG = np.random.default_rng(0)
@@ -78,12 +78,12 @@ def corpus():
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_outputs_match_onnx_runtime(corpus, ort_runner, tmp_path, name):  # noqa: F811
+def test_outputs_match_onnx_runtime(corpus, ort_peer, tmp_path, name):
     path, _, _, make = MODELS[name]
     path = os.path.join(corpus, path)
     feeds = make()
     ours = onnxtrain.InferenceSession(path).run(None, feeds)
-    theirs = run_ort(ort_runner, path, feeds, str(tmp_path))
+    theirs = peers.ort_run(path, feeds, str(tmp_path))
     assert len(ours) == len(theirs)
     for k, (a, b) in enumerate(zip(ours, theirs)):
         assert a.shape == b.shape, f"{name} output {k}: shape {a.shape}, ONNX Runtime {b.shape}"

@@ -19,7 +19,8 @@ from onnxtrain import _C, artifacts, optim, orttrainer
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.optim import lr_scheduler
 
-from .test_export_ort import models, ort_runner, run_ort  # noqa: F401  (fixture and the shared models)
+import models  # bench/models.py: the shared reference models
+import peers
 
 ACCUM, STEPS = 4, 24  # 24 train_step calls: 6 optimizer steps
 
@@ -145,7 +146,7 @@ def test_losses_equal_the_on_device_api(tmp_path, build, rule):
     assert np.abs(state[group[0]] - start[group[0]].detach().numpy()).max() > 1e-3
 
 
-def test_save_as_onnx_runs_in_onnxtrain_and_onnx_runtime(tmp_path, ort_runner):  # noqa: F811
+def test_save_as_onnx_runs_in_onnxtrain_and_onnx_runtime(tmp_path, ort_peer):
     model, desc, batches, group = bert()
     trainer = orttrainer.ORTTrainer(model, desc, optim.LambConfig(lr=1e-2), loss_fn=nn.functional.cross_entropy)
     for x, y in batches[:8]:
@@ -158,7 +159,7 @@ def test_save_as_onnx_runs_in_onnxtrain_and_onnx_runtime(tmp_path, ort_runner): 
     assert [i.name for i in sess.get_inputs()] == ["ids"]
     ours = sess.run(None, {"ids": ids.numpy()})[0]
     np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)
-    theirs = run_ort(ort_runner, path, {"ids": ids.numpy()}, str(tmp_path))[0]
+    theirs = peers.ort_run(path, {"ids": ids.numpy()}, str(tmp_path))[0]
     np.testing.assert_allclose(theirs, expected, rtol=1e-4, atol=1e-5)
     # Trained: not the untrained torch model's outputs.
     assert np.abs(expected - model(ids).detach().numpy()).max() > 1e-3
