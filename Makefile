@@ -25,7 +25,8 @@ build: $(BUILD_DIR)/build.ninja
 
 # The whole suite: C++ unit tests (full and minimal build), Python tests, then the ONNX node
 # conformance run. The minimal build's digits tests run when `make demo` has written the artifacts. The Python
-# tests install ONNX Runtime (npm onnxruntime-node, bench/setup_peers.sh) for the export check.
+# tests install the peers they compare against (scripts/setup_peers.sh: ONNX Runtime 1.31, ONNX Runtime
+# training 1.19.2 and PyTorch 2.x in venvs under ~/.cache/onnxtrain/peers) and the real-model corpus.
 test: setup minimal
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 	cd $(MINIMAL_DIR) && ctest --output-on-failure -j $(JOBS)
@@ -78,7 +79,7 @@ demo-inference: setup
 	$(PYTHON) examples/inference_demo.py
 
 bench: setup
-	./bench/setup_peers.sh
+	./scripts/setup_peers.sh
 	$(PYTHON) bench/bench_inference.py
 	$(PYTHON) bench/bench_cnn.py
 	$(PYTHON) bench/cnn_train_breakdown.py

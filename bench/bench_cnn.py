@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """CNN benchmark: the speed targets of real-world CNNs, against ONNX Runtime and PyTorch eager.
 
-1. **Forward** at batch 1 and batch 16 (target: onnxtrain's time at most 1.0x ONNX Runtime's, npm
-   onnxruntime-node, same threads) of
+1. **Forward** at batch 1 and batch 16 (target: onnxtrain's time at most 1.0x ONNX Runtime's, the
+   `ort` peer's onnxruntime 1.31, same threads) of
    * the corpus' CNNs (tests/corpus/fetch_corpus.sh, cached outside the repository): PP-OCRv4
      detection (3x160x160), PP-OCRv4 recognition (3x48x160), PP-OCR mobile direction classifier
      (3x48x192), all paddle2onnx exports (hard-swish and hard-sigmoid written out, squeeze-excitation
@@ -20,7 +20,7 @@ executor's per-node profiler) and ORT's time next to it. ``--gap-ms 20`` times e
 after 20 ms idle, as a server sees requests that arrive apart: both engines' thread pools have
 gone to sleep and their caches have cooled.
 
-    ./bench/setup_peers.sh      # once: installs onnxruntime-node into bench/node_modules
+    scripts/setup_peers.sh ort  # once: the ONNX Runtime venv (make bench does it)
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_cnn.py [--short] [--threads 2] [--profile]
 """
 from __future__ import annotations

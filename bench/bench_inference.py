@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Inference benchmark: onnxtrain against ONNX Runtime (npm onnxruntime-node) and PyTorch on CPU.
+"""Inference benchmark: onnxtrain against ONNX Runtime (the `ort` peer: onnxruntime 1.31 from PyPI) and PyTorch on CPU.
 
 For each model in bench/models.py (MLP, CNN with BatchNorm, BERT-style encoder) it exports the model
 to bench/out/, times one forward pass in each engine with the same thread count, checks onnxtrain's
@@ -12,7 +12,7 @@ The machine is shared and noisy, so every number is a median over several rounds
 the engines, and only ratios measured in the same run are meaningful. An engine that cannot run a
 model (a missing op, a missing peer) gets an error in its cell; the rest of the table still prints.
 
-    ./bench/setup_peers.sh      # once: installs onnxruntime-node into bench/node_modules
+    scripts/setup_peers.sh ort  # once: the ONNX Runtime venv (make bench does it)
     PYTHONPATH=build/python python3 bench/bench_inference.py [--threads 2] [--models mlp,bert]
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import peers  # noqa: E402
 from common import BENCH_DIR, import_onnxtrain, median, time_ms  # noqa: E402
 
 TARGET_ORT_RATIO = 1.2      # onnxtrain time / ORT time should be at most this
@@ -145,7 +146,7 @@ class OnnxtrainEngine:
 
 
 class OrtEngine:
-    """Times a model in ONNX Runtime through bench/ort_runner.js (one node process per round)."""
+    """Times a model in ONNX Runtime through bench/ort_runner.py (one process of the `ort` peer per round)."""
 
     name = "ORT"
 
@@ -160,10 +161,10 @@ class OrtEngine:
 
     @staticmethod
     def _check_available() -> Optional[str]:
-        if shutil.which("node") is None:
-            return "node is not installed"
-        if not os.path.isdir(os.path.join(BENCH_DIR, "node_modules", "onnxruntime-node")):
-            return "onnxruntime-node missing: run bench/setup_peers.sh"
+        try:
+            peers.python("ort")
+        except peers.PeerMissing as exc:
+            return str(exc)
         return None
 
     def prepare(self, key: str, path: str, feed_files: Sequence[Tuple[str, str]]) -> None:
@@ -174,7 +175,7 @@ class OrtEngine:
 
     def run(self, key: str, warmup: int, runs: int, result: EngineResult) -> None:
         out_dir = os.path.join(self.workdir, f"{key}_ort_outputs")
-        cmd = ["node", os.path.join(BENCH_DIR, "ort_runner.js"), "--model", self.models[key],
+        cmd = [peers.python("ort"), peers.ORT_RUNNER, "--model", self.models[key],
                "--threads", str(self.threads), "--warmup", str(warmup), "--runs", str(runs),
                "--save-outputs", out_dir]
         if self.budget_s is not None:

@@ -2,7 +2,7 @@
 """Quantized LLM fine-tuning benchmarks (issue 14), on the example model (examples/tiny_llm.py,
 22M parameters, GenAI-builder layout):
 
-1. MatMulNBits forward (int4, block 32) against ONNX Runtime (npm onnxruntime-node), on the
+1. MatMulNBits forward (int4, block 32) against ONNX Runtime (the `ort` peer, onnxruntime 1.31), on the
    example's projection shapes, for one token and for a 512-token prompt (batch 1).
 2. Training tokens/s: onnxtrain int4 base + LoRA (rank 8 on q/k/v/o/gate/up/down) against PyTorch
    eager LoRA on the fp32 base (frozen base, the same adapters), both at --threads threads and at
@@ -35,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "examples"))
+import peers  # noqa: E402
 from common import import_onnxtrain, median  # noqa: E402
 from lora_finetune import MEMORY_OPT_CONFIG  # noqa: E402
 from tiny_llm import Config, build_model, init_weights  # noqa: E402
@@ -82,9 +83,8 @@ def bench_matmul_nbits(args, workdir):
                     t = time.perf_counter()
                     sess.run(None, {"A": a})
                     ours.append(1e3 * (time.perf_counter() - t))
-                proc = subprocess.run(["node", os.path.join(HERE, "ort_runner.js"), "--model", path, "--input",
-                                       f"A={apath}", "--threads", str(args.threads), "--warmup", "3", "--runs",
-                                       str(runs)], capture_output=True, text=True, cwd=HERE, timeout=600)
+                proc = peers.run("ort", [peers.ORT_RUNNER, "--model", path, "--input", f"A={apath}", "--threads",
+                                         str(args.threads), "--warmup", "3", "--runs", str(runs)])
                 if proc.returncode != 0:
                     raise RuntimeError(proc.stderr.strip().splitlines()[0])
                 theirs += json.loads(proc.stdout.strip().splitlines()[-1])["times_ms"]

@@ -12,7 +12,7 @@ it measures, interleaving the engines round by round so load on the shared machi
 
 1. **forward + backward** (loss and every parameter's gradient): onnxtrain's gradient graph
    (onnxtrain.autodiff, run by InferenceSession) against ``loss.backward()``, next to ONNX
-   Runtime's forward of the same model (npm onnxruntime-node; target: the step within 3.5x of it);
+   Runtime's forward of the same model (the `ort` peer, onnxruntime 1.31; target: the step within 3.5x of it);
 2. **full train step** (forward, backward, AdamW update): onnxtrain's Module + Optimizer from
    generate_artifacts against torch.optim.AdamW (target: >= 2.5x faster than torch);
 3. **the AdamW update alone** against the memory-bandwidth bound: AdamW reads parameters,
