@@ -70,8 +70,6 @@ NBITS_CASES = [(4, 32, None, False, (1, 1)), (4, 32, "packed", True, (1, 64)), (
 @pytest.mark.parametrize("bits,block,zp,bias,m", NBITS_CASES)
 def test_matmul_nbits_matches_onnx_runtime(tmp_path, ort_peer, bits, block, zp, bias, m):
     k, n = 300, 72          # K not a multiple of the block size: a partial last block
-    if bits == 2:
-        pytest.skip("ONNX Runtime 1.23's CPU MatMulNBits has no 2-bit kernel (checked against numpy below)")
     b, s, z, deq = quantize_nbits(rng.standard_normal((n, k)), bits=bits, block=block, zp=zp)
     slots = [inp("A", r(*m, k)), const("B", b), const("scales", s.astype(F32)),
              const("zp", None if z is None else (z if z.dtype == np.uint8 else z.astype(F32))),
