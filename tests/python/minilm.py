@@ -59,7 +59,8 @@ def load_encoder(model_dir: str, layers: Optional[int] = None) -> models.BertEnc
     cfg = config_of(model_dir, layers)
     w = {k: torch.from_numpy(v) for k, v in read_safetensors(os.path.join(model_dir, "model.safetensors")).items()}
     state = {"tokens.weight": w["embeddings.word_embeddings.weight"],
-             "positions": (w["embeddings.position_embeddings.weight"] + w["embeddings.token_type_embeddings.weight"][0])[None],
+             "positions": (w["embeddings.position_embeddings.weight"]
+                           + w["embeddings.token_type_embeddings.weight"][0])[None],
              "norm.weight": w["embeddings.LayerNorm.weight"], "norm.bias": w["embeddings.LayerNorm.bias"]}
     theirs_of_ours = {"attn.query": "attention.self.query", "attn.key": "attention.self.key",
                       "attn.value": "attention.self.value", "attn.out": "attention.output.dense",
@@ -141,7 +142,8 @@ class Tokenizer:
 def _is_punctuation(ch: str) -> bool:
     """BERT's rule: ASCII symbols count as punctuation, as does any Unicode P* character."""
     cp = ord(ch)
-    return 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126 or unicodedata.category(ch).startswith("P")
+    ascii_symbol = 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126
+    return ascii_symbol or unicodedata.category(ch).startswith("P")
 
 
 def export(model: nn.Module, ids: np.ndarray, path: str, output_name: str) -> str:

@@ -161,7 +161,8 @@ MODELS: Dict[str, CorpusModel] = {
     # PaddleOCR (RapidOCR's models): weights as Constant nodes; BatchNorm statistics do not train.
     "ppocr_v4_det": CorpusModel(
         "rapidocr-onnxruntime", f"{OCR}/ch_PP-OCRv4_det_infer.onnx", "paddle2onnx", "vision (text detection)",
-        lambda: {"x": _normal(1, 3, 64, 96)}, 0.02, weights=129, trainable=123, train_feeds=lambda: {"x": _text_lines()}),
+        lambda: {"x": _normal(1, 3, 64, 96)}, 0.02, weights=129, trainable=123,
+        train_feeds=lambda: {"x": _text_lines()}),
     "ppocr_v4_rec": CorpusModel(
         "rapidocr-onnxruntime", f"{OCR}/ch_PP-OCRv4_rec_infer.onnx", "paddle2onnx", "text recognition",
         lambda: {"x": _normal(1, 3, 48, 160)}, 1.0, weights=122, trainable=110,
@@ -207,7 +208,7 @@ MODELS: Dict[str, CorpusModel] = {
 
 
 # --------------------------------------------------------------------------------------------------
-# The corpus: fetched once per module
+# The corpus: fetched once per session
 
 
 class Corpus:
@@ -239,7 +240,7 @@ class Corpus:
 FETCHED: Optional[Corpus] = None  # set by the corpus fixture; feeds read shipped files (MiniLM's vocab) through it
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
     proc = subprocess.run(["bash", FETCH], capture_output=True, text=True, timeout=1800)
     if proc.returncode == FETCH_UNREACHABLE:
@@ -278,7 +279,8 @@ def _make_wheel(index_dir, name, version, files):
         for file, data in files.items():
             z.writestr(file, data)
         z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test_corpus\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/WHEEL",
+                   "Wheel-Version: 1.0\nGenerator: test_corpus\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
         z.writestr(f"{info}/RECORD", "")
     with open(path, "rb") as f:
         return hashlib.sha256(f.read()).hexdigest()
@@ -366,12 +368,13 @@ def _to_float64(graph, weights):
     resize_inputs = {i for n in graph.node if n.op_type == "Resize" for i in n.input}
     kept = []
     for n in graph.node:
-        if n.op_type == "Constant" and n.attribute[0].name == "value" and n.attribute[0].t.data_type == TensorProto.FLOAT:
-            value = numpy_helper.to_array(n.attribute[0].t).astype(np.float64)
+        value_attr = n.attribute[0] if n.op_type == "Constant" else None
+        if value_attr is not None and value_attr.name == "value" and value_attr.t.data_type == TensorProto.FLOAT:
+            value = numpy_helper.to_array(value_attr.t).astype(np.float64)
             if value.size >= 2 and n.output[0] not in resize_inputs:
                 weights[n.output[0]] = value
                 continue
-            n.attribute[0].t.CopyFrom(numpy_helper.from_array(value, n.attribute[0].t.name))
+            value_attr.t.CopyFrom(numpy_helper.from_array(value, value_attr.t.name))
         for a in n.attribute:
             if n.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT:
                 a.i = TensorProto.DOUBLE
@@ -498,8 +501,10 @@ def test_minilm_weights_are_real(corpus):
     e /= np.linalg.norm(e, axis=1, keepdims=True)
     cosine = e @ e.T
     paraphrase = np.array([cosine[2 * k, 2 * k + 1] for k in range(len(PARAPHRASES))])
-    unrelated = np.array([cosine[i, j] for i in range(len(sentences)) for j in range(len(sentences)) if i // 2 != j // 2])
-    assert paraphrase.min() > 0.6 and unrelated.max() < 0.25, f"paraphrases {paraphrase}, unrelated at most {unrelated.max()}"
+    pair = np.arange(len(sentences)) // 2
+    unrelated = cosine[pair[:, None] != pair[None, :]]
+    assert paraphrase.min() > 0.6 and unrelated.max() < 0.25, \
+        f"minilm_l6: paraphrases at cosine {paraphrase}, unrelated sentences up to {unrelated.max()}"
     # Padding changes nothing: a sentence alone gives the embedding it has in the padded batch.
     alone = session.run(None, {"input_ids": tokenizer.batch(sentences[:1])})[0][0]
     np.testing.assert_allclose(alone / np.linalg.norm(alone), e[0], atol=1e-5, err_msg="minilm_l6: padding")
@@ -522,7 +527,8 @@ NEGATIVE = ["I hated this movie, it was awful.", "What a boring and tedious film
             "The concert was terrible and the sound was bad.",
             "This phone keeps crashing and the battery dies quickly.", "A ridiculous story with wooden acting.",
             "The hotel room was dirty, noisy and uncomfortable.", "I am very disappointed with this purchase.",
-            "Our holiday was stressful and it rained every day.", "The service was slow and the prices were outrageous.",
+            "Our holiday was stressful and it rained every day.",
+            "The service was slow and the prices were outrageous.",
             "He gave a confusing and pointless speech.", "The new update made everything slower and broke my settings.",
             "We had a miserable time at the party.", "The garden is full of dead plants and weeds.",
             "This is the worst coffee I have ever tasted.", "The teacher was impatient, rude and unhelpful.",

@@ -267,8 +267,9 @@ def test_a_model_output_of_unknown_rank_still_gets_a_scalar_loss(tmp_path):
     w = numpy_helper.from_array(np.array([2.0], np.float32), "w")
     graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"])], "unknown_rank", [x], [y], [w])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    paths = artifacts.generate_artifacts(model.SerializeToString(), requires_grad=["w"], loss=artifacts.LossType.MSELoss,
-                                         optimizer=artifacts.SGD(lr=0.1), artifact_directory=tmp_path)
+    paths = artifacts.generate_artifacts(model.SerializeToString(), requires_grad=["w"],
+                                         loss=artifacts.LossType.MSELoss, optimizer=artifacts.SGD(lr=0.1),
+                                         artifact_directory=tmp_path)
     assert [i.name for i in onnx.load(paths[0]).graph.input] == ["x", "target", "w"]
     state = CheckpointState.load_checkpoint(paths[3])
     module = Module(paths[0], state, paths[1])
