@@ -150,6 +150,20 @@ ONNXTRAIN_FAST_MATH_INLINE float erf_fast(float x) {
   return std::copysign(blend(z < 1.0f, small, large), x);
 }
 
+// erf with an absolute error < 4e-7 (3.8e-7 measured, near 0; the comment before 2026-11-27 said
+// 2e-7): the 1 - erfc branch of erf_fast alone, over the whole range
+// (near 0 the subtraction loses relative accuracy). For 0.5 x (1 + erf(x / sqrt 2)), the erf form
+// of GELU and its gradient, where only the absolute error counts: one polynomial cheaper than
+// erf_fast (the erf Gelu ran 7% slower through erf_fast).
+ONNXTRAIN_FAST_MATH_INLINE float erf_abs_fast(float x) {
+  const float z = std::fabs(x);
+  const float t = 1.0f / (1.0f + 0.5f * z);
+  const float q = -z * z - 1.26551223f +
+      t * (1.00002368f + t * (0.37409196f + t * (0.09678418f + t * (-0.18628806f + t * (0.27886807f +
+      t * (-1.13520398f + t * (1.48851587f + t * (-0.82215223f + t * 0.17087277f))))))));
+  return std::copysign(1.0f - t * exp_fast(q), x);
+}
+
 // 1 / (1 + e^-x) with relative accuracy on both sides: e = e^-|x| never overflows, and for x < 0
 // the result is e / (1 + e), down through the denormals.
 ONNXTRAIN_FAST_MATH_INLINE float sigmoid_fast(float x) {

@@ -23,7 +23,7 @@ template <typename T>
 ONNXTRAIN_FAST_MATH_INLINE T gelu(T x) {  // inlined into the kernels' vector loops (fast_math.h)
   using C = compute_t<T>;
   C v = C(x);
-  C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_fast(float(v) * float(kInvSqrt2)));
+  C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_abs_fast(float(v) * float(kInvSqrt2)));
   return round_to<T>(C(0.5) * v * (C(1) + e));
 }
 
@@ -32,7 +32,7 @@ template <typename T>
 ONNXTRAIN_FAST_MATH_INLINE T gelu_grad(T dy, T x) {
   using C = compute_t<T>;
   C v = C(x);
-  C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_fast(float(v) * float(kInvSqrt2)));
+  C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_abs_fast(float(v) * float(kInvSqrt2)));
   C cdf = C(0.5) * (C(1) + e);
   C pdf;
   if constexpr (std::is_same_v<C, float>) pdf = C(kInvSqrt2Pi) * exp_fast(C(-0.5) * v * v);
