@@ -15,12 +15,15 @@ gelu_new: written out op by op).
   /work/main's when present), in interleaved rounds (target: at least 1.3x faster than the
   build before the math layer).
 
+* ops (``--ops``): each transcendental op alone on 1 Mi float32 values (normal, sd 3; Log on
+  their absolute values), one thread, per build: the kernels without the model around them.
+
 Every engine runs in its own process per round (``--worker``), so builds do not share a process;
 each round's figure is the median of its timed runs and the report gives the median over rounds.
 Run with OMP_WAIT_POLICY=passive on a shared machine (both engines then pay the same wake-ups).
 
     OMP_WAIT_POLICY=passive /usr/bin/python3 bench/bench_transcendentals.py [--rounds 5] [--threads 2]
-        [--gelu tanh|gelu_new] [--builds new=build/python,main=/work/main/build/python]
+        [--gelu tanh|gelu_new] [--builds new=build/python,main=/work/main/build/python] [--ops]
 """
 from __future__ import annotations
 
@@ -78,12 +81,45 @@ def export(model, x, path: str, training: bool) -> None:
 # Worker: one engine, one kind of run, in this process; prints a JSON line.
 
 
+OPS = [("Exp", {}, ""), ("Log", {}, ""), ("Tanh", {}, ""), ("Erf", {}, ""), ("Sigmoid", {}, ""), ("Softplus", {}, ""),
+       ("Gelu", {}, "onnxtrain"), ("Gelu", {"approximate": "tanh"}, "onnxtrain")]
+
+
+def op_times(args) -> dict:
+    """Median ms per op on 1 Mi float32 values; a build without a kernel form reports None."""
+    import numpy as np
+    from onnx import TensorProto, helper
+
+    import onnxtrain
+    from common import time_ms
+    x = (np.random.default_rng(0).standard_normal(1 << 20) * 3).astype(np.float32)
+    out = {}
+    for op, attrs, domain in OPS:
+        key = op + ("(tanh)" if attrs else "")
+        node = helper.make_node(op, ["x"], ["y"], domain=domain, **attrs)
+        graph = helper.make_graph([node], op, [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("onnxtrain", 1)])
+        xi = np.abs(x) if op == "Log" else x
+        try:
+            sess = onnxtrain.InferenceSession(model.SerializeToString())
+            sess.run(None, {"x": xi})
+        except Exception:  # noqa: BLE001 - an older build without approximate="tanh"
+            out[key] = None
+            continue
+        out[key] = statistics.median(time_ms(lambda: sess.run(None, {"x": xi}), 3, 15))
+    return out
+
+
 def worker(args) -> None:
     import numpy as np
 
     import onnxtrain
     from common import time_ms
     onnxtrain.set_num_threads(args.threads)
+    if args.worker == "ops":
+        print(json.dumps(op_times(args)))
+        return
     x = np.load(os.path.join(args.workdir, "x.npy"))
     if args.worker == "forward":
         sess = onnxtrain.InferenceSession(os.path.join(args.workdir, "forward.onnx"))
@@ -144,6 +180,7 @@ def main(argv=None) -> int:
         default_builds += ",main=/work/main/build/python"
     p.add_argument("--builds", default=default_builds, help="label=<python dir>,...: the first is measured against ORT")
     p.add_argument("--skip", default="", help="forward and/or train, comma-separated")
+    p.add_argument("--ops", action="store_true", help="also time each op alone, one thread, per build")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)
     p.add_argument("--label", default="", help=argparse.SUPPRESS)
     p.add_argument("--workdir", default="", help=argparse.SUPPRESS)
@@ -169,6 +206,7 @@ def main(argv=None) -> int:
         export(build_model(args.gelu)[0], x, os.path.join(workdir, "train.onnx"), training=True)
         if "forward" not in skip:
             peers.ensure("ort")
+        ops = {label: [] for label, _ in builds}
         fwd = {label: [] for label, _ in builds}
         fwd["ort"] = []
         train = {label: [] for label, _ in builds}
@@ -180,13 +218,19 @@ def main(argv=None) -> int:
                 rep = peers.ort_time(os.path.join(workdir, "forward.onnx"), {"x": x.numpy()}, workdir,
                                      threads=args.threads, warmup=args.warmup, runs=args.runs)
                 fwd["ort"].append(rep["median_ms"])
+            if args.ops:
+                threads, args.threads = args.threads, 1
+                for label, path in builds:
+                    ops[label].append(run_worker("ops", label, path, args))
+                args.threads = threads
             if "train" not in skip:
                 for label, path in builds:
                     res = run_worker("train", label, path, args)
                     info[label] = res
                     train[label].append(statistics.median(res["times_ms"]))
-            print(f"round {r + 1}: " + ", ".join(f"{k} fwd {v[-1]:.2f} ms" for k, v in fwd.items() if v) + "; " +
-                  ", ".join(f"{k} train {v[-1]:.2f} ms" for k, v in train.items() if v), flush=True)
+            if any(fwd.values()) or any(train.values()):
+                print(f"round {r + 1}: " + ", ".join(f"{k} fwd {v[-1]:.2f} ms" for k, v in fwd.items() if v) + "; " +
+                      ", ".join(f"{k} train {v[-1]:.2f} ms" for k, v in train.items() if v), flush=True)
         load = os.getloadavg()
         print(f"\nGPT-style decoder, GELU {args.gelu}, batch {BATCH} x {SEQ} tokens, {args.threads} threads, "
               f"{args.rounds} interleaved rounds; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
@@ -205,6 +249,15 @@ def main(argv=None) -> int:
                 i = info[label]
                 print(f"  onnxtrain {label}: {m:.2f} ms ({base / m:.2f}x faster than {builds[-1][0]}; first loss "
                       f"{i['first_loss']:.5f}; training graph: {i['tanh_nodes']} Tanh, {i['gelu_grad_nodes']} GeluGrad)")
+        if args.ops:
+            print("ops alone, 1 Mi float32 values, one thread (ms, median of round medians): " +
+                  " | ".join(label for label, _ in builds))
+            for key in ops[builds[0][0]][0]:
+                cells = []
+                for label, _ in builds:
+                    vals = [r[key] for r in ops[label] if r.get(key) is not None]
+                    cells.append(f"{statistics.median(vals):.3f}" if vals else "-")
+                print(f"  {key:<14} " + " | ".join(cells))
     return 0
 
 
