@@ -191,30 +191,78 @@ std::string match_cube(const Graph& g, const Uses& uses, const std::unordered_ma
   return "";
 }
 
-// tanh's argument sqrt(2/pi) * (x + 0.044715 * x^3), in either operand order. Returns x, or "".
+// kappa x^2 as exporters write it: (x * kappa) * x, x * (x * kappa), kappa * (x * x) or
+// (x * x) * kappa. Returns x, or "".
+std::string match_kappa_square(const Graph& g, const Uses& uses, const std::unordered_map<std::string, size_t>& producers,
+                               const std::string& value, int reader, std::vector<size_t>& chain) {
+  const Node* n = sole_producer(g, uses, producers, value, "Mul", reader, chain);
+  if (!n) return "";
+  const int index = int(chain.back());
+  for (int side = 0; side < 2; ++side) {
+    const std::string& a = n->inputs[size_t(side)];
+    const std::string& b = n->inputs[size_t(1 - side)];
+    std::vector<size_t> part;
+    const Node* m = sole_producer(g, uses, producers, b, "Mul", index, part);
+    if (!m) continue;
+    std::string x;
+    if (is_scalar_constant(g, a, 0.044715) && m->inputs[0] == m->inputs[1]) x = m->inputs[0];  // kappa * (x * x)
+    else if (m->inputs[0] == a && is_scalar_constant(g, m->inputs[1], 0.044715)) x = a;       // x * (x * kappa)
+    else if (m->inputs[1] == a && is_scalar_constant(g, m->inputs[0], 0.044715)) x = a;       // x * (kappa * x)
+    if (x.empty()) continue;
+    chain.insert(chain.end(), part.begin(), part.end());
+    return x;
+  }
+  return "";
+}
+
+// tanh's argument in GPT-2's form, sqrt(2/pi) * (x + 0.044715 * x^3), or in Hugging Face's
+// FastGELU form, (x * sqrt(2/pi)) * (1 + 0.044715 * x * x); operands in either order. Returns x,
+// or "".
 std::string match_gelu_tanh_argument(const Graph& g, const Uses& uses,
                                      const std::unordered_map<std::string, size_t>& producers, const Node& tanh,
                                      int tanh_index, std::vector<size_t>& chain) {
-  const Node* scale = sole_producer(g, uses, producers, tanh.inputs[0], "Mul", tanh_index, chain);
-  if (!scale) return "";
-  int scale_index = int(chain.back());
-  std::string sum;
-  for (int side = 0; side < 2; ++side)
-    if (is_scalar_constant(g, scale->inputs[size_t(side)], 0.79788456080286535588)) sum = scale->inputs[size_t(1 - side)];
-  const Node* add = sum.empty() ? nullptr : sole_producer(g, uses, producers, sum, "Add", scale_index, chain);
-  if (!add) return "";
-  int add_index = int(chain.back());
-  for (int side = 0; side < 2; ++side) {  // x + kappa x^3: which operand is x
-    const std::string& x = add->inputs[size_t(side)];
-    std::vector<size_t> tail;
-    const Node* kappa = sole_producer(g, uses, producers, add->inputs[size_t(1 - side)], "Mul", add_index, tail);
-    if (!kappa) continue;
-    std::string cube;
-    for (int k = 0; k < 2; ++k)
-      if (is_scalar_constant(g, kappa->inputs[size_t(k)], 0.044715)) cube = kappa->inputs[size_t(1 - k)];
-    if (cube.empty() || match_cube(g, uses, producers, cube, int(tail.back()), tail) != x) continue;
-    chain.insert(chain.end(), tail.begin(), tail.end());
-    return x;
+  const Node* outer = sole_producer(g, uses, producers, tanh.inputs[0], "Mul", tanh_index, chain);
+  if (!outer) return "";
+  const int outer_index = int(chain.back());
+  constexpr double kSqrt2OverPi = 0.79788456080286535588;
+  for (int side = 0; side < 2; ++side) {
+    const std::string& p = outer->inputs[size_t(side)];
+    const std::string& q = outer->inputs[size_t(1 - side)];
+    std::vector<size_t> part;
+    if (is_scalar_constant(g, p, kSqrt2OverPi)) {  // sqrt(2/pi) * (x + kappa x^3)
+      const Node* add = sole_producer(g, uses, producers, q, "Add", outer_index, part);
+      if (!add) continue;
+      const int add_index = int(part.back());
+      for (int k = 0; k < 2; ++k) {  // which operand of the Add is x
+        const std::string& x = add->inputs[size_t(k)];
+        std::vector<size_t> tail = part;
+        const Node* kappa = sole_producer(g, uses, producers, add->inputs[size_t(1 - k)], "Mul", add_index, tail);
+        if (!kappa) continue;
+        std::string cube;
+        for (int c = 0; c < 2; ++c)
+          if (is_scalar_constant(g, kappa->inputs[size_t(c)], 0.044715)) cube = kappa->inputs[size_t(1 - c)];
+        if (cube.empty() || match_cube(g, uses, producers, cube, int(tail.back()), tail) != x) continue;
+        chain.insert(chain.end(), tail.begin(), tail.end());
+        return x;
+      }
+      continue;
+    }
+    // (x * sqrt(2/pi)) * (1 + kappa x^2)
+    const Node* scaled = sole_producer(g, uses, producers, p, "Mul", outer_index, part);
+    if (!scaled) continue;
+    std::string x;
+    for (int c = 0; c < 2; ++c)
+      if (is_scalar_constant(g, scaled->inputs[size_t(c)], kSqrt2OverPi)) x = scaled->inputs[size_t(1 - c)];
+    const Node* plus1 = x.empty() ? nullptr : sole_producer(g, uses, producers, q, "Add", outer_index, part);
+    if (!plus1) continue;
+    const int plus1_index = int(part.back());
+    for (int c = 0; c < 2; ++c) {
+      if (!is_scalar_constant(g, plus1->inputs[size_t(c)], 1.0)) continue;
+      std::vector<size_t> tail = part;
+      if (match_kappa_square(g, uses, producers, plus1->inputs[size_t(1 - c)], plus1_index, tail) != x) continue;
+      chain.insert(chain.end(), tail.begin(), tail.end());
+      return x;
+    }
   }
   return "";
 }
@@ -224,7 +272,9 @@ std::string match_gelu_tanh_argument(const Graph& g, const Uses& uses,
 // Both GELU forms into onnxtrain.Gelu:
 //   erf:  0.5 x (1 + erf(x / sqrt 2))                        -> Gelu(x)
 //   tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))    -> Gelu(x, approximate="tanh")
-// as torch exports F.gelu (both approximate modes) and the written-out forms (GPT-2's gelu_new).
+//         0.5 x (1 + tanh(x sqrt(2/pi) (1 + 0.044715 x x)))  -> Gelu(x, approximate="tanh")
+// as torch exports F.gelu (both approximate modes) and the written-out forms (GPT-2's gelu_new,
+// Hugging Face's NewGELUActivation and FastGELUActivation).
 // Every intermediate must have the pattern's next node as its only reader.
 int fuse_gelu(Graph& g) {
   if (!FUSED_OP_BUILT("Gelu")) return 0;

@@ -618,8 +618,8 @@ def test_pointwise_conv_with_a_residual_in_onnx_order_matches_numpy():
 
 class _TanhGeluMLP(torch.nn.Module):
     """Linear -> tanh-GELU -> Linear, the GELU as torch's F.gelu(approximate="tanh") or written out
-    as GPT-2's gelu_new (HF NewGELUActivation); ``loss`` sums the output against fixed weights, so
-    a gradient graph of it is seeded."""
+    as GPT-2's gelu_new (HF NewGELUActivation) or as HF's FastGELUActivation; ``loss`` sums the
+    output against fixed weights, so a gradient graph of it is seeded."""
 
     def __init__(self, form, loss=False):
         super().__init__()
@@ -630,6 +630,8 @@ class _TanhGeluMLP(torch.nn.Module):
     def gelu(self, x):
         if self.form == "torch":
             return torch.nn.functional.gelu(x, approximate="tanh")
+        if self.form == "fast":
+            return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
         return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
 
     def forward(self, x):
@@ -637,7 +639,7 @@ class _TanhGeluMLP(torch.nn.Module):
         return (y * self.w).sum() if self.loss else y
 
 
-@pytest.mark.parametrize("form", ["torch", "gelu_new"])
+@pytest.mark.parametrize("form", ["torch", "gelu_new", "fast"])
 def test_tanh_gelu_pattern_becomes_one_node_and_matches_float64(form):
     module = _TanhGeluMLP(form).eval()
     x = torch.randn(5, 3, 8, generator=torch.Generator().manual_seed(0)) * 2
@@ -645,13 +647,13 @@ def test_tanh_gelu_pattern_becomes_one_node_and_matches_float64(form):
     assert "Tanh" in op_types(data)
     optimized = onnx.load_from_string(_C.optimize_model(data))
     gelus = [n for n in optimized.graph.node if n.op_type == "Gelu"]
-    assert len(gelus) == 1 and [n.op_type for n in optimized.graph.node if n.op_type in ("Tanh", "Pow")] == []
+    assert len(gelus) == 1 and [n.op_type for n in optimized.graph.node if n.op_type in ("Tanh", "Pow", "Mul")] == []
     assert {a.name: a.s for a in gelus[0].attribute} == {"approximate": b"tanh"}
     (y,) = onnxtrain.InferenceSession(data).run(None, {"in0": x.numpy()})
     np.testing.assert_allclose(y, module.double()(x.double()).detach().numpy(), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("form", ["torch", "gelu_new"])
+@pytest.mark.parametrize("form", ["torch", "gelu_new", "fast"])
 def test_tanh_gelu_fuses_in_training_graphs_with_its_fused_gradient(form):
     from onnxtrain.autodiff import build_gradient_graph
     module = _TanhGeluMLP(form, loss=True)
