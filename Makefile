@@ -81,6 +81,7 @@ demo-inference: setup
 bench: setup
 	./scripts/setup_peers.sh
 	$(PYTHON) bench/bench_inference.py
+	OMP_WAIT_POLICY=passive $(PYTHON) bench/bench_transcendentals.py
 	$(PYTHON) bench/bench_cnn.py
 	$(PYTHON) bench/cnn_train_breakdown.py
 	$(PYTHON) bench/bench_training.py

@@ -210,6 +210,9 @@ class BertConfig:
     # Token id of padding: nn.Embedding's padding_idx, and the encoder's attention ignores padded
     # keys (so padded positions cannot change the other tokens: what padding sparsity needs).
     pad_id: Optional[int] = None
+    # The decoder MLP's GELU: "none" (erf, nn.GELU()), "tanh" (nn.GELU(approximate="tanh"), Hugging
+    # Face's gelu_pytorch_tanh) or "gelu_new" (GPT-2's written-out tanh form, NewGELU below).
+    gelu: str = "none"
 
 
 class SelfAttention(nn.Module):
@@ -319,6 +322,17 @@ class CausalSelfAttention(SelfAttention):
         return self.out(ctx.reshape(x.shape[0], -1, self.heads * self.head_dim))
 
 
+class NewGELU(nn.Module):
+    """GPT-2's gelu_new as Hugging Face writes it (NewGELUActivation): the tanh form, op by op."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+
+def decoder_gelu(cfg: BertConfig) -> nn.Module:
+    return NewGELU() if cfg.gelu == "gelu_new" else nn.GELU(approximate=cfg.gelu)
+
+
 class DecoderLayer(nn.Module):
     """Pre-LayerNorm transformer block, as in GPT-2."""
 
@@ -327,7 +341,7 @@ class DecoderLayer(nn.Module):
         self.norm1 = nn.LayerNorm(cfg.hidden, eps=1e-5)
         self.attn = CausalSelfAttention(cfg)
         self.norm2 = nn.LayerNorm(cfg.hidden, eps=1e-5)
-        self.mlp = nn.Sequential(nn.Linear(cfg.hidden, cfg.ffn), nn.GELU(), nn.Linear(cfg.ffn, cfg.hidden))
+        self.mlp = nn.Sequential(nn.Linear(cfg.hidden, cfg.ffn), decoder_gelu(cfg), nn.Linear(cfg.ffn, cfg.hidden))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))

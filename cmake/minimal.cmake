@@ -208,6 +208,9 @@ if(ONNXTRAIN_BUILD_TESTS)
     set(_gtest_main GTest::gtest_main)
   endif()
   file(GLOB _minimal_tests CONFIGURE_DEPENDS tests/minimal/*.cc)
+  # The SIMD math layer's ULP test (header-only), so the minimal and cross builds check the vector
+  # code of their own ISA (NEON under qemu-aarch64) against the same bounds.
+  list(APPEND _minimal_tests ${CMAKE_SOURCE_DIR}/tests/cpp/fast_math_test.cc)
   add_executable(onnxtrain_minimal_tests ${_minimal_tests})
   target_include_directories(onnxtrain_minimal_tests PRIVATE src)
   # The digits demo's artifacts, which the pre-compiled-artifact tests use when `make demo` wrote them.

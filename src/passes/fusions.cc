@@ -122,53 +122,188 @@ namespace {
 
 }  // namespace
 
+namespace {
+
+// The shared end of both GELU patterns: plus1 = inner + 1 (inner: the Erf or Tanh output), then
+// either (x * plus1) * 0.5, (x * 0.5) * plus1 or 0.5 * (x * plus1). Appends the nodes it matched
+// to `chain` and returns the pattern's output, or "" when it does not match.
+std::string match_gelu_tail(const Graph& g, const Uses& uses, const std::unordered_map<std::string, size_t>& producers,
+                            const std::string& inner, const std::string& x, std::vector<size_t>& chain) {
+  int a = uses.sole_reader(inner);
+  if (a < 0 || !is_op(g.nodes[size_t(a)], "Add") || !is_scalar_constant(g, other_operand(g.nodes[size_t(a)], inner), 1.0))
+    return "";
+  const std::string& plus1 = g.nodes[size_t(a)].outputs[0];
+  int m1 = uses.sole_reader(plus1);
+  if (m1 < 0 || !is_op(g.nodes[size_t(m1)], "Mul")) return "";
+  std::string partner = other_operand(g.nodes[size_t(m1)], plus1);
+  chain.push_back(size_t(a));
+  chain.push_back(size_t(m1));
+  if (partner == x) {
+    int m2 = uses.sole_reader(g.nodes[size_t(m1)].outputs[0]);
+    if (m2 < 0 || !is_op(g.nodes[size_t(m2)], "Mul") ||
+        !is_scalar_constant(g, other_operand(g.nodes[size_t(m2)], g.nodes[size_t(m1)].outputs[0]), 0.5))
+      return "";
+    chain.push_back(size_t(m2));
+    return g.nodes[size_t(m2)].outputs[0];
+  }
+  auto hp = producers.find(partner);
+  if (hp == producers.end()) return "";
+  const Node& half = g.nodes[hp->second];
+  if (!is_op(half, "Mul") || other_operand(half, x).empty() || !is_scalar_constant(g, other_operand(half, x), 0.5) ||
+      uses.sole_reader(partner) != m1)
+    return "";
+  chain.push_back(hp->second);
+  return g.nodes[size_t(m1)].outputs[0];
+}
+
+// The producer of `value` if it is an `op` read only by `reader`, else nullptr.
+const Node* sole_producer(const Graph& g, const Uses& uses, const std::unordered_map<std::string, size_t>& producers,
+                          const std::string& value, const char* op, int reader, std::vector<size_t>& chain) {
+  auto it = producers.find(value);
+  if (it == producers.end() || !is_op(g.nodes[it->second], op) || uses.sole_reader(value) != reader) return nullptr;
+  chain.push_back(it->second);
+  return &g.nodes[it->second];
+}
+
+// x^3 as exporters write it: Pow(x, 3), x * (x * x) or (x * x) * x. Returns x, or "".
+std::string match_cube(const Graph& g, const Uses& uses, const std::unordered_map<std::string, size_t>& producers,
+                       const std::string& cube, int reader, std::vector<size_t>& chain) {
+  auto it = producers.find(cube);
+  if (it == producers.end() || uses.sole_reader(cube) != reader) return "";
+  const Node& n = g.nodes[it->second];
+  if (is_op(n, "Pow") && is_scalar_constant(g, n.inputs[1], 3.0)) {
+    chain.push_back(it->second);
+    return n.inputs[0];
+  }
+  if (!is_op(n, "Mul")) return "";
+  for (int side = 0; side < 2; ++side) {
+    const std::string& x = n.inputs[size_t(side)];
+    const std::string& sq = n.inputs[size_t(1 - side)];
+    auto sp = producers.find(sq);
+    if (sp == producers.end()) continue;
+    const Node& s = g.nodes[sp->second];
+    if (is_op(s, "Mul") && s.inputs[0] == x && s.inputs[1] == x && uses.sole_reader(sq) == int(it->second)) {
+      chain.push_back(it->second);
+      chain.push_back(sp->second);
+      return x;
+    }
+  }
+  return "";
+}
+
+// kappa x^2 as exporters write it: (x * kappa) * x, x * (x * kappa), kappa * (x * x) or
+// (x * x) * kappa. Returns x, or "".
+std::string match_kappa_square(const Graph& g, const Uses& uses, const std::unordered_map<std::string, size_t>& producers,
+                               const std::string& value, int reader, std::vector<size_t>& chain) {
+  const Node* n = sole_producer(g, uses, producers, value, "Mul", reader, chain);
+  if (!n) return "";
+  const int index = int(chain.back());
+  for (int side = 0; side < 2; ++side) {
+    const std::string& a = n->inputs[size_t(side)];
+    const std::string& b = n->inputs[size_t(1 - side)];
+    std::vector<size_t> part;
+    const Node* m = sole_producer(g, uses, producers, b, "Mul", index, part);
+    if (!m) continue;
+    std::string x;
+    if (is_scalar_constant(g, a, 0.044715) && m->inputs[0] == m->inputs[1]) x = m->inputs[0];  // kappa * (x * x)
+    else if (m->inputs[0] == a && is_scalar_constant(g, m->inputs[1], 0.044715)) x = a;       // x * (x * kappa)
+    else if (m->inputs[1] == a && is_scalar_constant(g, m->inputs[0], 0.044715)) x = a;       // x * (kappa * x)
+    if (x.empty()) continue;
+    chain.insert(chain.end(), part.begin(), part.end());
+    return x;
+  }
+  return "";
+}
+
+// tanh's argument in GPT-2's form, sqrt(2/pi) * (x + 0.044715 * x^3), or in Hugging Face's
+// FastGELU form, (x * sqrt(2/pi)) * (1 + 0.044715 * x * x); operands in either order. Returns x,
+// or "".
+std::string match_gelu_tanh_argument(const Graph& g, const Uses& uses,
+                                     const std::unordered_map<std::string, size_t>& producers, const Node& tanh,
+                                     int tanh_index, std::vector<size_t>& chain) {
+  const Node* outer = sole_producer(g, uses, producers, tanh.inputs[0], "Mul", tanh_index, chain);
+  if (!outer) return "";
+  const int outer_index = int(chain.back());
+  constexpr double kSqrt2OverPi = 0.79788456080286535588;
+  for (int side = 0; side < 2; ++side) {
+    const std::string& p = outer->inputs[size_t(side)];
+    const std::string& q = outer->inputs[size_t(1 - side)];
+    std::vector<size_t> part;
+    if (is_scalar_constant(g, p, kSqrt2OverPi)) {  // sqrt(2/pi) * (x + kappa x^3)
+      const Node* add = sole_producer(g, uses, producers, q, "Add", outer_index, part);
+      if (!add) continue;
+      const int add_index = int(part.back());
+      for (int k = 0; k < 2; ++k) {  // which operand of the Add is x
+        const std::string& x = add->inputs[size_t(k)];
+        std::vector<size_t> tail = part;
+        const Node* kappa = sole_producer(g, uses, producers, add->inputs[size_t(1 - k)], "Mul", add_index, tail);
+        if (!kappa) continue;
+        std::string cube;
+        for (int c = 0; c < 2; ++c)
+          if (is_scalar_constant(g, kappa->inputs[size_t(c)], 0.044715)) cube = kappa->inputs[size_t(1 - c)];
+        if (cube.empty() || match_cube(g, uses, producers, cube, int(tail.back()), tail) != x) continue;
+        chain.insert(chain.end(), tail.begin(), tail.end());
+        return x;
+      }
+      continue;
+    }
+    // (x * sqrt(2/pi)) * (1 + kappa x^2)
+    const Node* scaled = sole_producer(g, uses, producers, p, "Mul", outer_index, part);
+    if (!scaled) continue;
+    std::string x;
+    for (int c = 0; c < 2; ++c)
+      if (is_scalar_constant(g, scaled->inputs[size_t(c)], kSqrt2OverPi)) x = scaled->inputs[size_t(1 - c)];
+    const Node* plus1 = x.empty() ? nullptr : sole_producer(g, uses, producers, q, "Add", outer_index, part);
+    if (!plus1) continue;
+    const int plus1_index = int(part.back());
+    for (int c = 0; c < 2; ++c) {
+      if (!is_scalar_constant(g, plus1->inputs[size_t(c)], 1.0)) continue;
+      std::vector<size_t> tail = part;
+      if (match_kappa_square(g, uses, producers, plus1->inputs[size_t(1 - c)], plus1_index, tail) != x) continue;
+      chain.insert(chain.end(), tail.begin(), tail.end());
+      return x;
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+// Both GELU forms into onnxtrain.Gelu:
+//   erf:  0.5 x (1 + erf(x / sqrt 2))                        -> Gelu(x)
+//   tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))    -> Gelu(x, approximate="tanh")
+//         0.5 x (1 + tanh(x sqrt(2/pi) (1 + 0.044715 x x)))  -> Gelu(x, approximate="tanh")
+// as torch exports F.gelu (both approximate modes) and the written-out forms (GPT-2's gelu_new,
+// Hugging Face's NewGELUActivation and FastGELUActivation).
+// Every intermediate must have the pattern's next node as its only reader.
 int fuse_gelu(Graph& g) {
   if (!FUSED_OP_BUILT("Gelu")) return 0;
   Uses uses(g);
   std::vector<char> removed(g.nodes.size(), 0);
   int fused = 0;
+  auto producers = g.producers();
   for (size_t e = 0; e < g.nodes.size(); ++e) {
-    const Node& erf = g.nodes[e];
-    if (!is_op(erf, "Erf") || removed[e]) continue;
-    // scaled = x / sqrt(2)  or  x * (1 / sqrt(2))
-    auto producers = g.producers();
-    auto pit = producers.find(erf.inputs[0]);
-    if (pit == producers.end()) continue;
-    const Node& scale = g.nodes[pit->second];
+    const Node& head = g.nodes[e];
+    const bool erf = is_op(head, "Erf"), tanh = is_op(head, "Tanh");
+    if ((!erf && !tanh) || removed[e]) continue;
+    std::vector<size_t> chain = {e};
     std::string x;
-    if (is_op(scale, "Div") && is_scalar_constant(g, scale.inputs[1], std::sqrt(2.0))) x = scale.inputs[0];
-    else if (is_op(scale, "Mul") && is_scalar_constant(g, scale.inputs[1], 1 / std::sqrt(2.0))) x = scale.inputs[0];
-    else if (is_op(scale, "Mul") && is_scalar_constant(g, scale.inputs[0], 1 / std::sqrt(2.0))) x = scale.inputs[1];
-    if (x.empty() || uses.sole_reader(scale.outputs[0]) != int(e)) continue;
-    // plus1 = erf + 1
-    int a = uses.sole_reader(erf.outputs[0]);
-    if (a < 0 || !is_op(g.nodes[size_t(a)], "Add") ||
-        !is_scalar_constant(g, other_operand(g.nodes[size_t(a)], erf.outputs[0]), 1.0))
-      continue;
-    const std::string& plus1 = g.nodes[size_t(a)].outputs[0];
-    // Either (x * plus1) * 0.5, or (x * 0.5) * plus1.
-    int m1 = uses.sole_reader(plus1);
-    if (m1 < 0 || !is_op(g.nodes[size_t(m1)], "Mul")) continue;
-    std::string partner = other_operand(g.nodes[size_t(m1)], plus1);
-    std::vector<size_t> chain = {pit->second, e, size_t(a), size_t(m1)};
-    std::string out;
-    if (partner == x) {
-      int m2 = uses.sole_reader(g.nodes[size_t(m1)].outputs[0]);
-      if (m2 < 0 || !is_op(g.nodes[size_t(m2)], "Mul") ||
-          !is_scalar_constant(g, other_operand(g.nodes[size_t(m2)], g.nodes[size_t(m1)].outputs[0]), 0.5))
-        continue;
-      chain.push_back(size_t(m2));
-      out = g.nodes[size_t(m2)].outputs[0];
+    if (erf) {
+      // scaled = x / sqrt(2)  or  x * (1 / sqrt(2))
+      auto pit = producers.find(head.inputs[0]);
+      if (pit == producers.end()) continue;
+      const Node& scale = g.nodes[pit->second];
+      if (is_op(scale, "Div") && is_scalar_constant(g, scale.inputs[1], std::sqrt(2.0))) x = scale.inputs[0];
+      else if (is_op(scale, "Mul") && is_scalar_constant(g, scale.inputs[1], 1 / std::sqrt(2.0))) x = scale.inputs[0];
+      else if (is_op(scale, "Mul") && is_scalar_constant(g, scale.inputs[0], 1 / std::sqrt(2.0))) x = scale.inputs[1];
+      if (x.empty() || uses.sole_reader(scale.outputs[0]) != int(e)) continue;
+      chain.push_back(pit->second);
     } else {
-      auto hp = producers.find(partner);
-      if (hp == producers.end()) continue;
-      const Node& half = g.nodes[hp->second];
-      if (!is_op(half, "Mul") || other_operand(half, x).empty() || !is_scalar_constant(g, other_operand(half, x), 0.5) ||
-          uses.sole_reader(partner) != m1)
-        continue;
-      chain.push_back(hp->second);
-      out = g.nodes[size_t(m1)].outputs[0];
+      x = match_gelu_tanh_argument(g, uses, producers, head, int(e), chain);
+      if (x.empty()) continue;
     }
+    std::string out = match_gelu_tail(g, uses, producers, head.outputs[0], x, chain);
+    if (out.empty()) continue;
     bool free = true;
     for (size_t k : chain) free = free && !removed[k];
     if (!free) continue;
@@ -176,9 +311,10 @@ int fuse_gelu(Graph& g) {
     Node gelu;
     gelu.op_type = "Gelu";
     gelu.domain = kOnnxTrainDomain;
-    gelu.name = erf.name + "/gelu";
+    gelu.name = head.name + "/gelu";
     gelu.inputs = {x};
     gelu.outputs = {out};
+    if (tanh) gelu.attributes["approximate"] = Attribute::of(std::string("tanh"));
     // Put the fused node where the last node of the chain was, keeping topological order.
     size_t last = *std::max_element(chain.begin(), chain.end());
     g.nodes[last] = gelu;

@@ -12,7 +12,7 @@ int eliminate_identities(Graph& graph);    // Identity, inference-mode Dropout
 int eliminate_common_subexpressions(Graph& graph);
 
 // Fusions (src/passes/fusions.cc).
-int fuse_gelu(Graph& graph);               // 0.5 x (1 + erf(x / sqrt 2)) -> onnxtrain.Gelu
+int fuse_gelu(Graph& graph);               // both GELU forms (erf, tanh) -> onnxtrain.Gelu
 int fuse_matmul(Graph& graph);             // Transpose -> MatMul -> Add(bias) -> onnxtrain.FusedMatMul
 int fuse_conv_batchnorm(Graph& graph);     // Conv -> BatchNormalization (inference) -> Conv, folded weights
 int fold_conv_scalar_affine(Graph& graph);  // Conv -> Mul/Div/Add/Sub by a scalar constant -> Conv, folded weights

@@ -1,5 +1,6 @@
 """Fusion passes: the rewritten graph computes what the original computes, and the fusion fires."""
 import io
+import math
 
 import numpy as np
 import onnx
@@ -613,3 +614,64 @@ def test_pointwise_conv_with_a_residual_in_onnx_order_matches_numpy():
     (got,) = onnxtrain.InferenceSession(data).run(None, {"x": x, "z": z})
     want = np.einsum("oc,nchw->nohw", w[:, :, 0, 0], x) + b[None, :, None, None] + z
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+class _TanhGeluMLP(torch.nn.Module):
+    """Linear -> tanh-GELU -> Linear, the GELU as torch's F.gelu(approximate="tanh") or written out
+    as GPT-2's gelu_new (HF NewGELUActivation) or as HF's FastGELUActivation; ``loss`` sums the
+    output against fixed weights, so a gradient graph of it is seeded."""
+
+    def __init__(self, form, loss=False):
+        super().__init__()
+        torch.manual_seed(3)
+        self.up, self.down, self.form, self.loss = torch.nn.Linear(8, 24), torch.nn.Linear(24, 4), form, loss
+        self.register_buffer("w", torch.randn(4))
+
+    def gelu(self, x):
+        if self.form == "torch":
+            return torch.nn.functional.gelu(x, approximate="tanh")
+        if self.form == "fast":
+            return 0.5 * x * (1.0 + torch.tanh(x * 0.7978845608 * (1.0 + 0.044715 * x * x)))
+        return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+
+    def forward(self, x):
+        y = self.down(self.gelu(self.up(x)))
+        return (y * self.w).sum() if self.loss else y
+
+
+@pytest.mark.parametrize("form", ["torch", "gelu_new", "fast"])
+def test_tanh_gelu_pattern_becomes_one_node_and_matches_float64(form):
+    module = _TanhGeluMLP(form).eval()
+    x = torch.randn(5, 3, 8, generator=torch.Generator().manual_seed(0)) * 2
+    data = export(module, x)
+    assert "Tanh" in op_types(data)
+    optimized = onnx.load_from_string(_C.optimize_model(data))
+    gelus = [n for n in optimized.graph.node if n.op_type == "Gelu"]
+    assert len(gelus) == 1 and [n.op_type for n in optimized.graph.node if n.op_type in ("Tanh", "Pow", "Mul")] == []
+    assert {a.name: a.s for a in gelus[0].attribute} == {"approximate": b"tanh"}
+    (y,) = onnxtrain.InferenceSession(data).run(None, {"in0": x.numpy()})
+    np.testing.assert_allclose(y, module.double()(x.double()).detach().numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("form", ["torch", "gelu_new", "fast"])
+def test_tanh_gelu_fuses_in_training_graphs_with_its_fused_gradient(form):
+    from onnxtrain.autodiff import build_gradient_graph
+    module = _TanhGeluMLP(form, loss=True)
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(1)) * 2
+    f = io.BytesIO()
+    torch.onnx.export(module, (x,), f, input_names=["x"], output_names=["loss"], opset_version=17,
+                      do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING)
+    params = ["up.weight", "up.bias", "down.weight"]
+    grad_model = build_gradient_graph(f.getvalue(), params, ["loss"])
+    nodes = onnx.load_from_string(grad_model).graph.node
+    ops = [n.op_type for n in nodes]
+    assert "Tanh" not in ops and ops.count("Gelu") == 1 and ops.count("GeluGrad") == 1, ops
+    grad_node = next(n for n in nodes if n.op_type == "GeluGrad")
+    assert {a.name: a.s for a in grad_node.attribute} == {"approximate": b"tanh"}
+    got = onnxtrain.InferenceSession(grad_model).run(["loss"] + [p + "_grad" for p in params], {"x": x.numpy()})
+    ref = module.double()
+    loss = ref(x.double())
+    loss.backward()
+    want = [loss.detach().numpy()] + [dict(ref.named_parameters())[p].grad.numpy() for p in params]
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)

@@ -3,9 +3,12 @@
 //   BiasGelu(A, B)      y = gelu(A + B), the exact erf form (B: last dim)
 //   QuickGelu(X)        y = X sigmoid(alpha X), alpha default 1.702
 // Gradients: FastGelu and QuickGelu through fused elementwise grads here; BiasGelu through
-// onnxtrain.GeluGrad (src/ops/fused/gelu.cc); bias gradients by sum_to.
+// onnxtrain.GeluGrad (src/ops/fused/gelu.cc); bias gradients by sum_to. float FastGelu and its
+// gradient run core/fast_math.h's vectorised tanh-GELU; the rest computes in double.
+#include <algorithm>
 #include <cmath>
 
+#include "core/fast_math.h"
 #include "ops/contrib/contrib.h"
 #include "ops/gradient_builder.h"
 #include "ops/registry.h"
@@ -16,8 +19,9 @@ namespace {
 constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kCoef = 0.044715;
 
-// v = x (+ bias broadcast along the last dim), through fn(v) into y.
-template <typename F>
+// v = x (+ bias broadcast along the last dim), through fn(v) into y. fn takes and returns the
+// compute type: double, or the input's own where `Fast` (float FastGelu).
+template <bool Fast = false, typename F>
 void biased_unary(KernelContext& ctx, const char* bias_name, F fn) {
   const Node& node = ctx.node();
   const Tensor& x = ctx.input(0);
@@ -35,14 +39,25 @@ void biased_unary(KernelContext& ctx, const char* bias_name, F fn) {
     Tensor& y = ctx.output(0, x.dtype(), x.shape());
     const T* px = x.data<T>();
     T* py = y.data<T>();
-    parallel_for(x.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) py[i] = T(fn(double(px[i]) + (bias ? double(bias[i % nb]) : 0.0)));
+    using C = std::conditional_t<Fast, T, double>;
+    // The pointers copied in: read through references, GCC cannot prove they stay put and the
+    // loop stays scalar.
+    parallel_for(x.numel(), kElementwiseGrain, [px, py, bias, nb, fn](int64_t b, int64_t e) {
+      if (!bias) {
+        for (int64_t i = b; i < e; ++i) py[i] = T(fn(C(px[i])));
+        return;
+      }
+      for (int64_t i = b; i < e;) {  // a run within one row, so the inner loop vectorises
+        const int64_t j = i % nb, n = std::min(e - i, nb - j);
+        for (int64_t k = 0; k < n; ++k) py[i + k] = T(fn(C(px[i + k]) + C(bias[j + k])));
+        i += n;
+      }
     });
   });
 }
 
-// Elementwise grad kernels: dX = dY * f'(X).
-template <typename F>
+// Elementwise grad kernels: dX = dY * f'(X), f' over double (or the input's type where `Fast`).
+template <bool Fast = false, typename F>
 void elementwise_grad(KernelContext& ctx, F dfn) {
   const Node& node = ctx.node();
   const Tensor& dy = ctx.input(0);
@@ -53,8 +68,9 @@ void elementwise_grad(KernelContext& ctx, F dfn) {
     Tensor& dx = ctx.output(0, x.dtype(), x.shape());
     const T *pg = dy.data<T>(), *px = x.data<T>();
     T* pd = dx.data<T>();
-    parallel_for(x.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) pd[i] = T(double(pg[i]) * dfn(double(px[i])));
+    parallel_for(x.numel(), kElementwiseGrain, [pg, px, pd, dfn](int64_t b, int64_t e) {  // copied: see above
+      using C = std::conditional_t<Fast, T, double>;
+      for (int64_t i = b; i < e; ++i) pd[i] = T(C(pg[i]) * dfn(C(px[i])));
     });
   });
 }
@@ -66,8 +82,23 @@ double fast_gelu_grad(double v) {
   return 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * kSqrt2OverPi * (1.0 + 3.0 * kCoef * v * v);
 }
 
-void fast_gelu_kernel(KernelContext& ctx) { biased_unary(ctx, "bias", fast_gelu); }
-void fast_gelu_grad_kernel(KernelContext& ctx) { elementwise_grad(ctx, fast_gelu_grad); }
+// float: x sigmoid(2u), the same function (core/fast_math.h); double: the formulas above.
+template <typename C>
+ONNXTRAIN_FAST_MATH_INLINE C fast_gelu_of(C v) {
+  if constexpr (std::is_same_v<C, float>) return gelu_tanh_fast(v);
+  else return fast_gelu(v);
+}
+template <typename C>
+ONNXTRAIN_FAST_MATH_INLINE C fast_gelu_grad_of(C v) {
+  if constexpr (std::is_same_v<C, float>) return gelu_tanh_grad_fast(v);
+  else return fast_gelu_grad(v);
+}
+void fast_gelu_kernel(KernelContext& ctx) {
+  biased_unary<true>(ctx, "bias", [](auto v) { return fast_gelu_of(v); });
+}
+void fast_gelu_grad_kernel(KernelContext& ctx) {
+  elementwise_grad<true>(ctx, [](auto v) { return fast_gelu_grad_of(v); });
+}
 
 void bias_gelu_kernel(KernelContext& ctx) {
   biased_unary(ctx, "B", [](double v) { return 0.5 * v * (1.0 + std::erf(v * 0.70710678118654752440)); });

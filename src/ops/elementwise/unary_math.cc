@@ -19,21 +19,28 @@ void float_unary_kernel(KernelContext& ctx) {
 
 #define OT_UNARY_FN(NAME, EXPR) \
   struct NAME { template <typename C> static C apply(C x) { return EXPR; } };
+// float (and the half types, computed in float): the vectorised functions of core/fast_math.h,
+// with the error bounds it states; double: the C library's.
+#define OT_UNARY_FAST_FN(NAME, FAST, EXPR)                                              \
+  struct NAME {                                                                          \
+    template <typename C>                                                                \
+    ONNXTRAIN_FAST_MATH_INLINE static C apply(C x) {                                     \
+      if constexpr (std::is_same_v<C, float>) return FAST(x);                            \
+      else return EXPR;                                                                  \
+    }                                                                                    \
+  };
 
-OT_UNARY_FN(ExpFn, std::exp(x))
-OT_UNARY_FN(LogFn, std::log(x))
+OT_UNARY_FAST_FN(ExpFn, exp_fast, std::exp(x))
+OT_UNARY_FAST_FN(LogFn, log_fast, std::log(x))
 OT_UNARY_FN(SqrtFn, std::sqrt(x))
-OT_UNARY_FN(TanhFn, std::tanh(x))
-#undef OT_UNARY_FN
-struct SigmoidFn {  // float: branch-free and vectorised; double: the two-sided form, no overflow
-  template <typename C>
-  static C apply(C x) {
-    if constexpr (std::is_same_v<C, float>) return sigmoid_fast(x);
-    else return x >= C(0) ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x));
-  }
-};
-#define OT_UNARY_FN(NAME, EXPR) \
-  struct NAME { template <typename C> static C apply(C x) { return EXPR; } };
+OT_UNARY_FAST_FN(TanhFn, tanh_fast, std::tanh(x))
+// double: the two-sided form, no overflow
+OT_UNARY_FAST_FN(SigmoidFn, sigmoid_fast,
+                 x >= C(0) ? C(1) / (C(1) + std::exp(-x)) : std::exp(x) / (C(1) + std::exp(x)))
+OT_UNARY_FAST_FN(ErfFn, erf_fast, std::erf(x))
+// log(1 + exp(x)) without overflow: max(x, 0) + log1p(exp(-|x|)).
+OT_UNARY_FAST_FN(SoftplusFn, softplus_fast, (x > C(0) ? x : C(0)) + std::log1p(std::exp(-std::fabs(x))))
+#undef OT_UNARY_FAST_FN
 OT_UNARY_FN(SinFn, std::sin(x))
 OT_UNARY_FN(CosFn, std::cos(x))
 OT_UNARY_FN(TanFn, std::tan(x))
@@ -45,14 +52,11 @@ OT_UNARY_FN(CoshFn, std::cosh(x))
 OT_UNARY_FN(AsinhFn, std::asinh(x))
 OT_UNARY_FN(AcoshFn, std::acosh(x))
 OT_UNARY_FN(AtanhFn, std::atanh(x))
-OT_UNARY_FN(ErfFn, std::erf(x))
 OT_UNARY_FN(CeilFn, std::ceil(x))
 OT_UNARY_FN(FloorFn, std::floor(x))
 // nearbyint rounds half to even under the default rounding mode, which nothing here changes.
 OT_UNARY_FN(RoundFn, std::nearbyint(x))
 OT_UNARY_FN(ReciprocalFn, C(1) / x)
-// log(1 + exp(x)) without overflow: max(x, 0) + log1p(exp(-|x|)).
-OT_UNARY_FN(SoftplusFn, (x > C(0) ? x : C(0)) + std::log1p(std::exp(-std::fabs(x))))
 OT_UNARY_FN(SoftsignFn, x / (C(1) + std::fabs(x)))
 #undef OT_UNARY_FN
 

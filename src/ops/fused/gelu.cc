@@ -1,5 +1,8 @@
-// Gelu and its fused gradient. The fusion pass (src/passes/fusions.cc) rewrites the Erf pattern
-// exporters emit, 0.5 * x * (1 + erf(x / sqrt(2))), five passes over memory, into one Gelu node.
+// Gelu and its fused gradient, both forms: approximate="none", 0.5 x (1 + erf(x / sqrt 2)), and
+// approximate="tanh", 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (GPT-2's gelu_new,
+// PyTorch's gelu_pytorch_tanh). The fusion pass (src/passes/fusions.cc) rewrites the patterns
+// exporters emit for either (five to nine passes over memory) into one Gelu node. float and the
+// half types go through core/fast_math.h (vectorised); double through the C library.
 #include <cmath>
 
 #include "ops/gradient_builder.h"
@@ -20,7 +23,7 @@ template <typename T>
 ONNXTRAIN_FAST_MATH_INLINE T gelu(T x) {  // inlined into the kernels' vector loops (fast_math.h)
   using C = compute_t<T>;
   C v = C(x);
-  C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_fast(float(v) * float(kInvSqrt2)));
+  C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_abs_fast(float(v) * float(kInvSqrt2)));
   return round_to<T>(C(0.5) * v * (C(1) + e));
 }
 
@@ -29,7 +32,7 @@ template <typename T>
 ONNXTRAIN_FAST_MATH_INLINE T gelu_grad(T dy, T x) {
   using C = compute_t<T>;
   C v = C(x);
-  C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_fast(float(v) * float(kInvSqrt2)));
+  C e = std::is_same_v<C, double> ? C(erf_exact(double(v) * kInvSqrt2)) : C(erf_abs_fast(float(v) * float(kInvSqrt2)));
   C cdf = C(0.5) * (C(1) + e);
   C pdf;
   if constexpr (std::is_same_v<C, float>) pdf = C(kInvSqrt2Pi) * exp_fast(C(-0.5) * v * v);
@@ -37,15 +40,51 @@ ONNXTRAIN_FAST_MATH_INLINE T gelu_grad(T dy, T x) {
   return round_to<T>(C(dy) * (cdf + v * pdf));
 }
 
+constexpr double kSqrt2OverPi = 0.79788456080286535588;
+constexpr double kGeluCoef = 0.044715;
+
+// 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3); float: x sigmoid(2u) (fast_math.h).
+template <typename T>
+ONNXTRAIN_FAST_MATH_INLINE T gelu_tanh(T x) {
+  using C = compute_t<T>;
+  if constexpr (std::is_same_v<C, float>) {
+    return round_to<T>(gelu_tanh_fast(float(x)));
+  } else {
+    C v = C(x);
+    return T(C(0.5) * v * (C(1) + std::tanh(C(kSqrt2OverPi) * (v + C(kGeluCoef) * v * v * v))));
+  }
+}
+
+// d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh u
+template <typename T>
+ONNXTRAIN_FAST_MATH_INLINE T gelu_tanh_grad(T dy, T x) {
+  using C = compute_t<T>;
+  if constexpr (std::is_same_v<C, float>) {
+    return round_to<T>(C(dy) * gelu_tanh_grad_fast(float(x)));
+  } else {
+    C v = C(x);
+    C t = std::tanh(C(kSqrt2OverPi) * (v + C(kGeluCoef) * v * v * v));
+    C d = C(0.5) * (C(1) + t) + C(0.5) * v * (C(1) - t * t) * C(kSqrt2OverPi) * (C(1) + C(3 * kGeluCoef) * v * v);
+    return T(C(dy) * d);
+  }
+}
+
+// approximate: "none" (erf) or "tanh"; anything else fails by name.
+bool tanh_form(const KernelContext& ctx) {
+  std::string approximate = ctx.node().attr_string("approximate", "none");
+  OT_CHECK(approximate == "none" || approximate == "tanh", ctx.node().context(), "approximate='", approximate,
+           "' is not supported (none or tanh)");
+  return approximate == "tanh";
+}
+
 void gelu_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  std::string approximate = ctx.node().attr_string("approximate", "none");
-  OT_CHECK(approximate == "none", ctx.node().context(), "approximate='", approximate,
-           "' is not supported (only the exact erf form)");
+  const bool tanh = tanh_form(ctx);
   Tensor& y = ctx.output(0, x.dtype(), x.shape());
   dispatch_float(x.dtype(), [&]<typename T>() {
     // A lambda, not gelu<T> itself: a function pointer is not inlined into the parallel loop.
-    unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return gelu<T>(v); });
+    if (tanh) unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return gelu_tanh<T>(v); });
+    else unary_map(x.data<T>(), y.data<T>(), x.numel(), [](T v) { return gelu<T>(v); });
   });
 }
 
@@ -54,20 +93,27 @@ void gelu_grad_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(1);
   OT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), ctx.node().context(),
            "dY and X must match, got ", shape_str(dy.shape()), " and ", shape_str(x.shape()));
+  const bool tanh = tanh_form(ctx);
   Tensor& dx = ctx.output(0, x.dtype(), x.shape());
   dispatch_float(x.dtype(), [&]<typename T>() {
     const T* pdy = dy.data<T>();
     const T* px = x.data<T>();
     T* pdx = dx.data<T>();
-    parallel_for(x.numel(), kElementwiseGrain, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) pdx[i] = gelu_grad<T>(pdy[i], px[i]);
+    // The pointers copied in, so GCC knows they stay put and vectorises the loops.
+    parallel_for(x.numel(), kElementwiseGrain, [pdy, px, pdx, tanh](int64_t b, int64_t e) {
+      if (tanh) for (int64_t i = b; i < e; ++i) pdx[i] = gelu_tanh_grad<T>(pdy[i], px[i]);
+      else for (int64_t i = b; i < e; ++i) pdx[i] = gelu_grad<T>(pdy[i], px[i]);
     });
   });
 }
 
 void gelu_gradient(GradientBuilder& g) {
-  // y = gelu(x).  dx = dy * (Phi(x) + x phi(x))
-  g.set(0, g.emit("GeluGrad", {g.dy(0), g.x(0)}, {}, kOnnxTrainDomain));
+  // y = gelu(x).  dx = dy * (Phi(x) + x phi(x))                                  (approximate none)
+  //              dx = dy * (s + x s (1 - s) v'), s = sigmoid(v), v = 2u         (approximate tanh)
+  std::string approximate = g.node().attr_string("approximate", "none");
+  GraphBuilder::Attrs attrs;
+  if (approximate != "none") attrs.emplace("approximate", Attribute::of(approximate));
+  g.set(0, g.emit("GeluGrad", {g.dy(0), g.x(0)}, attrs, kOnnxTrainDomain));
 }
 
 }  // namespace
