@@ -118,6 +118,12 @@ class Table {
   }
   const std::string& name() const { return name_; }
   const Buffer& buffer() const { return b_; }
+  // The same table under another name in errors (a tensor's, once its name is read).
+  Table named(std::string name) const {
+    Table t = *this;
+    t.name_ = std::move(name);
+    return t;
+  }
   std::string field(const char* f) const { return name_ + "." + f; }
 
   // Position of a field present in the table, after checking that `bytes` of it fit.
@@ -194,12 +200,13 @@ struct TensorRef {
   uint64_t offset = 0;  // of the bytes, in the checkpoint (inline) or in "<path>.data"
 };
 
-TensorRef read_tensor(const Table& t, bool nominal, int32_t version) {
+TensorRef read_tensor(const Table& unnamed, bool nominal, int32_t version) {
   TensorRef r;
-  auto name = t.string(slot::kName, "name");
-  if (!name || name->empty()) OT_THROW(kInvalidModel, t.field("name"), ": expected a tensor name, got none");
+  auto name = unnamed.string(slot::kName, "name");
+  if (!name || name->empty()) OT_THROW(kInvalidModel, unnamed.field("name"), ": expected a tensor name, got none");
   r.name = *name;
-  r.field = t.name() + " ('" + r.name + "')";
+  r.field = unnamed.name() + " ('" + r.name + "')";
+  const Table t = unnamed.named(r.field);
   const int32_t code = t.scalar<int32_t>(slot::kDataType, 0, "data_type");
   if (code == int32_t(DType::kString))
     OT_THROW(kInvalidModel, r.field, ".data_type: expected a numeric type, got STRING (not a parameter type)");
