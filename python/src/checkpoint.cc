@@ -10,6 +10,7 @@
 #include "ir/graph.h"
 #include "onnx/model_io.h"
 #include "onnxtrain/training.h"
+#include "training/ort_checkpoint.h"
 
 namespace py = pybind11;
 using namespace onnxtrain;
@@ -72,6 +73,19 @@ void bind_checkpoint(py::module_& m) {
             s.save(path, include_optimizer_state, f);
           },
           py::arg("path"), py::arg("include_optimizer_state") = true, py::arg("format") = "onnxtrain")
+      .def(
+          "_save_ort",
+          [](const CheckpointState& s, const std::string& path, bool include_optimizer_state, int version,
+             uint64_t external_threshold) {
+            py::gil_scoped_release release;
+            try {
+              ort_checkpoint::write(s, path, include_optimizer_state, {version, external_threshold});
+            } catch (const Error& e) {
+              throw Error(e.code(), "checkpoint '" + path + "' (ONNX Runtime format): " + e.what());
+            }
+          },
+          py::arg("path"), py::arg("include_optimizer_state"), py::arg("version"), py::arg("external_threshold"),
+          "for tests: ONNX Runtime's format with a chosen version and external data threshold (bytes)")
       .def_static(
           "file_format",
           [](const std::string& path) { return std::string(checkpoint_format_name(CheckpointState::file_format(path))); },

@@ -53,9 +53,19 @@ std::string state_name_to_ort(const std::string& n) {
 
 bool known_dtype(int32_t code) {
   switch (DType(code)) {
-    case DType::kFloat32: case DType::kUint8: case DType::kInt8: case DType::kUint16: case DType::kInt16:
-    case DType::kInt32: case DType::kInt64: case DType::kBool: case DType::kFloat16: case DType::kFloat64:
-    case DType::kUint32: case DType::kUint64: case DType::kBFloat16:
+    case DType::kFloat32:
+    case DType::kUint8:
+    case DType::kInt8:
+    case DType::kUint16:
+    case DType::kInt16:
+    case DType::kInt32:
+    case DType::kInt64:
+    case DType::kBool:
+    case DType::kFloat16:
+    case DType::kFloat64:
+    case DType::kUint32:
+    case DType::kUint64:
+    case DType::kBFloat16:
       return true;
     default:
       return false;
@@ -92,7 +102,8 @@ class Buffer {
   uint64_t follow(uint64_t pos, const std::string& field) const {
     uint64_t target = pos + scalar<uint32_t>(pos, field);
     if (target >= size_)
-      OT_THROW(kInvalidModel, field, ": expected an offset inside the file (", size_, " bytes), got one to byte ", target);
+      OT_THROW(kInvalidModel, field, ": expected an offset inside the file (", size_, " bytes), got one to byte ",
+               target);
     return target;
   }
 
@@ -111,7 +122,8 @@ class Table {
     vt_ = uint64_t(vt);
     vt_size_ = b.scalar<uint16_t>(vt_, name_ + " (vtable)");
     inline_size_ = b.scalar<uint16_t>(vt_ + 2, name_ + " (vtable)");
-    if (vt_size_ < 4 || vt_size_ % 2) OT_THROW(kInvalidModel, name_, ": expected an even vtable size of at least 4, got ", vt_size_);
+    if (vt_size_ < 4 || vt_size_ % 2)
+      OT_THROW(kInvalidModel, name_, ": expected an even vtable size of at least 4, got ", vt_size_);
     b.need(vt_, vt_size_, name_ + " (vtable)");
     if (inline_size_ < 4) OT_THROW(kInvalidModel, name_, ": expected a table size of at least 4, got ", inline_size_);
     b.need(pos_, inline_size_, name_ + " (table)");
@@ -188,11 +200,10 @@ class Table {
   std::string name_;
 };
 
-
 // A tensor's description; its bytes are read after the whole structure is validated.
 struct TensorRef {
   std::string name;
-  std::string field;           // where it is, for errors
+  std::string field;  // where it is, for errors
   DType dtype = DType::kUndefined;
   std::optional<Shape> shape;  // none: a nominal tensor written without dims
   uint64_t nbytes = 0;
@@ -216,12 +227,14 @@ TensorRef read_tensor(const Table& unnamed, bool nominal, int32_t version) {
   auto raw = t.vector(slot::kRawData, 1, "raw_data");
   const int64_t ext = t.scalar<int64_t>(slot::kExternalOffset, -1, "external_data_offset");
   if (version < 2 && ext != -1)
-    OT_THROW(kInvalidModel, r.field, ".external_data_offset: expected none in a version ", version, " checkpoint, got ", ext);
+    OT_THROW(kInvalidModel, r.field, ".external_data_offset: expected none in a version ", version, " checkpoint, got ",
+             ext);
   if (ext < -1) OT_THROW(kInvalidModel, r.field, ".external_data_offset: expected -1 or an offset, got ", ext);
   if (nominal) {
     if (raw && raw->second)
       OT_THROW(kInvalidModel, r.field, ".raw_data: expected none in a nominal checkpoint, got ", raw->second, " bytes");
-    if (ext != -1) OT_THROW(kInvalidModel, r.field, ".external_data_offset: expected none in a nominal checkpoint, got ", ext);
+    if (ext != -1)
+      OT_THROW(kInvalidModel, r.field, ".external_data_offset: expected none in a nominal checkpoint, got ", ext);
   }
   if (!dims && !nominal) OT_THROW(kInvalidModel, r.field, ".dims: expected the tensor's dims, got none");
   if (dims && (dims->second > 0 || !nominal)) {
@@ -232,7 +245,8 @@ TensorRef read_tensor(const Table& unnamed, bool nominal, int32_t version) {
       const int64_t d = load<int64_t>(t.buffer().at(dims->first + 8 * uint64_t(i)));
       if (d < 0) OT_THROW(kInvalidModel, r.field, ".dims[", i, "]: expected a dimension >= 0, got ", d);
       if (d != 0 && numel > (uint64_t(1) << 62) / uint64_t(d))
-        OT_THROW(kInvalidModel, r.field, ".dims: expected a size that fits 64 bits, got dims past it at [", i, "] = ", d);
+        OT_THROW(kInvalidModel, r.field, ".dims: expected a size that fits 64 bits, got dims past it at [", i,
+                 "] = ", d);
       numel *= uint64_t(d);
       s.push_back(d);
     }
@@ -240,8 +254,7 @@ TensorRef read_tensor(const Table& unnamed, bool nominal, int32_t version) {
     r.shape = std::move(s);
   }
   if (nominal) return r;
-  if (raw && ext != -1)
-    OT_THROW(kInvalidModel, r.field, ": expected raw_data or external_data_offset, got both");
+  if (raw && ext != -1) OT_THROW(kInvalidModel, r.field, ": expected raw_data or external_data_offset, got both");
   if (raw) {
     if (raw->second != r.nbytes)
       OT_THROW(kInvalidModel, r.field, ".raw_data: expected ", r.nbytes, " bytes for ", dtype_name(r.dtype), " ",
@@ -252,7 +265,8 @@ TensorRef read_tensor(const Table& unnamed, bool nominal, int32_t version) {
     r.where = TensorRef::Where::kExternal;
     r.offset = uint64_t(ext);
   } else if (r.nbytes != 0) {
-    OT_THROW(kInvalidModel, r.field, ": expected raw_data or external_data_offset for ", r.nbytes, " bytes, got neither");
+    OT_THROW(kInvalidModel, r.field, ": expected raw_data or external_data_offset for ", r.nbytes,
+             " bytes, got neither");
   }
   return r;
 }
@@ -292,8 +306,7 @@ bool has_identifier(const void* head, size_t n) {
 
 CheckpointState read(const std::string& path) {
   OpenFile file(path, "checkpoint");
-  if (file.size < 8)
-    OT_THROW(kInvalidModel, "expected at least 8 bytes (root offset and \"ODTC\"), got ", file.size);
+  if (file.size < 8) OT_THROW(kInvalidModel, "expected at least 8 bytes (root offset and \"ODTC\"), got ", file.size);
   if (file.size > std::numeric_limits<uint32_t>::max())
     OT_THROW(kInvalidModel, "expected at most 4 GiB (a flatbuffer's 32-bit offsets), got ", file.size, " bytes");
   Mapping map;
@@ -315,8 +328,10 @@ CheckpointState read(const std::string& path) {
   if (!ms) OT_THROW(kInvalidModel, "checkpoint.module_state: expected the parameters, got none");
   const uint8_t nominal_byte = ms->scalar<uint8_t>(slot::kIsNominal, 0, "is_nominal_state");
   const uint8_t external_byte = ms->scalar<uint8_t>(slot::kHasExternal, 0, "has_external_data");
-  if (nominal_byte > 1) OT_THROW(kInvalidModel, ms->field("is_nominal_state"), ": expected a bool, got ", int(nominal_byte));
-  if (external_byte > 1) OT_THROW(kInvalidModel, ms->field("has_external_data"), ": expected a bool, got ", int(external_byte));
+  if (nominal_byte > 1)
+    OT_THROW(kInvalidModel, ms->field("is_nominal_state"), ": expected a bool, got ", int(nominal_byte));
+  if (external_byte > 1)
+    OT_THROW(kInvalidModel, ms->field("has_external_data"), ": expected a bool, got ", int(external_byte));
   if (version < 2 && external_byte)
     OT_THROW(kInvalidModel, ms->field("has_external_data"), ": expected false in a version 1 checkpoint, got true");
   const bool nominal = nominal_byte != 0;
@@ -378,8 +393,8 @@ CheckpointState read(const std::string& path) {
   for (TensorRef* r : all) {
     if (r->where != TensorRef::Where::kExternal) continue;
     if (!external_byte)
-      OT_THROW(kInvalidModel, r->field, ".external_data_offset: expected none, as module_state.has_external_data is false; got ",
-               r->offset);
+      OT_THROW(kInvalidModel, r->field,
+               ".external_data_offset: expected none, as module_state.has_external_data is false; got ", r->offset);
     if (!external) external.emplace(external_path, "external data file");
     if (r->offset > external->size || r->nbytes > external->size - r->offset)
       OT_THROW(kInvalidModel, r->field, ".external_data_offset: expected ", r->nbytes, " bytes at offset ", r->offset,
@@ -402,8 +417,10 @@ CheckpointState read(const std::string& path) {
     if (r.nbytes == 0) {
     } else if (r.where == TensorRef::Where::kInline) {
       // Large tensors by pread (one kernel copy, no page faults on the mapping); small ones copied.
-      if (r.nbytes >= (uint64_t(1) << 20)) file_io::read_exact_at(file.fd.get(), t.data(), r.nbytes, r.offset, file.size);
-      else std::memcpy(t.data(), b.at(r.offset), r.nbytes);
+      if (r.nbytes >= (uint64_t(1) << 20))
+        file_io::read_exact_at(file.fd.get(), t.data(), r.nbytes, r.offset, file.size);
+      else
+        std::memcpy(t.data(), b.at(r.offset), r.nbytes);
     } else {
       file_io::read_exact_at(external->fd.get(), t.data(), r.nbytes, r.offset, external->size);
     }
@@ -419,9 +436,12 @@ CheckpointState read(const std::string& path) {
   CheckpointState state;
   auto add = [&](const TensorRef& r, bool requires_grad) {
     try {
-      if (!nominal) state.add_parameter(r.name, data.at(&r), requires_grad);
-      else if (r.shape) state.add_nominal_parameter(r.name, r.dtype, *r.shape, requires_grad);
-      else state.add_unshaped_parameter(r.name, r.dtype, requires_grad);
+      if (!nominal)
+        state.add_parameter(r.name, data.at(&r), requires_grad);
+      else if (r.shape)
+        state.add_nominal_parameter(r.name, r.dtype, *r.shape, requires_grad);
+      else
+        state.add_unshaped_parameter(r.name, r.dtype, requires_grad);
     } catch (const Error& e) {
       OT_THROW(kInvalidModel, r.field, ": ", e.what());
     }
@@ -451,7 +471,8 @@ CheckpointState read(const std::string& path) {
     }
   }
   for (auto& [name, value] : props) {
-    if (state.has_property(name)) OT_THROW(kInvalidModel, "checkpoint.property_bag: property '", name, "' appears twice");
+    if (state.has_property(name))
+      OT_THROW(kInvalidModel, "checkpoint.property_bag: property '", name, "' appears twice");
     try {
       state.add_property(name, std::move(value));
     } catch (const Error& e) {
@@ -489,8 +510,8 @@ class Builder {
 
   struct Field {
     int slot;
-    int size;            // 1, 4 or 8 bytes
-    uint64_t bits = 0;   // a scalar's value; offsets are linked later
+    int size;           // 1, 4 or 8 bytes
+    uint64_t bits = 0;  // a scalar's value; offsets are linked later
   };
   // Writes a table (linked from `from`: the offset that points to it); returns each field's
   // position, in the order given.
@@ -510,9 +531,12 @@ class Builder {
         const Field& f = fields[i];
         if (f.size != size) continue;
         pos[i] = b.size();
-        if (size == 8) put<uint64_t>(f.bits);
-        else if (size == 4) put<uint32_t>(uint32_t(f.bits));
-        else put<uint8_t>(uint8_t(f.bits));
+        if (size == 8)
+          put<uint64_t>(f.bits);
+        else if (size == 4)
+          put<uint32_t>(uint32_t(f.bits));
+        else
+          put<uint8_t>(uint8_t(f.bits));
         set<uint16_t>(vt + 4 + 2 * size_t(f.slot), uint16_t(pos[i] - t));
       }
     set<uint16_t>(vt, uint16_t(4 + 2 * nslots));
@@ -570,7 +594,10 @@ struct Layout {
   Builder fb;
   std::vector<Pending> inline_data;
   std::vector<Pending> external_data;
+  std::vector<uint64_t> starts;  // of each inline raw_data vector, after the tables
   bool external = false;
+  uint64_t end = 0;  // the main file's size
+  bool fits = true;  // within a flatbuffer's 2 GiB
 };
 
 // A nominal tensor is written as ORT writes one: empty dims and empty raw_data (ORT's reader
@@ -578,9 +605,11 @@ struct Layout {
 void write_tensor(Layout& L, size_t link_at, const TensorOut& t) {
   Builder& fb = L.fb;
   const bool to_external = L.external && t.data && t.nbytes >= kMinExternalBytes;
-  const std::vector<size_t> pos = fb.table(
-      link_at, {{slot::kName, 4}, {slot::kDims, 4}, {slot::kDataType, 4, uint32_t(t.dtype)},
-                to_external ? Builder::Field{slot::kExternalOffset, 8} : Builder::Field{slot::kRawData, 4}});
+  const std::vector<size_t> pos =
+      fb.table(link_at, {{slot::kName, 4},
+                         {slot::kDims, 4},
+                         {slot::kDataType, 4, uint32_t(t.dtype)},
+                         to_external ? Builder::Field{slot::kExternalOffset, 8} : Builder::Field{slot::kRawData, 4}});
   fb.link(pos[0], fb.string(t.name));
   fb.link(pos[1], fb.int64s(t.data && t.shape ? *t.shape : Shape{}));
   (to_external ? L.external_data : L.inline_data).push_back({pos[3], t.data, t.nbytes});
@@ -597,8 +626,8 @@ void write(const CheckpointState& state, const std::string& path, bool include_o
   std::vector<TensorOut> trainable, frozen;
   for (const Parameter& p : state.parameters()) {
     if (nominal && p.has_data())
-      OT_THROW(kInvalidArgument, "ORT's format holds a nominal or a complete checkpoint, not a mix: parameter '", p.name(),
-               "' has data, others have none");
+      OT_THROW(kInvalidArgument, "ORT's format holds a nominal or a complete checkpoint, not a mix: parameter '",
+               p.name(), "' has data, others have none");
     TensorOut t{p.name(), p.dtype(), p.shape_known() ? &p.shape() : nullptr, nullptr, 0};
     if (!nominal) {
       t.data = p.data().data();
@@ -623,13 +652,17 @@ void write(const CheckpointState& state, const std::string& path, bool include_o
       opt_states.emplace_back(p.name(), std::move(ms));
     }
     for (const auto& [param, states] : opt.param_states)
-      if (!state.has_parameter(param)) OT_THROW(kInvalidArgument, "optimizer state for '", param, "', which is not a parameter");
+      if (!state.has_parameter(param))
+        OT_THROW(kInvalidArgument, "optimizer state for '", param, "', which is not a parameter");
   }
   std::vector<const std::pair<const std::string, PropertyValue>*> ints, floats, strings;
   for (const auto& kv : state.properties()) {
-    if (std::holds_alternative<int64_t>(kv.second)) ints.push_back(&kv);
-    else if (std::holds_alternative<double>(kv.second)) floats.push_back(&kv);
-    else strings.push_back(&kv);
+    if (std::holds_alternative<int64_t>(kv.second))
+      ints.push_back(&kv);
+    else if (std::holds_alternative<double>(kv.second))
+      floats.push_back(&kv);
+    else
+      strings.push_back(&kv);
   }
   uint64_t total = 0;
   auto count = [&](const std::vector<TensorOut>& v) {
@@ -639,75 +672,90 @@ void write(const CheckpointState& state, const std::string& path, bool include_o
   count(frozen);
   for (const auto& [p, ms] : opt_states) count(ms);
 
-  // ---- layout
-  Layout L;
-  L.external = options.version >= 2 && total > options.external_threshold;
-  Builder& fb = L.fb;
-  fb.b.resize(4, 0);
-  fb.b.insert(fb.b.end(), kFileIdentifier, kFileIdentifier + 4);
-  std::vector<Builder::Field> root_fields = {{slot::kVersion, 4, uint32_t(options.version)}, {slot::kModuleState, 4}};
-  if (with_optimizer) root_fields.push_back({slot::kOptimizerGroups, 4});
-  if (!state.properties().empty()) root_fields.push_back({slot::kPropertyBag, 4});
-  const std::vector<size_t> root = fb.table(0, root_fields);
+  auto lay_out = [&](bool external_data) {
+    Layout L;
+    L.external = external_data;
+    Builder& fb = L.fb;
+    fb.b.resize(4, 0);
+    fb.b.insert(fb.b.end(), kFileIdentifier, kFileIdentifier + 4);
+    std::vector<Builder::Field> root_fields = {{slot::kVersion, 4, uint32_t(options.version)}, {slot::kModuleState, 4}};
+    if (with_optimizer) root_fields.push_back({slot::kOptimizerGroups, 4});
+    if (!state.properties().empty()) root_fields.push_back({slot::kPropertyBag, 4});
+    const std::vector<size_t> root = fb.table(0, root_fields);
 
-  auto tensor_vector = [&](size_t from, const std::vector<TensorOut>& ts) {
-    const size_t first = fb.offsets(ts.size());
-    fb.link(from, first - 4);
-    for (size_t i = 0; i < ts.size(); ++i) write_tensor(L, first + 4 * i, ts[i]);
-  };
-  {  // module state
-    std::vector<Builder::Field> f = {{slot::kRequiresGrad, 4}, {slot::kFrozen, 4}, {slot::kIsNominal, 1, nominal}};
-    if (options.version >= 2) f.push_back({slot::kHasExternal, 1, L.external});
-    const std::vector<size_t> ms = fb.table(root[1], f);
-    tensor_vector(ms[0], trainable);
-    tensor_vector(ms[1], frozen);
-  }
-  size_t next = 2;
-  if (with_optimizer) {
-    const SavedOptimizerState& opt = state.optimizer_state();
-    const size_t groups = fb.offsets(1);
-    fb.link(root[next++], groups - 4);
-    const std::vector<size_t> g = fb.table(groups, {{slot::kGroupName, 4}, {slot::kStep, 8, uint64_t(opt.step)},
-                                                    {slot::kInitialLr, 4, as_bits(opt.learning_rate.value_or(0.0))},
-                                                    {slot::kOptimizerStates, 4}});
-    fb.link(g[0], fb.string(kGroupName));
-    const size_t first = fb.offsets(opt_states.size());
-    fb.link(g[3], first - 4);
-    for (size_t i = 0; i < opt_states.size(); ++i) {
-      const std::vector<size_t> s = fb.table(first + 4 * i, {{slot::kParamName, 4}, {slot::kMomentums, 4}});
-      fb.link(s[0], fb.string(opt_states[i].first));
-      tensor_vector(s[1], opt_states[i].second);
-    }
-  }
-  if (!state.properties().empty()) {
-    const std::vector<size_t> bag = fb.table(root[next], {{slot::kInts, 4}, {slot::kFloats, 4}, {slot::kStrings, 4}});
-    auto props = [&](size_t from, const auto& list, int value_size, auto value) {
-      const size_t first = fb.offsets(list.size());
+    auto tensor_vector = [&](size_t from, const std::vector<TensorOut>& ts) {
+      const size_t first = fb.offsets(ts.size());
       fb.link(from, first - 4);
-      for (size_t i = 0; i < list.size(); ++i) {
-        const auto* kv = list[i];
-        const std::vector<size_t> p =
-            fb.table(first + 4 * i, {{slot::kPropName, 4}, {slot::kPropValue, value_size, value(kv->second)}});
-        fb.link(p[0], fb.string(kv->first));
-        if (std::holds_alternative<std::string>(kv->second)) fb.link(p[1], fb.string(std::get<std::string>(kv->second)));
-      }
+      for (size_t i = 0; i < ts.size(); ++i) write_tensor(L, first + 4 * i, ts[i]);
     };
-    props(bag[0], ints, 8, [](const PropertyValue& v) { return uint64_t(std::get<int64_t>(v)); });
-    props(bag[1], floats, 4, [](const PropertyValue& v) { return as_bits(std::get<double>(v)); });
-    props(bag[2], strings, 4, [](const PropertyValue&) { return uint64_t(0); });
-  }
-  // Raw bytes after the tables, each vector's data 16-byte aligned.
-  uint64_t end = fb.b.size();
-  std::vector<uint64_t> starts;
-  for (const Pending& p : L.inline_data) {
-    end += (16 - (end + 4) % 16) % 16;
-    starts.push_back(end);
-    fb.link(p.field, end);
-    end += 4 + p.nbytes;
-  }
-  if (end > uint64_t(std::numeric_limits<int32_t>::max()))
-    OT_THROW(kInvalidArgument, "ORT format: the checkpoint would be ", end, " bytes, past the 2 GiB a flatbuffer holds",
-             options.version < 2 ? " (version 1 has no external data)" : "; lower the external data threshold");
+    {  // module state
+      std::vector<Builder::Field> f = {{slot::kRequiresGrad, 4}, {slot::kFrozen, 4}, {slot::kIsNominal, 1, nominal}};
+      if (options.version >= 2) f.push_back({slot::kHasExternal, 1, L.external});
+      const std::vector<size_t> ms = fb.table(root[1], f);
+      tensor_vector(ms[0], trainable);
+      tensor_vector(ms[1], frozen);
+    }
+    size_t next = 2;
+    if (with_optimizer) {
+      const SavedOptimizerState& opt = state.optimizer_state();
+      const size_t groups = fb.offsets(1);
+      fb.link(root[next++], groups - 4);
+      const std::vector<size_t> g = fb.table(groups, {{slot::kGroupName, 4},
+                                                      {slot::kStep, 8, uint64_t(opt.step)},
+                                                      {slot::kInitialLr, 4, as_bits(opt.learning_rate.value_or(0.0))},
+                                                      {slot::kOptimizerStates, 4}});
+      fb.link(g[0], fb.string(kGroupName));
+      const size_t first = fb.offsets(opt_states.size());
+      fb.link(g[3], first - 4);
+      for (size_t i = 0; i < opt_states.size(); ++i) {
+        const std::vector<size_t> s = fb.table(first + 4 * i, {{slot::kParamName, 4}, {slot::kMomentums, 4}});
+        fb.link(s[0], fb.string(opt_states[i].first));
+        tensor_vector(s[1], opt_states[i].second);
+      }
+    }
+    if (!state.properties().empty()) {
+      const std::vector<size_t> bag = fb.table(root[next], {{slot::kInts, 4}, {slot::kFloats, 4}, {slot::kStrings, 4}});
+      auto props = [&](size_t from, const auto& list, int value_size, auto value) {
+        const size_t first = fb.offsets(list.size());
+        fb.link(from, first - 4);
+        for (size_t i = 0; i < list.size(); ++i) {
+          const auto* kv = list[i];
+          const std::vector<size_t> p =
+              fb.table(first + 4 * i, {{slot::kPropName, 4}, {slot::kPropValue, value_size, value(kv->second)}});
+          fb.link(p[0], fb.string(kv->first));
+          if (std::holds_alternative<std::string>(kv->second))
+            fb.link(p[1], fb.string(std::get<std::string>(kv->second)));
+        }
+      };
+      props(bag[0], ints, 8, [](const PropertyValue& v) { return uint64_t(std::get<int64_t>(v)); });
+      props(bag[1], floats, 4, [](const PropertyValue& v) { return as_bits(std::get<double>(v)); });
+      props(bag[2], strings, 4, [](const PropertyValue&) { return uint64_t(0); });
+    }
+    // Raw bytes after the tables, each vector's data 16-byte aligned.
+    uint64_t end = fb.b.size();
+    std::vector<uint64_t>& starts = L.starts;
+    for (const Pending& p : L.inline_data) {
+      end += (16 - (end + 4) % 16) % 16;
+      starts.push_back(end);
+      fb.link(p.field, end);
+      end += 4 + p.nbytes;
+    }
+    L.end = end;
+    L.fits = end <= uint64_t(std::numeric_limits<int32_t>::max());
+    return L;
+  };
+  // ---- layout: all inline while the file fits a flatbuffer's 2 GiB (as ORT 1.19 writes), else
+  // (version 2) every tensor of 64 bytes or more in "<path>.data"
+  const bool auto_external = options.external_threshold == kExternalWhenNeeded;
+  const bool external = options.version >= 2 && (auto_external ? false : total > options.external_threshold);
+  Layout L = lay_out(external);
+  if (!L.fits && auto_external && options.version >= 2) L = lay_out(true);
+  if (!L.fits)
+    OT_THROW(kInvalidArgument, "ORT format: the checkpoint would be ", L.end,
+             " bytes, past the 2 GiB a flatbuffer holds",
+             options.version < 2 ? " (version 1 has no external data)" : "");
+  Builder& fb = L.fb;
+  const std::vector<uint64_t>& starts = L.starts;
   uint64_t ext_end = 0;
   for (const Pending& p : L.external_data) {
     ext_end += (64 - ext_end % 64) % 64;

@@ -40,8 +40,9 @@ inline constexpr const char* kGroupName = "group0";
 // ORT keeps tensors smaller than this inline even when the rest goes to external data.
 inline constexpr uint64_t kMinExternalBytes = 64;
 // A flatbuffer addresses at most 2 GiB: larger checkpoints put their tensors in "<path>.data".
-// ORT's default threshold for doing so (1800 MiB of tensor data).
-inline constexpr uint64_t kDefaultExternalThreshold = uint64_t(1800) << 20;
+// ORT 1.19.2 writes a 1.9 GB checkpoint inline (and fails past 2 GiB); the default does the same
+// and moves tensors out only when the file would not fit.
+inline constexpr uint64_t kExternalWhenNeeded = ~uint64_t(0);
 
 // True when the first 8 bytes carry the format's file identifier ("ODTC" at byte 4).
 bool has_identifier(const void* head, size_t n);
@@ -52,7 +53,8 @@ CheckpointState read(const std::string& path);
 
 struct WriteOptions {
   int32_t version = kNewestVersion;  // 1 writes ORT 1.16/1.17's layout (no external data)
-  uint64_t external_threshold = kDefaultExternalThreshold;  // tensor bytes above which "<path>.data" is used
+  // Tensor bytes above which "<path>.data" is used; kExternalWhenNeeded: when past 2 GiB.
+  uint64_t external_threshold = kExternalWhenNeeded;
 };
 // Writes atomically (both files, when there is external data, go to temporary files first).
 // Throws kInvalidArgument for what ORT's format cannot hold, before any file is touched.

@@ -178,7 +178,7 @@ TEST_F(OrtCheckpointTest, ExternalData) {
   ASSERT_TRUE(fs::exists(path("ckpt.data")));
   expect_same(s, CheckpointState::load(path("ckpt")));
   // Tensors of 64 bytes or more moved out; smaller ones (ORT's rule) stay inline.
-  ort_checkpoint::write(s, path("inline"), true, {2, ort_checkpoint::kDefaultExternalThreshold});
+  ort_checkpoint::write(s, path("inline"), true, {2, ort_checkpoint::kExternalWhenNeeded});
   EXPECT_FALSE(fs::exists(path("inline.data")));
   EXPECT_LT(fs::file_size(path("ckpt")), fs::file_size(path("inline")));
   EXPECT_LT(fs::file_size(path("ckpt.data")), fs::file_size(path("inline")));
