@@ -189,6 +189,9 @@ def test_ort_trained_checkpoint_loads_with_ort_params_moments_and_properties(art
     state = CheckpointState.load_checkpoint(art / "trained")
     arrays, meta = ort_view(art / "trained", tmp_path)
     assert len([k for k in arrays if k.startswith("momentum/")]) == 6  # momentum0/1 of w1, b1, w2
+    # Under the names onnxtrain's AdamW reads (so an onnxtrain Optimizer resumes from them).
+    assert {p: sorted(s) for p, s in state._state.get_optimizer_state().items()} == {
+        p: ["exp_avg", "exp_avg_sq"] for p in ("w1", "b1", "w2")}
     assert_same_arrays(onnxtrain_view(state), arrays)
     (group,) = meta["groups"]
     assert state._state.optimizer_step == group["step"] == 4
