@@ -358,6 +358,10 @@ CheckpointState read(const std::string& path) {
     }
     groups.push_back(std::move(out));
   }
+  if (nominal)
+    for (const Group& g : groups)
+      if (!g.states.empty())
+        OT_THROW(kInvalidModel, g.field, ".optimizer_states: expected none in a nominal checkpoint, got ", g.states.size());
   if (groups.size() > 1)
     OT_THROW(kInvalidModel, "checkpoint.optimizer_groups: expected one group (onnxtrain's Optimizer has one), got ",
              groups.size());
@@ -462,6 +466,10 @@ CheckpointState read(const std::string& path) {
           OT_THROW(kInvalidModel, r.field, ": expected ", dtype_name(p.dtype()), " ",
                    p.shape_known() ? shape_str(p.shape()) : std::string("(any shape)"), " like parameter '", param,
                    "', got ", dtype_name(r.dtype), " ", shape_str(*r.shape));
+        const SavedOptimizerState& saved = state.optimizer_state();
+        if (auto it = saved.param_states.find(param);
+            it != saved.param_states.end() && it->second.count(state_name_from_ort(r.name)))
+          OT_THROW(kInvalidModel, r.field, ": expected one '", r.name, "' for parameter '", param, "', got another");
         try {
           state.set_optimizer_tensor(param, state_name_from_ort(r.name), data.at(&r));
         } catch (const Error& e) {

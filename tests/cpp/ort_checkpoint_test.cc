@@ -308,6 +308,14 @@ TEST_F(OrtCheckpointTest, HandCraftedBadFields) {
   poke<uint32_t>(b, raw, 0x7fffffff);
   e = load_error(b);
   EXPECT_TRUE(contains(e, "('fc.weight').raw_data: expected 2147483647 bytes")) << e;
+  // The nominal flag set on a complete checkpoint: its tensors have bytes a nominal one has not.
+  b = good;
+  const size_t ms = follow(b, field_pos(b, root, 1));
+  poke<uint8_t>(b, field_pos(b, ms, 2), 1);
+  e = load_error(b);
+  EXPECT_TRUE(contains(e, "('fc.weight').raw_data: expected none in a nominal checkpoint, got 48 bytes")) << e;
+  poke<uint8_t>(b, field_pos(b, ms, 2), 7);
+  EXPECT_TRUE(contains(load_error(b), "module_state.is_nominal_state: expected a bool, got 7"));
   // Not an ORT file at all: onnxtrain's reader answers (and says what it expected).
   b = good;
   b[4] = 'X';
