@@ -107,6 +107,12 @@ typedef OT_ENUM(OtPropertyType) {
 } OtPropertyType;
 
 /* The losses of torch.nn with the same names. */
+/* Checkpoint file formats: onnxtrain's (safetensors layout) and ONNX Runtime's training checkpoint. */
+typedef OT_ENUM(OtCheckpointFormat) {
+  OT_CHECKPOINT_ONNXTRAIN = 0,
+  OT_CHECKPOINT_ORT = 1
+} OtCheckpointFormat;
+
 typedef OT_ENUM(OtLossType) {
   OT_LOSS_MSE = 0,
   OT_LOSS_L1 = 1,
@@ -160,6 +166,12 @@ OT_API void ot_tensor_release(OtTensor* tensor);
 OT_API OtStatus ot_checkpoint_load(const char* path, OtCheckpoint** out);
 /* Atomic: on failure the previous file at path is untouched. */
 OT_API OtStatus ot_checkpoint_save(const OtCheckpoint* checkpoint, const char* path, int include_optimizer_state);
+/* The same in a chosen format: OT_CHECKPOINT_ORT writes ONNX Runtime's training checkpoint (loads in
+ * ORT's CheckpointState.load_checkpoint; tensors in "<path>.data" past 1800 MiB). ot_checkpoint_load
+ * reads both, telling them apart by the file's bytes; ot_checkpoint_file_format says which a file is. */
+OT_API OtStatus ot_checkpoint_save_as(const OtCheckpoint* checkpoint, const char* path, int include_optimizer_state,
+                                      OtCheckpointFormat format);
+OT_API OtStatus ot_checkpoint_file_format(const char* path, OtCheckpointFormat* format);
 OT_API void ot_checkpoint_release(OtCheckpoint* checkpoint);
 
 OT_API OtStatus ot_checkpoint_parameter_count(const OtCheckpoint* checkpoint, size_t* count);

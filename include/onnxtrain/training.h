@@ -9,7 +9,9 @@
 // The file is in the safetensors layout (see src/training/checkpoint.cc for the exact keys):
 // parameters keep their ONNX initializer names; optimizer tensors are "__optimizer__/<param>/<name>";
 // everything else lives in "__metadata__" under "onnxtrain.*" keys, with CRC-32C checksums of the
-// header and the data.
+// header and the data. load() also reads ONNX Runtime's training checkpoints (its flatbuffer
+// format, versions 1 and 2, external data in "<path>.data"), and save(..., CheckpointFormat::kOrt)
+// writes them (src/training/ort_checkpoint.h); the format is told by the file's bytes.
 #pragma once
 
 #include <cstdint>
@@ -35,10 +37,14 @@ class Parameter {
  public:
   Parameter() = default;
   Parameter(std::string name, DType dtype, Shape shape, bool requires_grad);
+  // A nominal parameter whose shape is not known yet (ONNX Runtime's nominal checkpoints store
+  // names and dtypes only): the first data set fixes its shape.
+  static Parameter unshaped(std::string name, DType dtype, bool requires_grad);
 
   const std::string& name() const { return name_; }
   DType dtype() const { return dtype_; }
-  const Shape& shape() const { return shape_; }
+  const Shape& shape() const { return shape_; }  // empty when !shape_known()
+  bool shape_known() const { return shape_known_; }
   int64_t numel() const { return onnxtrain::numel(shape_); }
   bool requires_grad() const { return requires_grad_; }
   void set_requires_grad(bool r) { requires_grad_ = r; }
@@ -67,6 +73,7 @@ class Parameter {
   DType dtype_ = DType::kUndefined;
   Shape shape_;
   bool requires_grad_ = false;
+  bool shape_known_ = true;
   Tensor data_;
   Tensor grad_;
 };
@@ -79,6 +86,13 @@ struct SavedOptimizerState {
   std::map<std::string, std::map<std::string, Tensor>> param_states;  // param -> name -> tensor
 };
 
+// The file formats a checkpoint can be written in (load() tells them apart by their bytes).
+enum class CheckpointFormat {
+  kOnnxtrain,  // safetensors layout with onnxtrain's metadata (the default)
+  kOrt,        // ONNX Runtime's training checkpoint (flatbuffer "ODTC", version 2)
+};
+const char* checkpoint_format_name(CheckpointFormat f);  // "onnxtrain", "ort"
+
 class CheckpointState {
  public:
   CheckpointState() = default;
@@ -88,8 +102,12 @@ class CheckpointState {
   // Reads and validates a checkpoint. Errors (onnxtrain::Error) name the path and the problem.
   static CheckpointState load(const std::string& path);
   // Writes atomically (temporary file in the same directory, fsync, rename, fsync of the
-  // directory). On failure the previous file at path is untouched.
-  void save(const std::string& path, bool include_optimizer_state = true) const;
+  // directory). On failure the previous file at path is untouched. kOrt writes ONNX Runtime's
+  // format (external data in "<path>.data" past 1800 MiB of tensors, as ORT does).
+  void save(const std::string& path, bool include_optimizer_state = true,
+            CheckpointFormat format = CheckpointFormat::kOnnxtrain) const;
+  // The format of the file at path, from its first bytes; throws when it is neither.
+  static CheckpointFormat file_format(const std::string& path);
 
   // Every initializer of graph becomes a parameter (data copied); those named in trainable
   // require grad (each must be a floating-point initializer). nominal: shapes and dtypes only.
@@ -101,6 +119,7 @@ class CheckpointState {
   // ---- parameters, in insertion order
   Parameter& add_parameter(const std::string& name, Tensor data, bool requires_grad);
   Parameter& add_nominal_parameter(const std::string& name, DType dtype, Shape shape, bool requires_grad);
+  Parameter& add_unshaped_parameter(const std::string& name, DType dtype, bool requires_grad);
   bool has_parameter(const std::string& name) const { return index_.count(name) > 0; }
   Parameter& parameter(const std::string& name);
   const Parameter& parameter(const std::string& name) const;

@@ -62,8 +62,11 @@ class Parameter:
         return self._info()[0]
 
     @property
-    def shape(self) -> Tuple[int, ...]:
-        return tuple(self._info()[1])
+    def shape(self) -> Optional[Tuple[int, ...]]:
+        """The dims; None for a parameter of an ONNX Runtime nominal checkpoint (names and
+        dtypes only) until its data is set."""
+        shape = self._info()[1]
+        return None if shape is None else tuple(shape)
 
     @property
     def requires_grad(self) -> bool:
@@ -90,7 +93,7 @@ class Parameter:
     def __repr__(self) -> str:
         dtype, shape, requires_grad, has_data, _ = self._info()
         extra = "" if has_data else ", nominal"
-        return (f"Parameter(name={self._name!r}, dtype={dtype}, shape={tuple(shape)}, "
+        return (f"Parameter(name={self._name!r}, dtype={dtype}, shape={None if shape is None else tuple(shape)}, "
                 f"requires_grad={requires_grad}{extra})")
 
 
@@ -226,16 +229,28 @@ class CheckpointState:
 
     @classmethod
     def load_checkpoint(cls, checkpoint_uri: PathLike) -> "CheckpointState":
-        """Loads and validates a checkpoint file (onnxtrain.Error subclasses on failure)."""
+        """Loads and validates a checkpoint file (onnxtrain.Error subclasses on failure): onnxtrain's
+        format or ONNX Runtime's (versions 1 and 2, nominal, external data in ``<path>.data``),
+        told apart by the file's bytes."""
         return cls(_C.CheckpointState.load(_path(checkpoint_uri)))
 
     @classmethod
     def save_checkpoint(cls, state: "CheckpointState", checkpoint_uri: PathLike,
-                        include_optimizer_state: bool = False) -> None:
-        """Writes ``state`` atomically: on failure the previous file is left as it was."""
+                        include_optimizer_state: bool = False, format: str = "onnxtrain") -> None:
+        """Writes ``state`` atomically: on failure the previous file is left as it was.
+        ``format="ort"`` writes ONNX Runtime's training checkpoint (loads in
+        ``onnxruntime.training.api.CheckpointState.load_checkpoint``; tensors go to
+        ``<path>.data`` past 1800 MiB, float properties are stored as float32)."""
         if not isinstance(state, CheckpointState):
             raise TypeError(f"expected a CheckpointState, got {type(state).__name__}")
-        state._state.save(_path(checkpoint_uri), bool(include_optimizer_state))
+        if format not in ("onnxtrain", "ort"):
+            raise ValueError(f"format: expected 'onnxtrain' or 'ort', got {format!r}")
+        state._state.save(_path(checkpoint_uri), bool(include_optimizer_state), format)
+
+    @staticmethod
+    def checkpoint_format(checkpoint_uri: PathLike) -> str:
+        """``"onnxtrain"`` or ``"ort"``: the format of a checkpoint file, from its bytes."""
+        return _C.CheckpointState.file_format(_path(checkpoint_uri))
 
     @classmethod
     def from_onnx_model(cls, model: Any, requires_grad: Sequence[str] = (),

@@ -10,6 +10,7 @@
 #include "ir/graph.h"
 #include "onnx/model_io.h"
 #include "onnxtrain/training.h"
+#include "training/ort_checkpoint.h"
 
 namespace py = pybind11;
 using namespace onnxtrain;
@@ -63,11 +64,32 @@ void bind_checkpoint(py::module_& m) {
           py::arg("path"))
       .def(
           "save",
-          [](const CheckpointState& s, const std::string& path, bool include_optimizer_state) {
+          [](const CheckpointState& s, const std::string& path, bool include_optimizer_state, const std::string& format) {
+            CheckpointFormat f = CheckpointFormat::kOnnxtrain;
+            if (format == "ort") f = CheckpointFormat::kOrt;
+            else if (format != "onnxtrain")
+              OT_THROW(kInvalidArgument, "save_checkpoint: format expected \"onnxtrain\" or \"ort\", got \"", format, "\"");
             py::gil_scoped_release release;
-            s.save(path, include_optimizer_state);
+            s.save(path, include_optimizer_state, f);
           },
-          py::arg("path"), py::arg("include_optimizer_state") = true)
+          py::arg("path"), py::arg("include_optimizer_state") = true, py::arg("format") = "onnxtrain")
+      .def(
+          "_save_ort",
+          [](const CheckpointState& s, const std::string& path, bool include_optimizer_state, int version,
+             uint64_t external_threshold) {
+            py::gil_scoped_release release;
+            try {
+              ort_checkpoint::write(s, path, include_optimizer_state, {version, external_threshold});
+            } catch (const Error& e) {
+              throw Error(e.code(), "checkpoint '" + path + "' (ONNX Runtime format): " + e.what());
+            }
+          },
+          py::arg("path"), py::arg("include_optimizer_state"), py::arg("version"), py::arg("external_threshold"),
+          "for tests: ONNX Runtime's format with a chosen version and external data threshold (bytes)")
+      .def_static(
+          "file_format",
+          [](const std::string& path) { return std::string(checkpoint_format_name(CheckpointState::file_format(path))); },
+          py::arg("path"))
       .def_static(
           "from_onnx_model",
           [](py::object model, const std::vector<std::string>& trainable, bool nominal) {
@@ -104,10 +126,10 @@ void bind_checkpoint(py::module_& m) {
           "parameter_info",
           [](const CheckpointState& s, const std::string& name) {
             const Parameter& p = s.parameter(name);
-            return py::make_tuple(dtype_str(p.dtype()), py::tuple(py::cast(p.shape())), p.requires_grad(),
-                                  p.has_data(), p.has_grad());
+            py::object shape = p.shape_known() ? py::object(py::tuple(py::cast(p.shape()))) : py::object(py::none());
+            return py::make_tuple(dtype_str(p.dtype()), shape, p.requires_grad(), p.has_data(), p.has_grad());
           },
-          py::arg("name"), "(dtype, shape, requires_grad, has_data, has_grad)")
+          py::arg("name"), "(dtype, shape or None when unknown, requires_grad, has_data, has_grad)")
       .def(
           "get_parameter_data",
           [](const CheckpointState& s, const std::string& name) { return to_numpy_copy(s.parameter(name).data()); },

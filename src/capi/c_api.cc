@@ -219,6 +219,24 @@ OtStatus ot_checkpoint_save(const OtCheckpoint* checkpoint, const char* path, in
   });
 }
 
+OtStatus ot_checkpoint_save_as(const OtCheckpoint* checkpoint, const char* path, int include_optimizer_state,
+                               OtCheckpointFormat format) {
+  return guard(__func__, [&](Call& c) {
+    if (format != OT_CHECKPOINT_ONNXTRAIN && format != OT_CHECKPOINT_ORT)
+      c.fail(detail::concat("format: expected OT_CHECKPOINT_ONNXTRAIN (0) or OT_CHECKPOINT_ORT (1), got ", int(format)));
+    c.ref(checkpoint, "checkpoint")
+        .state->save(c.str(path, "path"), include_optimizer_state != 0,
+                     format == OT_CHECKPOINT_ORT ? CheckpointFormat::kOrt : CheckpointFormat::kOnnxtrain);
+  });
+}
+
+OtStatus ot_checkpoint_file_format(const char* path, OtCheckpointFormat* format) {
+  return guard(__func__, [&](Call& c) {
+    const CheckpointFormat f = CheckpointState::file_format(c.str(path, "path"));
+    c.ref(format, "format") = f == CheckpointFormat::kOrt ? OT_CHECKPOINT_ORT : OT_CHECKPOINT_ONNXTRAIN;
+  });
+}
+
 void ot_checkpoint_release(OtCheckpoint* checkpoint) { delete checkpoint; }
 
 OtStatus ot_checkpoint_parameter_count(const OtCheckpoint* checkpoint, size_t* count) {

@@ -76,4 +76,34 @@ void write_file_atomically(const std::string& path,
   if (dfd.get() >= 0) (void)::fsync(dfd.get());
 }
 
+void write_files_atomically(const std::vector<std::pair<std::string, FileWriter>>& files) {
+  static std::atomic<uint64_t> counter{0};
+  std::vector<std::string> tmps;
+  size_t renamed = 0;
+  try {
+    for (const auto& [path, write] : files) {
+      const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+      Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+      if (fd.get() < 0) OT_THROW(kRuntime, "cannot create temporary file '", tmp, "': ", errno_text(errno));
+      tmps.push_back(tmp);
+      const std::string what = "temporary file '" + tmp + "'";
+      write(fd.get(), what);
+      if (::fsync(fd.get()) != 0) OT_THROW(kRuntime, "cannot fsync ", what, ": ", errno_text(errno));
+      if (::close(fd.release()) != 0) OT_THROW(kRuntime, "cannot close ", what, ": ", errno_text(errno));
+    }
+    for (; renamed < files.size(); ++renamed)
+      if (::rename(tmps[renamed].c_str(), files[renamed].first.c_str()) != 0)
+        OT_THROW(kRuntime, "cannot rename '", tmps[renamed], "' to '", files[renamed].first, "': ", errno_text(errno));
+  } catch (...) {
+    for (size_t i = renamed; i < tmps.size(); ++i) ::unlink(tmps[i].c_str());
+    throw;
+  }
+  for (const auto& [path, write] : files) {
+    std::filesystem::path dir = std::filesystem::path(path).parent_path();
+    if (dir.empty()) dir = ".";
+    Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (dfd.get() >= 0) (void)::fsync(dfd.get());
+  }
+}
+
 }  // namespace onnxtrain::file_io

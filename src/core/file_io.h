@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace onnxtrain::file_io {
 
@@ -42,5 +44,11 @@ void read_exact_at(int fd, void* data, size_t n, uint64_t offset, uint64_t file_
 // failure the temporary file is removed and path keeps its previous contents.
 void write_file_atomically(const std::string& path,
                            const std::function<void(int fd, const std::string& what)>& write);
+
+// Replaces several files together: each is written to its own temporary file and fsynced first;
+// only then are they renamed over their paths, in the order given. An error before the renames
+// leaves every path as it was (a crash between two renames can still mix old and new).
+using FileWriter = std::function<void(int fd, const std::string& what)>;
+void write_files_atomically(const std::vector<std::pair<std::string, FileWriter>>& files);
 
 }  // namespace onnxtrain::file_io

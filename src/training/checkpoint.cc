@@ -2,13 +2,18 @@
 // safetensors file (the mapping is described in training/checkpoint.h).
 #include "training/checkpoint.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
 #include <unordered_set>
 
+#include "core/file_io.h"
 #include "ir/graph.h"
+#include "training/ort_checkpoint.h"
 
 namespace onnxtrain {
 
@@ -30,8 +35,20 @@ const char* property_type_name(const PropertyValue& value) {
 Parameter::Parameter(std::string name, DType dtype, Shape shape, bool requires_grad)
     : name_(std::move(name)), dtype_(dtype), shape_(std::move(shape)), requires_grad_(requires_grad) {}
 
+Parameter Parameter::unshaped(std::string name, DType dtype, bool requires_grad) {
+  Parameter p(std::move(name), dtype, {}, requires_grad);
+  p.shape_known_ = false;
+  return p;
+}
+
 void Parameter::check_matches(const Tensor& t, const char* what) const {
   if (!t.defined()) OT_THROW(kInvalidArgument, "parameter '", name_, "': ", what, " is an undefined tensor");
+  if (!shape_known_) {
+    if (t.dtype() != dtype_)
+      OT_THROW(kInvalidArgument, "parameter '", name_, "': ", what, " expected ", dtype_name(dtype_), ", got ",
+               dtype_name(t.dtype()));
+    return;
+  }
   if (t.dtype() != dtype_ || t.shape() != shape_)
     OT_THROW(kInvalidArgument, "parameter '", name_, "': ", what, " expected ", dtype_name(dtype_), " ",
              shape_str(shape_), ", got ", dtype_name(t.dtype()), " ", shape_str(t.shape()));
@@ -46,6 +63,10 @@ const Tensor& Parameter::data() const {
 
 void Parameter::set_data(const Tensor& value) {
   check_matches(value, "data");
+  if (!shape_known_) {
+    shape_ = value.shape();
+    shape_known_ = true;
+  }
   if (!data_.defined()) {
     data_ = value.clone();
     return;
@@ -55,10 +76,15 @@ void Parameter::set_data(const Tensor& value) {
 
 void Parameter::adopt_data(Tensor value) {
   check_matches(value, "data");
+  if (!shape_known_) {
+    shape_ = value.shape();
+    shape_known_ = true;
+  }
   data_ = std::move(value);
 }
 
 Tensor& Parameter::ensure_grad() {
+  if (!shape_known_) OT_THROW(kInvalidArgument, "parameter '", name_, "' has no shape yet: set its data first");
   if (!grad_.defined()) grad_ = Tensor::zeros(dtype_, shape_);
   return grad_;
 }
@@ -125,6 +151,15 @@ Parameter& CheckpointState::add_nominal_parameter(const std::string& name, DType
   return params_.back();
 }
 
+Parameter& CheckpointState::add_unshaped_parameter(const std::string& name, DType dtype, bool requires_grad) {
+  check_parameter_name(name);
+  check_storable(dtype, "parameter '" + name + "'");
+  if (has_parameter(name)) OT_THROW(kInvalidArgument, "parameter '", name, "' already exists");
+  index_[name] = params_.size();
+  params_.push_back(Parameter::unshaped(name, dtype, requires_grad));
+  return params_.back();
+}
+
 Parameter& CheckpointState::parameter(const std::string& name) {
   return const_cast<Parameter&>(static_cast<const CheckpointState&>(*this).parameter(name));
 }
@@ -182,7 +217,13 @@ DType common_dtype(const CheckpointState& s, const std::vector<std::string>& nam
 
 int64_t CheckpointState::buffer_numel(bool trainable_only) const {
   int64_t n = 0;
-  for (const auto& name : buffer_parameter_names(trainable_only)) n += parameter(name).numel();
+  for (const auto& name : buffer_parameter_names(trainable_only)) {
+    const Parameter& p = parameter(name);
+    if (!p.shape_known())
+      OT_THROW(kInvalidArgument, "parameter '", name, "' has no shape (an ONNX Runtime nominal checkpoint stores names ",
+               "and dtypes only): set it with set_parameter first");
+    n += p.numel();
+  }
   return n;
 }
 
@@ -317,8 +358,18 @@ json::Value shape_json(const Shape& shape) {
 
 }  // namespace
 
-void CheckpointState::save(const std::string& path, bool include_optimizer_state) const {
+const char* checkpoint_format_name(CheckpointFormat f) { return f == CheckpointFormat::kOrt ? "ort" : "onnxtrain"; }
+
+void CheckpointState::save(const std::string& path, bool include_optimizer_state, CheckpointFormat format) const {
   const std::string ctx = "checkpoint '" + path + "': ";
+  if (format == CheckpointFormat::kOrt) {
+    try {
+      ort_checkpoint::write(*this, path, include_optimizer_state);
+    } catch (const Error& e) {
+      throw Error(e.code(), "checkpoint '" + path + "' (ONNX Runtime format): " + e.what());
+    }
+    return;
+  }
   try {
     // What to write, validated before any file is touched.
     safetensors::NamedTensors tensors;
@@ -331,7 +382,7 @@ void CheckpointState::save(const std::string& path, bool include_optimizer_state
         tensors.emplace_back(p.name(), p.data());
       } else {
         entry.set("dtype", json::Value::string(safetensors_dtype(p.dtype())));
-        entry.set("shape", shape_json(p.shape()));
+        entry.set("shape", p.shape_known() ? shape_json(p.shape()) : json::Value());  // null: not known
       }
       params_meta.push_back(std::move(entry));
     }
@@ -398,6 +449,10 @@ void add_listed_parameters(CheckpointState& state, const std::string& listing,
         if (by_name.count(n)) OT_THROW(kInvalidModel, "parameter '", n, "' is nominal but also has a tensor");
         std::optional<DType> d = (dt && dt->is_string()) ? dtype_from_safetensors(dt->as_string()) : std::nullopt;
         if (!d) OT_THROW(kInvalidModel, "nominal parameter '", n, "': missing or unsupported \"dtype\"");
+        if (sh && sh->is_null()) {
+          state.add_unshaped_parameter(n, *d, rg->as_bool());
+          continue;
+        }
         if (!sh || !sh->is_array()) OT_THROW(kInvalidModel, "nominal parameter '", n, "': \"shape\" is not an array");
         Shape shape;
         for (const json::Value& x : sh->as_array()) {
@@ -509,7 +564,34 @@ CheckpointState load_impl(const std::string& path) {
 
 }  // namespace
 
+CheckpointFormat CheckpointState::file_format(const std::string& path) {
+  file_io::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) OT_THROW(kRuntime, "checkpoint '", path, "': cannot open: ", file_io::errno_text(errno));
+  uint8_t head[8] = {};
+  ssize_t n = ::pread(fd.get(), head, 8, 0);
+  if (n == 8 && ort_checkpoint::has_identifier(head, 8)) return CheckpointFormat::kOrt;
+  // A safetensors file starts with its header length and '{'; anything else is neither format.
+  uint8_t brace = 0;
+  if (n == 8 && ::pread(fd.get(), &brace, 1, 8) == 1 && brace == '{') return CheckpointFormat::kOnnxtrain;
+  OT_THROW(kInvalidModel, "checkpoint '", path, "': expected onnxtrain's format (safetensors: a header length, then '{') ",
+           "or ONNX Runtime's (\"ODTC\" at byte 4), got ", n < 8 ? "a file of " + std::to_string(n < 0 ? 0 : n) + " bytes"
+                                                             : std::string("neither"));
+}
+
 CheckpointState CheckpointState::load(const std::string& path) {
+  bool ort = false;
+  {
+    file_io::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    uint8_t head[8] = {};
+    ort = fd.get() >= 0 && ::pread(fd.get(), head, 8, 0) == 8 && ort_checkpoint::has_identifier(head, 8);
+  }
+  if (ort) {
+    try {
+      return ort_checkpoint::read(path);
+    } catch (const Error& e) {
+      throw Error(e.code(), "checkpoint '" + path + "' (ONNX Runtime format): " + e.what());
+    }
+  }
   try {
     return load_impl(path);
   } catch (const Error& e) {

@@ -37,8 +37,22 @@ struct BoundGraph {
 // graph took 3-8 ms of its Module's 25-40 ms on the loaded machine, mostly first touches of fresh
 // heap pages).
 void bind(BoundGraph& b, Model model, const CheckpointState& state, const char* what) {
-  for (const auto& in : model.graph.inputs)
+  for (const auto& in : model.graph.inputs) {
     (state.has_parameter(in.name) ? b.param_inputs : b.user_inputs).push_back(in.name);
+    if (!state.has_parameter(in.name)) continue;
+    // A checkpoint of another model (same names, other dtypes or dims) is refused here, by name,
+    // not by a kernel's shape error later. Dims the graph leaves symbolic (-1) match any size.
+    const Parameter& p = state.parameter(in.name);
+    const ValueInfo& vi = in.info;
+    bool same = vi.dtype == DType::kUndefined || vi.dtype == p.dtype();
+    if (same && vi.shape) {
+      same = vi.shape->size() == p.shape().size();
+      for (size_t k = 0; same && k < p.shape().size(); ++k) same = (*vi.shape)[k] < 0 || (*vi.shape)[k] == p.shape()[k];
+    }
+    OT_CHECK(same, "Module: ", what, " model input '", in.name, "' expects ", dtype_name(vi.dtype), " ",
+             vi.shape ? shape_str(*vi.shape) : std::string("(any shape)"), ", but the checkpoint's parameter is ",
+             dtype_name(p.dtype()), " ", shape_str(p.shape()), ": the checkpoint belongs to another model");
+  }
   for (const auto& out : model.graph.outputs) b.outputs.push_back(out.name);
   OT_CHECK(!b.outputs.empty(), what, " model has no outputs");
   b.executor = std::make_unique<Executor>(std::move(model));

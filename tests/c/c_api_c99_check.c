@@ -54,6 +54,8 @@ int main(void) {
   rejects_null(ot_checkpoint_load(NULL, &checkpoint), "ot_checkpoint_load");
   rejects_null(ot_checkpoint_load("x", NULL), "ot_checkpoint_load");
   rejects_null(ot_checkpoint_save(NULL, "x", 1), "ot_checkpoint_save");
+  rejects_null(ot_checkpoint_save_as(NULL, "x", 1, OT_CHECKPOINT_ORT), "ot_checkpoint_save_as");
+  rejects_null(ot_checkpoint_file_format(NULL, NULL), "ot_checkpoint_file_format");
   rejects_null(ot_checkpoint_parameter_count(NULL, &count), "ot_checkpoint_parameter_count");
   rejects_null(ot_checkpoint_parameter_name(NULL, 0, &name), "ot_checkpoint_parameter_name");
   rejects_null(ot_checkpoint_parameter_info(NULL, "w", &dtype, NULL, NULL, &flag), "ot_checkpoint_parameter_info");

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <random>
@@ -16,6 +17,7 @@
 #include "backends/cpu/pool.h"
 #include "onnx/model_io.h"
 #include "onnxtrain/session.h"
+#include "onnxtrain/training.h"
 #include "ops/build_ops.h"
 #include "ops/registry.h"
 #include "ops/conv/conv_reference.h"
@@ -382,6 +384,31 @@ TEST(MinimalBackend, ChannelsLastPoolRunsThePlainPoolOnReorderedCopies) {
             EXPECT_NEAR(y.data<float>()[((i * oh + r) * ow + q) * c + k], want, 1e-5f) << mode;
           }
   }
+}
+
+// ONNX Runtime's checkpoint format needs no library, so the minimal build (and the aarch64 cross
+// build, under qemu) reads and writes it as the full build does.
+TEST(MinimalCheckpoint, OrtFormatRoundTrip) {
+  CheckpointState s;
+  std::vector<float> w = random_values(24, 3), m = random_values(24, 4);
+  Tensor tw = Tensor::empty(DType::kFloat32, {4, 6}), tm = Tensor::empty(DType::kFloat32, {4, 6});
+  std::memcpy(tw.data(), w.data(), 96);
+  std::memcpy(tm.data(), m.data(), 96);
+  s.add_parameter("w", tw, true);
+  s.add_parameter("b", Tensor::zeros(DType::kFloat32, {6}), false);
+  s.set_optimizer_tensor("w", "exp_avg", tm);
+  s.optimizer_state().step = 5;
+  s.add_property("epoch", int64_t{2});
+  const std::string path = (std::filesystem::temp_directory_path() / "onnxtrain_minimal_ort_ckpt").string();
+  s.save(path, true, CheckpointFormat::kOrt);
+  ASSERT_EQ(CheckpointState::file_format(path), CheckpointFormat::kOrt);
+  CheckpointState back = CheckpointState::load(path);
+  std::filesystem::remove(path);
+  ASSERT_EQ(back.parameter_names(), (std::vector<std::string>{"w", "b"}));
+  EXPECT_EQ(std::memcmp(back.get_parameter("w").data(), w.data(), 96), 0);
+  EXPECT_EQ(std::memcmp(back.optimizer_state().param_states.at("w").at("exp_avg").data(), m.data(), 96), 0);
+  EXPECT_EQ(back.optimizer_state().step, 5);
+  EXPECT_EQ(std::get<int64_t>(back.get_property("epoch")), 2);
 }
 
 }  // namespace

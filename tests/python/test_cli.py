@@ -110,6 +110,22 @@ def test_resume_is_bit_identical(work, tmp_path):
     assert again.properties["train.step"] == 1
 
 
+def test_resume_from_an_ort_format_checkpoint(work, tmp_path):
+    """An interrupted run's checkpoint converted to ONNX Runtime's format (convert-checkpoint) and
+    resumed from there ends in the same bytes as the run that was never interrupted."""
+    def run(*extra):
+        return cli("train", work / "art", "--data", work / "train.npz", *DATA, "--epochs", 2, "--batch-size", 50,
+                   "--shuffle", "--seed", 3, "--progress", "none", *extra)
+
+    run("--checkpoint-out", tmp_path / "whole")
+    run("--checkpoint-out", tmp_path / "part", "--max-steps", 30)
+    r = cli("convert-checkpoint", tmp_path / "part", tmp_path / "part.ort")
+    assert "(onnxtrain) -> " in r.stdout and "(ort)" in r.stdout and "optimizer state" in r.stdout
+    assert CheckpointState.checkpoint_format(tmp_path / "part.ort") == "ort"
+    run("--resume", tmp_path / "part.ort", "--checkpoint-out", tmp_path / "resumed")
+    assert (tmp_path / "whole").read_bytes() == (tmp_path / "resumed").read_bytes()
+
+
 def test_checkpoints_every_n_updates_are_resumable(work, tmp_path):
     out = tmp_path / "ckpt"
     r = cli("train", work / "art", "--data", work / "train.npz", *DATA, "--batch-size", 100, "--epochs", 1,
@@ -197,7 +213,7 @@ def test_failures_while_running_exit_1(work, tmp_path):
 
 
 def test_help_for_every_command():
-    for command in ["artifacts", "train", "eval", "export", "inspect", "ops"]:
+    for command in ["artifacts", "train", "eval", "export", "inspect", "ops", "convert-checkpoint"]:
         r = cli(command, "--help")
         assert r.stdout.startswith(f"usage: onnxtrain {command}"), r.stdout
     assert "--checkpoint-every N" in cli("train", "--help").stdout

@@ -11,7 +11,7 @@ struct Subcommand {
 };
 
 extern const Command kOpsCommand, kInspectCommand, kArtifactsCommand, kTrainCommand, kEvalCommand, kExportCommand,
-    kQuantizeCommand, kCompileCommand;
+    kQuantizeCommand, kCompileCommand, kConvertCheckpointCommand;
 int run_ops(const Args& args);
 int run_inspect(const Args& args);
 int run_artifacts(const Args& args);
@@ -20,6 +20,7 @@ int run_eval(const Args& args);
 int run_export(const Args& args);
 int run_quantize(const Args& args);
 int run_compile(const Args& args);
+int run_convert_checkpoint(const Args& args);
 
 // Shared by train and eval: where the data's arrays go.
 inline const Option kInputsOption{"--inputs", "KEYS",

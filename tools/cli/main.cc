@@ -15,12 +15,13 @@ const Subcommand kSubcommands[] = {
     {kArtifactsCommand, run_artifacts}, {kTrainCommand, run_train},     {kEvalCommand, run_eval},
     {kExportCommand, run_export},       {kInspectCommand, run_inspect}, {kOpsCommand, run_ops},
     {kQuantizeCommand, run_quantize},   {kCompileCommand, run_compile},
+    {kConvertCheckpointCommand, run_convert_checkpoint},
 };
 
 void usage(FILE* out) {
   std::fprintf(out, "usage: onnxtrain <command> [args]   (onnxtrain <command> --help for its options)\n\n");
   for (const auto& s : kSubcommands)
-    std::fprintf(out, "  %-10s %s\n", s.command.name.c_str(), s.command.summary.c_str());
+    std::fprintf(out, "  %-18s %s\n", s.command.name.c_str(), s.command.summary.c_str());
 }
 
 }  // namespace
