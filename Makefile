@@ -83,6 +83,7 @@ bench: setup
 	$(PYTHON) bench/bench_inference.py
 	OMP_WAIT_POLICY=passive $(PYTHON) bench/bench_transcendentals.py
 	$(PYTHON) bench/bench_cnn.py
+	$(PYTHON) bench/bench_small_models.py
 	$(PYTHON) bench/cnn_train_breakdown.py
 	$(PYTHON) bench/bench_training.py
 	$(PYTHON) bench/bench_train_module.py

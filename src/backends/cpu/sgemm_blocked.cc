@@ -181,38 +181,144 @@ constexpr int kDotRows = 4, kDotCols = vec::kRegisters == 32 ? 4 : 2;
 
 bool narrow_dots(const SgemmArgs& g) { return g.a_col == 1 && g.b_row == 1 && g.n * 2 < kNR && g.k >= kLanes; }
 
-void sgemm_dots(const SgemmArgs& g, int64_t row_begin, int64_t row_end) {
+// kRows rows from i0 (all present) against every column, kDotCols columns at a time.
+template <int kRows>
+void dots_rows(const SgemmArgs& g, int64_t i0) {
   const int64_t k_vec = g.k / kLanes * kLanes;
-  for (int64_t i0 = row_begin; i0 < row_end; i0 += kDotRows) {
-    const float* a[kDotRows];
-    for (int r = 0; r < kDotRows; ++r) a[r] = g.a + std::min<int64_t>(i0 + r, row_end - 1) * g.a_row;
-    for (int64_t j0 = 0; j0 < g.n; j0 += kDotCols) {
-      const float* b[kDotCols];
-      for (int c = 0; c < kDotCols; ++c) b[c] = g.b + std::min<int64_t>(j0 + c, g.n - 1) * g.b_col;
-      Vec acc[kDotRows][kDotCols];
-      for (int r = 0; r < kDotRows; ++r)
-        for (int c = 0; c < kDotCols; ++c) acc[r][c] = Vec{};
-      for (int64_t p = 0; p < k_vec; p += kLanes) {
-        Vec bv[kDotCols];
-        for (int c = 0; c < kDotCols; ++c) bv[c] = load(b[c] + p);
-        for (int r = 0; r < kDotRows; ++r) {
-          const Vec av = load(a[r] + p);
-          for (int c = 0; c < kDotCols; ++c) acc[r][c] += av * bv[c];
-        }
+  const float* a[kRows];
+  for (int r = 0; r < kRows; ++r) a[r] = g.a + (i0 + r) * g.a_row;
+  for (int64_t j0 = 0; j0 < g.n; j0 += kDotCols) {
+    const float* b[kDotCols];
+    for (int c = 0; c < kDotCols; ++c) b[c] = g.b + std::min<int64_t>(j0 + c, g.n - 1) * g.b_col;
+    Vec acc[kRows][kDotCols];
+    for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < kDotCols; ++c) acc[r][c] = Vec{};
+    for (int64_t p = 0; p < k_vec; p += kLanes) {
+      Vec bv[kDotCols];
+      for (int c = 0; c < kDotCols; ++c) bv[c] = load(b[c] + p);
+      for (int r = 0; r < kRows; ++r) {
+        const Vec av = load(a[r] + p);
+        for (int c = 0; c < kDotCols; ++c) acc[r][c] += av * bv[c];
       }
-      for (int r = 0; r < kDotRows && i0 + r < row_end; ++r)
-        for (int c = 0; c < kDotCols && j0 + c < g.n; ++c) {
-          float sum = 0.0f;
-          for (int l = 0; l < kLanes; ++l) sum += acc[r][c][l];
-          for (int64_t p = k_vec; p < g.k; ++p) sum += a[r][p] * b[c][p];
-          float* out = g.c + (i0 + r) * g.ldc + j0 + c;
-          float v = g.alpha * sum;
-          if (g.beta != 0.0f) v += g.beta * *out;
-          if (g.bias) v += g.bias[j0 + c];
-          *out = v;
-        }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < kDotCols && j0 + c < g.n; ++c) {
+        float sum = 0.0f;
+        for (int l = 0; l < kLanes; ++l) sum += acc[r][c][l];
+        for (int64_t p = k_vec; p < g.k; ++p) sum += a[r][p] * b[c][p];
+        float* out = g.c + (i0 + r) * g.ldc + j0 + c;
+        float v = g.alpha * sum;
+        if (g.beta != 0.0f) v += g.beta * *out;
+        if (g.bias) v += g.bias[j0 + c];
+        *out = v;
+      }
+  }
+}
+
+// Rows [row_begin, row_end): kDotRows at a time, the last few by a kernel of their own count (a
+// short product's single row is not computed four times).
+void sgemm_dots(const SgemmArgs& g, int64_t row_begin, int64_t row_end) {
+  int64_t i0 = row_begin;
+  for (; i0 + kDotRows <= row_end; i0 += kDotRows) dots_rows<kDotRows>(g, i0);
+  switch (row_end - i0) {
+    case 3: dots_rows<3>(g, i0); break;
+    case 2: dots_rows<2>(g, i0); break;
+    case 1: dots_rows<1>(g, i0); break;
+    default: break;
+  }
+}
+
+// Short products: fewer rows of A than a register tile (one request's frame or token). Packing
+// costs a pass over all of B per call and fills kMR-tall tiles with zero rows, which for a handful
+// of rows is most of the work: an openWakeWord head's 1 x 1536 x 128 product spent about 40 us
+// packing B against a few of arithmetic. These kernels read A and B where they lie.
+bool short_rows(const SgemmArgs& g) { return g.m < kMR; }
+
+// kDotRows rows of C over kVecs vectors of columns from j0, B's rows contiguous along n
+// (b_col == 1): C(i, j) = sum over p in order of A(i, p) B(p, j), each B row loaded once per p and
+// used for every row. Row pointers past `rows` repeat the last row (their sums are not stored).
+template <int kVecs>
+void rows_block(const SgemmArgs& g, int64_t i0, int64_t rows, int64_t j0) {
+  const float* a[kDotRows];
+  for (int r = 0; r < kDotRows; ++r) a[r] = g.a + (i0 + std::min<int64_t>(r, rows - 1)) * g.a_row;
+  Vec acc[kDotRows][kVecs];
+  for (int r = 0; r < kDotRows; ++r)
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = Vec{};
+  const float* b = g.b + j0;
+  for (int64_t p = 0; p < g.k; ++p, b += g.b_row) {
+    Vec bv[kVecs];
+    for (int v = 0; v < kVecs; ++v) bv[v] = load(b + v * kLanes);
+    for (int r = 0; r < kDotRows; ++r) {
+      const Vec av = splat(a[r][p * g.a_col]);
+      for (int v = 0; v < kVecs; ++v) acc[r][v] += av * bv[v];
     }
   }
+  const Vec alpha = splat(g.alpha), beta = splat(g.beta);
+  for (int r = 0; r < rows; ++r)
+    for (int v = 0; v < kVecs; ++v) {
+      float* c = g.c + (i0 + r) * g.ldc + j0 + v * kLanes;
+      Vec out = alpha * acc[r][v];
+      if (g.beta != 0.0f) out += beta * load(c);
+      if (g.bias) out += load(g.bias + j0 + v * kLanes);
+      store(c, out);
+    }
+}
+
+// The columns [j0, n) that make no whole vector, element by element in the same order.
+void rows_tail(const SgemmArgs& g, int64_t i0, int64_t rows, int64_t j0) {
+  for (int64_t i = i0; i < i0 + rows; ++i)
+    for (int64_t j = j0; j < g.n; ++j) {
+      float sum = 0.0f;
+      for (int64_t p = 0; p < g.k; ++p) sum += g.a[i * g.a_row + p * g.a_col] * g.b[p * g.b_row + j];
+      float* c = g.c + i * g.ldc + j;
+      float v = g.alpha * sum;
+      if (g.beta != 0.0f) v += g.beta * *c;
+      if (g.bias) v += g.bias[j];
+      *c = v;
+    }
+}
+
+void sgemm_rows(const SgemmArgs& g) {
+  constexpr int kVecs = vec::kRegisters == 32 ? 4 : 2;  // kDotRows x kVecs accumulators
+  for (int64_t i0 = 0; i0 < g.m; i0 += kDotRows) {
+    const int64_t rows = std::min<int64_t>(kDotRows, g.m - i0);
+    int64_t j0 = 0;
+    for (; j0 + kVecs * kLanes <= g.n; j0 += kVecs * kLanes) rows_block<kVecs>(g, i0, rows, j0);
+    for (; j0 + kLanes <= g.n; j0 += kLanes) rows_block<1>(g, i0, rows, j0);
+    if (j0 < g.n) rows_tail(g, i0, rows, j0);
+  }
+}
+
+// A short product on the calling thread, by the kernel that reads its operands in place: B along
+// n (sgemm_rows) or, A and B both along k, dot products (sgemm_dots). False: neither fits.
+bool sgemm_short(const SgemmArgs& g) {
+  if (g.b_col == 1) {
+    sgemm_rows(g);
+    return true;
+  }
+  if (g.a_col == 1 && g.b_row == 1 && g.k >= kLanes) {
+    sgemm_dots(g, 0, g.m);
+    return true;
+  }
+  return false;
+}
+
+// Columns [0, n) in `bands` bands of whole units, each band a product of its own.
+template <typename F>
+void by_column_bands(const SgemmArgs& g, int64_t unit, int threads, F&& product) {
+  const int64_t band = (g.n / threads + unit - 1) / unit * unit;
+  const int64_t bands = (g.n + band - 1) / band;
+  parallel_for(bands, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t start = t * band;
+      SgemmArgs part = g;
+      part.n = std::min(band, g.n - start);
+      part.b += start * g.b_col;
+      part.c += start;
+      if (part.bias) part.bias += start;
+      product(part);
+    }
+  });
 }
 
 }  // namespace
@@ -231,27 +337,27 @@ void sgemm_blocked(const SgemmArgs& g, bool parallel) {
   // Narrow products on the calling thread: a head's X W^T is microseconds (the digits head's 327 K
   // multiply-adds: 12 us), less than waking the pool.
   if (narrow_dots(g)) return sgemm_dots(g, 0, g.m);
+  if (short_rows(g) && (g.b_col == 1 || (g.a_col == 1 && g.b_row == 1 && g.k >= kLanes))) {
+    // A few rows: each thread a band of columns, read in place (no packing).
+    if (threads <= 1) {
+      sgemm_short(g);
+      return;
+    }
+    return by_column_bands(g, kLanes, threads, [](const SgemmArgs& part) { sgemm_short(part); });
+  }
   if (threads <= 1) return sgemm_serial(g);
   // One parallel region per product: each thread computes a band of C's columns (or rows, when C
   // is taller than wide) with its own packing buffers; bands are whole register tiles.
-  const bool by_columns = g.n >= g.m;
-  const int64_t extent = by_columns ? g.n : g.m, unit = by_columns ? kNR : kMR;
-  const int64_t band = (extent / threads + unit - 1) / unit * unit;
-  const int64_t bands = (extent + band - 1) / band;
+  if (g.n >= g.m) return by_column_bands(g, kNR, threads, [](const SgemmArgs& part) { sgemm_serial(part); });
+  const int64_t band = (g.m / threads + kMR - 1) / kMR * kMR;
+  const int64_t bands = (g.m + band - 1) / band;
   parallel_for(bands, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t start = t * band, size = std::min(band, extent - start);
+      const int64_t start = t * band;
       SgemmArgs part = g;
-      if (by_columns) {
-        part.n = size;
-        part.b += start * g.b_col;
-        part.c += start;
-        if (part.bias) part.bias += start;
-      } else {
-        part.m = size;
-        part.a += start * g.a_row;
-        part.c += start * g.ldc;
-      }
+      part.m = std::min(band, g.m - start);
+      part.a += start * g.a_row;
+      part.c += start * g.ldc;
       sgemm_serial(part);
     }
   });
