@@ -93,6 +93,7 @@ bench: setup
 	$(PYTHON) bench/bench_memory.py
 	$(PYTHON) bench/bench_sparsity.py
 	$(PYTHON) bench/bench_compute_optimizer.py
+	$(PYTHON) bench/bench_checkpoint.py
 	$(BUILD_DIR)/bench/gemm_backends
 	OMP_NUM_THREADS=1 $(BUILD_DIR)/bench/small_kernels
 	$(PYTHON) bench/bench_minimal.py
