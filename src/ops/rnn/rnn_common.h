@@ -366,12 +366,20 @@ void gemm_nn(const C* a, int64_t M, int64_t K, int64_t lda, const C* b, int64_t 
 }
 
 // The [cols, rows] transpose of a row-major [rows, cols] matrix (W and R are stored
-// [gates*hidden, in]; the GEMMs want them [in, gates*hidden]).
+// [gates*hidden, in]; the GEMMs want them [in, gates*hidden]). In square tiles, so reads and
+// writes both stay within a few cache lines: element by element, the writes strode a whole row
+// apart and the transposes of a streaming LSTM step's W and R ([512, 128] each) took about
+// 450 us of Silero VAD's 580 us call.
 template <typename C>
 std::vector<C> transposed(const C* m, int64_t rows, int64_t cols) {
+  constexpr int64_t kTile = 32;
   std::vector<C> t(size_t(rows * cols));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) t[size_t(c * rows + r)] = m[r * cols + c];
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+    for (int64_t c0 = 0; c0 < cols; c0 += kTile) {
+      const int64_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+      for (int64_t c = c0; c < c1; ++c)
+        for (int64_t r = r0; r < r1; ++r) t[size_t(c * rows + r)] = m[r * cols + c];
+    }
   return t;
 }
 
