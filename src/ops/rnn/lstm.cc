@@ -54,7 +54,7 @@ void run_lstm(KernelContext& ctx) {
       for (int64_t j = 0; j < G; ++j) bias[size_t(j)] = bp[j] + bp[G + j];  // Wb + Rb
     }
     std::vector<C> xw = project_inputs(x, s, w.data() + d * G * s.input, G, bias.empty() ? nullptr : bias.data());
-    std::vector<C> rt = transposed(r.data() + d * G * H, G, H);  // R^T: [H, 4H]
+    const TransposedProduct<C> recurrent(r.data() + d * G * H, G, H);  // H · R^T, R as stored [4H, H]
     const C* pi = p.empty() ? nullptr : p.data() + d * 3 * H;
     const C* po = pi ? pi + H : nullptr;
     const C* pf = pi ? pi + 2 * H : nullptr;
@@ -62,7 +62,7 @@ void run_lstm(KernelContext& ctx) {
     std::vector<C> c = initial_state<T>(ctx, 6, s, d, "initial_c");
     std::vector<C> acc(size_t(s.batch * G));
     for (int64_t step = 0; step < max_len; ++step) {
-      gemm_nn(h.data(), s.batch, H, H, rt.data(), G, G, acc.data(), G);  // Ht-1 · R^T, all four gates
+      recurrent.apply(h.data(), s.batch, H, acc.data(), G);  // Ht-1 · R^T, all four gates
       for (int64_t bi = 0; bi < s.batch; ++bi) {
         int64_t t = time_index(s, d, step, bi);
         if (t < 0) continue;

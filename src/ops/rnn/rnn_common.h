@@ -16,8 +16,10 @@
 #include <cctype>
 #include <cmath>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "backends/cpu/sgemm_blocked.h"
 #include "ops/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
@@ -299,11 +301,43 @@ std::vector<C> initial_state(KernelContext& ctx, size_t input, const RnnSetup& s
 // The operands every kernel and grad kernel reads, in the compute type: the setup, the activations
 // (num_directions * one direction's count, direction-major), X time-major, W, R and B (empty when
 // absent), and the number of steps the recurrence runs (the longest sequence).
+// A read-only operand in the compute type: the tensor's own memory when its dtype is the compute
+// type (float, double: W and R are read where they lie, a streaming step copies nothing), a
+// converted copy otherwise (half types).
+template <typename C>
+class ComputeView {
+ public:
+  ComputeView() = default;
+  template <typename T>
+  static ComputeView of(const Tensor& t) {
+    ComputeView v;
+    v.size_ = size_t(t.numel());
+    if constexpr (std::is_same_v<T, C>) {
+      v.ptr_ = t.data<T>();
+    } else {
+      const T* p = t.data<T>();
+      v.owned_.resize(v.size_);
+      for (size_t i = 0; i < v.size_; ++i) v.owned_[i] = C(p[i]);
+      v.ptr_ = v.owned_.data();
+    }
+    return v;
+  }
+  const C* data() const { return ptr_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+
+ private:
+  std::vector<C> owned_;
+  const C* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
 template <typename T, typename C = compute_t<T>>
 struct Operands {
   RnnSetup s;
   std::vector<Activation> acts;
-  std::vector<C> x, w, r, b;
+  std::vector<C> x;
+  ComputeView<C> w, r, b;
   int64_t max_len = 0;
 };
 
@@ -313,9 +347,9 @@ Operands<T, C> load_operands(KernelContext& ctx, int64_t gates, const std::vecto
   op.s = parse_setup(ctx, gates);
   op.acts = parse_activations(ctx.node(), default_activations, op.s.dirs);
   op.x = time_major_input<T>(ctx.input(0), op.s);
-  op.w = to_compute<T>(ctx.input(1));
-  op.r = to_compute<T>(ctx.input(2));
-  if (ctx.has_input(3)) op.b = to_compute<T>(ctx.input(3));
+  op.w = ComputeView<C>::template of<T>(ctx.input(1));
+  op.r = ComputeView<C>::template of<T>(ctx.input(2));
+  if (ctx.has_input(3)) op.b = ComputeView<C>::template of<T>(ctx.input(3));
   op.max_len = op.s.batch ? *std::max_element(op.s.lens.begin(), op.s.lens.end()) : 0;
   return op;
 }
@@ -383,14 +417,49 @@ std::vector<C> transposed(const C* m, int64_t rows, int64_t cols) {
   return t;
 }
 
+// A · W^T for a weight stored as the recurrent ops store it, [n, k] (gates*hidden rows of `in`
+// values). float reads W where it lies through the blocked sgemm (dot products for a few rows, as
+// one streaming step has; packed tiles for many); other compute types (double: the gradient
+// checks) multiply a transposed copy made once, by gemm_nn.
+template <typename C>
+class TransposedProduct {
+ public:
+  TransposedProduct(const C* w, int64_t n, int64_t k) : w_(w), n_(n), k_(k) {
+    if constexpr (!std::is_same_v<C, float>) wt_ = transposed(w, n, k);
+  }
+  // out[i, :] = a[i, :] · W^T for i < m; rows of a are lda apart, rows of out ldo apart.
+  void apply(const C* a, int64_t m, int64_t lda, C* out, int64_t ldo) const {
+    if constexpr (std::is_same_v<C, float>) {
+      cpu::SgemmArgs g;
+      g.m = m;
+      g.n = n_;
+      g.k = k_;
+      g.a = a;
+      g.a_row = lda;
+      g.b = w_;
+      g.b_row = 1;
+      g.b_col = k_;
+      g.c = out;
+      g.ldc = ldo;
+      cpu::sgemm_blocked(g);
+    } else {
+      gemm_nn(a, m, k_, lda, wt_.data(), n_, n_, out, ldo);
+    }
+  }
+
+ private:
+  const C* w_;
+  int64_t n_, k_;
+  std::vector<C> wt_;
+};
+
 // XW[t*batch + b, :] = X_t[b] · W_d^T + bias (bias may be null): every step's input projection.
 // w is W_d as stored, [gh, input].
 template <typename C>
 std::vector<C> project_inputs(const std::vector<C>& x, const RnnSetup& s, const C* w, int64_t gh, const C* bias) {
   int64_t rows = s.seq * s.batch;
-  std::vector<C> wt = transposed(w, gh, s.input);
   std::vector<C> xw(size_t(rows * gh));
-  gemm_nn(x.data(), rows, s.input, s.input, wt.data(), gh, gh, xw.data(), gh);
+  TransposedProduct<C>(w, gh, s.input).apply(x.data(), rows, s.input, xw.data(), gh);
   if (bias) {
     parallel_for(rows, std::max<int64_t>(1, 32768 / std::max<int64_t>(gh, 1)), [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) {
@@ -435,7 +504,7 @@ inline Tensor optional_output(KernelContext& ctx, size_t i, DType dtype, const S
 
 // Bias rows of direction d: Wb and Rb, each gates*hidden long, or null when B is absent.
 template <typename C>
-const C* bias_ptr(const std::vector<C>& b, int64_t d, int64_t gh) {
+const C* bias_ptr(const ComputeView<C>& b, int64_t d, int64_t gh) {
   return b.empty() ? nullptr : b.data() + d * 2 * gh;
 }
 
