@@ -39,7 +39,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from .. import Error as _OnnxtrainError
 from .. import _C
-from . import _tree
+from . import _exporter, _tree
 from ._checkpoint import checkpoints_as_regions
 from .debug import DebugOptions, LogLevel, Settings
 
@@ -424,6 +424,9 @@ class TrainModule(nn.Module):
     def _export(self, structure: tuple, inputs: List[torch.Tensor]) -> _Export:
         module = self._original_module
         name = type(module).__name__
+        reason = _exporter.unsupported_reason(name)
+        if reason is not None:
+            raise TrainModuleError(reason)
         if self.training:
             for sub_name, sub in module.named_modules():
                 if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.track_running_stats and sub.momentum is None:
@@ -440,14 +443,8 @@ class TrainModule(nn.Module):
             # torch.utils.checkpoint calls become marked regions that the backward recomputes.
             with warnings.catch_warnings(record=True) as caught, checkpoints_as_regions():
                 warnings.simplefilter("always")
-                torch.onnx.export(
-                    wrapper, tuple(inputs), f, opset_version=self._settings.opset, do_constant_folding=False,
-                    export_params=True, keep_initializers_as_inputs=False,
-                    # Each submodule exports in its own mode (a frozen BatchNorm in eval inside a
-                    # training model); TRAINING would switch them all to train and leave them so.
-                    training=torch.onnx.TrainingMode.PRESERVE,
-                    input_names=[_INPUT.format(i) for i in range(len(inputs))],
-                    output_names=None)
+                _exporter.export(wrapper, tuple(inputs), f, self._settings.opset,
+                                 [_INPUT.format(i) for i in range(len(inputs))])
         except Exception as exc:  # the exporter raises many types; its message names the op
             raise TrainModuleError(f"TrainModule: torch.onnx.export cannot export {name}: "
                                    f"{type(exc).__name__}: {exc}") from exc
@@ -484,9 +481,7 @@ class TrainModule(nn.Module):
         enclosing torch.autocast on the CPU (bf16 or fp16), else "" (fp32)."""
         if self._mixed_precision:
             return self._mixed_precision
-        if torch.is_autocast_cpu_enabled():
-            return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(torch.get_autocast_cpu_dtype(), "")
-        return ""
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(_exporter.autocast_cpu(), "")
 
     def _build(self, export: _Export, wrt_inputs, wrt_params, index: int, mixed_precision: str = "",
                label_sparsity: bool = False, padding_index: Optional[Dict[str, int]] = None) -> _Graph:
