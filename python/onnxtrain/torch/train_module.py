@@ -39,7 +39,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from .. import Error as _OnnxtrainError
 from .. import _C
-from . import _exporter, _tree
+from . import _compat, _tree
 from ._checkpoint import checkpoints_as_regions
 from .debug import DebugOptions, LogLevel, Settings
 
@@ -297,6 +297,9 @@ class TrainModule(nn.Module):
             flat, _, _ = self._run_forward(graph, inputs)
         return _tree.unflatten(graph.export.out_structure, iter(flat))
 
+    # Under torch.compile the call is a graph break (the code around it compiles): _compat.graph_break.
+    forward = _compat.graph_break(forward)
+
     def _hand_over(self, graph: _Graph):
         """The backward's callback under ONNXTRAIN_ENABLE_MEM_EFFICIENT_GRAD_MGMT=1: each parameter's
         gradient, as soon as the backward graph has finished it, goes through a re-entrant
@@ -424,7 +427,7 @@ class TrainModule(nn.Module):
     def _export(self, structure: tuple, inputs: List[torch.Tensor]) -> _Export:
         module = self._original_module
         name = type(module).__name__
-        reason = _exporter.unsupported_reason(name)
+        reason = _compat.unsupported_reason(name)
         if reason is not None:
             raise TrainModuleError(reason)
         if self.training:
@@ -443,10 +446,10 @@ class TrainModule(nn.Module):
             # torch.utils.checkpoint calls become marked regions that the backward recomputes.
             with warnings.catch_warnings(record=True) as caught, checkpoints_as_regions():
                 warnings.simplefilter("always")
-                _exporter.export(wrapper, tuple(inputs), f, self._settings.opset,
+                _compat.export(wrapper, tuple(inputs), f, self._settings.opset,
                                  [_INPUT.format(i) for i in range(len(inputs))])
         except Exception as exc:  # the exporter raises many types; its message names the op
-            raise TrainModuleError(f"TrainModule: torch.onnx.export cannot export {name}: "
+            raise TrainModuleError(f"TrainModule: {_compat.exporter_name()} cannot export {name}: "
                                    f"{type(exc).__name__}: {exc}") from exc
         finally:
             with torch.no_grad():
@@ -481,7 +484,7 @@ class TrainModule(nn.Module):
         enclosing torch.autocast on the CPU (bf16 or fp16), else "" (fp32)."""
         if self._mixed_precision:
             return self._mixed_precision
-        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(_exporter.autocast_cpu(), "")
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(_compat.autocast_cpu(), "")
 
     def _build(self, export: _Export, wrt_inputs, wrt_params, index: int, mixed_precision: str = "",
                label_sparsity: bool = False, padding_index: Optional[Dict[str, int]] = None) -> _Graph:

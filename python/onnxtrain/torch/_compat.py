@@ -1,4 +1,5 @@
-"""Which torch TrainModule runs under, and how it exports a module to ONNX there.
+"""What differs between the torches TrainModule runs under (1.13, 2.x): the version check, the
+ONNX exporter, autocast's query, torch.compile's graph break.
 
 TrainModule exports with the TorchScript-based exporter on every torch it supports: torch 1.13
 (Debian's), where it is the only one, and torch 2.x, where ``torch.onnx.export`` defaults to the
@@ -40,11 +41,17 @@ def unsupported_reason(module_name: str) -> Optional[str]:
         return (f"TrainModule: {module_name}: torch {torch.__version__} is too old; TrainModule needs torch "
                 f">= {MIN_TORCH[0]}.{MIN_TORCH[1]}")
     params = _export_parameters()
-    if torch_version() >= (2, 0) and "dynamo" in params and params["dynamo"].default is True \
-            and "training" not in params:
+    # `training` is an option of the TorchScript-based exporter only: a torch.onnx.export that has
+    # `dynamo` but lost `training` has dropped that exporter.
+    if "dynamo" in params and "training" not in params:
         return (f"TrainModule: {module_name}: torch {torch.__version__}'s torch.onnx.export has no TorchScript-based "
-                "exporter (dynamo=False with training=PRESERVE), which TrainModule exports with")
+                "exporter (dynamo=False, training=PRESERVE), which TrainModule exports with")
     return None
+
+
+def exporter_name() -> str:
+    """What an export error names: the torch and its exporter."""
+    return f"torch.onnx.export (torch {torch.__version__}, TorchScript-based)"
 
 
 def export(wrapper: torch.nn.Module, inputs: tuple, f, opset: int, input_names: List[str]) -> None:
@@ -65,6 +72,23 @@ def export(wrapper: torch.nn.Module, inputs: tuple, f, opset: int, input_names: 
 def autocast_cpu() -> Optional[torch.dtype]:
     """The dtype of an enclosing ``torch.autocast("cpu")``, or None (torch 2.x deprecates the
     ``*_cpu_*`` functions 1.13 has)."""
-    if torch_version() >= (2, 4):
+    if hasattr(torch, "get_autocast_dtype"):  # torch >= 2.4
         return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
     return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+
+
+_GRAPH_BREAK_REASON = ("onnxtrain's TrainModule runs its forward and backward in onnxtrain's own graphs (a native "
+                       "call per step, an ONNX export per new input schema), which torch.compile cannot trace: "
+                       "its call is a graph break, and the code around it compiles")
+
+
+def graph_break(forward):
+    """``forward`` as torch.compile's graph break: Dynamo runs it eagerly instead of tracing into
+    the export and the native calls (it would guard on every parameter, recompile per tensor rank
+    and give up); ``fullgraph=True`` fails naming the reason. torch 1.13 has no torch.compile."""
+    disable = getattr(getattr(torch, "compiler", None), "disable", None)  # torch >= 2.1
+    if disable is None:
+        return forward
+    if "reason" in inspect.signature(disable).parameters:
+        return disable(forward, recursive=True, reason=_GRAPH_BREAK_REASON)
+    return disable(forward, recursive=True)
