@@ -4,8 +4,9 @@
     loss = loss_fn(model(x), y); loss.backward(); optimizer.step(); optimizer.zero_grad()
 
 On the first call with a new input schema (shapes, dtypes, which inputs require grad, constants,
-train/eval mode) the module is exported with torch.onnx.export (opset 17, no constant folding,
-parameters as initializers, every submodule in its own train/eval mode), differentiated for the parameters and inputs that require grad,
+train/eval mode) the module is exported with torch.onnx.export's TorchScript-based exporter on torch
+1.13 and 2.x alike (opset 17, no constant folding, parameters as initializers, every submodule in its
+own train/eval mode; _compat.py says why not 2.x's default), differentiated for the parameters and inputs that require grad,
 split into a forward and a backward graph and planned; a repeated schema reuses them. A
 ``torch.autograd.Function`` runs the forward graph and saves what the backward graph reads;
 backward takes torch's upstream gradients. Tensors cross by DLPack without copies, parameters are
@@ -19,8 +20,8 @@ When the module computes its loss (cross-entropy with ignore_index) or embeds id
 whether its graphs compute the kept label rows only, or strip the padded tokens from the token-wise
 layers (src/passes/sparsity.h; ONNXTRAIN_ENABLE_{LABEL,EMBEDDING}_SPARSITY_OPTIMIZATION).
 
-When the export or the graph build fails, TrainModule raises ``TrainModuleError`` naming the op or
-construct; with ``ONNXTRAIN_FALLBACK=warn`` it warns once, saying why, and runs the PyTorch module.
+Under torch.compile a TrainModule's call is a graph break. When the torch is too old, or the export
+or the graph build fails, TrainModule raises ``TrainModuleError`` naming the version, op or construct; with ``ONNXTRAIN_FALLBACK=warn`` it warns once, saying why, and runs the PyTorch module.
 The ONNXTRAIN_* environment variables are in the README's table (``onnxtrain.torch.debug``).
 """
 from __future__ import annotations
