@@ -34,12 +34,13 @@ test: setup minimal
 	$(MAKE) --no-print-directory test-torch2-lane
 	$(PYTHON) tests/conformance/run_node_tests.py
 
-# TrainModule's second lane: its tests again under PyTorch 2.x from PyPI, in the torch2 peer's venv
+# TrainModule's (and ORTTrainer's) second lane: their tests again under PyTorch 2.x from PyPI, in the torch2 peer's venv
 # (scripts/setup_peers.sh torch2; same Python 3.11, so the extension loads there). The first lane is
 # the Debian torch 1.13 run above; test_train_module_torch_versions.py fails a lane on the wrong torch.
 TRAIN_MODULE_TESTS := $(addprefix tests/python/,test_train_module.py test_train_module_distributed.py \
   test_train_module_mem_grad.py test_train_module_torch_versions.py test_torch_checkpoint.py \
-  test_mixed_precision_torch.py test_compute_optimizer.py test_memory_optimizer.py test_sparsity.py)
+  test_mixed_precision_torch.py test_compute_optimizer.py test_memory_optimizer.py test_sparsity.py \
+  test_orttrainer.py)
 test-torch2-lane: build
 	./scripts/setup_peers.sh torch2
 	py=$$($(PYTHON) -c 'import sys; sys.path.insert(0, "bench"); import peers; print(peers.python("torch2"))') && \

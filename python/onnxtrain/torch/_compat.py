@@ -54,12 +54,16 @@ def exporter_name() -> str:
     return f"torch.onnx.export (torch {torch.__version__}, TorchScript-based)"
 
 
+def torchscript_exporter() -> dict:
+    """torch.onnx.export's keyword arguments that choose the TorchScript-based exporter: ``dynamo=False``
+    where the parameter exists (torch 2.x; the torch.export-based one is the default from 2.9)."""
+    return {"dynamo": False} if "dynamo" in _export_parameters() else {}
+
+
 def export(wrapper: torch.nn.Module, inputs: tuple, f, opset: int, input_names: List[str]) -> None:
     """Exports ``wrapper`` with the TorchScript-based exporter: opset ``opset``, training mode
     preserved per submodule, no constant folding, parameters as initializers."""
-    kwargs = {}
-    if "dynamo" in _export_parameters():  # torch 2.x: the torch.export-based one is the default from 2.9
-        kwargs["dynamo"] = False
+    kwargs = torchscript_exporter()
     torch.onnx.export(
         wrapper, inputs, f, opset_version=opset, do_constant_folding=False,
         export_params=True, keep_initializers_as_inputs=False,
