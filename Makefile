@@ -4,7 +4,7 @@ BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
 
-.PHONY: setup deps build test test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
+.PHONY: setup deps build test test-torch2-lane test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
 
 setup: deps build
 
@@ -30,8 +30,21 @@ build: $(BUILD_DIR)/build.ninja
 test: setup minimal
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 	cd $(MINIMAL_DIR) && ctest --output-on-failure -j $(JOBS)
-	$(PYTHON) -m pytest -q tests/python
+	ONNXTRAIN_TORCH_LANE=debian $(PYTHON) -m pytest -q tests/python
+	$(MAKE) --no-print-directory test-torch2-lane
 	$(PYTHON) tests/conformance/run_node_tests.py
+
+# TrainModule's (and ORTTrainer's) second lane: their tests again under PyTorch 2.x from PyPI, in the torch2 peer's venv
+# (scripts/setup_peers.sh torch2; same Python 3.11, so the extension loads there). The first lane is
+# the Debian torch 1.13 run above; test_train_module_torch_versions.py fails a lane on the wrong torch.
+TRAIN_MODULE_TESTS := $(addprefix tests/python/,test_train_module.py test_train_module_distributed.py \
+  test_train_module_mem_grad.py test_train_module_torch_versions.py test_torch_checkpoint.py \
+  test_mixed_precision_torch.py test_compute_optimizer.py test_memory_optimizer.py test_sparsity.py \
+  test_orttrainer.py)
+test-torch2-lane: build
+	./scripts/setup_peers.sh torch2
+	py=$$($(PYTHON) -c 'import sys; sys.path.insert(0, "bench"); import peers; print(peers.python("torch2"))') && \
+	  ONNXTRAIN_TORCH_LANE=torch2 "$$py" -m pytest -q $(TRAIN_MODULE_TESTS)
 
 test-cpp: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

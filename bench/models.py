@@ -20,6 +20,7 @@ deterministic for a given seed.
 """
 from __future__ import annotations
 
+import inspect
 import math
 import os
 from dataclasses import dataclass
@@ -537,11 +538,14 @@ def export(model: nn.Module, inputs: Tuple[torch.Tensor, ...], path: str,
     else:  # PRESERVE exports the eval-mode model as is; EVAL also folds BatchNorm into Conv.
         model.eval()
         mode = torch.onnx.TrainingMode.EVAL if fold_batchnorm else torch.onnx.TrainingMode.PRESERVE
+    # torch 2.x: the TorchScript-based exporter, which these options are for (2.9+ defaults to
+    # the torch.export-based one; python/onnxtrain/torch/_exporter.py says why not that one).
+    legacy = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
     with torch.no_grad():
         torch.onnx.export(model, inputs, path, input_names=list(input_names),
                           output_names=list(output_names), opset_version=opset,
                           do_constant_folding=not training, dynamic_axes=dynamic_axes,
-                          training=mode)
+                          training=mode, **legacy)
     return path
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from typing import Dict, List, Optional
 
@@ -44,6 +45,12 @@ def python(name: str) -> str:
     if not os.path.isfile(os.path.join(peers_dir(), name, ".onnxtrain-peer")) or not os.access(exe, os.X_OK):
         raise PeerMissing(f"{_install_hint(name)} is missing")
     return exe
+
+
+def lane_of_interpreter() -> str:
+    """"torch2" when this interpreter is the torch2 peer's venv, else "debian" (Debian's Python)."""
+    here = os.path.realpath(sys.prefix)
+    return "torch2" if here == os.path.realpath(os.path.join(peers_dir(), "torch2")) else "debian"
 
 
 def ensure(name: str, timeout_s: float = 3600) -> str:

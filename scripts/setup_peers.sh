@@ -42,7 +42,8 @@ peer_check() {
   case "$1" in
     ort) echo 'import onnxruntime as o; assert o.__version__.startswith("1.31."), o.__version__; o.InferenceSession; print("onnxruntime", o.__version__)' ;;
     ort-training) echo 'import torch, onnxruntime as o, onnx; from onnxruntime.training import api, artifacts; assert o.__version__ == "1.19.2", o.__version__; print("onnxruntime-training", o.__version__, "onnx", onnx.__version__)' ;;
-    torch2) echo 'import torch; assert torch.__version__.startswith("2."), torch.__version__; print("torch", torch.__version__)' ;;
+    # TrainModule exports with the TorchScript-based exporter (dynamo=False; `training` is its option).
+    torch2) echo 'import inspect, torch; assert torch.__version__.startswith("2."), torch.__version__; assert "training" in inspect.signature(torch.onnx.export).parameters, "no TorchScript-based exporter"; print("torch", torch.__version__)' ;;
   esac
 }
 

@@ -245,6 +245,8 @@ class ORTTrainer:
     def _export(self, sample: List[np.ndarray]):
         import onnx
         import torch
+
+        from .torch import _compat as _torch_compat
         desc = self.model_desc
         wrapped = self._wrapped()
         dynamic = {}
@@ -258,7 +260,8 @@ class ORTTrainer:
         torch.onnx.export(wrapped, tuple(torch.from_numpy(np.ascontiguousarray(s)) for s in sample), f,
                           input_names=[i.name for i in desc.inputs], output_names=[o.name for o in desc.outputs],
                           opset_version=self.options._internal_use.onnx_opset_version, do_constant_folding=False,
-                          training=torch.onnx.TrainingMode.TRAINING, dynamic_axes=dynamic)
+                          training=torch.onnx.TrainingMode.TRAINING, dynamic_axes=dynamic,
+                          **_torch_compat.torchscript_exporter())  # as TrainModule, on torch 1.13 and 2.x
         wrapped.train(was_training)
         proto = onnx.load_from_string(f.getvalue())
         # The wrapper's "model." prefix goes, so initializers keep the torch module's names.

@@ -41,3 +41,10 @@ def ort_training_peer():
 def torch2_peer():
     """PyTorch 2.x from PyPI (the `torch2` peer): its interpreter."""
     return _peer("torch2")
+
+
+@pytest.fixture(scope="session")
+def torch_lane():
+    """The torch lane this run is meant to be: ONNXTRAIN_TORCH_LANE when set (`make test` sets it
+    for each lane), else the interpreter's: "torch2" in the torch2 peer's venv, "debian" elsewhere."""
+    return os.environ.get("ONNXTRAIN_TORCH_LANE") or peers.lane_of_interpreter()

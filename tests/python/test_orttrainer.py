@@ -16,6 +16,7 @@ from torch import nn
 import onnxtrain
 import onnxtrain.distributed
 from onnxtrain import _C, artifacts, optim, orttrainer
+from onnxtrain.torch import _compat
 from onnxtrain.api import CheckpointState, Module, Optimizer
 from onnxtrain.optim import lr_scheduler
 
@@ -82,7 +83,8 @@ def on_device_losses(model, input_name, batches, group, default_cfg, group_cfg, 
     x0, y0 = batches[0]
     torch.onnx.export(WithLoss(model), (x0, y0), f, input_names=[input_name, "label"], output_names=["loss", "logits"],
                       opset_version=17, do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING,
-                      dynamic_axes={input_name: {0: "batch"}, "label": {0: "batch"}, "logits": {0: "batch"}})
+                      dynamic_axes={input_name: {0: "batch"}, "label": {0: "batch"}, "logits": {0: "batch"}},
+                      **_compat.torchscript_exporter())  # the exporter ORTTrainer uses, on torch 1.13 and 2.x
     import onnx
     from onnx import TensorProto, helper
     proto = onnx.load_from_string(f.getvalue())

@@ -6,7 +6,8 @@ without a trace of the call. While TrainModule exports, :func:`checkpoints_as_re
 run the checkpointed function inline and wrap each tensor entering it and each tensor it returns in
 a ``onnxtrain.torch::CheckpointBoundary`` node (attributes ``region``: the call's number, ``end``:
 0 entering, 1 leaving). The graph builder removes the marks and recomputes in the backward what
-each region computes (src/passes/memory_optimizer.h, ``take_checkpoint_regions``).
+each region computes (src/passes/memory_optimizer.h, ``take_checkpoint_regions``). torch 2.x routes
+both kinds through ``_checkpoint_impl``, which is the one name replaced there.
 """
 from __future__ import annotations
 
@@ -50,20 +51,29 @@ def _mark(value: Any, region: int, end: int) -> Any:
 @contextlib.contextmanager
 def checkpoints_as_regions() -> Iterator[None]:
     """Within the block, torch.utils.checkpoint.checkpoint (reentrant or not, however it was
-    imported: both paths look these names up in torch.utils.checkpoint when called) runs its
-    function inline between boundary marks."""
+    imported: every path looks the replaced names up in torch.utils.checkpoint when called) runs
+    its function inline between boundary marks."""
     numbers = itertools.count()
 
     def run(function, preserve_rng_state, *args, **kwargs):  # noqa: ARG001 (the recomputation reuses Dropout masks)
         region = next(numbers)
         return _mark(function(*_mark(args, region, 0), **kwargs), region, 1)
 
-    class _Inline:
-        apply = staticmethod(run)
+    if hasattr(_torch_checkpoint, "_checkpoint_impl"):  # torch 2.x: checkpoint() calls it, both kinds
+        def impl(function, args, kwargs, *, preserve_rng_state=True, **options):  # noqa: ARG001
+            return run(function, preserve_rng_state, *args, **kwargs)
 
-    saved = (_torch_checkpoint.CheckpointFunction, _torch_checkpoint._checkpoint_without_reentrant)
-    _torch_checkpoint.CheckpointFunction, _torch_checkpoint._checkpoint_without_reentrant = _Inline, run
+        names, replacements = ("_checkpoint_impl",), (impl,)
+    else:  # torch 1.13: checkpoint() calls one of these two
+        class _Inline:
+            apply = staticmethod(run)
+
+        names, replacements = ("CheckpointFunction", "_checkpoint_without_reentrant"), (_Inline, run)
+    saved = [getattr(_torch_checkpoint, n) for n in names]
+    for n, value in zip(names, replacements):
+        setattr(_torch_checkpoint, n, value)
     try:
         yield
     finally:
-        _torch_checkpoint.CheckpointFunction, _torch_checkpoint._checkpoint_without_reentrant = saved
+        for n, value in zip(names, saved):
+            setattr(_torch_checkpoint, n, value)

@@ -4,8 +4,9 @@
     loss = loss_fn(model(x), y); loss.backward(); optimizer.step(); optimizer.zero_grad()
 
 On the first call with a new input schema (shapes, dtypes, which inputs require grad, constants,
-train/eval mode) the module is exported with torch.onnx.export (opset 17, no constant folding,
-parameters as initializers, every submodule in its own train/eval mode), differentiated for the parameters and inputs that require grad,
+train/eval mode) the module is exported with torch.onnx.export's TorchScript-based exporter on torch
+1.13 and 2.x alike (opset 17, no constant folding, parameters as initializers, every submodule in its
+own train/eval mode; _compat.py says why not 2.x's default), differentiated for the parameters and inputs that require grad,
 split into a forward and a backward graph and planned; a repeated schema reuses them. A
 ``torch.autograd.Function`` runs the forward graph and saves what the backward graph reads;
 backward takes torch's upstream gradients. Tensors cross by DLPack without copies, parameters are
@@ -19,8 +20,8 @@ When the module computes its loss (cross-entropy with ignore_index) or embeds id
 whether its graphs compute the kept label rows only, or strip the padded tokens from the token-wise
 layers (src/passes/sparsity.h; ONNXTRAIN_ENABLE_{LABEL,EMBEDDING}_SPARSITY_OPTIMIZATION).
 
-When the export or the graph build fails, TrainModule raises ``TrainModuleError`` naming the op or
-construct; with ``ONNXTRAIN_FALLBACK=warn`` it warns once, saying why, and runs the PyTorch module.
+Under torch.compile a TrainModule's call is a graph break. When the torch is too old, or the export
+or the graph build fails, TrainModule raises ``TrainModuleError`` naming the version, op or construct; with ``ONNXTRAIN_FALLBACK=warn`` it warns once, saying why, and runs the PyTorch module.
 The ONNXTRAIN_* environment variables are in the README's table (``onnxtrain.torch.debug``).
 """
 from __future__ import annotations
@@ -39,7 +40,7 @@ from torch.utils.dlpack import from_dlpack, to_dlpack
 
 from .. import Error as _OnnxtrainError
 from .. import _C
-from . import _tree
+from . import _compat, _tree
 from ._checkpoint import checkpoints_as_regions
 from .debug import DebugOptions, LogLevel, Settings
 
@@ -297,6 +298,9 @@ class TrainModule(nn.Module):
             flat, _, _ = self._run_forward(graph, inputs)
         return _tree.unflatten(graph.export.out_structure, iter(flat))
 
+    # Under torch.compile the call is a graph break (the code around it compiles): _compat.graph_break.
+    forward = _compat.graph_break(forward)
+
     def _hand_over(self, graph: _Graph):
         """The backward's callback under ONNXTRAIN_ENABLE_MEM_EFFICIENT_GRAD_MGMT=1: each parameter's
         gradient, as soon as the backward graph has finished it, goes through a re-entrant
@@ -424,6 +428,9 @@ class TrainModule(nn.Module):
     def _export(self, structure: tuple, inputs: List[torch.Tensor]) -> _Export:
         module = self._original_module
         name = type(module).__name__
+        reason = _compat.unsupported_reason(name)
+        if reason is not None:
+            raise TrainModuleError(reason)
         if self.training:
             for sub_name, sub in module.named_modules():
                 if isinstance(sub, nn.modules.batchnorm._BatchNorm) and sub.track_running_stats and sub.momentum is None:
@@ -440,16 +447,10 @@ class TrainModule(nn.Module):
             # torch.utils.checkpoint calls become marked regions that the backward recomputes.
             with warnings.catch_warnings(record=True) as caught, checkpoints_as_regions():
                 warnings.simplefilter("always")
-                torch.onnx.export(
-                    wrapper, tuple(inputs), f, opset_version=self._settings.opset, do_constant_folding=False,
-                    export_params=True, keep_initializers_as_inputs=False,
-                    # Each submodule exports in its own mode (a frozen BatchNorm in eval inside a
-                    # training model); TRAINING would switch them all to train and leave them so.
-                    training=torch.onnx.TrainingMode.PRESERVE,
-                    input_names=[_INPUT.format(i) for i in range(len(inputs))],
-                    output_names=None)
+                _compat.export(wrapper, tuple(inputs), f, self._settings.opset,
+                                 [_INPUT.format(i) for i in range(len(inputs))])
         except Exception as exc:  # the exporter raises many types; its message names the op
-            raise TrainModuleError(f"TrainModule: torch.onnx.export cannot export {name}: "
+            raise TrainModuleError(f"TrainModule: {_compat.exporter_name()} cannot export {name}: "
                                    f"{type(exc).__name__}: {exc}") from exc
         finally:
             with torch.no_grad():
@@ -484,9 +485,7 @@ class TrainModule(nn.Module):
         enclosing torch.autocast on the CPU (bf16 or fp16), else "" (fp32)."""
         if self._mixed_precision:
             return self._mixed_precision
-        if torch.is_autocast_cpu_enabled():
-            return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(torch.get_autocast_cpu_dtype(), "")
-        return ""
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(_compat.autocast_cpu(), "")
 
     def _build(self, export: _Export, wrt_inputs, wrt_params, index: int, mixed_precision: str = "",
                label_sparsity: bool = False, padding_index: Optional[Dict[str, int]] = None) -> _Graph:
