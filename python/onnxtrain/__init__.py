@@ -123,8 +123,12 @@ def cpu_features() -> Dict[str, Any]:
     """What this CPU offers for mixed precision and what the engine does with it: CPUID flags the
     OS has enabled (``avx2``, ``fma``, ``f16c``, ``avx512f``, ``avx512bw``, ``avx512_vnni``,
     ``avx512_bf16``, ``avx512_fp16``, ``amx_tile``, ``amx_bf16``, ``amx_int8``, ``amx_fp16``),
-    ``vendor``, ``onednn_isa`` (what oneDNN dispatches to), and ``bf16_matmul_native`` /
-    ``fp16_matmul_native`` (False: those products compute through fp32 on this CPU)."""
+    ``vendor``, ``model`` (the brand string), ``onednn_isa`` (what oneDNN dispatches to),
+    ``bf16_matmul_native`` / ``fp16_matmul_native`` (False: those products compute through fp32 on
+    this CPU), ``gemm_gflops`` (``fp32``, ``bf16``: one 256 x 512 x 512 product's rate, measured
+    once per process, or ``ONNXTRAIN_GEMM_RATES``; ``source`` says which) and ``bf16_pays`` (bf16
+    GEMMs faster than fp32 ones: where False, bf16 mixed precision saves memory but slows steps,
+    and asking for it prints a note once)."""
     return _C.cpu_features()
 
 

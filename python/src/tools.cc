@@ -32,8 +32,14 @@ void bind_tools(py::module_& m) {
     d["onednn_isa"] = f.onednn_isa;
     d["bf16_matmul_native"] = f.bf16_matmul_native;
     d["fp16_matmul_native"] = f.fp16_matmul_native;
+    d["model"] = f.model;
+    const GemmRates& rates = gemm_rates();
+    d["gemm_gflops"] = py::dict(py::arg("fp32") = rates.fp32_gflops, py::arg("bf16") = rates.bf16_gflops,
+                                py::arg("source") = rates.source);
+    d["bf16_pays"] = rates.bf16_pays();
     return d;
-  }, "What the CPU offers for low precision (CPUID flags the OS enabled) and what the engine runs.");
+  }, "What the CPU offers for low precision (CPUID flags the OS enabled), what the engine runs, and "
+     "whether bf16 GEMMs beat fp32 ones here (measured once per process).");
   m.def("quantize_model", [](py::bytes model, int bits, int block_size, bool symmetric, std::vector<std::string> exclude) {
     Model mdl = load_model_from_bytes(std::string(model));
     QuantizeOptions o{bits, block_size, symmetric, std::move(exclude)};

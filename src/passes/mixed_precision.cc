@@ -1,9 +1,12 @@
 #include "passes/mixed_precision.h"
 
+#include <cstdio>
 #include <map>
+#include <mutex>
 #include <unordered_map>
 
 #include "core/dispatch.h"
+#include "onnxtrain/cpu_features.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
 
@@ -188,9 +191,36 @@ class Converter {
 
 }  // namespace
 
+namespace {
+
+// What a user who asked for bf16 on a CPU where it does not pay is told, once.
+std::string bf16_slower_note(const GemmRates& rates, const std::string& cpu) {
+  char line[768];
+  const char* what = rates.bf16_gflops > 0.0 ? "bf16 GEMMs run at %.0f GFLOP/s here against fp32's %.0f (%s)"
+                                             : "this CPU has no native bf16 GEMM (%.0f GFLOP/s: bf16 computes through fp32 at %.0f; %s)";
+  std::string rates_text(256, '\0');
+  rates_text.resize(size_t(std::snprintf(rates_text.data(), rates_text.size(), what, rates.bf16_gflops,
+                                         rates.fp32_gflops, rates.source.c_str())));
+  std::snprintf(line, sizeof line,
+                "onnxtrain: bf16 mixed precision on %s: %s, so bf16 training steps are slower than fp32 ones on this "
+                "CPU. You still get bf16 activations and gradients (about half the activation memory) with fp32 master "
+                "weights; for speed, train in fp32 (onnxtrain.cpu_features() reports the rates).",
+                cpu.empty() ? "this CPU" : cpu.c_str(), rates_text.c_str());
+  return line;
+}
+
+}  // namespace
+
 int convert_to_mixed_precision(Model& model, DType low, const std::set<std::string>& parameters) {
   OT_CHECK(low == DType::kBFloat16 || low == DType::kFloat16, "mixed precision: the low precision is bf16 or fp16, got ",
            dtype_name(low));
+  if (low == DType::kBFloat16) {  // said once per process, where bf16 does not pay
+    static std::once_flag said;
+    std::call_once(said, [] {
+      const GemmRates& rates = gemm_rates();
+      if (!rates.bf16_pays()) std::fprintf(stderr, "%s\n", bf16_slower_note(rates, cpu_features().model).c_str());
+    });
+  }
   return Converter(model, low, parameters).run();
 }
 

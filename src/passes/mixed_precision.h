@@ -42,7 +42,8 @@ std::string mixed_precision_name(DType low);
 // `low` is kBFloat16 or kFloat16. Initializers named in `parameters` are values a step feeds
 // (they get a Cast node); other fp32 initializers are constants, converted once in place. Throws
 // naming the value when the model already holds half-precision values (it converts fp32 models).
-// Returns the number of Cast nodes inserted.
+// Returns the number of Cast nodes inserted. bf16 on a CPU whose bf16 GEMMs are no faster than its
+// fp32 ones (gemm_rates(): no AMX) prints, once per process, a note naming the CPU and both rates.
 int convert_to_mixed_precision(Model& model, DType low, const std::set<std::string>& parameters = {});
 
 // After autodiff: a Cast to fp32 that is the only reader of a bf16/fp16 MatMul or FusedMatMul

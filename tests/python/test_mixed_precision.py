@@ -39,6 +39,67 @@ def test_cpu_features_reports_flags_and_engine_choice():
         assert f["f16c"] == ("f16c" in flags)
 
 
+def test_cpu_features_reports_measured_gemm_rates_and_the_cpu_model():
+    f = onnxtrain.cpu_features()
+    rates = f["gemm_gflops"]
+    assert rates["source"] in ("measured", "ONNXTRAIN_GEMM_RATES")
+    if rates["source"] == "measured":
+        assert rates["fp32"] > 1.0  # a 256 x 512 x 512 product: any CPU this runs on does a GFLOP/s
+        assert (rates["bf16"] > 0.0) == f["bf16_matmul_native"]
+    assert f["bf16_pays"] == (rates["bf16"] > rates["fp32"])
+    with open("/proc/cpuinfo") as cpuinfo:
+        name = next((line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")), "")
+    if name and f["vendor"]:
+        assert " ".join(f["model"].split()) == " ".join(name.split())  # CPUID's brand string, as the kernel shows it
+
+
+BF16_MLP = """
+import sys
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+import onnxtrain
+from onnxtrain import artifacts
+rng = np.random.default_rng(0)
+inits = [numpy_helper.from_array(rng.standard_normal(s).astype(np.float32), n) for n, s in [("w", (8, 4)), ("b", (4,))]]
+g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Add", ["h", "b"], ["y"])], "mlp",
+                      [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 8])],
+                      [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])], inits)
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+for i in range(2):  # the note is said once per process
+    artifacts.generate_artifacts(m, requires_grad=["w", "b"], loss=artifacts.LossType.CrossEntropyLoss,
+                                 optimizer=artifacts.AdamW(), artifact_directory=sys.argv[1] + str(i),
+                                 mixed_precision="bf16")
+print(onnxtrain.cpu_features()["gemm_gflops"])
+"""
+
+
+@pytest.mark.parametrize("rates,said", [("fp32=235,bf16=143", True), ("fp32=250,bf16=0", True),
+                                        ("fp32=200,bf16=900", False)])
+def test_bf16_where_it_does_not_pay_says_so_once_naming_the_cpu_and_both_rates(tmp_path, rates, said):
+    env = {**os.environ, "ONNXTRAIN_GEMM_RATES": rates}
+    proc = subprocess.run([sys.executable, "-c", BF16_MLP, str(tmp_path / "art")], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if "bf16 mixed precision on" in line]
+    fp32, bf16 = (r.split("=")[1] for r in rates.split(","))
+    if said:
+        assert len(notes) == 1, proc.stderr
+        assert onnxtrain.cpu_features()["model"] in notes[0]
+        assert f"{fp32}" in notes[0] and f"{bf16} GFLOP/s" in notes[0] and "ONNXTRAIN_GEMM_RATES" in notes[0]
+        assert "half the activation memory" in notes[0]  # what the user still gets
+    else:
+        assert not notes, proc.stderr
+    assert f"'fp32': {float(fp32)}" in proc.stdout and "'source': 'ONNXTRAIN_GEMM_RATES'" in proc.stdout
+
+
+def test_malformed_gemm_rates_are_an_error_naming_the_variable(tmp_path):
+    code = "import onnxtrain; onnxtrain.cpu_features()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "ONNXTRAIN_GEMM_RATES": "fp32=fast"})
+    assert proc.returncode != 0
+    assert "ONNXTRAIN_GEMM_RATES: expected fp32=GFLOPS,bf16=GFLOPS" in proc.stderr and "fp32=fast" in proc.stderr
+
+
 def _bf16_round(x):
     bits = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000

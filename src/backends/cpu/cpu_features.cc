@@ -2,14 +2,26 @@
 // the matmul backend for which kernels the engine then runs.
 #include "onnxtrain/cpu_features.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include <omp.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
 
 #include "backends/cpu/gemm.h"
+#include "onnxtrain/status.h"
+#include "onnxtrain/tensor.h"
 
 namespace onnxtrain {
 namespace {
@@ -29,6 +41,22 @@ uint64_t xgetbv0() {
   return (uint64_t(hi) << 32) | lo;
 }
 
+// CPUID leaves 0x80000002-4: the 48-byte brand string, padded with spaces and NULs.
+std::string brand_string() {
+  if (cpuid(0x80000000u, 0).a < 0x80000004u) return "";
+  char brand[49] = {};
+  for (uint32_t i = 0; i < 3; ++i) {
+    Regs r = cpuid(0x80000002u + i, 0);
+    std::memcpy(brand + 16 * i, &r.a, 4);
+    std::memcpy(brand + 16 * i + 4, &r.b, 4);
+    std::memcpy(brand + 16 * i + 8, &r.c, 4);
+    std::memcpy(brand + 16 * i + 12, &r.d, 4);
+  }
+  std::string s(brand);
+  const size_t begin = s.find_first_not_of(' '), end = s.find_last_not_of(' ');
+  return begin == std::string::npos ? "" : s.substr(begin, end - begin + 1);
+}
+
 void probe_x86(CpuFeatures& f) {
   Regs v = cpuid(0, 0);
   char vendor[13] = {};
@@ -36,6 +64,7 @@ void probe_x86(CpuFeatures& f) {
   std::memcpy(vendor + 4, &v.d, 4);
   std::memcpy(vendor + 8, &v.c, 4);
   f.vendor = vendor;
+  f.model = brand_string();
   Regs l1 = cpuid(1, 0), l7 = cpuid(7, 0), l71 = v.a >= 7 ? cpuid(7, 1) : Regs{};
   auto bit = [](uint32_t r, int i) { return ((r >> i) & 1u) != 0; };
   const bool osxsave = bit(l1.c, 27);
@@ -58,7 +87,88 @@ void probe_x86(CpuFeatures& f) {
 }
 #endif
 
+// A 256 x 512 x 512 product in `dtype`, ready to time.
+struct TimedProduct {
+  explicit TimedProduct(DType dtype) : product(dims(dtype), "gemm_rates") {
+    a = Tensor::zeros(dtype, {256, 512});
+    b = Tensor::zeros(dtype, {512, 512});
+    c = Tensor::zeros(dtype, {256, 512});
+    product.run(a.data(), b.data(), c.data());  // the first run JIT-compiles
+  }
+  static cpu::MatmulDims dims(DType dtype) {
+    cpu::MatmulDims d;
+    d.m = 256;
+    d.n = 512;
+    d.k = 512;
+    d.dtype = dtype;
+    return d;
+  }
+  double seconds() const {
+    const auto start = std::chrono::steady_clock::now();
+    product.run(a.data(), b.data(), c.data());
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+  cpu::Matmul product;
+  Tensor a, b;
+  mutable Tensor c;  // written by every timed run
+};
+
+// fp32 and bf16 GFLOP/s on one thread (a core's property, and what the ratio between them is
+// about; a two-thread figure swung 16-460 GFLOP/s on the shared 2-core VM while other processes ran),
+// the two interleaved, the best of seven runs each, so a preempted run counts for neither.
+std::pair<double, double> measure_gflops(bool bf16) {
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  TimedProduct fp32_product(DType::kFloat32);
+  std::optional<TimedProduct> bf16_product;
+  if (bf16) bf16_product.emplace(DType::kBFloat16);
+  double fp32_best = 1e30, bf16_best = 1e30;
+  for (int i = 0; i < 7; ++i) {
+    fp32_best = std::min(fp32_best, fp32_product.seconds());
+    if (bf16_product) bf16_best = std::min(bf16_best, bf16_product->seconds());
+  }
+  omp_set_num_threads(threads);
+  const double flops = 2.0 * 256 * 512 * 512;
+  return {flops / std::max(fp32_best, 1e-9) / 1e9, bf16_product ? flops / std::max(bf16_best, 1e-9) / 1e9 : 0.0};
+}
+
+// ONNXTRAIN_GEMM_RATES="fp32=RATE,bf16=RATE": both, positive (bf16 may be 0: no native kernel).
+GemmRates rates_from(const std::string& text) {
+  GemmRates r;
+  r.source = "ONNXTRAIN_GEMM_RATES";
+  bool fp32 = false, bf16 = false;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    const size_t comma = std::min(text.find(',', pos), text.size());
+    const std::string item = text.substr(pos, comma - pos);
+    const size_t eq = item.find('=');
+    char* end = nullptr;
+    const double value = eq == std::string::npos ? -1.0 : std::strtod(item.c_str() + eq + 1, &end);
+    const bool number = eq != std::string::npos && end && *end == '\0' && end != item.c_str() + eq + 1 && value >= 0.0;
+    const std::string key = eq == std::string::npos ? item : item.substr(0, eq);
+    OT_CHECK(number && (key == "fp32" || key == "bf16"), "ONNXTRAIN_GEMM_RATES: expected fp32=GFLOPS,bf16=GFLOPS, got '",
+             text, "' (at '", item, "')");
+    (key == "fp32" ? r.fp32_gflops : r.bf16_gflops) = value;
+    (key == "fp32" ? fp32 : bf16) = true;
+    pos = comma + 1;
+  }
+  OT_CHECK(fp32 && bf16 && r.fp32_gflops > 0.0, "ONNXTRAIN_GEMM_RATES: expected fp32=GFLOPS,bf16=GFLOPS with fp32 > 0, got '",
+           text, "'");
+  return r;
+}
+
 }  // namespace
+
+const GemmRates& gemm_rates() {
+  static const GemmRates rates = [] {
+    if (const char* env = std::getenv("ONNXTRAIN_GEMM_RATES"); env && *env) return rates_from(env);
+    GemmRates r;
+    r.source = "measured";
+    std::tie(r.fp32_gflops, r.bf16_gflops) = measure_gflops(cpu::matmul_native(DType::kBFloat16));
+    return r;
+  }();
+  return rates;
+}
 
 const CpuFeatures& cpu_features() {
   static const CpuFeatures features = [] {
