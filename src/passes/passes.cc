@@ -91,11 +91,12 @@ int inline_constant_ifs(Graph& g) {
 }
 }  // namespace
 
-int fold_constants(Model& model) {
-  Graph& g = model.graph;
-  int folded = inline_constant_ifs(g);
-  // Static shapes let Shape/Size of inputs with fixed dims fold too.
-  infer_shapes(g, model.opsets);
+namespace {
+
+// Nodes of `g` that read only constants (g's initializers, or shapes known statically) become
+// initializers; the model gives the opsets.
+int fold_graph_constants(Graph& g, const Model& model) {
+  int folded = 0;
   std::vector<Node> kept;
   for (auto& node : g.nodes) {
     int64_t opset = model.opset(node.domain);
@@ -141,6 +142,35 @@ int fold_constants(Model& model) {
   }
   g.nodes = std::move(kept);
   return folded;
+}
+
+// Subgraphs (If branches, Loop and Scan bodies), deepest first: what reads only the subgraph's own
+// constants (its Constant nodes and initializers, and what folds from them) becomes an initializer
+// of the subgraph, and what then goes unread is dropped. Subgraphs are shared between models, so
+// a changed one is a copy. Values of the enclosing scopes stay run-time values.
+int fold_subgraph_constants(Graph& g, const Model& model) {
+  int folded = 0;
+  for (auto& node : g.nodes)
+    for (auto& [name, a] : node.attributes) {
+      if (a.kind != Attribute::Kind::kGraph || !a.g) continue;
+      auto copy = std::make_shared<Graph>(*a.g);
+      const int n = fold_subgraph_constants(*copy, model) + fold_graph_constants(*copy, model);
+      if (n == 0) continue;
+      eliminate_dead_code(*copy);
+      a.g = std::move(copy);
+      folded += n;
+    }
+  return folded;
+}
+
+}  // namespace
+
+int fold_constants(Model& model) {
+  Graph& g = model.graph;
+  int folded = inline_constant_ifs(g);
+  // Static shapes let Shape/Size of inputs with fixed dims fold too.
+  infer_shapes(g, model.opsets);
+  return folded + fold_graph_constants(g, model);
 }
 
 int eliminate_dead_code(Graph& g) {
@@ -259,6 +289,9 @@ void simplify_graph(Model& model) {
 void optimize_for_inference(Model& model) {
   Graph& g = model.graph;
   simplify_graph(model);
+  // Inference only: training keeps subgraphs' Constant nodes, which requires_grad="all" promotes
+  // to parameters.
+  fold_subgraph_constants(g, model);
   // Inference-only fusions on top of the training ones: BatchNorm folds into constant Conv weights
   // (after fold_constants made the statistics initializers), activations into the Conv primitive.
   int fused = fuse_for_training(model) + fuse_conv_batchnorm(g) + fold_conv_scalar_affine(g) +
