@@ -91,6 +91,19 @@ void adapt_ort_training_model(Model& model, const CheckpointState& state) {
   std::erase_if(g.inputs, [&](const NamedValue& in) {
     return (in.name == kLazyReset || ends_with(in.name, kBufferSuffix)) && !read.count(in.name);
   });
+  // ORT's MaxPoolGrad (in the ai.onnx domain there) scatters dY by MaxPool's Indices output and
+  // takes dX's shape from ORT's shape inference; onnxtrain's takes the pool's input instead and
+  // finds the same (first) maximum of each window.
+  const auto producers = g.producers();
+  for (Node& n : g.nodes) {
+    if (!n.domain.empty() || n.op_type != "MaxPoolGrad" || n.inputs.size() != 2) continue;
+    auto it = producers.find(n.inputs[1]);
+    OT_CHECK(it != producers.end() && g.nodes[it->second].op_type == "MaxPool", n.context(),
+             "ONNX Runtime's MaxPoolGrad should read the Indices output of a MaxPool, got '", n.inputs[1], "'");
+    n.inputs[1] = g.nodes[it->second].inputs[0];
+    n.domain = kOnnxTrainDomain;
+    model.opsets.emplace(kOnnxTrainDomain, 1);
+  }
   g.topological_sort();
   check_ops(model, "training");
 }

@@ -20,7 +20,8 @@ bool is_ort_training_model(const Model& model);
 // input goes, and the gradient itself becomes the output `<p>_grad` (Module accumulates in the
 // parameter, lazy_reset_grad overwrites: ORT's semantics); the buffer inputs and lazy_reset_grad
 // go. BatchNormInternal's new running statistics become `<statistic>_updated` outputs, which
-// Module writes back to the checkpoint (ORT computes and drops them: onnxruntime#19370).
+// Module writes back to the checkpoint when they are checkpoint parameters (ORT computes and drops
+// them: onnxruntime#19370; its default checkpoint leaves them initializers, and they stay as exported).
 // Every op must be one onnxtrain runs: an op it lacks is an error naming the op and ORT's generator.
 void adapt_ort_training_model(Model& model, const CheckpointState& state);
 

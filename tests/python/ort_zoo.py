@@ -63,9 +63,9 @@ def batches(name, steps, seed=1):
         elif name == "digits_cnn":
             x, y = torch.rand(8, 1, 8, 8, generator=g), torch.randint(0, 10, (8,), generator=g)
         elif name == "resnet":
-            x, y = torch.randn(4, 3, 16, 16, generator=g), torch.randint(0, 10, (4,), generator=g)
+            x, y = torch.randn(16, 3, 16, 16, generator=g), torch.randint(0, 10, (16,), generator=g)
         elif name == "mobilenetv2":
-            x, y = torch.randn(2, 3, 32, 32, generator=g), torch.randint(0, 10, (2,), generator=g)
+            x, y = torch.randn(4, 3, 64, 64, generator=g), torch.randint(0, 10, (4,), generator=g)
         elif name == "bert":
             x, y = torch.randint(0, 50, (4, 8), generator=g), torch.randint(0, 3, (4,), generator=g)
         elif name == "gpt":

@@ -2,7 +2,7 @@
 // artifacts (one per trainable parameter, fed by the `<p>_grad.accumulation.buffer` inputs):
 //
 //   inputs  buffer, value, overwrite? (bool scalar; absent: false)
-//   outputs updated (bool scalar, always true), buffer_new? = overwrite ? value : buffer + value
+//   outputs updated (bool [1], always true), buffer_new? = overwrite ? value : buffer + value
 //
 // ORT writes buffer_new over the buffer input and exposes only the flag. onnxtrain's kernels never
 // write their inputs: buffer_new is an ordinary output (which may take the buffer's storage when
@@ -16,7 +16,7 @@ namespace onnxtrain {
 namespace {
 
 void accumulator_shape(ShapeContext& ctx) {
-  ctx.set_output(0, DType::kBool, Shape{});
+  ctx.set_output(0, DType::kBool, Shape{1});
   if (ctx.num_outputs() > 1) ctx.set_output(1, ctx.input_dtype(0), ctx.input_shape(0));
 }
 
@@ -33,7 +33,7 @@ void accumulator_kernel(KernelContext& ctx) {
              "overwrite_flag must be one bool, got ", dtype_name(flag.dtype()), shape_str(flag.shape()));
     overwrite = flag.data<bool>()[0];
   }
-  ctx.output(0, DType::kBool, Shape{}).data<bool>()[0] = true;
+  ctx.output(0, DType::kBool, Shape{1}).data<bool>()[0] = true;
   if (!ctx.output_requested(1)) return;
   Tensor& out = ctx.output(1, buffer.dtype(), buffer.shape());
   dispatch_float(buffer.dtype(), [&]<typename T>() {
