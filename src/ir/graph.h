@@ -45,6 +45,7 @@ const char* attribute_kind_name(Attribute::Kind kind);
 inline const std::string kOnnxDomain = "";              // "ai.onnx"
 inline const std::string kOnnxTrainDomain = "onnxtrain";  // our own ops (fused backward, ...)
 inline const std::string kTrainingDomain = "ai.onnx.preview.training";
+inline const std::string kMsDomain = "com.microsoft";           // ONNX Runtime's contrib and training ops
 
 struct Node {
   std::string name;

@@ -16,6 +16,7 @@
 #include "runtime/executor.h"
 #include "training/artifacts.h"
 #include "training/lora.h"
+#include "training/ort_artifacts.h"
 #include "core/dispatch.h"
 #include "core/memory.h"
 #include "distributed/data_parallel.h"
@@ -166,6 +167,10 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
     OT_CHECK(ck && !model_hash.empty() && *ck == model_hash, "Module: the checkpoint's LoRA adapters were trained on base "
              "model ", ck ? *ck : "?", ", but this training model's base is ",
              model_hash.empty() ? std::string("not a LoRA model") : model_hash, " (hash mismatch: a different base)");
+  }
+  if (is_ort_training_model(training_model)) {  // ONNX Runtime's generator wrote these artifacts
+    adapt_ort_training_model(training_model, state);
+    if (eval_model) adapt_ort_eval_model(*eval_model);
   }
   bind(graphs_->training, std::move(training_model), state, "training");
   if (auto it = graphs_->training.model().metadata.find(kMetaLossScaleInput);
@@ -419,6 +424,7 @@ void Module::export_model_for_inferencing(const std::string& path, const std::ve
 Optimizer::Optimizer(const std::string& optimizer_model_path, Module& module)
     : Optimizer([&] {
         Model m = load_model_for_runtime(optimizer_model_path).model;
+        if (std::optional<OptimizerConfig> ort = ort_optimizer_config(m)) return *ort;
         for (const auto& n : m.graph.nodes)
           if (n.domain == kOnnxTrainDomain) {
             OptimizerConfig c = optim::config_from_update_node(n);

@@ -11,8 +11,6 @@
 
 namespace onnxtrain {
 
-inline const std::string kMsDomain = "com.microsoft";
-
 template <typename F>
 decltype(auto) dispatch_f32_f64(const Node& node, DType dt, F&& f) {
   if (dt == DType::kFloat32) return f.template operator()<float>();

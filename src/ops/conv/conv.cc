@@ -310,5 +310,8 @@ ONNXTRAIN_OP(FusedConv, kOnnxTrainDomain, 1).inputs(2, 4).outputs(1).shape(conv_
 // dX, dW, dB = ConvGrad(dY, X, W): linear in dY, so differentiable in principle.
 ONNXTRAIN_OP(ConvGrad, kOnnxTrainDomain, 1).inputs(3).outputs(2, 3).shape(conv_grad_shape)
     .cpu_kernel<ConvGradKernel>().gradient_not_implemented("second derivatives of Conv are not needed");
+// ONNX Runtime's training artifacts: the same inputs, outputs and Conv attributes.
+ONNXTRAIN_OP(ConvGrad, kMsDomain, 1).inputs(3).outputs(2, 3).shape(conv_grad_shape)
+    .cpu_kernel<ConvGradKernel>().gradient_not_implemented("second derivatives of Conv are not needed");
 
 }  // namespace onnxtrain

@@ -113,6 +113,8 @@ void sign_kernel(KernelContext& ctx) {
 }
 
 // dX = dY where Y > 0, else 0 (Relu's gradient in one pass instead of Greater + Where).
+void shape_like_input1(ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1)); }
+
 void relu_grad_kernel(KernelContext& ctx) {
   const Tensor& dy = ctx.input(0);
   const Tensor& y = ctx.input(1);
@@ -174,10 +176,12 @@ ONNXTRAIN_OP(Relu, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_inpu
     .cpu(relu_kernel).gradient([](GradientBuilder& g) {
       g.set(0, g.emit("ReluGrad", {g.dy(0), g.y(0)}, {}, kOnnxTrainDomain));
     });
-// onnxtrain.ReluGrad(dY, Y) = dY * (Y > 0), written over dY.
-ONNXTRAIN_OP(ReluGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape([](ShapeContext& ctx) {
-  ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
-}).inplace(0, 0).work(memory_bound_work).cpu(relu_grad_kernel).gradient_not_implemented("second derivatives of Relu are not needed for training");
+// onnxtrain.ReluGrad(dY, Y) = dY * (Y > 0), written over dY. com.microsoft.ReluGrad is ONNX
+// Runtime's name for the same op (its training artifacts): same inputs, no attributes.
+ONNXTRAIN_OP(ReluGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(shape_like_input1).inplace(0, 0)
+    .work(memory_bound_work).cpu(relu_grad_kernel).gradient_not_implemented("second derivatives of Relu are not needed for training");
+ONNXTRAIN_OP(ReluGrad, kMsDomain, 1).inputs(2).outputs(1).shape(shape_like_input1).inplace(0, 0)
+    .work(memory_bound_work).cpu(relu_grad_kernel).gradient_not_implemented("second derivatives of Relu are not needed for training");
 
 // y = sin(x).  dx = dy * cos(x)
 OT_FLOAT_UNARY(Sin, 7, SinFn).gradient([](GradientBuilder& g) {

@@ -127,5 +127,11 @@ ONNXTRAIN_OP(Gelu, kOnnxDomain, 20).inputs(1).outputs(1).shape(shape_same_as_inp
 ONNXTRAIN_OP(GeluGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape([](ShapeContext& ctx) {
   ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
 }).inplace(0, 0).cpu(gelu_grad_kernel).gradient_not_implemented("second derivatives of Gelu are not needed for training");
+// ONNX Runtime's names (its contrib op and its training artifacts' backward): the erf form, no attributes.
+ONNXTRAIN_OP(Gelu, kMsDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
+    .cpu(gelu_kernel).gradient(gelu_gradient);
+ONNXTRAIN_OP(GeluGrad, kMsDomain, 1).inputs(2).outputs(1).shape([](ShapeContext& ctx) {
+  ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
+}).inplace(0, 0).cpu(gelu_grad_kernel).gradient_not_implemented("second derivatives of Gelu are not needed for training");
 
 }  // namespace onnxtrain

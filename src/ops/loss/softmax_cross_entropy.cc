@@ -82,5 +82,9 @@ ONNXTRAIN_OP(SoftmaxCrossEntropyLoss, kOnnxTrainDomain, 1).inputs(2, 3).outputs(
 // (dX, dW) = SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?); second derivatives are not needed.
 ONNXTRAIN_OP(SoftmaxCrossEntropyLossGrad, kOnnxTrainDomain, 1).inputs(3, 4).outputs(1, 2).shape(shape_loss_grad)
     .cpu(sce_grad_kernel).gradient_not_implemented("second derivatives are not needed");
+// ONNX Runtime's form in its training artifacts: com.microsoft.SoftmaxCrossEntropyLossGrad(dLoss,
+// log_prob, labels, weights?) -> dX, with the same reduction and ignore_index attributes.
+ONNXTRAIN_OP(SoftmaxCrossEntropyLossGrad, kMsDomain, 1).inputs(3, 4).outputs(1).shape(shape_loss_grad)
+    .cpu(sce_grad_kernel).gradient_not_implemented("second derivatives are not needed");
 
 }  // namespace onnxtrain

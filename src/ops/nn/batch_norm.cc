@@ -23,11 +23,15 @@ void shape_batch_norm(ShapeContext& ctx) {
   for (size_t i = 1; i < ctx.num_outputs(); ++i) ctx.set_output(i, t2, c);
 }
 
+// kOrt: com.microsoft.BatchNormInternal, ONNX Runtime's training form: training unless
+// training_mode = 0, and outputs 3 and 4 are the batch mean and 1 / sqrt(batch var + epsilon)
+// (its BatchNormalizationGrad's inputs).
+template <bool kOrt = false>
 void batch_norm_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
   const Tensor& x = ctx.input(0);
   OT_CHECK(x.rank() >= 2, node.context(), "expected X of shape [N, C, ...], got ", shape_str(x.shape()));
-  bool training = batch_norm_training(node, ctx.opset());
+  bool training = kOrt ? node.attr_int("training_mode", 1) != 0 : batch_norm_training(node, ctx.opset());
   if (!training)
     for (size_t i = 1; i < ctx.num_outputs(); ++i)
       if (ctx.output_requested(i))
@@ -78,9 +82,11 @@ void batch_norm_kernel(KernelContext& ctx) {
         const Tensor& like = ctx.input(k == 3 ? 3 : 4);
         Tensor& out = ctx.output(k, like.dtype(), like.shape());
         const std::vector<C>& batch = k == 3 ? bm : bv;
+        const bool inv_std = kOrt && k == 4;
         dispatch_float(like.dtype(), [&]<typename U>() {
           U* po = out.data<U>();
-          for (int64_t ch = 0; ch < c; ++ch) po[ch] = cast_value<U>(batch[size_t(ch)]);
+          for (int64_t ch = 0; ch < c; ++ch)
+            po[ch] = cast_value<U>(inv_std ? C(1) / std::sqrt(batch[size_t(ch)] + C(eps)) : batch[size_t(ch)]);
         });
       }
       for (size_t k = 1; k <= 2; ++k) {
@@ -132,6 +138,10 @@ void batch_norm_kernel(KernelContext& ctx) {
 // statistics (the forward does not save them) and differentiates through them; mean and var are
 // then unused and dMean/dVar are 0. Inference mode uses mean and var as constants. Parallel over
 // channels; each channel's rows are three sweeps (statistics, sums, dX).
+// kOrt: com.microsoft.BatchNormalizationGrad(dY, X, scale, saved_mean, saved_inv_std) -> dX,
+// dScale, dB of ONNX Runtime's training artifacts: always training mode; the batch statistics are
+// recomputed from X, as for onnxtrain's own form.
+template <bool kOrt = false>
 void batch_norm_grad_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
   const Tensor& dy = ctx.input(0);
@@ -139,7 +149,7 @@ void batch_norm_grad_kernel(KernelContext& ctx) {
   OT_CHECK(x.rank() >= 2, node.context(), "expected X of shape [N, C, ...], got ", shape_str(x.shape()));
   OT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), node.context(), "dY and X must match, got ",
            dtype_name(dy.dtype()), " ", shape_str(dy.shape()), " and ", dtype_name(x.dtype()), " ", shape_str(x.shape()));
-  const bool training = node.attr_int("training_mode", 0) != 0;
+  const bool training = kOrt || node.attr_int("training_mode", 0) != 0;
   const bool spatial = node.attr_int("spatial", 1) != 0;
   const int64_t n = x.dim(0);
   int64_t c = x.dim(1), s = 1;
@@ -173,7 +183,7 @@ void batch_norm_grad_kernel(KernelContext& ctx) {
     });
     write_channel_output(ctx, 1, ctx.input(2), ds);
     write_channel_output(ctx, 2, ctx.input(2), db);
-    if (ctx.output_requested(3) || ctx.output_requested(4)) {
+    if (!kOrt && (ctx.output_requested(3) || ctx.output_requested(4))) {
       OT_CHECK(ctx.has_input(3) && ctx.has_input(4), node.context(), "dMean and dVar need the mean and var inputs");
       write_channel_output(ctx, 3, ctx.input(3), dm);
       write_channel_output(ctx, 4, ctx.input(4), dv);
@@ -245,10 +255,18 @@ void batch_norm_inference_form(Node& node, int64_t opset) {
 
 ONNXTRAIN_OP(BatchNormalization, kOnnxDomain, 1).inputs(5).outputs(1, 5).shape(shape_batch_norm).inplace(0, 0)
     .work(memory_bound_work)
-    .cpu(batch_norm_kernel).gradient(batch_norm_gradient)
+    .cpu(batch_norm_kernel<>).gradient(batch_norm_gradient)
     .state_inputs({3, 4}).state_updates(batch_norm_state_updates).inference_form(batch_norm_inference_form);
 // (dX, dScale, dB, dMean, dVar) = BatchNormalizationGrad(dY, X, scale, mean, var); second derivatives are not needed.
 ONNXTRAIN_OP(BatchNormalizationGrad, kOnnxTrainDomain, 1).inputs(5).outputs(1, 5).shape(shape_batch_norm_grad)
-    .inplace(0, 0).cpu(batch_norm_grad_kernel).gradient_not_implemented("second derivatives are not needed");
+    .inplace(0, 0).cpu(batch_norm_grad_kernel<>).gradient_not_implemented("second derivatives are not needed");
+// ONNX Runtime's training form (its artifacts rewrite training-mode BatchNormalization to it):
+// (Y, running_mean, running_var, saved_mean, saved_inv_std) = BatchNormInternal(X, scale, B, mean, var).
+ONNXTRAIN_OP(BatchNormInternal, kMsDomain, 1).inputs(5).outputs(1, 5).shape(shape_batch_norm)
+    .work(memory_bound_work).cpu(batch_norm_kernel<true>)
+    .gradient_not_implemented("ONNX Runtime's artifacts come differentiated (BatchNormalizationGrad)");
+// (dX, dScale, dB) = BatchNormalizationGrad(dY, X, scale, saved_mean, saved_inv_std), ORT's form.
+ONNXTRAIN_OP(BatchNormalizationGrad, kMsDomain, 1).inputs(5).outputs(1, 3).shape(shape_batch_norm_grad)
+    .inplace(0, 0).cpu(batch_norm_grad_kernel<true>).gradient_not_implemented("second derivatives are not needed");
 
 }  // namespace onnxtrain

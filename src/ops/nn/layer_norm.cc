@@ -267,5 +267,9 @@ ONNXTRAIN_OP(LayerNormalization, kOnnxDomain, 17).inputs(2, 3).outputs(1, 3).sha
 // (dX, dScale, dBias) = LayerNormalizationGrad(dY, X, Scale, Mean?, InvStdDev?); second derivatives are not needed.
 ONNXTRAIN_OP(LayerNormalizationGrad, kOnnxTrainDomain, 1).inputs(3, 5).outputs(1, 3).shape(shape_layer_norm_grad)
     .inplace(0, 0).cpu(layer_norm_grad_kernel).gradient_not_implemented("second derivatives are not needed");
+// ONNX Runtime's training artifacts: the same inputs, outputs and attributes (its stash_type is
+// the float32 statistics this kernel computes in anyway).
+ONNXTRAIN_OP(LayerNormalizationGrad, kMsDomain, 1).inputs(3, 5).outputs(1, 3).shape(shape_layer_norm_grad)
+    .inplace(0, 0).cpu(layer_norm_grad_kernel).gradient_not_implemented("second derivatives are not needed");
 
 }  // namespace onnxtrain

@@ -77,14 +77,17 @@ void hardmax_kernel(KernelContext& ctx) {
 
 // onnxtrain.SoftmaxGrad / LogSoftmaxGrad(dY, Y): attribute `axis` as the forward had it (default
 // -1) and `coerce_2d` = 1 for the forward's pre-13 semantics (the dims from `axis` on flattened).
-template <bool kLog>
+// ONNX Runtime's com.microsoft forms fix the semantics by name: SoftmaxGrad_13 (kCoerce 0), and
+// SoftmaxGrad (kCoerce 1, axis default 1); kCoerce -1 reads the attribute.
+template <bool kLog, int kCoerce = -1>
 void softmax_grad_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
   const Tensor& dy = ctx.input(0);
   const Tensor& y = ctx.input(1);
   OT_CHECK(dy.shape() == y.shape() && dy.dtype() == y.dtype(), node.context(), "dY and Y must match, got ",
            dtype_name(dy.dtype()), " ", shape_str(dy.shape()), " and ", dtype_name(y.dtype()), " ", shape_str(y.shape()));
-  AxisView v = axis_view(node, y.shape(), node.attr_int("coerce_2d", 0) != 0);
+  const bool coerce = kCoerce < 0 ? node.attr_int("coerce_2d", 0) != 0 : kCoerce == 1;
+  AxisView v = axis_view(node, y.shape(), coerce);
   Tensor& dx = ctx.output(0, y.dtype(), y.shape());
   dispatch_float(y.dtype(), [&]<typename T>() {
     softmax_grad_along<kLog>(dy.data<T>(), y.data<T>(), dx.data<T>(), v.outer, v.n, v.inner);
@@ -128,5 +131,15 @@ ONNXTRAIN_OP(SoftmaxGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(shape_
 // dX = LogSoftmaxGrad(dY, Y) = dY - exp(Y) * sum(dY, axis). Second derivatives are not needed.
 ONNXTRAIN_OP(LogSoftmaxGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(shape_softmax_grad).inplace(0, 0)
     .cpu(softmax_grad_kernel<true>).gradient_not_implemented("second derivatives are not needed");
+// ONNX Runtime's training artifacts: SoftmaxGrad_13 / LogSoftmaxGrad_13 for opset >= 13 forwards,
+// SoftmaxGrad / LogSoftmaxGrad for older ones (the dims from `axis` on flattened).
+ONNXTRAIN_OP(SoftmaxGrad_13, kMsDomain, 1).inputs(2).outputs(1).shape(shape_softmax_grad).inplace(0, 0)
+    .cpu(softmax_grad_kernel<false, 0>).gradient_not_implemented("second derivatives are not needed");
+ONNXTRAIN_OP(LogSoftmaxGrad_13, kMsDomain, 1).inputs(2).outputs(1).shape(shape_softmax_grad).inplace(0, 0)
+    .cpu(softmax_grad_kernel<true, 0>).gradient_not_implemented("second derivatives are not needed");
+ONNXTRAIN_OP(SoftmaxGrad, kMsDomain, 1).inputs(2).outputs(1).shape(shape_softmax_grad).inplace(0, 0)
+    .cpu(softmax_grad_kernel<false, 1>).gradient_not_implemented("second derivatives are not needed");
+ONNXTRAIN_OP(LogSoftmaxGrad, kMsDomain, 1).inputs(2).outputs(1).shape(shape_softmax_grad).inplace(0, 0)
+    .cpu(softmax_grad_kernel<true, 1>).gradient_not_implemented("second derivatives are not needed");
 
 }  // namespace onnxtrain

@@ -106,6 +106,21 @@ void concat_rule(ShapeContext& ctx) {
   ctx.set_output(0, dt, out);
 }
 
+// com.microsoft.ConcatTraining (ONNX Runtime's training graphs): Concat, and optionally each
+// input's length along the axis (int64 [n]), which ORT's backward splits by.
+void concat_training_kernel(KernelContext& ctx) {
+  concat_kernel(ctx);
+  if (!ctx.output_requested(1)) return;
+  const int64_t axis = normalize_axis(ctx.node(), ctx.node().attr_int("axis", 1), ctx.input(0).rank());
+  Tensor& lengths = ctx.output(1, DType::kInt64, Shape{int64_t(ctx.num_inputs())});
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) lengths.data<int64_t>()[i] = ctx.input(i).dim(int(axis));
+}
+
+void concat_training_rule(ShapeContext& ctx) {
+  concat_rule(ctx);
+  if (ctx.num_outputs() > 1) ctx.set_output(1, DType::kInt64, Shape{int64_t(ctx.node().inputs.size())});
+}
+
 // ---- Split ----
 
 // The split sizes: given (attribute before opset 13, input 1 from 13, and in opset 1 either), or
@@ -186,6 +201,9 @@ void split_gradient(GradientBuilder& g) {
 ONNXTRAIN_OP(Concat, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(concat_rule).cpu(concat_kernel).work(memory_bound_work)
     .gradient(concat_gradient);
 // y_i = split(x, axis)_i.  dx = concat(dy_0..dy_n, axis), zeros_like(y_i) for an output without dy_i
+// y = concat(x_i, axis).  dx_i = the i-th piece of dy along axis
+ONNXTRAIN_OP(ConcatTraining, kMsDomain, 1).inputs(1, INT_MAX).outputs(1, 2).shape(concat_training_rule)
+    .cpu(concat_training_kernel).work(memory_bound_work).gradient(concat_gradient);
 ONNXTRAIN_OP(Split, kOnnxDomain, 1).inputs(1, 2).outputs(1, INT_MAX).shape(split_rule).cpu(split_kernel)
     .gradient(split_gradient);
 

@@ -334,12 +334,15 @@ void scatter_add_slices(T* dst, const T* src, int64_t groups, int64_t per_group,
 }
 
 // onnxtrain.GatherGrad(dY, shape, indices; axis): dX = zeros(shape); dX[.., idx[j], ..] += dY[.., j, ..].
+// kDy, kShape, kIdx: where the inputs are (onnxtrain's order dY, shape, indices; ONNX Runtime's
+// com.microsoft.GatherGrad has shape, indices, dY).
+template <size_t kDy = 0, size_t kShape = 1, size_t kIdx = 2>
 void gather_grad_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
-  const Tensor& dy = ctx.input(0);
-  const Tensor& idx = ctx.input(2);
+  const Tensor& dy = ctx.input(kDy);
+  const Tensor& idx = ctx.input(kIdx);
   check_index_dtype(ctx, idx, "indices");
-  Tensor& dx = zero_output(ctx, 1, dy.dtype());
+  Tensor& dx = zero_output(ctx, kShape, dy.dtype());
   OT_CHECK(dx.rank() >= 1, node.context(), "shape should have rank >= 1, got a scalar");
   int64_t axis = normalize_axis(node, node.attr_int("axis", 0), dx.rank());
   OT_CHECK(dy.shape() == gather_shape(dx.shape(), idx.shape(), axis), node.context(), "dY has shape ",
@@ -558,8 +561,14 @@ ONNXTRAIN_OP(ScatterND, kOnnxDomain, 11).inputs(3).outputs(1).shape(shape_same_a
 
 // Backward ops. Each is linear in dY, so its own gradient is the forward op it is the adjoint of.
 // dX = gather_grad(dY, shape, idx, axis).  d(dY) = gather(d(dX), idx, axis)
-ONNXTRAIN_OP(GatherGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape(shape_from_input1).cpu(gather_grad_kernel)
+ONNXTRAIN_OP(GatherGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape(shape_from_input1).cpu(gather_grad_kernel<>)
     .gradient([](GradientBuilder& g) { g.set(0, g.emit("Gather", {g.dy(0), g.x(2)}, copy_attr(g.node(), "axis"))); });
+// ONNX Runtime's training artifacts: GatherGrad(shape, indices, dY; axis), the same op.
+ONNXTRAIN_OP(GatherGrad, kMsDomain, 1).inputs(3).outputs(1).shape([](ShapeContext& ctx) {
+  DType dt = ctx.input_dtype(2);
+  if (const Tensor* s = ctx.input_value(0)) return ctx.set_output(0, dt, s->to_int_vector());
+  ctx.set_output(0, dt);
+}).cpu(gather_grad_kernel<2, 0, 1>).gradient_not_implemented("second derivatives through ONNX Runtime's GatherGrad are not needed");
 // dX = gather_elements_grad(dY, shape, idx, axis).  d(dY) = gather_elements(d(dX), idx, axis)
 ONNXTRAIN_OP(GatherElementsGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape(shape_from_input1)
     .cpu(gather_elements_grad_kernel).gradient([](GradientBuilder& g) {

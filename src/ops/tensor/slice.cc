@@ -173,5 +173,8 @@ ONNXTRAIN_OP(SliceGrad, kOnnxTrainDomain, 1).inputs(4, 6).outputs(1).shape(shape
       if (g.has_input(5)) in.push_back(g.x(5));
       g.set(0, g.emit("Slice", in));
     });
+// ONNX Runtime's training artifacts: the same inputs (dY, shape, starts, ends, axes?, steps?).
+ONNXTRAIN_OP(SliceGrad, kMsDomain, 1).inputs(4, 6).outputs(1).shape(shape_from_input1).cpu(slice_grad_kernel)
+    .gradient_not_implemented("second derivatives through ONNX Runtime's SliceGrad are not needed");
 
 }  // namespace onnxtrain

@@ -30,6 +30,14 @@ cos, sin = cache(16, 4)
 pos = np.array([[0, 1, 2], [5, 3, 7]], np.int64)
 
 SAMPLES = {
+    # ONNX Runtime's training-graph ops (src/ops/contrib/scale.cc, fused/gelu.cc, tensor/concat_split.cc).
+    "com.microsoft.Scale": [Sample([r(3, 4), np.array([2.5])], domain=MS, wrt=[0], constants=[1]),
+                            Sample([r(3, 4), np.array(4.0)], attrs=dict(scale_down=1), domain=MS, wrt=[0],
+                                   constants=[1], name="scale_down")],
+    "com.microsoft.Gelu": [Sample([r(3, 5)], domain=MS)],
+    "com.microsoft.ConcatTraining": [Sample([r(2, 3), r(2, 1)], attrs=dict(axis=1), domain=MS),
+                                     Sample([r(1, 3), r(2, 3)], attrs=dict(axis=0), domain=MS, n_outputs=2,
+                                            name="lengths")],
     "com.microsoft.MatMulNBits": [
         nbits(4, 16, 40, 5, "packed", bias=True),     # K not a multiple of the block: a partial last block
         nbits(4, 32, 32, 3, None, m=(1,)),             # decode path (M <= 4), default zero point
