@@ -78,7 +78,9 @@ void expect_same(const CheckpointState& a, const CheckpointState& b) {
     const Parameter& q = b.parameter(p.name());
     EXPECT_EQ(p.requires_grad(), q.requires_grad()) << p.name();
     ASSERT_EQ(p.has_data(), q.has_data()) << p.name();
-    if (p.has_data()) EXPECT_TRUE(same_bytes(p.data(), q.data())) << p.name();
+    if (p.has_data()) {
+      EXPECT_TRUE(same_bytes(p.data(), q.data())) << p.name();
+    }
   }
   EXPECT_EQ(a.properties(), b.properties());
   ASSERT_EQ(a.has_optimizer_state(), b.has_optimizer_state());
