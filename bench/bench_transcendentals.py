@@ -11,8 +11,8 @@ gelu_new: written out op by op).
   (the `ort` peer), both on ``--threads`` threads, in interleaved rounds (target: onnxtrain's
   median at most 1.0x ORT's);
 * train step: Module + Optimizer (AdamW) from generate_artifacts, forward + backward + update,
-  for each build named by ``--builds label=<build>/python`` (default: this tree's build and
-  /work/main's when present), in interleaved rounds (target: at least 1.3x faster than the
+  for each build named by ``--builds label=<build>/python`` (default: this tree's build alone;
+  name another checkout's build to compare, e.g. the commit before a change), in interleaved rounds (target: at least 1.3x faster than the
   build before the math layer).
 
 * ops (``--ops``): each transcendental op alone on 1 Mi float32 values (normal, sd 3; Log on
@@ -25,7 +25,7 @@ pool only (ONNX Runtime's own pool spins either way), so each of onnxtrain's ~40
 per forward then pays a wake-up that ORT does not: compare with and without it.
 
     OMP_WAIT_POLICY=passive /usr/bin/python3 bench/bench_transcendentals.py [--rounds 5] [--threads 2]
-        [--gelu tanh|gelu_new] [--builds new=build/python,main=/work/main/build/python] [--ops]
+        [--gelu tanh|gelu_new] [--builds new=build/python,old=../old-checkout/build/python] [--ops]
 """
 from __future__ import annotations
 
@@ -178,8 +178,6 @@ def main(argv=None) -> int:
     p.add_argument("--train-runs", type=int, default=10, help="timed train steps per round and build")
     p.add_argument("--gelu", default="tanh", choices=["tanh", "gelu_new", "none"])
     default_builds = f"new={os.path.join(REPO_ROOT, 'build', 'python')}"
-    if os.path.isdir("/work/main/build/python") and os.path.abspath(REPO_ROOT) != "/work/main":
-        default_builds += ",main=/work/main/build/python"
     p.add_argument("--builds", default=default_builds, help="label=<python dir>,...: the first is measured against ORT")
     p.add_argument("--skip", default="", help="forward and/or train, comma-separated")
     p.add_argument("--ops", action="store_true", help="also time each op alone, one thread, per build")
