@@ -1,4 +1,4 @@
-"""ONNX Runtime training's artifacts run unchanged in onnxtrain: for the zoo of ort_zoo.py, ORT
+"""ONNX Runtime training's artifacts run unchanged in onnxtrain: for the zoo of bench/ort_zoo.py, ORT
 1.19.2 (the `ort-training` peer, in its own interpreter) generates the artifacts from a torch
 export and trains them 20 steps; onnxtrain's Module and Optimizer train the same files on the same
 batches and give the same losses and parameters (1e-5 relative, fp32; a parameter's error is
@@ -22,7 +22,7 @@ import peers
 import onnxtrain
 from onnxtrain.api import CheckpointState, Module, Optimizer
 
-from . import ort_zoo
+import ort_zoo  # bench/ort_zoo.py
 
 STEPS = 20
 
