@@ -22,9 +22,9 @@ excluded. Reported per model: median step (over all measured steps) and best rou
 round median) of each engine, onnxtrain's speed-up (ORT / onnxtrain; target: at least 2x), and the
 relative difference of the two engines' first-step losses (from the same checkpoint and batch: it
 says both trained the same artifacts). Where the speed-up is under the target, a profiled run of
-each engine gives its kernel time per op type (onnxtrain: the training graph in an
-InferenceSession with profiling, fed the checkpoint's parameters; ORT: SessionOptions.enable_profiling
-on its training Module, the "kernel_time" events of its trace).
+each engine gives its kernel time per op type per step, warm-up excluded (onnxtrain: Module.profile()
+with ONNXTRAIN_PROFILE=1, the training graph; ORT: SessionOptions.enable_profiling on its training
+Module, the "kernel_time" events of its training and optimizer sessions' traces).
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_vs_ort_training.py [--threads 2] [--models bert,gpt] [--short]
 
@@ -37,6 +37,8 @@ import argparse
 import json
 import os
 import platform
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -83,44 +85,12 @@ def _onnxtrain_engine(art: str, threads: int, profile_dir: str):
     return getattr(onnxtrain, "__version__", "dev"), module, optimizer, (state,)
 
 
-def _onnxtrain_profile(art: str, data, threads: int, warmup: int, steps: int) -> dict:
-    """onnxtrain's kernel time per op type in the training graph (forward, backward, gradient
-    accumulation; the optimizer's fused update is not in it): the graph in an InferenceSession
-    with profiling, fed the checkpoint's parameters and zero gradient buffers."""
-    import numpy as np
-    import onnx
-    import onnxtrain
-    from onnxtrain.api import CheckpointState
-    onnxtrain.set_num_threads(threads)
-    params = {n: np.asarray(p.data) for n, p in CheckpointState.load_checkpoint(os.path.join(art, "checkpoint")).parameters}
-    model = onnx.load(os.path.join(art, "training_model.onnx"), load_external_data=False)
-    options = onnxtrain.SessionOptions()
-    options.enable_profiling = True
-    sess = onnxtrain.InferenceSession(os.path.join(art, "training_model.onnx"), options)
-    inits = {i.name for i in model.graph.initializer}
-    feeds = {}
-    user = [i.name for i in model.graph.input if i.name not in inits and i.name not in params
-            and not i.name.endswith("accumulation.buffer") and i.name != "lazy_reset_grad"]
-    dtypes = {onnx.TensorProto.FLOAT: np.float32, onnx.TensorProto.BOOL: np.bool_}
-    for i in model.graph.input:
-        if i.name in params:
-            feeds[i.name] = params[i.name]
-        elif i.name.endswith("accumulation.buffer"):
-            feeds[i.name] = np.zeros_like(params[i.name[:-len("_grad.accumulation.buffer")]])
-        elif i.name == "lazy_reset_grad":
-            feeds[i.name] = np.array([True])
-    def by_type():
-        totals = {}
-        for node in sess.profile():
-            totals[node["op_type"]] = totals.get(node["op_type"], 0.0) + node["total_us"]
-        return totals
-
-    for k in range(warmup + steps):
-        if k == warmup:
-            before = by_type()
-        x, y = data[f"x{k % NUM_BATCHES}"], data[f"y{k % NUM_BATCHES}"]
-        sess.run(None, {**feeds, user[0]: x, user[1]: y})
-    return {op: (us - before.get(op, 0.0)) / steps / 1e3 for op, us in by_type().items()}
+def _by_type(profile) -> dict:
+    """onnxtrain's Module.profile() rows summed per op type (microseconds)."""
+    totals = {}
+    for node in profile:
+        totals[node["op_type"]] = totals.get(node["op_type"], 0.0) + node["total_us"]
+    return totals
 
 
 def _ort_profile_by_type(profile_dir: str, warmup: int) -> dict:
@@ -132,12 +102,13 @@ def _ort_profile_by_type(profile_dir: str, warmup: int) -> dict:
         if not name.startswith("ort_profile") or not name.endswith(".json"):
             continue
         with open(os.path.join(profile_dir, name)) as f:
-            events = []
-            for line in f:  # one event a line
-                try:
-                    events.append(json.loads(line.strip().rstrip(",")))
-                except ValueError:
-                    pass
+            text = f.read()
+        events, decoder = [], json.JSONDecoder()
+        for start in (m.start() for m in re.finditer(r'\{"cat" :', text)):  # event by event
+            try:
+                events.append(decoder.raw_decode(text, start)[0])
+            except ValueError:
+                pass
         runs = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
         if len(runs) <= warmup:
             continue
@@ -152,15 +123,17 @@ def _ort_profile_by_type(profile_dir: str, warmup: int) -> dict:
 def worker(args) -> None:
     import numpy as np
     data = np.load(os.path.join(args.art, "batches.npz"))
-    if args.worker == "onnxtrain-profile":
-        by_type = _onnxtrain_profile(args.art, data, args.threads, args.warmup, args.steps)
-        print(json.dumps({"by_type_ms": by_type}))
-        return
-    profile_dir = tempfile.mkdtemp(prefix="ort_profile_") if args.profile else ""
+    profile_dir = ""
+    if args.profile and args.worker == "ort":
+        profile_dir = tempfile.mkdtemp(prefix="ort_profile_")
+    elif args.profile:
+        os.environ["ONNXTRAIN_PROFILE"] = "1"  # Module.profile(): the training graph's kernel times
     engine = _ort_engine if args.worker == "ort" else _onnxtrain_engine
     version, module, optimizer, keep = engine(args.art, args.threads, profile_dir)
-    losses, times = [], []
+    losses, times, before = [], [], {}
     for k in range(args.warmup + args.steps):
+        if k == args.warmup and args.profile and args.worker == "onnxtrain":
+            before = _by_type(module.profile())
         x, y = data[f"x{k % NUM_BATCHES}"], data[f"y{k % NUM_BATCHES}"]
         start = time.perf_counter()
         loss = module(x, y)
@@ -171,13 +144,11 @@ def worker(args) -> None:
         if k >= args.warmup:
             times.append(elapsed * 1e3)
     report = {"version": version, "times_ms": times, "first_loss": losses[0], "losses": losses}
-    if args.profile:
-        del module, optimizer, keep  # ORT writes its trace when the sessions end
-        import gc
-        gc.collect()
-        report["by_type_ms"] = _ort_profile_by_type(profile_dir, args.warmup)
-        import shutil
-        shutil.rmtree(profile_dir, ignore_errors=True)
+    if args.profile and args.worker == "ort":
+        report["profile_dir"] = profile_dir  # ORT writes its traces when the process ends: the driver reads them
+    elif args.profile:
+        report["by_type_ms"] = {op: (us - before.get(op, 0.0)) / args.steps / 1e3
+                                for op, us in _by_type(module.profile()).items()}
     print(json.dumps(report))
 
 
@@ -208,7 +179,10 @@ def prepare(name: str, workdir: str, optim: str = "adamw") -> str:
     import numpy as np
     import peers
     import ort_zoo
-    path, params = ort_zoo.export(name, workdir, size="bench")
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the exporter's notes on BatchNorm counters and tracing
+        path, params = ort_zoo.export(name, workdir, size="bench")
     art = os.path.join(workdir, f"{name}_artifacts")
     data = os.path.join(workdir, f"{name}_batches.npz")
     batches = ort_zoo.batches(name, NUM_BATCHES, size="bench")
@@ -258,11 +232,13 @@ def bench_model(name: str, workdir: str, args) -> dict:
         row["loss_rel_diff"] = abs(row["onnxtrain_loss"] - row["ort_loss"]) / max(abs(row["ort_loss"]), 1e-30)
         if row["speedup"] < TARGET_SPEEDUP and not args.no_profile:
             try:
-                row["ort_by_type"] = _run_worker("ort", art, args, profile=True)["by_type_ms"]
+                profile_dir = _run_worker("ort", art, args, profile=True)["profile_dir"]
+                row["ort_by_type"] = _ort_profile_by_type(profile_dir, args.warmup)
+                shutil.rmtree(profile_dir, ignore_errors=True)
             except Exception as exc:  # noqa: BLE001
                 row["ort_by_type_error"] = str(exc)
             try:
-                row["onnxtrain_by_type"] = _run_worker("onnxtrain-profile", art, args)["by_type_ms"]
+                row["onnxtrain_by_type"] = _run_worker("onnxtrain", art, args, profile=True)["by_type_ms"]
             except Exception as exc:  # noqa: BLE001
                 row["onnxtrain_by_type_error"] = str(exc)
     return row
@@ -289,6 +265,9 @@ def report(rows, args) -> None:
             if f"{engine}_error" in row:
                 print(f"{'':12s}   {engine}: {row[engine + '_error']}")
     for row in rows:
+        for engine in ("onnxtrain", "ort"):
+            if f"{engine}_by_type_error" in row:
+                print(f"\n{row['model']}: no {engine} breakdown: {row[engine + '_by_type_error']}")
         if "onnxtrain_by_type" not in row and "ort_by_type" not in row:
             continue
         ours, theirs = row.get("onnxtrain_by_type", {}), row.get("ort_by_type", {})
@@ -325,7 +304,7 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=12, help="op types shown in a breakdown")
     ap.add_argument("--timeout", type=float, default=900)
     # a worker process: one engine
-    ap.add_argument("--worker", choices=["ort", "onnxtrain", "onnxtrain-profile"], help=argparse.SUPPRESS)
+    ap.add_argument("--worker", choices=["ort", "onnxtrain"], help=argparse.SUPPRESS)
     ap.add_argument("--art", help=argparse.SUPPRESS)
     ap.add_argument("--profile", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
