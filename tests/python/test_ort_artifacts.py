@@ -106,6 +106,19 @@ def test_batchnorm_artifacts_match_ort_first_step_and_torch_throughout(tmp_path,
     assert not [n for n in state.parameters if "running" in n]
 
 
+def test_module_profile_times_the_training_graph_when_asked(tmp_path, ort_training_peer, monkeypatch):
+    art, batches, _, _ = _ort_train(tmp_path, "mlp", "adamw", 0)
+    state = CheckpointState.load_checkpoint(art + "/checkpoint")
+    assert Module(art + "/training_model.onnx", state).profile() == []  # off unless asked
+    monkeypatch.setenv("ONNXTRAIN_PROFILE", "1")
+    module = Module(art + "/training_model.onnx", state)
+    module(*batches[0])
+    module(*batches[0])
+    rows = module.profile()
+    assert {"Gemm", "ReluGrad", "SoftmaxCrossEntropyLossGrad"} <= {r["op_type"] for r in rows}
+    assert all(r["calls"] == 2 and r["total_us"] >= 0 for r in rows)
+
+
 def test_an_ort_op_onnxtrain_lacks_is_named_with_its_origin(tmp_path, ort_training_peer):
     art, _, _, _ = _ort_train(tmp_path, "mlp", "adamw", 0)
     model = onnx.load(art + "/training_model.onnx")
