@@ -99,6 +99,7 @@ bench: setup
 	$(PYTHON) bench/bench_small_models.py
 	$(PYTHON) bench/cnn_train_breakdown.py
 	$(PYTHON) bench/bench_training.py
+	OMP_WAIT_POLICY=passive $(PYTHON) bench/bench_vs_ort_training.py
 	$(PYTHON) bench/bench_train_module.py
 	$(PYTHON) bench/bench_distributed.py
 	$(PYTHON) bench/bench_mixed_precision.py

@@ -31,6 +31,7 @@
 
 #include "onnxtrain/distributed.h"
 #include "onnxtrain/optimizer_config.h"
+#include "onnxtrain/session.h"
 #include "onnxtrain/training.h"
 
 namespace onnxtrain {
@@ -92,6 +93,11 @@ class Module {
   // The training graph's arena after the last train step: planned bytes, the peak of live bytes
   // and the part of it held by stashed activations (forward values the backward reads).
   std::string memory_report() const;
+
+  // Per-node kernel times of the training graph (forward, backward, gradient accumulation; not
+  // the optimizer's update), summed since the Module was made. Empty unless the environment held
+  // ONNXTRAIN_PROFILE=1 when it was made (profiling times every kernel call).
+  std::vector<NodeProfile> profile() const;
 
   CheckpointState& state() { return state_; }
   const std::vector<std::string>& trainable_parameters() const { return trainable_; }

@@ -14,7 +14,7 @@ The checkpoint file is in the safetensors layout, so any safetensors reader open
 from __future__ import annotations
 
 import os
-from typing import Any, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -357,6 +357,12 @@ class Module:
         """The training graph's arena after the last train step: planned bytes, peak live bytes and
         the part held by stashed activations (what the memory optimizer reduces)."""
         return self._module.memory_report()
+
+    def profile(self) -> List[Dict[str, Any]]:
+        """Per-node kernel times of the training graph (node, op_type, calls, total_us), in
+        execution order, summed since the Module was made; the optimizer's update is not in it.
+        Empty unless ONNXTRAIN_PROFILE=1 was set in the environment when the Module was made."""
+        return self._module.profile()
 
     def lazy_reset_grad(self) -> None:
         """The next train step overwrites the gradients instead of adding to them."""

@@ -132,6 +132,14 @@ void bind_training(py::module_& m) {
       })
       .def("lazy_reset_grad", &Module::lazy_reset_grad)
       .def("memory_report", &Module::memory_report)
+      .def("profile",
+           [](const Module& mod) {
+             py::list rows;
+             for (const auto& n : mod.profile())
+               rows.append(py::dict(py::arg("node") = n.node_name, py::arg("op_type") = n.op_type,
+                                    py::arg("calls") = n.calls, py::arg("total_us") = n.total_us));
+             return rows;
+           })
       .def("input_names", &Module::input_names, py::arg("training") = true)
       .def("output_names", &Module::output_names, py::arg("training") = true)
       .def("get_parameters_size", &Module::get_parameters_size, py::arg("trainable_only") = true)

@@ -56,7 +56,10 @@ void bind(BoundGraph& b, Model model, const CheckpointState& state, const char* 
   }
   for (const auto& out : model.graph.outputs) b.outputs.push_back(out.name);
   OT_CHECK(!b.outputs.empty(), what, " model has no outputs");
-  b.executor = std::make_unique<Executor>(std::move(model));
+  ExecutorOptions options;
+  const char* profile = std::getenv("ONNXTRAIN_PROFILE");  // Module::profile
+  options.profile = profile && *profile && std::string(profile) != "0";
+  b.executor = std::make_unique<Executor>(std::move(model), options);
 }
 
 // The fp16 loss scaler's state, from the checkpoint's reserved properties (defaults when absent).
@@ -370,6 +373,8 @@ std::vector<Tensor> Module::train_step(const std::vector<Tensor>& inputs) {
   for (const auto& name : graphs_->user_outputs) result.push_back(by_name.at(name));
   return result;
 }
+
+std::vector<NodeProfile> Module::profile() const { return graphs_->training.executor->profile(); }
 
 std::string Module::memory_report() const {
   const MemoryReport r = graphs_->training.executor->memory_report();

@@ -1,4 +1,4 @@
-"""ONNX Runtime training's artifacts run unchanged in onnxtrain: for the zoo of ort_zoo.py, ORT
+"""ONNX Runtime training's artifacts run unchanged in onnxtrain: for the zoo of bench/ort_zoo.py, ORT
 1.19.2 (the `ort-training` peer, in its own interpreter) generates the artifacts from a torch
 export and trains them 20 steps; onnxtrain's Module and Optimizer train the same files on the same
 batches and give the same losses and parameters (1e-5 relative, fp32; a parameter's error is
@@ -22,7 +22,7 @@ import peers
 import onnxtrain
 from onnxtrain.api import CheckpointState, Module, Optimizer
 
-from . import ort_zoo
+import ort_zoo  # bench/ort_zoo.py
 
 STEPS = 20
 
@@ -104,6 +104,19 @@ def test_batchnorm_artifacts_match_ort_first_step_and_torch_throughout(tmp_path,
     # ORT's checkpoint holds only the trainable parameters: the running statistics stay
     # initializers of ORT's graphs, where nothing updates them (see the module docstring).
     assert not [n for n in state.parameters if "running" in n]
+
+
+def test_module_profile_times_the_training_graph_when_asked(tmp_path, ort_training_peer, monkeypatch):
+    art, batches, _, _ = _ort_train(tmp_path, "mlp", "adamw", 0)
+    state = CheckpointState.load_checkpoint(art + "/checkpoint")
+    assert Module(art + "/training_model.onnx", state).profile() == []  # off unless asked
+    monkeypatch.setenv("ONNXTRAIN_PROFILE", "1")
+    module = Module(art + "/training_model.onnx", state)
+    module(*batches[0])
+    module(*batches[0])
+    rows = module.profile()
+    assert {"Gemm", "ReluGrad", "SoftmaxCrossEntropyLossGrad"} <= {r["op_type"] for r in rows}
+    assert all(r["calls"] == 2 and r["total_us"] >= 0 for r in rows)
 
 
 def test_an_ort_op_onnxtrain_lacks_is_named_with_its_origin(tmp_path, ort_training_peer):
