@@ -19,6 +19,7 @@ shared machine) after the first step and their ratios, and the largest relative 
 the two runs' losses.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_sparsity.py [--threads 2] [--steps 10]
+    PYTHONPATH=build/python /usr/bin/python3 bench/bench_sparsity.py --models artifacts [--ignored 0]
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ CASES = {
 }
 
 
-def case(name: str, steps: int, seed: int = 0):
+def case(name: str, steps: int, seed: int = 0, ignored: float = 0.7):
     """The model (in train mode) and ``steps`` (ids, targets) batches of a case."""
     import torch
     import models
@@ -49,7 +50,7 @@ def case(name: str, steps: int, seed: int = 0):
     if name == "gpt":
         model = models.GPTDecoder(cfg)
         data = [(torch.randint(1, cfg.vocab_size, (8, 128), generator=g),
-                 models.ignore_labels(torch.randint(0, cfg.vocab_size, (8, 128), generator=g), 0.7, g))
+                 models.ignore_labels(torch.randint(0, cfg.vocab_size, (8, 128), generator=g), ignored, g))
                 for _ in range(steps)]
     else:
         model = models.BertClassifier(cfg, num_classes=2)
@@ -99,7 +100,7 @@ def run(name: str, steps: int, threads: int) -> dict:
             "on_cpu_ms": 1e3 * median(cpu["1"]), "off_cpu_ms": 1e3 * median(cpu["0"]), "applied": applied, "drift": drift}
 
 
-def run_artifacts(steps: int, threads: int, workdir: str) -> dict:
+def run_artifacts(steps: int, threads: int, workdir: str, ignored: float = 0.7) -> dict:
     """The GPT case through on-device artifacts: dense and label-sparse artifacts from one export
     (symbolic batch and sequence), Module + Optimizer (SGD), steps interleaved on the same batches."""
     import onnx
@@ -111,7 +112,7 @@ def run_artifacts(steps: int, threads: int, workdir: str) -> dict:
     from onnxtrain import artifacts
     from onnxtrain.api import CheckpointState, Module, Optimizer
 
-    model, data = case("gpt", steps)
+    model, data = case("gpt", steps, ignored=ignored)
 
     class ClassesSecond(torch.nn.Module):  # [B, S, V] -> [B, V, S]: the layout CrossEntropy takes
         def __init__(self, inner):
@@ -232,7 +233,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--models", default="gpt,bert")
+    parser.add_argument("--models", default="gpt,bert", help="gpt, bert, artifacts (comma-separated)")
+    parser.add_argument("--ignored", type=float, default=0.7,
+                        help="fraction of labels ignored in the artifacts case (0: what the pass costs on dense labels)")
     parser.add_argument("--profile", action="store_true",
                         help="per-op-type kernel times of the graphs with and without the pass, instead of step times")
     args = parser.parse_args(argv)
@@ -246,8 +249,9 @@ def main(argv=None) -> int:
         if name == "artifacts":
             import tempfile
             with tempfile.TemporaryDirectory() as workdir:
-                r = run_artifacts(args.steps, args.threads, workdir)
+                r = run_artifacts(args.steps, args.threads, workdir, args.ignored)
             setting = "label_sparsity"
+            title = f"GPT decoder artifacts, {args.ignored:.0%} labels ignored"
         else:
             r = run(name, args.steps, args.threads)
         print(f"  {title}: {setting}=1 {r['on_ms']:7.1f} ms, =0 {r['off_ms']:7.1f} ms: "
