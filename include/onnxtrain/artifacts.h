@@ -64,8 +64,9 @@ struct TrainingGraphOptions {
   // Label sparsity (src/passes/sparsity.h), training graph only: a CrossEntropy/NLL loss with
   // ignore_index gathers the rows whose label is kept above the LM head (final LayerNorm, the
   // vocabulary MatMul, their gradients), so a step costs what its kept labels need. The loss and
-  // the gradients are the dense graph's (mean over kept labels). Off by default: the generator
-  // cannot see the data's label density, and with every label kept the gathers cost a little.
+  // the gradients are the dense graph's (mean over kept labels); batch and sequence may be
+  // symbolic. Off by default: the generator cannot see the data's label density, and where every
+  // label is kept it saves nothing and only adds ops (docs/DESIGN.md, "Label and padding sparsity").
   bool label_sparsity = false;
 };
 
