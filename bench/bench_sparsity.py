@@ -160,7 +160,34 @@ def run_artifacts(steps: int, threads: int, workdir: str, ignored: float = 0.7) 
     drift = max(abs(a - b) / abs(b) for a, b in zip(losses[True], losses[False]))
     return {"on_ms": 1e3 * median(times[True]), "off_ms": 1e3 * median(times[False]),
             "on_cpu_ms": 1e3 * median(cpu[True]), "off_cpu_ms": 1e3 * median(cpu[False]),
-            "applied": runs[True][2] and not runs[False][2], "drift": drift}
+            "applied": runs[True][2] and not runs[False][2], "drift": drift,
+            "bound": gemm_bound(model, data, workdir)}
+
+
+def gemm_bound(model, data, workdir: str) -> str:
+    """What GEMM work alone allows: the head's share of the forward's GEMM FLOPs (bench/onnx_flops.py,
+    a static export; the backward keeps the proportion) and the mean kept-row fraction after the
+    pass's rounding to 1/16 of the rows."""
+    import onnx
+    import torch
+    import onnx_flops
+
+    path = os.path.join(workdir, "static.onnx")
+    legacy = {"dynamo": False} if "dynamo" in torch.onnx.export.__code__.co_varnames else {}
+    with torch.no_grad():
+        torch.onnx.export(model.eval(), (data[0][0],), path, input_names=["ids"], output_names=["logits"],
+                          opset_version=17, **legacy)
+    graph = onnx.load(path)
+    total = onnx_flops.count_flops(graph)["total"]
+    shapes = onnx_flops._known_shapes(graph)
+    head = sum(onnx_flops._matmul_flops(shapes[n.input[0]], shapes[n.input[1]])
+               for n in graph.graph.node if n.op_type == "MatMul" and "head" in n.name)
+    rows = data[0][1].numel()
+    step = (rows + 15) // 16
+    kept = sum(min(-(-int((y != -100).sum()) // step) * step, rows) for _, y in data) / len(data) / rows
+    share = head / total
+    return (f"head {head / 1e9:.2f} of {total / 1e9:.2f} forward GEMM GFLOP ({share:.0%}), {kept:.0%} of rows kept "
+            f"after rounding: GEMM bound {1 / (1 - share + share * kept):.2f}x")
 
 
 def profile(name: str, threads: int, runs: int = 7, top: int = 16) -> str:
@@ -258,6 +285,8 @@ def main(argv=None) -> int:
               f"{r['off_ms'] / r['on_ms']:.2f}x (target >= {target}x); CPU time {r['on_cpu_ms']:.1f} / "
               f"{r['off_cpu_ms']:.1f} ms: {r['off_cpu_ms'] / r['on_cpu_ms']:.2f}x; pass applied: {r['applied']}; "
               f"losses differ by at most {r['drift']:.1e} relative", flush=True)
+        if "bound" in r:
+            print(f"    {r['bound']}", flush=True)
     return 0
 
 
