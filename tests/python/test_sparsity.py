@@ -254,7 +254,7 @@ def head_rows_gathered(directory):
             seen.add(v)
             if p.op_type == "Gather":
                 return True
-            if p.op_type in ("LayerNormalization", "Flatten", "Reshape"):
+            if p.op_type in ("LayerNormalization", "Flatten", "Reshape", "Cast"):
                 todo.append(p.input[0])
     return False
 
