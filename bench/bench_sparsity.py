@@ -7,6 +7,10 @@
 * BERT-style encoder with a 2-class head on token 0 (same sizes, padded keys masked), 50% of the
   tokens padding (pad_id 0, at the ends of rows): ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION
   1 against 0. Target: at least 1.4x.
+* On-device artifacts (``--models artifacts``): the GPT-style decoder above (logits as [B, V, S],
+  the layout the artifacts' CrossEntropy takes, batch and sequence symbolic in the export) through
+  generate_artifacts + Module + Optimizer (SGD), 70% of labels ignored: artifacts generated with
+  ``label_sparsity=True`` against dense ones. Target: at least 1.4x.
 
 Both variants run in one process, steps interleaved (each leads a round in turn), on the same
 batches (the kept-row counts round up to 16 sizes, each recording an executor plan the first time
@@ -15,6 +19,7 @@ shared machine) after the first step and their ratios, and the largest relative 
 the two runs' losses.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_sparsity.py [--threads 2] [--steps 10]
+    PYTHONPATH=build/python /usr/bin/python3 bench/bench_sparsity.py --models artifacts [--ignored 0]
 """
 from __future__ import annotations
 
@@ -30,10 +35,11 @@ from common import import_onnxtrain, median  # noqa: E402
 CASES = {
     "gpt": ("GPT decoder, 70% labels ignored", "ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION", 1.5),
     "bert": ("BERT encoder, 50% padding", "ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION", 1.4),
+    "artifacts": ("GPT decoder artifacts, 70% labels ignored", "generate_artifacts(label_sparsity=)", 1.4),
 }
 
 
-def case(name: str, steps: int, seed: int = 0):
+def case(name: str, steps: int, seed: int = 0, ignored: float = 0.7):
     """The model (in train mode) and ``steps`` (ids, targets) batches of a case."""
     import torch
     import models
@@ -44,7 +50,7 @@ def case(name: str, steps: int, seed: int = 0):
     if name == "gpt":
         model = models.GPTDecoder(cfg)
         data = [(torch.randint(1, cfg.vocab_size, (8, 128), generator=g),
-                 models.ignore_labels(torch.randint(0, cfg.vocab_size, (8, 128), generator=g), 0.7, g))
+                 models.ignore_labels(torch.randint(0, cfg.vocab_size, (8, 128), generator=g), ignored, g))
                 for _ in range(steps)]
     else:
         model = models.BertClassifier(cfg, num_classes=2)
@@ -92,6 +98,96 @@ def run(name: str, steps: int, threads: int) -> dict:
     drift = max(abs(a - b) / abs(b) for a, b in zip(losses["1"], losses["0"]))
     return {"on_ms": 1e3 * median(times["1"]), "off_ms": 1e3 * median(times["0"]),
             "on_cpu_ms": 1e3 * median(cpu["1"]), "off_cpu_ms": 1e3 * median(cpu["0"]), "applied": applied, "drift": drift}
+
+
+def run_artifacts(steps: int, threads: int, workdir: str, ignored: float = 0.7) -> dict:
+    """The GPT case through on-device artifacts: dense and label-sparse artifacts from one export
+    (symbolic batch and sequence), Module + Optimizer (SGD), steps interleaved on the same batches."""
+    import onnx
+    import torch
+
+    ot = import_onnxtrain()
+    torch.set_num_threads(threads)
+    ot.set_num_threads(threads)
+    from onnxtrain import artifacts
+    from onnxtrain.api import CheckpointState, Module, Optimizer
+
+    model, data = case("gpt", steps, ignored=ignored)
+
+    class ClassesSecond(torch.nn.Module):  # [B, S, V] -> [B, V, S]: the layout CrossEntropy takes
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, ids):
+            return self.inner(ids).transpose(1, 2)
+
+    path = os.path.join(workdir, "gpt.onnx")
+    legacy = {"dynamo": False} if "dynamo" in torch.onnx.export.__code__.co_varnames else {}
+    with torch.no_grad():
+        torch.onnx.export(ClassesSecond(model).eval(), (data[0][0],), path, input_names=["ids"], output_names=["logits"],
+                          opset_version=17, dynamic_axes={"ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 2: "seq"}},
+                          **legacy)
+    params = [p.name for p in onnx.load(path).graph.initializer  # the exporter renames some (transposed weights)
+              if p.data_type == onnx.TensorProto.FLOAT and len(p.dims) > 0]
+    runs = {}
+    for on in (True, False):
+        d = os.path.join(workdir, "sparse" if on else "dense")
+        paths = artifacts.generate_artifacts(path, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
+                                             optimizer=artifacts.OptimType.SGD,
+                                             artifact_directory=d, label_sparsity=on)
+        state = CheckpointState.load_checkpoint(paths[3])
+        module = Module(paths[0], state, paths[1])
+        applied = any(n.op_type == "NonZero" for n in onnx.load(paths[0]).graph.node)
+        runs[on] = (module, Optimizer(paths[2], module), applied)
+    times = {f: [] for f in runs}
+    cpu = {f: [] for f in runs}
+    losses = {f: [] for f in runs}
+    order = list(runs)
+    for i, (x, y) in enumerate(data):
+        order = order[1:] + order[:1]
+        xs, ys = x.numpy(), y.numpy()
+        for f in order:
+            module, opt, _ = runs[f]
+            start, start_cpu = time.perf_counter(), time.process_time()
+            loss = module(xs, ys)
+            opt.step()
+            module.lazy_reset_grad()
+            losses[f].append(float(loss))
+            if i:
+                times[f].append(time.perf_counter() - start)
+                cpu[f].append(time.process_time() - start_cpu)
+    drift = max(abs(a - b) / abs(b) for a, b in zip(losses[True], losses[False]))
+    return {"on_ms": 1e3 * median(times[True]), "off_ms": 1e3 * median(times[False]),
+            "on_cpu_ms": 1e3 * median(cpu[True]), "off_cpu_ms": 1e3 * median(cpu[False]),
+            "applied": runs[True][2] and not runs[False][2], "drift": drift,
+            "bound": gemm_bound(model, data, workdir)}
+
+
+def gemm_bound(model, data, workdir: str) -> str:
+    """What GEMM work alone allows: the head's share of the forward's GEMM FLOPs (bench/onnx_flops.py,
+    a static export; the backward keeps the proportion) and the mean kept-row fraction after the
+    pass's rounding to 1/16 of the rows."""
+    import onnx
+    import torch
+    import onnx_flops
+
+    path = os.path.join(workdir, "static.onnx")
+    legacy = {"dynamo": False} if "dynamo" in torch.onnx.export.__code__.co_varnames else {}
+    with torch.no_grad():
+        torch.onnx.export(model.eval(), (data[0][0],), path, input_names=["ids"], output_names=["logits"],
+                          opset_version=17, **legacy)
+    graph = onnx.load(path)
+    total = onnx_flops.count_flops(graph)["total"]
+    shapes = onnx_flops._known_shapes(graph)
+    head = sum(onnx_flops._matmul_flops(shapes[n.input[0]], shapes[n.input[1]])
+               for n in graph.graph.node if n.op_type == "MatMul" and "head" in n.name)
+    rows = data[0][1].numel()
+    step = (rows + 15) // 16
+    kept = sum(min(-(-int((y != -100).sum()) // step) * step, rows) for _, y in data) / len(data) / rows
+    share = head / total
+    return (f"head {head / 1e9:.2f} of {total / 1e9:.2f} forward GEMM GFLOP ({share:.0%}), {kept:.0%} of rows kept "
+            f"after rounding: GEMM bound {1 / (1 - share + share * kept):.2f}x")
 
 
 def profile(name: str, threads: int, runs: int = 7, top: int = 16) -> str:
@@ -164,7 +260,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--models", default="gpt,bert")
+    parser.add_argument("--models", default="gpt,bert", help="gpt, bert, artifacts (comma-separated)")
+    parser.add_argument("--ignored", type=float, default=0.7,
+                        help="fraction of labels ignored in the artifacts case (0: what the pass costs on dense labels)")
     parser.add_argument("--profile", action="store_true",
                         help="per-op-type kernel times of the graphs with and without the pass, instead of step times")
     args = parser.parse_args(argv)
@@ -175,11 +273,20 @@ def main(argv=None) -> int:
     print(f"input-sparsity benchmark, {args.threads} threads (TrainModule SGD step, batch 8, seq 128)", flush=True)
     for name in args.models.split(","):
         title, setting, target = CASES[name]
-        r = run(name, args.steps, args.threads)
+        if name == "artifacts":
+            import tempfile
+            with tempfile.TemporaryDirectory() as workdir:
+                r = run_artifacts(args.steps, args.threads, workdir, args.ignored)
+            setting = "label_sparsity"
+            title = f"GPT decoder artifacts, {args.ignored:.0%} labels ignored"
+        else:
+            r = run(name, args.steps, args.threads)
         print(f"  {title}: {setting}=1 {r['on_ms']:7.1f} ms, =0 {r['off_ms']:7.1f} ms: "
               f"{r['off_ms'] / r['on_ms']:.2f}x (target >= {target}x); CPU time {r['on_cpu_ms']:.1f} / "
               f"{r['off_cpu_ms']:.1f} ms: {r['off_cpu_ms'] / r['on_cpu_ms']:.2f}x; pass applied: {r['applied']}; "
               f"losses differ by at most {r['drift']:.1e} relative", flush=True)
+        if "bound" in r:
+            print(f"    {r['bound']}", flush=True)
     return 0
 
 

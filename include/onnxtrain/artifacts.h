@@ -61,6 +61,13 @@ struct TrainingGraphOptions {
   // Softmax and MatMul, so the training and eval graphs compute only those rows. Exact; on by
   // default, as TrainModule's ONNXTRAIN_ENABLE_COMPUTE_OPTIMIZER.
   bool compute_optimizer = true;
+  // Label sparsity (src/passes/sparsity.h), training graph only: a CrossEntropy/NLL loss with
+  // ignore_index gathers the rows whose label is kept above the LM head (final LayerNorm, the
+  // vocabulary MatMul, their gradients), so a step costs what its kept labels need. The loss and
+  // the gradients are the dense graph's (mean over kept labels); batch and sequence may be
+  // symbolic. Off by default: the generator cannot see the data's label density, and where every
+  // label is kept it saves nothing and only adds ops (docs/DESIGN.md, "Label and padding sparsity").
+  bool label_sparsity = false;
 };
 
 struct ArtifactOptions {

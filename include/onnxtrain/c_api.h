@@ -238,6 +238,10 @@ OT_API OtStatus ot_artifact_options_set_memory_optimizer(OtArtifactOptions* opti
  * only those rows; exact. 0: every row is computed. */
 OT_API OtStatus ot_artifact_options_set_compute_optimizer(OtArtifactOptions* options, int enabled);
 
+/* Nonzero: a CrossEntropy/NLL loss with ignore_index computes the LM head (and its gradients) on
+ * the rows whose label is kept only; same loss and gradients. 0 (the default): every row. */
+OT_API OtStatus ot_artifact_options_set_label_sparsity(OtArtifactOptions* options, int enabled);
+
 /* Writes training_model.onnx, eval_model.onnx, optimizer_model.onnx and checkpoint into
  * artifact_directory (created when missing). */
 OT_API OtStatus ot_generate_artifacts(const char* model_path, const OtArtifactOptions* options,

@@ -109,7 +109,7 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                        loss_options: Optional[Dict[str, Any]] = None,
                        mixed_precision: Optional[str] = None, lora: Optional["LoraConfig"] = None,
                        memory_opt_level: int = 0, memory_opt_config: str = "",
-                       compute_optimizer: bool = True) -> List[str]:
+                       compute_optimizer: bool = True, label_sparsity: bool = False) -> List[str]:
     """Writes the training, eval and optimizer models and the checkpoint; returns their paths.
 
     ``model``: a path, bytes or ``onnx.ModelProto``; a model over 2 GB must be a path to a file
@@ -133,7 +133,11 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     ``onnxtrain inspect`` prints the training model's plan table. ``compute_optimizer`` (on by
     default): a Gather or Slice keeping a few positions (a head on token 0, the last token) moves
     upstream past elementwise ops, LayerNorm, Softmax and MatMul, so the graphs compute only
-    those rows; exact, ``False`` computes every row.
+    those rows; exact, ``False`` computes every row. ``label_sparsity`` (off by default): a
+    CrossEntropy/NLL loss with ``ignore_index`` computes the LM head (final LayerNorm, vocabulary
+    projection, softmax and their gradients) on the rows whose label is kept only; the loss and
+    gradients are the dense graph's, a step with 70% of labels ignored costs much less; with every
+    label kept the extra gathers cost a little, hence opt-in.
     """
     source = _model_arg(model)  # a path stays a path: its external data is found beside it
     if requires_grad == "all":  # every weight: initializers and Constant-node weights (not frozen ones)
@@ -168,4 +172,4 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                                                                  "target": list(lora.target),
                                                                  "dropout": float(lora.dropout), "seed": int(lora.seed)},
                                  memory_opt_level=int(memory_opt_level), memory_opt_config=str(memory_opt_config),
-                                 compute_optimizer=bool(compute_optimizer))
+                                 compute_optimizer=bool(compute_optimizer), label_sparsity=bool(label_sparsity))

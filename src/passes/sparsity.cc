@@ -78,26 +78,34 @@ struct Emitter {
     return constant(Tensor::from_vector<int64_t>(v, {n}), what);
   }
   // Positions of the entries of the 1-D `values` that differ from `skip`: [K] int64, the kept
-  // ones in order. With `n` (the static length of `values`) K is rounded up to a multiple of n / 16
-  // with positions that hold `skip`: the executor plans memory per distinct input shape (the
-  // backward's saved values), and a count that changes with every batch would record a plan per
-  // batch; so at most 16. The rows added compute values that nothing reads (padding) or that the
-  // loss ignores (labels), and their gradients are zeros.
+  // ones in order. K is rounded up to a multiple of n / 16 (n: the length of `values`, static when
+  // positive, else read from its shape at run time) with positions that hold `skip`: the executor
+  // plans memory per distinct input shape (the backward's saved values), and a count that changes
+  // with every batch would record a plan per batch; so at most 16 per n. The rows added compute
+  // values that nothing reads (padding) or that the loss ignores (labels), and their gradients are zeros.
   std::string kept_positions(const std::string& values, int64_t skip, DType dtype, int64_t n) {
     Tensor s = dtype == DType::kInt32 ? Tensor::scalar<int32_t>(int32_t(skip)) : Tensor::scalar<int64_t>(skip);
     std::string eq = node("Equal", {values, constant(std::move(s), "skipped_value")});
     std::string mask = node("Not", {eq});
     std::string nz = node("NonZero", {mask});
     std::string kept = node("Reshape", {nz, int64s({-1}, "flat")});
-    if (n <= 16) return kept;
-    const int64_t step = (n + 15) / 16;
+    if (n > 0 && n <= 16) return kept;
     std::string skipped = node("Reshape", {node("NonZero", {eq}), int64s({-1}, "flat")});
     std::string order = node("Concat", {kept, skipped}, {{"axis", Attribute::of(int64_t(0))}});
     std::string count = node("Slice", {node("Shape", {nz}), int64s({1}, "one"), int64s({2}, "two")});
-    std::string up = node("Mul", {node("Div", {node("Add", {count, int64s({step - 1}, "step_less_one")}),
-                                              int64s({step}, "step")}),
-                                 int64s({step}, "step")});
-    std::string rows = node("Min", {up, int64s({n}, "n")});
+    std::string total, step, step_less_one;
+    if (n > 0) {
+      total = int64s({n}, "n");
+      step = int64s({(n + 15) / 16}, "step");
+      step_less_one = int64s({(n + 15) / 16 - 1}, "step_less_one");
+    } else {  // symbolic length (batch, sequence): step = max(ceil(n / 16), 1)
+      total = node("Shape", {values});
+      step = node("Max", {node("Div", {node("Add", {total, int64s({15}, "fifteen")}), int64s({16}, "sixteen")}),
+                          int64s({1}, "one")});
+      step_less_one = node("Sub", {step, int64s({1}, "one")});
+    }
+    std::string up = node("Mul", {node("Div", {node("Add", {count, step_less_one}), step}), step});
+    std::string rows = node("Min", {up, total});
     return node("Slice", {order, int64s({0}, "zero"), rows});
   }
 };
@@ -138,6 +146,49 @@ int row_input(const Graph& g, const Node& p, int64_t rank, const std::unordered_
     return 0;
   }
   return -1;
+}
+
+// A loss over [N, C, d...] scores computed as Transpose(x, [0, r-1, 1, ..., r-2]) from x of
+// [N, d..., C] (a language model's logits in the layout the loss takes) reads instead
+// Reshape(x, [-1, C]) against Reshape(labels, [-1]): the same terms, so the same 'mean' and 'sum',
+// and the form keep_labels_of gathers rows in. Returns whether it rewrote the loss.
+bool flatten_classes_second(Model& model, size_t li) {
+  Graph& g = model.graph;
+  const auto producers = g.producers();
+  const auto uses = g.use_counts();
+  const Node& loss = g.nodes[li];
+  if (loss.attr_string("reduction", "mean") == "none") return false;
+  std::optional<Shape> scores = known_shape(g, loss.inputs[0]);
+  if (!scores || scores->size() < 3) return false;
+  auto it = producers.find(loss.inputs[0]);
+  if (it == producers.end() || uses.at(loss.inputs[0]) != 1 || g.is_output(loss.inputs[0])) return false;
+  const Node& t = g.nodes[it->second];
+  if (!t.domain.empty() || t.op_type != "Transpose") return false;
+  const int64_t r = int64_t(scores->size());
+  std::vector<int64_t> want{0, r - 1};
+  for (int64_t d = 1; d + 1 < r; ++d) want.push_back(d);
+  if (!t.has_attr("perm") || t.attr_ints("perm") != want) return false;
+  std::optional<Shape> x = known_shape(g, t.inputs[0]);
+  if (!x || x->size() != size_t(r) || x->back() <= 0) return false;
+  const size_t transpose = it->second;
+  std::vector<Node> added;
+  Emitter e{g, added, loss.name + "/token_rows"};
+  Node flat = loss;
+  flat.inputs[0] = e.node("Reshape", {t.inputs[0], e.int64s({-1, x->back()}, "rows")});
+  flat.inputs[1] = e.node("Reshape", {loss.inputs[1], e.int64s({-1}, "flat")});
+  added.push_back(std::move(flat));
+  std::vector<Node> nodes;
+  nodes.reserve(g.nodes.size() + added.size());
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    if (i == li)
+      for (auto& n : added) nodes.push_back(std::move(n));
+    else if (i != transpose)
+      nodes.push_back(std::move(g.nodes[i]));
+  }
+  g.nodes = std::move(nodes);
+  g.topological_sort();
+  infer_shapes(g, model.opsets);
+  return true;
 }
 
 bool keep_labels_of(Model& model, size_t li) {
@@ -312,6 +363,11 @@ int compute_kept_labels_only(Model& model) {
       if (!is_label_loss(n) || rewritten.count(n.name)) continue;
       const std::string name = n.name;
       rewritten.insert(name);
+      if (flatten_classes_second(model, i)) {  // the same node, now over [N*d..., C]
+        rewritten.erase(name);
+        changed = true;
+        break;
+      }
       if (keep_labels_of(model, i)) {
         ++done;
         for (const Node& m : model.graph.nodes)

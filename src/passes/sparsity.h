@@ -10,7 +10,11 @@
 //
 // The loss is the same number: 'mean' divides by the (weighted) count of kept labels either way,
 // 'sum' adds the same terms; 'none' (one loss per row) is left alone. Exact for any data; it pays
-// when few labels are kept, which is why its users switch it on by the measured label density.
+// when few labels are kept, which is why its users switch it on by the measured label density
+// (TrainModule) or by asking for it (generate_artifacts' label_sparsity). A loss over [N, C, d...]
+// scores made by Transpose(x, [0, r-1, 1, ..., r-2]) (an LM's logits in the layout the artifacts'
+// CrossEntropy takes) first reads SCE(Reshape(x, [-1, C]), Reshape(y, [-1])): the same terms, no
+// Transpose. The labels' length may be symbolic (batch, sequence).
 //
 // Padding sparsity. After an embedding lookup Gather(W, ids) whose ids hold a padding index, the
 // ops that treat tokens one by one (elementwise, LayerNorm over the hidden dims, MatMul with a
@@ -34,6 +38,7 @@
 // Both passes round the number of kept rows up to a multiple of 1/16 of all rows (with rows that
 // are ignored or padding, whose values nothing reads and whose gradients are zeros): the executor
 // records a plan per distinct input shape, so a schema gets at most 16, not one per batch.
+// With a symbolic length the step (ceil(n / 16), at least 1) is computed from the shape at run time.
 #pragma once
 
 #include <map>

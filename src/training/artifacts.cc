@@ -11,6 +11,7 @@
 #include "passes/mixed_precision.h"
 #include "passes/passes.h"
 #include "passes/shape_inference.h"
+#include "passes/sparsity.h"
 #include "training/json.h"
 
 namespace onnxtrain {
@@ -321,6 +322,9 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   // Mixed precision, likewise, is for the training graph: the eval graph and the models exported
   // from it stay fp32 (ONNX Runtime's CPU has no bf16 MatMul).
   Model fused = m;
+  // Label sparsity before the fusions (it matches plain MatMul/LayerNorm); the training copy only:
+  // the eval graph returns the model's outputs whole.
+  if (o.label_sparsity) compute_kept_labels_only(fused);
   fuse_for_training(fused);
   if (low != DType::kUndefined)  // GEMMs in bf16; parameters stay fp32 inputs, cast once per step
     convert_to_mixed_precision(fused, low, std::set<std::string>(param_order.begin(), param_order.end()));

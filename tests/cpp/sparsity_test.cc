@@ -96,6 +96,45 @@ TEST(LabelSparsity, PerRowLossesAreLeftAlone) {
   EXPECT_EQ(count_ops(m, "NonZero"), 0);
 }
 
+// loss = SCE(Transpose(LN(x) @ W, [0, 2, 1]), labels) with batch and sequence symbolic: the form
+// on-device artifacts have (their CrossEntropy takes [N, C, S]).
+Model classes_second_head() {
+  Graph g;
+  g.inputs = {test::value("x", DType::kFloat32, Shape{-1, -1, kH}), test::value("labels", DType::kInt64, Shape{-1, -1})};
+  g.initializers["gamma"] = filled({kH}, 0.3f, 1.1f);
+  g.initializers["beta"] = filled({kH}, 0.1f, 1.9f);
+  g.initializers["W"] = filled({kH, kV}, 0.7f, 0.4f);
+  g.nodes = {make_node("LayerNormalization", {"x", "gamma", "beta"}, {"n"}), make_node("MatMul", {"n", "W"}, {"logits"}),
+             make_node("Transpose", {"logits"}, {"scores"}), make_node("SoftmaxCrossEntropyLoss", {"scores", "labels"}, {"loss"})};
+  g.nodes[2].attributes["perm"] = Attribute::of(std::vector<int64_t>{0, 2, 1});
+  g.nodes[3].attributes["ignore_index"] = Attribute::of(kIgnore);
+  g.outputs = {test::value("loss", DType::kFloat32, std::nullopt)};
+  return make_model(std::move(g), 17);
+}
+
+TEST(LabelSparsity, SymbolicLengthsAndClassesSecondLogits) {
+  const Model dense = classes_second_head();
+  Model sparse = dense;
+  ASSERT_EQ(compute_kept_labels_only(sparse), 1);
+  EXPECT_EQ(count_ops(sparse, "Transpose"), 0);  // the loss reads token rows [N, V] instead
+  // The LayerNorm on the kept rows: its row count shows the rounding, which reads the labels'
+  // length from their shape (ceil(n / 16) rows a step).
+  for (const Node& node : sparse.graph.nodes)
+    if (node.op_type == "LayerNormalization") sparse.graph.outputs.push_back(test::value(node.outputs[0], DType::kFloat32, std::nullopt));
+  ASSERT_EQ(sparse.graph.outputs.size(), 2u);
+  struct Case { int64_t b, s; int keep_every; int64_t rows; };
+  for (Case c : {Case{4, 10, 4, 12}, Case{2, 9, 4, 6}, Case{3, 5, 1, 15}, Case{1, 7, 7, 1}}) {
+    std::vector<int64_t> labels(size_t(c.b * c.s), kIgnore);
+    for (size_t i = 0; i < labels.size(); i += size_t(c.keep_every)) labels[i] = int64_t(i) % kV;
+    const std::map<std::string, Tensor> feeds{{"x", filled({c.b, c.s, kH}, 1.3f, 0.2f)},
+                                              {"labels", Tensor::from_vector(labels, {c.b, c.s})}};
+    const float want = Executor(dense).run(feeds)[0].data<float>()[0];
+    const std::vector<Tensor> got = Executor(sparse).run(feeds);
+    EXPECT_NEAR(got[0].data<float>()[0], want, 1e-6f * std::fabs(want)) << c.b << "x" << c.s;
+    EXPECT_EQ(got[1].dim(0), c.rows) << c.b << "x" << c.s << ", every " << c.keep_every << " kept";
+  }
+}
+
 TEST(PaddingSparsity, ATableTheModelLacksIsAnError) {
   Model m = lm_head("mean");
   EXPECT_NE(test::error_of([&] { strip_padding(m, {{"tokens.weight", 0}}); })

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import onnxtrain
-from onnxtrain import _C
+from onnxtrain import _C, artifacts
 from onnxtrain.torch import TrainModule
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
@@ -159,3 +159,153 @@ def test_padding_index_for_a_table_the_model_lacks_is_an_error(tmp_path):
         data = f.read()
     with pytest.raises(onnxtrain.Error, match="'no.such.table', which is not the table of any embedding lookup"):
         _C.torch_bridge.Runner(data, "gpt", [], [], padding_index={"no.such.table": 0})
+
+
+# ---- on-device artifacts: generate_artifacts(label_sparsity=True), --label-sparsity, C setter ----
+
+class ClassesSecond(nn.Module):
+    """The decoder's logits [B, S, V] as [B, V, S]: the layout the artifacts' CrossEntropy takes."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, ids):
+        return self.inner(ids).transpose(1, 2)
+
+
+class TokenRows(nn.Module):
+    """The decoder's logits as token rows [B*S, V] (labels [B*S])."""
+
+    def __init__(self, inner, vocab):
+        super().__init__()
+        self.inner, self.vocab = inner, vocab
+
+    def forward(self, ids):
+        return self.inner(ids).reshape(-1, self.vocab)
+
+
+def export_decoder(tmp_path, layout):
+    """A small GPT decoder exported with symbolic batch and sequence; (path, trainable names)."""
+    torch.manual_seed(0)
+    inner = models.GPTDecoder(CFG)
+    model = (ClassesSecond(inner) if layout == "classes_second" else TokenRows(inner, CFG.vocab_size)).eval()
+    path = str(tmp_path / f"{layout}.onnx")
+    logits_axes = {0: "batch", 2: "seq"} if layout == "classes_second" else {0: "tokens"}
+    legacy = {"dynamo": False} if "dynamo" in torch.onnx.export.__code__.co_varnames else {}
+    with torch.no_grad():
+        torch.onnx.export(model, (torch.randint(1, CFG.vocab_size, (2, 8)),), path, input_names=["ids"],
+                          output_names=["logits"], opset_version=17,
+                          dynamic_axes={"ids": {0: "batch", 1: "seq"}, "logits": logits_axes}, **legacy)
+    params = [p.name for p in onnx.load(path).graph.initializer if p.data_type == onnx.TensorProto.FLOAT and len(p.dims) > 0]
+    return path, params
+
+
+def artifact_batches(layout):
+    """(ids, labels) at two shapes through the same artifacts, with 0%, 70% and all-but-one
+    labels ignored."""
+    g = torch.Generator().manual_seed(5)
+    out = []
+    for batch, seq in ((3, 12), (2, 7)):
+        for ignored in (0.0, 0.7, "all_but_one"):
+            ids = torch.randint(1, CFG.vocab_size, (batch, seq), generator=g)
+            labels = torch.randint(0, CFG.vocab_size, (batch, seq), generator=g)
+            if ignored == "all_but_one":
+                keep = labels[1, 2].item()
+                labels[:] = -100
+                labels[1, 2] = keep
+            else:
+                labels = models.ignore_labels(labels, ignored, g)
+            if layout == "token_rows":
+                labels = labels.reshape(-1)
+            out.append((ids.numpy(), labels.numpy()))
+    return out
+
+
+def loss_and_gradients(directory, data):
+    from onnxtrain.api import CheckpointState, Module
+    state = CheckpointState.load_checkpoint(os.path.join(directory, "checkpoint"))
+    module = Module(os.path.join(directory, "training_model.onnx"), state, os.path.join(directory, "eval_model.onnx"))
+    out = []
+    for x, y in data:
+        module.lazy_reset_grad()
+        loss = float(module(x, y))
+        out.append((loss, {name: p.grad.copy() for name, p in state.parameters.items() if p.requires_grad}))
+    return out
+
+
+def training_ops(directory):
+    return [n.op_type for n in onnx.load(os.path.join(directory, "training_model.onnx")).graph.node]
+
+
+def head_rows_gathered(directory):
+    """True when the vocabulary MatMul of the training graph reads rows a Gather selected by NonZero."""
+    graph = onnx.load(os.path.join(directory, "training_model.onnx")).graph
+    producer = {o: n for n in graph.node for o in n.output}
+    for n in graph.node:
+        if n.op_type not in ("MatMul", "FusedMatMul") or not n.input[0]:
+            continue
+        seen, todo = set(), [n.input[0]]
+        while todo:  # up through the row-wise ops (LayerNorm) to the Gather of the kept rows
+            v = todo.pop()
+            p = producer.get(v)
+            if p is None or v in seen:
+                continue
+            seen.add(v)
+            if p.op_type == "Gather":
+                return True
+            if p.op_type in ("LayerNormalization", "Flatten", "Reshape", "Cast"):
+                todo.append(p.input[0])
+    return False
+
+
+@pytest.mark.parametrize("layout", ["classes_second", "token_rows"])
+def test_artifacts_label_sparsity_gives_dense_loss_and_gradients(tmp_path, layout):
+    path, params = export_decoder(tmp_path, layout)
+    runs = {}
+    for on in (True, False):
+        d = str(tmp_path / f"sparse{int(on)}")
+        artifacts.generate_artifacts(path, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
+                                     optimizer=artifacts.OptimType.SGD, artifact_directory=d, label_sparsity=on)
+        ops = training_ops(d)
+        assert ("NonZero" in ops) == on and head_rows_gathered(d) == on, (on, ops)
+        runs[on] = loss_and_gradients(d, artifact_batches(layout))
+    for i, ((loss, grads), (dense_loss, dense_grads)) in enumerate(zip(runs[True], runs[False])):
+        np.testing.assert_allclose(loss, dense_loss, rtol=1e-5, err_msg=f"batch {i}")
+        assert grads.keys() == dense_grads.keys()
+        for name, g in dense_grads.items():
+            np.testing.assert_allclose(grads[name], g, rtol=1e-4, atol=1e-6, err_msg=f"batch {i}: {name}")
+
+
+def test_artifacts_label_sparsity_cli(tmp_path):
+    from .build_paths import ONNXTRAIN
+    import subprocess
+    path, _ = export_decoder(tmp_path, "classes_second")
+    for flags in ([], ["--label-sparsity"]):
+        out = tmp_path / ("on" if flags else "off")
+        subprocess.run([str(ONNXTRAIN), "artifacts", path, "--out", str(out), "--all", "--loss", "cross_entropy",
+                        *flags], check=True, capture_output=True)
+        assert ("NonZero" in training_ops(str(out))) == bool(flags)
+        assert head_rows_gathered(str(out)) == bool(flags)
+
+
+def test_artifacts_label_sparsity_c_api(tmp_path):
+    """ot_artifact_options_set_label_sparsity, called through the C ABI as a C program would."""
+    import ctypes
+    from .build_paths import LIBRARY
+    path, params = export_decoder(tmp_path, "classes_second")
+    lib = ctypes.CDLL(str(LIBRARY))
+    lib.ot_last_error.restype = ctypes.c_char_p
+    names = (ctypes.c_char_p * len(params))(*[p.encode() for p in params])
+    for enabled in (1, 0):
+        options = ctypes.c_void_p()
+        out = tmp_path / str(enabled)
+        assert lib.ot_artifact_options_create(ctypes.byref(options)) == 0, lib.ot_last_error()
+        try:
+            assert lib.ot_artifact_options_set_requires_grad(options, names, ctypes.c_size_t(len(names))) == 0
+            assert lib.ot_artifact_options_set_loss(options, 4) == 0, lib.ot_last_error()  # OT_LOSS_CROSS_ENTROPY
+            assert lib.ot_artifact_options_set_label_sparsity(options, enabled) == 0, lib.ot_last_error()
+            assert lib.ot_generate_artifacts(path.encode(), options, str(out).encode()) == 0, lib.ot_last_error()
+        finally:
+            lib.ot_artifact_options_release(options)
+        assert head_rows_gathered(str(out)) == bool(enabled)

@@ -99,6 +99,8 @@ const Command kArtifactsCommand{
         {"--memory-opt-config", "CFG", "recompute plans cluster:strategy:count,... (clusters: onnxtrain inspect)"},
         {"--no-compute-optimizer", "", "compute every row (default: a Gather/Slice of a few positions moves upstream "
                                        "past elementwise ops, LayerNorm, Softmax and MatMul)"},
+        {"--label-sparsity", "", "a cross-entropy/NLL loss with ignore_index computes the LM head on the kept labels' "
+                                 "rows only (same loss and gradients; pays when many labels are ignored)"},
     },
     "example:\n  onnxtrain artifacts mlp.onnx --out out --all --loss cross_entropy --optimizer adamw --lr 1e-3\n"};
 
@@ -142,6 +144,7 @@ int run_artifacts(const Args& a) {
   }
   o.memory.config = a.get("--memory-opt-config");
   o.graphs.compute_optimizer = !a.flag("--no-compute-optimizer");
+  o.graphs.label_sparsity = a.flag("--label-sparsity");
 
   Model model = load_model(a.positional(0));
   if (custom) o.graphs.custom_loss = std::make_shared<const Model>(load_model(loss));
