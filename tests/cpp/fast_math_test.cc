@@ -2,7 +2,10 @@
 // float bit patterns (every 509th, so each binade of both signs is visited ~16k times) plus the
 // special values (±0, the smallest and largest denormals and normals, ±inf, NaN, the overflow
 // and underflow edges), evaluated as the kernels do: an array loop the compiler vectorises.
-// The bound asserted per function is the one fast_math.h states.
+// The bound asserted per function is the one fast_math.h states, for optimised builds: GCC fuses
+// a * b + c into one FMA only when optimising, and the stated bounds count on it. A Debug build
+// (make sanitize) rounds every step and lands a little further out (exp 1.14 ulp, Gelu's erf
+// 4.5e-7), which the looser Debug bounds below allow; the sanitizers' point there is memory, not ulps.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +18,14 @@
 #include <vector>
 
 #include "core/fast_math.h"
+
+#ifdef __OPTIMIZE__
+constexpr double kExpUlps = 1.0;       // fast_math.h's bounds
+constexpr double kErfForGeluAbs = 4e-7;
+#else
+constexpr double kExpUlps = 1.25;      // unfused multiply-adds (see above)
+constexpr double kErfForGeluAbs = 5e-7;
+#endif
 
 namespace onnxtrain {
 namespace {
@@ -96,7 +107,7 @@ void expect_within(const char* name, Worst w, double bound) {
 
 TEST(FastMath, ExpWithinOneUlpOverTheFloatRange) {
   auto xs = sweep_inputs();
-  expect_within("exp", measure(xs, [](float x) { return exp_fast(x); }, [](double x) { return std::exp(x); }), 1.0);
+  expect_within("exp", measure(xs, [](float x) { return exp_fast(x); }, [](double x) { return std::exp(x); }), kExpUlps);
   EXPECT_EQ(exp_fast(88.8f), std::numeric_limits<float>::infinity());
   EXPECT_GT(exp_fast(88.7f), 1e38f);                       // finite below the overflow edge
   EXPECT_GT(exp_fast(-100.0f), 0.0f);                      // a denormal, not 0
@@ -164,7 +175,7 @@ TEST(FastMath, ErfForGeluWithinFourTimesTenToTheMinusSevenAbsolute) {
     if (err > worst) worst = err, at = x;
   }
   std::printf("erf_abs        worst %.3g absolute at x = %.9g\n", worst, double(at));
-  EXPECT_LT(worst, 4e-7);
+  EXPECT_LT(worst, kErfForGeluAbs);
 }
 }  // namespace
 }  // namespace onnxtrain
