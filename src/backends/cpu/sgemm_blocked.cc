@@ -234,27 +234,27 @@ void sgemm_dots(const SgemmArgs& g, int64_t row_begin, int64_t row_end) {
 // packing B against a few of arithmetic. These kernels read A and B where they lie.
 bool short_rows(const SgemmArgs& g) { return g.m < kMR; }
 
-// kDotRows rows of C over kVecs vectors of columns from j0, B's rows contiguous along n
+// kRows rows of C from i0 over kVecs vectors of columns from j0, B's rows contiguous along n
 // (b_col == 1): C(i, j) = sum over p in order of A(i, p) B(p, j), each B row loaded once per p and
-// used for every row. Row pointers past `rows` repeat the last row (their sums are not stored).
-template <int kVecs>
-void rows_block(const SgemmArgs& g, int64_t i0, int64_t rows, int64_t j0) {
-  const float* a[kDotRows];
-  for (int r = 0; r < kDotRows; ++r) a[r] = g.a + (i0 + std::min<int64_t>(r, rows - 1)) * g.a_row;
-  Vec acc[kDotRows][kVecs];
-  for (int r = 0; r < kDotRows; ++r)
+// used for every row.
+template <int kRows, int kVecs>
+void rows_block(const SgemmArgs& g, int64_t i0, int64_t j0) {
+  const float* a[kRows];
+  for (int r = 0; r < kRows; ++r) a[r] = g.a + (i0 + r) * g.a_row;
+  Vec acc[kRows][kVecs];
+  for (int r = 0; r < kRows; ++r)
     for (int v = 0; v < kVecs; ++v) acc[r][v] = Vec{};
   const float* b = g.b + j0;
   for (int64_t p = 0; p < g.k; ++p, b += g.b_row) {
     Vec bv[kVecs];
     for (int v = 0; v < kVecs; ++v) bv[v] = load(b + v * kLanes);
-    for (int r = 0; r < kDotRows; ++r) {
+    for (int r = 0; r < kRows; ++r) {
       const Vec av = splat(a[r][p * g.a_col]);
       for (int v = 0; v < kVecs; ++v) acc[r][v] += av * bv[v];
     }
   }
   const Vec alpha = splat(g.alpha), beta = splat(g.beta);
-  for (int r = 0; r < rows; ++r)
+  for (int r = 0; r < kRows; ++r)
     for (int v = 0; v < kVecs; ++v) {
       float* c = g.c + (i0 + r) * g.ldc + j0 + v * kLanes;
       Vec out = alpha * acc[r][v];
@@ -278,29 +278,35 @@ void rows_tail(const SgemmArgs& g, int64_t i0, int64_t rows, int64_t j0) {
     }
 }
 
+// kRows rows from i0 across every column: blocks of kVecs vectors, then single vectors, then the tail.
+template <int kRows>
+void rows_group(const SgemmArgs& g, int64_t i0) {
+  constexpr int kVecs = vec::kRegisters == 32 ? 4 : 2;  // kDotRows x kVecs accumulators at most
+  int64_t j0 = 0;
+  for (; j0 + kVecs * kLanes <= g.n; j0 += kVecs * kLanes) rows_block<kRows, kVecs>(g, i0, j0);
+  for (; j0 + kLanes <= g.n; j0 += kLanes) rows_block<kRows, 1>(g, i0, j0);
+  if (j0 < g.n) rows_tail(g, i0, kRows, j0);
+}
+
+// kDotRows rows at a time, the last few by a kernel of their own count.
 void sgemm_rows(const SgemmArgs& g) {
-  constexpr int kVecs = vec::kRegisters == 32 ? 4 : 2;  // kDotRows x kVecs accumulators
-  for (int64_t i0 = 0; i0 < g.m; i0 += kDotRows) {
-    const int64_t rows = std::min<int64_t>(kDotRows, g.m - i0);
-    int64_t j0 = 0;
-    for (; j0 + kVecs * kLanes <= g.n; j0 += kVecs * kLanes) rows_block<kVecs>(g, i0, rows, j0);
-    for (; j0 + kLanes <= g.n; j0 += kLanes) rows_block<1>(g, i0, rows, j0);
-    if (j0 < g.n) rows_tail(g, i0, rows, j0);
+  int64_t i0 = 0;
+  for (; i0 + kDotRows <= g.m; i0 += kDotRows) rows_group<kDotRows>(g, i0);
+  switch (g.m - i0) {
+    case 3: rows_group<3>(g, i0); break;
+    case 2: rows_group<2>(g, i0); break;
+    case 1: rows_group<1>(g, i0); break;
+    default: break;
   }
 }
 
-// A short product on the calling thread, by the kernel that reads its operands in place: B along
-// n (sgemm_rows) or, A and B both along k, dot products (sgemm_dots). False: neither fits.
-bool sgemm_short(const SgemmArgs& g) {
-  if (g.b_col == 1) {
-    sgemm_rows(g);
-    return true;
-  }
-  if (g.a_col == 1 && g.b_row == 1 && g.k >= kLanes) {
-    sgemm_dots(g, 0, g.m);
-    return true;
-  }
-  return false;
+// Whether a short product has a kernel that reads its operands in place: B along n
+// (sgemm_rows), or A and B both along k (dot products, sgemm_dots).
+bool reads_in_place(const SgemmArgs& g) { return g.b_col == 1 || (g.a_col == 1 && g.b_row == 1 && g.k >= kLanes); }
+
+void sgemm_short(const SgemmArgs& g) {
+  if (g.b_col == 1) sgemm_rows(g);
+  else sgemm_dots(g, 0, g.m);
 }
 
 // Columns [0, n) in `bands` bands of whole units, each band a product of its own.
@@ -337,12 +343,9 @@ void sgemm_blocked(const SgemmArgs& g, bool parallel) {
   // Narrow products on the calling thread: a head's X W^T is microseconds (the digits head's 327 K
   // multiply-adds: 12 us), less than waking the pool.
   if (narrow_dots(g)) return sgemm_dots(g, 0, g.m);
-  if (short_rows(g) && (g.b_col == 1 || (g.a_col == 1 && g.b_row == 1 && g.k >= kLanes))) {
+  if (short_rows(g) && reads_in_place(g)) {
     // A few rows: each thread a band of columns, read in place (no packing).
-    if (threads <= 1) {
-      sgemm_short(g);
-      return;
-    }
+    if (threads <= 1) return sgemm_short(g);
     return by_column_bands(g, kLanes, threads, [](const SgemmArgs& part) { sgemm_short(part); });
   }
   if (threads <= 1) return sgemm_serial(g);
