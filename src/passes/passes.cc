@@ -93,9 +93,10 @@ int inline_constant_ifs(Graph& g) {
 
 namespace {
 
-// Nodes of `g` that read only constants (g's initializers, or shapes known statically) become
-// initializers; the model gives the opsets.
-int fold_graph_constants(Graph& g, const Model& model) {
+// Nodes of `g` that read only constants become initializers; the model gives the opsets. With
+// `static_shapes`, a node that reads only an input's shape folds when the shape is static (the
+// top-level graph, whose value_info shape inference has just written).
+int fold_graph_constants(Graph& g, const Model& model, bool static_shapes) {
   int folded = 0;
   std::vector<Node> kept;
   for (auto& node : g.nodes) {
@@ -110,7 +111,7 @@ int fold_graph_constants(Graph& g, const Model& model) {
       if (in.empty()) { inputs.emplace_back(); continue; }
       if (g.is_initializer(in)) { inputs.push_back(g.initializers.at(in)); continue; }
       const ValueInfo* info = static_info(g, in);
-      bool shape_only = node.reads_only_shape(i) && info && info->has_static_shape();
+      bool shape_only = static_shapes && node.reads_only_shape(i) && info && info->has_static_shape();
       if (shape_only) {  // only the shape is read: a data-less tensor of that shape will do
         DType dt = info->dtype == DType::kUndefined ? DType::kFloat32 : info->dtype;
         inputs.push_back(Tensor::borrow(dt, *info->shape, nullptr));
@@ -154,7 +155,8 @@ int fold_subgraph_constants(Graph& g, const Model& model) {
     for (auto& [name, a] : node.attributes) {
       if (a.kind != Attribute::Kind::kGraph || !a.g) continue;
       auto copy = std::make_shared<Graph>(*a.g);
-      const int n = fold_subgraph_constants(*copy, model) + fold_graph_constants(*copy, model);
+      // Shapes are not folded here: a subgraph's value_info is the exporter's word, not inferred.
+      const int n = fold_subgraph_constants(*copy, model) + fold_graph_constants(*copy, model, false);
       if (n == 0) continue;
       eliminate_dead_code(*copy);
       a.g = std::move(copy);
@@ -170,7 +172,7 @@ int fold_constants(Model& model) {
   int folded = inline_constant_ifs(g);
   // Static shapes let Shape/Size of inputs with fixed dims fold too.
   infer_shapes(g, model.opsets);
-  return folded + fold_graph_constants(g, model);
+  return folded + fold_graph_constants(g, model, true);
 }
 
 int eliminate_dead_code(Graph& g) {

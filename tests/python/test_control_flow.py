@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 import onnxtrain
+from onnxtrain import _C
 
 F, I64, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.BOOL
 
@@ -204,6 +205,57 @@ def test_if_with_a_constant_condition_is_inlined():
              helper.make_node("If", ["c"], ["y"], name="const_if", then_branch=then_g, else_branch=else_g)]
     data = model(nodes, [vi("x", F, [2])], [vi("y", F, [2])])
     np.testing.assert_array_equal(run(data, {"x": np.array([3, 4], np.float32)})[0], [9, 16])
+
+
+def test_inference_folds_constants_inside_branches_and_loop_bodies():
+    """A branch whose weight is a Constant node sliced every call (spox's Silero VAD) gets the
+    slice as an initializer of the branch; what reads the outer scope or a loop's carried values
+    stays; the outputs are the unfolded model's."""
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    then_g = branch("then", [
+        helper.make_node("Constant", [], ["w_full"], value=numpy_helper.from_array(w)),
+        helper.make_node("Slice", ["w_full", "starts", "ends", "axes"], ["w_cols"]),  # columns 1..2 of w
+        helper.make_node("MatMul", ["x", "w_cols"], ["t"])], [vi("t", F, [2, 2])],
+        [numpy_helper.from_array(np.array(v, np.int64), n) for n, v in
+         [("starts", [1]), ("ends", [3]), ("axes", [1])]])
+    else_g = branch("else", [helper.make_node("Slice", ["x", "zero", "two", "one"], ["x2"]),  # reads the outer x: stays
+                             helper.make_node("Mul", ["x2", "zero_f"], ["x0"]),
+                             helper.make_node("Add", ["x0", "five"], ["e"])], [vi("e", F, [2, 2])],
+                    [numpy_helper.from_array(np.array(v, t), n) for n, v, t in
+                     [("zero", [0], np.int64), ("two", [2], np.int64), ("one", [1], np.int64),
+                      ("zero_f", 0, np.float32), ("five", 5, np.float32)]])
+    body = helper.make_graph([
+        helper.make_node("Constant", [], ["step"], value=numpy_helper.from_array(np.array([[1.5]], np.float32))),
+        helper.make_node("Mul", ["step", "two_f"], ["inc"]),  # constant in the body: folds
+        helper.make_node("Add", ["acc_in", "inc"], ["acc_out"]),  # reads the carried value: stays
+        helper.make_node("Identity", ["cond_in"], ["cond_out"])], "body",
+        [vi("i", TensorProto.INT64, []), vi("cond_in", TensorProto.BOOL, []), vi("acc_in", F, [2, 2])],
+        [vi("cond_out", TensorProto.BOOL, []), vi("acc_out", F, [2, 2])],
+        [numpy_helper.from_array(np.array(2, np.float32), "two_f")])
+    nodes = [helper.make_node("If", ["c"], ["y"], name="the_if", then_branch=then_g, else_branch=else_g),
+             helper.make_node("Loop", ["trips", "", "y"], ["z"], name="the_loop", body=body)]
+    data = model(nodes, [vi("c", TensorProto.BOOL, []), vi("x", F, [2, 3]), vi("trips", TensorProto.INT64, [])],
+                 [vi("z", F, [2, 2])])
+
+    optimized = onnx.load_from_string(_C.optimize_model(data))
+    subgraphs = {a.name: a.g for n in optimized.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH}
+    assert [n.op_type for n in subgraphs["then_branch"].node] == ["MatMul"]
+    (w_cols,) = [t for t in subgraphs["then_branch"].initializer if t.name == "w_cols"]
+    np.testing.assert_array_equal(numpy_helper.to_array(w_cols), w[:, 1:3])
+    assert [n.op_type for n in subgraphs["else_branch"].node] == ["Slice", "Mul", "Add"]
+    assert sorted(n.op_type for n in subgraphs["body"].node) == ["Add", "Identity"]
+    np.testing.assert_array_equal(numpy_helper.to_array(
+        next(t for t in subgraphs["body"].initializer if t.name == "inc")), [[3.0]])
+
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    options = onnxtrain.SessionOptions()
+    options.optimize = False
+    for cond in (True, False):
+        feeds = {"c": np.array(cond), "x": x, "trips": np.array(3, np.int64)}
+        (folded,) = onnxtrain.InferenceSession(data).run(None, feeds)
+        (plain,) = onnxtrain.InferenceSession(data, options).run(None, feeds)
+        np.testing.assert_array_equal(folded, plain)
+        np.testing.assert_array_equal(folded, (x @ w[:, 1:3] if cond else np.full((2, 2), 5, np.float32)) + 9.0)
 
 
 def test_bad_control_flow_models_name_the_node():
