@@ -117,8 +117,11 @@ struct TimedProduct {
 // about; a two-thread figure swung 16-460 GFLOP/s on the shared 2-core VM while other processes ran),
 // the two interleaved, the best of seven runs each, so a preempted run counts for neither.
 std::pair<double, double> measure_gflops(bool bf16) {
-  const int threads = omp_get_max_threads();
-  omp_set_num_threads(1);
+  struct OneThread {  // the caller's thread count comes back however this returns
+    int threads = omp_get_max_threads();
+    OneThread() { omp_set_num_threads(1); }
+    ~OneThread() { omp_set_num_threads(threads); }
+  } one_thread;
   TimedProduct fp32_product(DType::kFloat32);
   std::optional<TimedProduct> bf16_product;
   if (bf16) bf16_product.emplace(DType::kBFloat16);
@@ -127,7 +130,6 @@ std::pair<double, double> measure_gflops(bool bf16) {
     fp32_best = std::min(fp32_best, fp32_product.seconds());
     if (bf16_product) bf16_best = std::min(bf16_best, bf16_product->seconds());
   }
-  omp_set_num_threads(threads);
   const double flops = 2.0 * 256 * 512 * 512;
   return {flops / std::max(fp32_best, 1e-9) / 1e9, bf16_product ? flops / std::max(bf16_best, 1e-9) / 1e9 : 0.0};
 }
