@@ -104,6 +104,14 @@ void adapt_ort_training_model(Model& model, const CheckpointState& state) {
     n.domain = kOnnxTrainDomain;
     model.opsets.emplace(kOnnxTrainDomain, 1);
   }
+  // A MaxPool whose Indices nothing reads any more computes Y alone, by the pooling kernels' fast
+  // paths (with Indices: the digits CNN's pool 1.7 ms a step against ORT's 0.55).
+  std::set<std::string> still_read;
+  for (const Node& n : g.nodes) still_read.insert(n.inputs.begin(), n.inputs.end());
+  for (Node& n : g.nodes)
+    if (n.domain.empty() && n.op_type == "MaxPool" && n.outputs.size() == 2 && !still_read.count(n.outputs[1]) &&
+        !g.is_output(n.outputs[1]))
+      n.outputs.pop_back();
   g.topological_sort();
   check_ops(model, "training");
 }
