@@ -98,6 +98,8 @@ TEST(SgemmBlocked, MatchesFloat64AcrossPathsLayoutsAndEpilogues) {
   cases.push_back({1, 128, 1536, false, true, 1.0f, 0.0f, true});
   cases.push_back({1, 128, 1536, false, false, 1.0f, 0.0f, true});
   cases.push_back({2, 2048, 512, false, false, 1.0f, 0.0f, false});  // enough work to split the columns
+  cases.push_back({300, 40, 300, false, true, 1.0f, 0.0f, true});   // taller than wide: split the rows
+  cases.push_back({100, 260, 200, true, false, 1.0f, 0.5f, false}); // wider: split the columns, packed
 
   set_num_threads(2);
   for (const Case& c : cases)

@@ -309,19 +309,27 @@ void sgemm_short(const SgemmArgs& g) {
   else sgemm_dots(g, 0, g.m);
 }
 
-// Columns [0, n) in `bands` bands of whole units, each band a product of its own.
+// C split over the pool in `threads` bands of whole units of columns (by_columns) or rows, each
+// band a product of its own.
 template <typename F>
-void by_column_bands(const SgemmArgs& g, int64_t unit, int threads, F&& product) {
-  const int64_t band = (g.n / threads + unit - 1) / unit * unit;
-  const int64_t bands = (g.n + band - 1) / band;
+void by_bands(const SgemmArgs& g, bool by_columns, int64_t unit, int threads, F&& product) {
+  const int64_t extent = by_columns ? g.n : g.m;
+  const int64_t band = (extent / threads + unit - 1) / unit * unit;
+  const int64_t bands = (extent + band - 1) / band;
   parallel_for(bands, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const int64_t start = t * band;
+      const int64_t start = t * band, size = std::min(band, extent - start);
       SgemmArgs part = g;
-      part.n = std::min(band, g.n - start);
-      part.b += start * g.b_col;
-      part.c += start;
-      if (part.bias) part.bias += start;
+      if (by_columns) {
+        part.n = size;
+        part.b += start * g.b_col;
+        part.c += start;
+        if (part.bias) part.bias += start;
+      } else {
+        part.m = size;
+        part.a += start * g.a_row;
+        part.c += start * g.ldc;
+      }
       product(part);
     }
   });
@@ -346,24 +354,13 @@ void sgemm_blocked(const SgemmArgs& g, bool parallel) {
   if (short_rows(g) && reads_in_place(g)) {
     // A few rows: each thread a band of columns, read in place (no packing).
     if (threads <= 1) return sgemm_short(g);
-    return by_column_bands(g, kLanes, threads, [](const SgemmArgs& part) { sgemm_short(part); });
+    return by_bands(g, true, kLanes, threads, [](const SgemmArgs& part) { sgemm_short(part); });
   }
   if (threads <= 1) return sgemm_serial(g);
   // One parallel region per product: each thread computes a band of C's columns (or rows, when C
   // is taller than wide) with its own packing buffers; bands are whole register tiles.
-  if (g.n >= g.m) return by_column_bands(g, kNR, threads, [](const SgemmArgs& part) { sgemm_serial(part); });
-  const int64_t band = (g.m / threads + kMR - 1) / kMR * kMR;
-  const int64_t bands = (g.m + band - 1) / band;
-  parallel_for(bands, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t start = t * band;
-      SgemmArgs part = g;
-      part.m = std::min(band, g.m - start);
-      part.a += start * g.a_row;
-      part.c += start * g.ldc;
-      sgemm_serial(part);
-    }
-  });
+  const bool by_columns = g.n >= g.m;
+  by_bands(g, by_columns, by_columns ? kNR : kMR, threads, [](const SgemmArgs& part) { sgemm_serial(part); });
 }
 
 std::string sgemm_blocked_isa() { return std::string("blocked-") + vec::kIsa; }
