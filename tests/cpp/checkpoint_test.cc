@@ -25,24 +25,12 @@ namespace {
 namespace fs = std::filesystem;
 using safetensors::TensorEntry;
 using test::error_of;
+using test::random_tensor;
+using test::read_file;
+using test::write_file;
 
 class CheckpointTest : public test::TempDirTest {};
 
-std::string read_file(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void write_file(const std::string& p, const std::string& bytes) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), std::streamsize(bytes.size()));
-}
-
-Tensor random_tensor(DType dt, Shape shape, std::mt19937& rng) {
-  Tensor t = Tensor::empty(dt, std::move(shape));
-  auto* p = static_cast<uint8_t*>(t.data());
-  for (size_t i = 0; i < t.nbytes(); ++i) p[i] = uint8_t(dt == DType::kBool ? rng() % 2 : rng());
-  return t;
-}
 
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&

@@ -23,25 +23,14 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::error_of;
+using test::random_tensor;
+using test::read_file;
+using test::write_file;
 
 class OrtCheckpointTest : public test::TempDirTest {};
 
-std::string read_file(const std::string& p) {
-  std::ifstream f(p, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(f), {});
-}
-void write_file(const std::string& p, const std::string& bytes) {
-  std::ofstream f(p, std::ios::binary | std::ios::trunc);
-  f.write(bytes.data(), std::streamsize(bytes.size()));
-}
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
-Tensor random_tensor(DType dt, Shape shape, std::mt19937& rng) {
-  Tensor t = Tensor::empty(dt, std::move(shape));
-  auto* p = static_cast<uint8_t*>(t.data());
-  for (size_t i = 0; i < t.nbytes(); ++i) p[i] = uint8_t(dt == DType::kBool ? rng() % 2 : rng());
-  return t;
-}
 bool same_bytes(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&
          (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);

@@ -5,12 +5,17 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "ir/graph.h"
 #include "onnxtrain/status.h"
+#include "onnxtrain/tensor.h"
 
 namespace onnxtrain::test {
 
@@ -34,6 +39,24 @@ inline Model make_model(Graph graph, int64_t opset = 17) {
   m.opsets[""] = opset;
   m.description = "'test'";
   return m;
+}
+
+// A file's bytes ("" when it cannot be read), and bytes written over a file.
+inline std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+inline void write_file(const std::string& path, const std::string& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  f.write(bytes.data(), std::streamsize(bytes.size()));
+}
+
+// A tensor of random bytes (random 0/1 for bool), for round trips that must keep every bit.
+inline Tensor random_tensor(DType dt, Shape shape, std::mt19937& rng) {
+  Tensor t = Tensor::empty(dt, std::move(shape));
+  auto* p = static_cast<uint8_t*>(t.data());
+  for (size_t i = 0; i < t.nbytes(); ++i) p[i] = uint8_t(dt == DType::kBool ? rng() % 2 : rng());
+  return t;
 }
 
 // The message of the onnxtrain::Error that f throws, or "<no error>".
