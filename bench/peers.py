@@ -21,7 +21,12 @@ SETUP = os.path.join(REPO_ROOT, "scripts", "setup_peers.sh")
 ORT_RUNNER = os.path.join(REPO_ROOT, "bench", "ort_runner.py")
 
 # name -> the package it holds (what a failure names); the pins live in scripts/setup_peers.sh.
-PACKAGES = {"ort": "onnxruntime 1.31", "ort-training": "onnxruntime-training-cpu 1.19.2", "torch2": "torch 2.x"}
+PACKAGES = {
+    "ort": "onnxruntime 1.31",
+    "ort-training": "onnxruntime-training-cpu 1.19.2",
+    "torch2": "torch 2.x with transformers 5 and peft",
+    "hf113": "transformers 4.47 and peft on Debian's torch 1.13",
+}
 
 
 class PeerMissing(RuntimeError):

@@ -16,7 +16,7 @@ set -euo pipefail
 
 PYTHON=${PEERS_PYTHON:-/usr/bin/python3}
 PEERS_DIR=${ONNXTRAIN_PEERS_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/onnxtrain/peers}
-ALL_PEERS=(ort ort-training torch2)
+ALL_PEERS=(ort ort-training torch2 hf113)
 
 # The pip installs of a peer, one pip call per line. Debian's torch calls itself 1.13.0a0, older
 # than 1.13.0 to pip: a package that pins torch>=1.13 goes in with --no-deps and its other
@@ -31,8 +31,13 @@ peer_installs() {
     # keeps its own descriptor pool: Debian's C++ protobuf, loaded by Debian's torch, holds onnx
     # 1.12's onnx.proto, which breaks onnx 1.16's import when torch comes first.
     ort-training) echo "onnxruntime-training-cpu==1.19.2 onnx==1.16.2 protobuf==4.25.8 numpy<2" ;;
-    # PyTorch 2.x from PyPI (with its CUDA libraries on Linux), for TrainModule where users are.
-    torch2) echo "torch==2.15.0" ;;
+    # PyTorch 2.x from PyPI (with its CUDA libraries on Linux), for TrainModule where users are, and
+    # the Hugging Face stack its users train with (accelerate is what transformers.Trainer needs).
+    torch2) printf '%s\n' "torch==2.15.0" "transformers==5.24.0 peft==0.21.2 accelerate==1.15.0" ;;
+    # The Hugging Face stack on Debian's torch 1.13: transformers 4.47 is the last release that
+    # supports torch 1.13. peft pins torch>=1.13, which Debian's 1.13.0a0 is not to pip; its other
+    # dependencies come with transformers and accelerate.
+    hf113) printf '%s\n' "transformers==4.47.1 accelerate==1.2.1" "--no-deps peft==0.14.0" ;;
     *) return 1 ;;
   esac
 }
@@ -43,7 +48,8 @@ peer_check() {
     ort) echo 'import onnxruntime as o; assert o.__version__.startswith("1.31."), o.__version__; o.InferenceSession; print("onnxruntime", o.__version__)' ;;
     ort-training) echo 'import torch, onnxruntime as o, onnx; from onnxruntime.training import api, artifacts; assert o.__version__ == "1.19.2", o.__version__; print("onnxruntime-training", o.__version__, "onnx", onnx.__version__)' ;;
     # TrainModule exports with the TorchScript-based exporter (dynamo=False; `training` is its option).
-    torch2) echo 'import inspect, torch; assert torch.__version__.startswith("2."), torch.__version__; assert "training" in inspect.signature(torch.onnx.export).parameters, "no TorchScript-based exporter"; print("torch", torch.__version__)' ;;
+    torch2) echo 'import inspect, torch, transformers, peft, accelerate; assert torch.__version__.startswith("2."), torch.__version__; assert "training" in inspect.signature(torch.onnx.export).parameters, "no TorchScript-based exporter"; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)' ;;
+    hf113) echo 'import torch, transformers, peft, accelerate; assert torch.__version__.startswith("1.13"), torch.__version__; print("torch", torch.__version__, "transformers", transformers.__version__, "peft", peft.__version__)' ;;
   esac
 }
 
