@@ -4,7 +4,7 @@ BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
 
-.PHONY: setup deps build test test-torch2-lane test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
+.PHONY: setup deps build test test-torch2-lane test-hf-lanes test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
 
 setup: deps build
 
@@ -30,8 +30,9 @@ build: $(BUILD_DIR)/build.ninja
 test: setup minimal
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 	cd $(MINIMAL_DIR) && ctest --output-on-failure -j $(JOBS)
-	ONNXTRAIN_TORCH_LANE=debian $(PYTHON) -m pytest -q tests/python
+	ONNXTRAIN_TORCH_LANE=debian $(PYTHON) -m pytest -q tests/python --ignore-glob='*/test_hf_*.py'
 	$(MAKE) --no-print-directory test-torch2-lane
+	$(MAKE) --no-print-directory test-hf-lanes
 	$(PYTHON) tests/conformance/run_node_tests.py
 
 # TrainModule's (and ORTTrainer's) second lane: their tests again under PyTorch 2.x from PyPI, in the torch2 peer's venv
@@ -45,6 +46,20 @@ test-torch2-lane: build
 	./scripts/setup_peers.sh torch2
 	py=$$($(PYTHON) -c 'import sys; sys.path.insert(0, "bench"); import peers; print(peers.python("torch2"))') && \
 	  ONNXTRAIN_TORCH_LANE=torch2 "$$py" -m pytest -q $(TRAIN_MODULE_TESTS)
+
+# The Hugging Face tests (tests/python/test_hf_*.py: transformers models, Trainer, PEFT) in both torch
+# lanes: transformers 4.47 on Debian's torch 1.13 (the hf113 peer) and transformers 5 on PyTorch 2.x
+# (the torch2 peer). Debian's own Python has no transformers, so the first lane runs them in hf113.
+HF_TESTS := $(wildcard tests/python/test_hf_*.py)
+test-hf-lanes: build
+ifneq ($(HF_TESTS),)
+	./scripts/setup_peers.sh hf113 torch2
+	for peer in hf113 torch2; do \
+	  lane=$$([ $$peer = torch2 ] && echo torch2 || echo debian); \
+	  py=$$($(PYTHON) -c 'import sys; sys.path.insert(0, "bench"); import peers; print(peers.python(sys.argv[1]))' $$peer) && \
+	  ONNXTRAIN_TORCH_LANE=$$lane "$$py" -m pytest -q $(HF_TESTS) || exit 1; \
+	done
+endif
 
 test-cpp: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
