@@ -19,6 +19,7 @@ packages=(
   libopenmpi-dev openmpi-bin python3-mpi4py       # data-parallel training (src/distributed)
   g++-aarch64-linux-gnu qemu-user                 # the minimal runtime for aarch64 (make cross-aarch64)
   libxnnpack-dev libpthreadpool-dev               # XNNPACK, measured against our GEMM (bench/gemm_backends.cc)
+  clang-14 libclang-rt-14-dev libomp-14-dev      # libFuzzer targets with ASan + UBSan (make fuzz, tests/fuzz)
 )
 missing=()
 for p in "${packages[@]}"; do
