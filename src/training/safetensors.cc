@@ -78,7 +78,10 @@ uint64_t checked_nbytes(DType dtype, const Shape& shape, const std::string& name
 std::vector<TensorEntry> parse_tensor_entries(const json::Value& header, uint64_t data_size) {
   if (!header.is_object()) OT_THROW(kInvalidModel, "the header is not a JSON object");
   std::vector<TensorEntry> entries;
-  for (const auto& [name, info] : header.as_object()) {
+  for (const auto& entry : header.as_object()) {
+    // Named references, not a structured binding: the lambda below captures them (clang 14).
+    const std::string& name = entry.first;
+    const json::Value& info = entry.second;
     if (name == kMetadataKey) continue;
     auto bad = [&](const std::string& what) {
       OT_THROW(kInvalidModel, "tensor '", name, "': ", what);
