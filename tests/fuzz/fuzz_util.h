@@ -13,6 +13,8 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -27,7 +29,7 @@ inline constexpr uint64_t kMaxAllocBytes = uint64_t(256) << 20;
 inline constexpr int64_t kMaxLoopIterations = 1000;
 
 
-// A folder of this process's own under $TMPDIR (or /tmp), made on first use.
+// A folder of this process's own under $TMPDIR (or /tmp), made on first use, removed at exit.
 inline const std::string& scratch_dir() {
   static const std::string dir = [] {
     const char* tmp = getenv("TMPDIR");
@@ -38,6 +40,8 @@ inline const std::string& scratch_dir() {
     }
     return pattern;
   }();
+  static const bool removed_at_exit = std::atexit([] { std::filesystem::remove_all(scratch_dir()); }) == 0;
+  (void)removed_at_exit;
   return dir;
 }
 
