@@ -136,6 +136,9 @@ bench: setup
 FUZZ_DIR     ?= build-fuzz
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS ?=
+# Line tables name sources relative to the checkout (-fdebug-prefix-map), so ccache may leave the
+# build directory out of its hash (CCACHE_NOHASHDIR) and other checkouts reuse the objects.
+fuzz-build: export CCACHE_NOHASHDIR := 1
 fuzz-build: deps
 	cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_C_COMPILER=clang-14 \
 	  -DCMAKE_CXX_COMPILER=clang++-14 -DONNXTRAIN_FUZZ=ON -DONNXTRAIN_BUILD_PYTHON=OFF \
