@@ -36,7 +36,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import import_onnxtrain, median, status_kib  # noqa: E402
+from common import add_torch_argument, import_onnxtrain, median, run_torch_lanes, status_kib, torch_description  # noqa: E402
 
 VARIANTS = ["torch", "level0", "memgrad", "level1", "level2"]
 MEMORY_STEPS = 3
@@ -156,12 +156,15 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skip-memory", action="store_true", help="step times only")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    add_torch_argument(parser)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(*args.child, threads=args.threads)))
         return 0
+    if not run_torch_lanes(args, argv):
+        return 0
     print(f"memory optimizer benchmark, {args.threads} threads (SGD train step, batch 8, seq 128); "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}", flush=True)
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; {torch_description()}", flush=True)
     for name in args.models.split(","):
         mem = {v: ({} if args.skip_memory else fresh(name, v, args.threads)) for v in VARIANTS}
         t = step_times(name, args.steps, args.threads)

@@ -123,11 +123,11 @@ def run_artifacts(steps: int, threads: int, workdir: str, ignored: float = 0.7) 
             return self.inner(ids).transpose(1, 2)
 
     path = os.path.join(workdir, "gpt.onnx")
-    legacy = {"dynamo": False} if "dynamo" in torch.onnx.export.__code__.co_varnames else {}
+    import models
     with torch.no_grad():
         torch.onnx.export(ClassesSecond(model).eval(), (data[0][0],), path, input_names=["ids"], output_names=["logits"],
                           opset_version=17, dynamic_axes={"ids": {0: "batch", 1: "seq"}, "logits": {0: "batch", 2: "seq"}},
-                          **legacy)
+                          **models.torchscript_exporter())
     params = [p.name for p in onnx.load(path).graph.initializer  # the exporter renames some (transposed weights)
               if p.data_type == onnx.TensorProto.FLOAT and len(p.dims) > 0]
     runs = {}
@@ -173,10 +173,10 @@ def gemm_bound(model, data, workdir: str) -> str:
     import onnx_flops
 
     path = os.path.join(workdir, "static.onnx")
-    legacy = {"dynamo": False} if "dynamo" in torch.onnx.export.__code__.co_varnames else {}
+    import models
     with torch.no_grad():
         torch.onnx.export(model.eval(), (data[0][0],), path, input_names=["ids"], output_names=["logits"],
-                          opset_version=17, **legacy)
+                          opset_version=17, **models.torchscript_exporter())
     graph = onnx.load(path)
     total = onnx_flops.count_flops(graph)["total"]
     shapes = onnx_flops._known_shapes(graph)
