@@ -2,8 +2,8 @@
 // checkpoint and its external data ("<path>.data") as one unit.
 //
 // ORT's flatbuffer has no checksum, and its readers ignore bytes after the buffer (flatbuffers'
-// verifier checks offsets against the file size only; ORT 1.19.2 loads such files,
-// tests/python/test_ort_checkpoint_trailer.py). So files onnxtrain writes end with 24 bytes:
+// verifier checks offsets against the file size only: tests/python/test_ort_checkpoint.py loads
+// them in ORT 1.19.2, external data included). So files onnxtrain writes end with 24 bytes:
 //
 //   u64 LE   bytes of "<path>.data" (0 without external data)
 //   u32 LE   CRC-32C of "<path>.data" (0 without)
