@@ -61,16 +61,20 @@ def files_of(ckpt: Path):
 
 
 def load_verified(ckpt: Path, scratch: Path):
-    """Loads a copy of the checkpoint (so a roll-forward happens in the copy); returns the state and
-    the bytes of the copy's main and data files after the load."""
+    """Loads a copy of the checkpoint (so a roll-forward happens in the copy); returns the state,
+    the bytes of the copy's main and data files after the load, and whether the load finished an
+    interrupted commit (renamed "<path>.data.new")."""
     if scratch.exists():
         shutil.rmtree(scratch)
     scratch.mkdir()
     for p in files_of(ckpt):
         shutil.copyfile(p, scratch / p.name.replace(ckpt.name, "ckpt", 1))
+    pending = scratch / "ckpt.data.new"
+    was_pending = pending.exists()
     state = CheckpointState.load_checkpoint(scratch / "ckpt")
     data = scratch / "ckpt.data"
-    return state, (scratch / "ckpt").read_bytes(), data.read_bytes() if data.exists() else None
+    return state, (scratch / "ckpt").read_bytes(), data.read_bytes() if data.exists() else None, \
+        was_pending and not pending.exists()
 
 
 def same_checkpoint(got_main, got_data, ref: Path, external: bool):
@@ -148,7 +152,7 @@ def check_after_kill(fe, fmt, ref, chain: Path, durable: int, exported_seen: boo
     step = 0
     if ckpt.exists():
         try:
-            state, main, data = load_verified(ckpt, scratch)
+            state, main, data, rolled = load_verified(ckpt, scratch)
         except Exception as e:  # noqa: BLE001 - any load error is the failure being tested for
             raise Failure(f"the checkpoint does not load: {e}")
         step = int(state.properties[fe.step_key])
@@ -173,13 +177,13 @@ def check_after_kill(fe, fmt, ref, chain: Path, durable: int, exported_seen: boo
             raise Failure("the log is not a prefix of the uninterrupted run's log")
         if step and f'{{"step": {step},' not in text:
             raise Failure(f"the log does not reach the checkpoint's update {step}")
-    return step, exported_seen
+    return step, exported_seen, rolled if ckpt.exists() else False
 
 
 def check_end(fe, fmt, ref, chain: Path, scratch: Path):
     ckpt = chain / "ckpt"
     final = ref / ("final" if fe.name == "cli" else f"ckpt-{STEPS}")
-    state, main, data = load_verified(ckpt, scratch)
+    state, main, data, _ = load_verified(ckpt, scratch)
     expect = CheckpointState.load_checkpoint(final)
     got_p, want_p = parameters(state), parameters(expect)
     if got_p.keys() != want_p.keys() or any(got_p[k].tobytes() != want_p[k].tobytes() for k in want_p):
@@ -200,8 +204,10 @@ def campaign(fe: FrontEnd, kills: int, rng: random.Random, pause_ms: int, log=pr
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("ONNXTRAIN_DEBUG_SAVE_PAUSE_MS", None)
     refs = {fmt: reference(fe, fmt, env) for fmt in FORMATS[fe.name]}
-    stats = {"kills": 0, "inside_save": 0, "before_first_save": 0, "chains": 0, "processes": 0,
-             "resumed_to_end": 0, "failures": []}
+    # inside_save: kills that left a temporary file of the killed process, by the file it was for;
+    # rolled_forward: kills between the commit of "<path>.data" and its rename, finished by the load.
+    stats = {"kills": 0, "inside_save": 0, "inside_save_of": {}, "rolled_forward": 0, "before_first_save": 0,
+             "chains": 0, "processes": 0, "resumed_to_end": 0, "failures": []}
     scratch = fe.work / f"scratch-{fe.name}"
     t0 = time.monotonic()
     while stats["kills"] < kills:
@@ -228,10 +234,14 @@ def campaign(fe: FrontEnd, kills: int, rng: random.Random, pause_ms: int, log=pr
                     p.wait()
                     p.stderr.close()
                     stats["kills"] += 1
-                    if any(f".tmp-{p.pid}-" in q.name for q in chain.iterdir()):
+                    left = [q.name.split(".tmp-")[0] for q in chain.iterdir() if f".tmp-{p.pid}-" in q.name]
+                    if left:
                         stats["inside_save"] += 1
-                    durable, exported_seen = check_after_kill(fe, fmt, ref["dir"], chain, durable, exported_seen,
-                                                              scratch)
+                        for name in left:
+                            stats["inside_save_of"][name] = stats["inside_save_of"].get(name, 0) + 1
+                    durable, exported_seen, rolled = check_after_kill(fe, fmt, ref["dir"], chain, durable,
+                                                                      exported_seen, scratch)
+                    stats["rolled_forward"] += int(rolled)
                     if durable == 0:
                         stats["before_first_save"] += 1
                     continue
@@ -280,7 +290,8 @@ def main(argv=None) -> int:
             s = campaign(FrontEnd(name, work), a.kills, rng, a.pause_ms, log=lambda m: print(m, flush=True))
             results[name] = s
             failed |= bool(s["failures"])
-            print(f"{name}: {s['kills']} kills ({s['inside_save']} inside a save, {s['before_first_save']} before the "
+            print(f"{name}: {s['kills']} kills ({s['inside_save']} inside an atomic write {s['inside_save_of']}, "
+                  f"{s['rolled_forward']} between a .data commit and its rename, {s['before_first_save']} before the "
                   f"chain's first save) in {s['chains']} chains of {s['processes']} processes, "
                   f"{s['resumed_to_end']} resumed to the end equal, {len(s['failures'])} failures, {s['seconds']} s",
                   flush=True)
