@@ -97,8 +97,14 @@ void remove_stale_temporaries(const std::string& path) {
 void write_file_atomically(const std::string& path, const FileWriter& write) {
   static std::atomic<uint64_t> counter{0};
   remove_stale_temporaries(path);
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+  std::string tmp;
+  Fd fd;
+  // EEXIST: a killed process that had our pid left this name (remove_stale_temporaries spares our pid).
+  for (int tries = 0; fd.get() < 0 && tries < 64; ++tries) {
+    tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    fd.adopt(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+    if (fd.get() < 0 && errno != EEXIST) break;
+  }
   if (fd.get() < 0) OT_THROW(kRuntime, "cannot create temporary file '", tmp, "': ", errno_text(errno));
   try {
     debug_save_pause();

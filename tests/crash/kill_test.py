@@ -15,8 +15,9 @@ inside a save. After every kill:
     by the load, done on a copy so that the next process meets the files as the kill left them);
   - it is byte for byte the uninterrupted run's checkpoint of the update it records, and that
     update is no earlier than the one the killed process started from (nothing lost);
-  - the exported model is byte for byte the uninterrupted run's export of that update or of the
-    one before (an export follows each save);
+  - the exported model is byte for byte the uninterrupted run's export of that update or of an
+    earlier one, no earlier than the export seen after the previous kill (an export follows each
+    save; a resumed process exports after its first update);
   - the CLI's log is a prefix of the uninterrupted run's log that covers the checkpoint.
 When a chain ends, the checkpoint, export and log equal the uninterrupted run's, the parameters
 compare equal bit for bit, and no temporary file is left. Exit status 1 on any failure.
@@ -145,8 +146,9 @@ def reference(fe: FrontEnd, fmt: str, env) -> dict:
     return {"dir": ref, "seconds": seconds}
 
 
-def check_after_kill(fe, fmt, ref, chain: Path, durable: int, exported_seen: bool, scratch: Path):
-    """The checks after a kill; returns the checkpoint's update (0: none yet) and whether an export exists."""
+def check_after_kill(fe, fmt, ref, chain: Path, durable: int, exported: int, scratch: Path):
+    """The checks after a kill; returns the checkpoint's update (0: none yet), the export's update
+    (0: none yet) and whether the load finished an interrupted commit."""
     ckpt, export, log = chain / "ckpt", chain / "model.onnx", chain / "log"
     external = fmt == "ort-external"
     step = 0
@@ -163,12 +165,15 @@ def check_after_kill(fe, fmt, ref, chain: Path, durable: int, exported_seen: boo
     if step < durable:
         raise Failure(f"the checkpoint went back from update {durable} to {step}")
     if fe.name != "cli":
+        # An export follows each save, and a resumed process exports after its first update: the
+        # export may be several updates behind the checkpoint, never ahead, never going back.
         if export.exists():
             got = export.read_bytes()
-            if not any(k >= 1 and got == (ref / f"model-{k}.onnx").read_bytes() for k in (step, step - 1)):
-                raise Failure(f"the exported model is neither update {step}'s nor {step - 1}'s")
-            exported_seen = True
-        elif exported_seen:
+            same = [k for k in range(1, STEPS + 1) if got == (ref / f"model-{k}.onnx").read_bytes()]
+            if not same or not exported <= same[-1] <= step:
+                raise Failure(f"the exported model is update {same or 'none'}'s, expected one of {exported}..{step}")
+            exported = same[-1]
+        elif exported:
             raise Failure("the exported model is gone")
     else:
         text = log.read_text() if log.exists() else ""
@@ -177,7 +182,7 @@ def check_after_kill(fe, fmt, ref, chain: Path, durable: int, exported_seen: boo
             raise Failure("the log is not a prefix of the uninterrupted run's log")
         if step and f'{{"step": {step},' not in text:
             raise Failure(f"the log does not reach the checkpoint's update {step}")
-    return step, exported_seen, rolled if ckpt.exists() else False
+    return step, exported, rolled if ckpt.exists() else False
 
 
 def check_end(fe, fmt, ref, chain: Path, scratch: Path):
@@ -216,7 +221,7 @@ def campaign(fe: FrontEnd, kills: int, rng: random.Random, pause_ms: int, log=pr
         chain = fe.work / f"chain-{fe.name}-{stats['chains']}"
         chain.mkdir()
         stats["chains"] += 1
-        durable, exported_seen = 0, False
+        durable, exported = 0, 0
         try:
             while True:
                 paused = rng.random() < 0.5
@@ -229,7 +234,10 @@ def campaign(fe: FrontEnd, kills: int, rng: random.Random, pause_ms: int, log=pr
                 stats["processes"] += 1
                 try:
                     p.wait(timeout=rng.uniform(0, horizon))
-                except subprocess.TimeoutExpired:
+                except BaseException as e:  # the kill below, or the driver itself interrupted
+                    if not isinstance(e, subprocess.TimeoutExpired):
+                        p.kill()
+                        raise
                     p.send_signal(signal.SIGKILL)
                     p.wait()
                     p.stderr.close()
@@ -239,8 +247,8 @@ def campaign(fe: FrontEnd, kills: int, rng: random.Random, pause_ms: int, log=pr
                         stats["inside_save"] += 1
                         for name in left:
                             stats["inside_save_of"][name] = stats["inside_save_of"].get(name, 0) + 1
-                    durable, exported_seen, rolled = check_after_kill(fe, fmt, ref["dir"], chain, durable,
-                                                                      exported_seen, scratch)
+                    durable, exported, rolled = check_after_kill(fe, fmt, ref["dir"], chain, durable, exported,
+                                                                 scratch)
                     stats["rolled_forward"] += int(rolled)
                     if durable == 0:
                         stats["before_first_save"] += 1
