@@ -286,11 +286,9 @@ void to_ort_training_graphs(TrainingGraphs& graphs) {
 
 Model ort_optimizer_model(const OptimizerConfig& config) {
   Model m;
-  m.opsets[""] = 17;
-  m.opsets[kMsDomain] = 1;
-  m.description = "'optimizer_model'";
+  m.opsets = {{kOnnxDomain, 17}, {kMsDomain, 1}};
   Graph& g = m.graph;
-  g.name = "optimizer";
+  g.name = "optimizer";  // ORT's Optimizer reads the inputs by position: its generator's order
   ValueInfo seq{DType::kFloat32, std::nullopt, {}, ValueKind::kSequence};
   g.inputs.push_back({"learning_rate", ValueInfo{DType::kFloat32, Shape{1}, {}}});
   g.inputs.push_back({"step", ValueInfo{DType::kInt64, Shape{1}, {}}});
