@@ -21,6 +21,7 @@ from onnx import TensorProto, helper
 
 import peers
 import onnxtrain
+from onnxtrain import artifacts
 from onnxtrain.api import CheckpointState, Module, Optimizer
 
 import ort_zoo  # bench/ort_zoo.py
@@ -76,6 +77,8 @@ def test_ort_artifacts_train_as_in_ort(tmp_path, ort_training_peer, name, optim)
 def _torch_sgd(name, batches, lr=1e-3):
     """The zoo model trained by torch (train mode, plain SGD): losses, parameters, buffers."""
     model = ort_zoo._build(name).train()
+    with torch.no_grad():  # torch.onnx.export traced one train-mode forward: the running statistics moved once
+        model(torch.from_numpy(ort_zoo.batches(name, 1)[0][0]))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     losses = []
     for x, y in batches:
@@ -102,9 +105,57 @@ def test_batchnorm_artifacts_match_ort_first_step_and_torch_throughout(tmp_path,
     np.testing.assert_allclose(losses, torch_losses, rtol=1e-5)
     trainable = [n for n in torch_state if n in state.parameters and state.parameters[n].requires_grad]
     _assert_params(state, torch_state, trainable)
-    # ORT's checkpoint holds only the trainable parameters: the running statistics stay
-    # initializers of ORT's graphs, where nothing updates them (see the module docstring).
-    assert not [n for n in state.parameters if "running" in n]
+    # The running statistics ORT's checkpoint leaves in its graphs (and never updates,
+    # onnxruntime#19370) joined the state and trained as torch's: same mean (torch's momentum 0.1 is
+    # ONNX's 0.9); the variance is the batch's biased one (torch's is unbiased, n/(n-1) larger).
+    stats = [n for n in torch_state if "running" in n]
+    assert stats and all(n in state.parameters and not state.parameters[n].requires_grad for n in stats)
+    _assert_params(state, torch_state, [n for n in stats if n.endswith("running_mean")])
+    for name in [n for n in stats if n.endswith("running_var")]:
+        assert not np.allclose(np.asarray(state.parameters[name].data), 1.0), name  # updated
+
+
+def test_batchnorm_statistics_of_ort_artifacts_update_and_go_back_to_ort(tmp_path, ort_training_peer):
+    """ORT's ResNet artifacts trained by onnxtrain update the running statistics as onnxtrain's own
+    artifacts do (same values, same eval loss after training); the checkpoint saved in ORT's format
+    carries them, and ORT 1.19.2 loads it with its own artifacts and trains on."""
+    art, batches, _, _ = _ort_train(tmp_path, "resnet", "sgd", 0)
+    batches = ort_zoo.batches("resnet", 3)
+    state, module, losses = _our_train(art, batches)
+    module.eval()
+    eval_loss = float(module(*batches[0]))
+    path, params = ort_zoo.export("resnet", tmp_path)
+    native = str(tmp_path / "native")
+    artifacts.generate_artifacts(path, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
+                                 optimizer=artifacts.OptimType.SGD, artifact_directory=native)
+    native_state, native_module, native_losses = _our_train(native, batches)
+    native_module.eval()
+    np.testing.assert_allclose(losses, native_losses, rtol=1e-5)
+    stats = [n for n, _ in native_state.parameters if "running" in n]
+    assert stats
+    _assert_params(state, {n: np.asarray(native_state.parameters[n].data) for n in stats}, stats)
+    np.testing.assert_allclose(eval_loss, float(native_module(*batches[0])), rtol=1e-5)
+    # Back to ORT: its own artifacts load the checkpoint (the statistics are extra frozen
+    # parameters there, which its graphs do not read) and train on from onnxtrain's parameters.
+    saved = str(tmp_path / "for_ort")
+    CheckpointState.save_checkpoint(state, saved, format="ort")
+    script = textwrap.dedent("""
+        import sys, numpy as np
+        from onnxruntime.training.api import CheckpointState, Module
+        art, ckpt, data = sys.argv[1:4]
+        state = CheckpointState.load_checkpoint(ckpt)
+        module = Module(art + "/training_model.onnx", state)
+        module.train()
+        b = np.load(data)
+        print(float(module(b["x"], b["y"])))
+    """)
+    data = str(tmp_path / "next.npz")
+    x, y = ort_zoo.batches("resnet", 4)[3]
+    np.savez(data, x=x, y=y)
+    proc = peers.run("ort-training", ["-c", script, art, saved, data])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    module.train()
+    np.testing.assert_allclose(float(proc.stdout.strip().splitlines()[-1]), float(module(x, y)), rtol=1e-5)
 
 
 def test_module_profile_times_the_training_graph_when_asked(tmp_path, ort_training_peer, monkeypatch):
