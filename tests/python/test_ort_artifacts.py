@@ -306,3 +306,63 @@ def test_ort_op_matches_ort(tmp_path, ort_training_peer, case):
         value = np.asarray(value)
         assert value.shape == theirs[name].shape, (name, value.shape, theirs[name].shape)
         np.testing.assert_allclose(value, theirs[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+# ---- models outside the zoo whose ORT artifacts use the ops above, trained end to end
+
+def _small_model(kind):
+    """(model, trainable names, label count per batch, classes): a MatMul, the op ORT's generator
+    differentiates with the op under test, and a MatMul or Gather to logits."""
+    from onnx import numpy_helper as nh
+    rng = np.random.default_rng(3)
+    w = lambda name, *s: nh.from_array((rng.standard_normal(s) * 0.3).astype(np.float32), name)  # noqa: E731
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6])
+    mm = helper.make_node("MatMul", ["x", "w1"], ["h"])
+    extra, opsets, inits = [], [helper.make_opsetid("", 17)], [w("w1", 6, 5)]
+    if kind == "sigmoid_tanh":
+        nodes = [mm, helper.make_node("Sigmoid", ["h"], ["s"]), helper.make_node("Tanh", ["s"], ["t"]),
+                 helper.make_node("MatMul", ["t", "w2"], ["y"])]
+        inits.append(w("w2", 5, 3)); out, rows, classes = [4, 3], 4, 3
+    elif kind == "fast_gelu":
+        nodes = [mm, helper.make_node("FastGelu", ["h"], ["g"], domain="com.microsoft"),
+                 helper.make_node("MatMul", ["g", "w2"], ["y"])]
+        inits.append(w("w2", 5, 3)); out, rows, classes = [4, 3], 4, 3
+        opsets.append(helper.make_opsetid("com.microsoft", 1))
+    elif kind == "log_softmax":
+        nodes = [mm, helper.make_node("LogSoftmax", ["h"], ["y"], axis=-1)]
+        out, rows, classes = [4, 5], 4, 5
+    elif kind == "gather_elements":
+        inits.append(nh.from_array(np.array([[0, 2, 1], [3, 0, 2], [1, 4, 0], [2, 3, 4]], np.int64), "idx"))
+        nodes = [mm, helper.make_node("GatherElements", ["h", "idx"], ["y"], axis=1)]
+        out, rows, classes = [4, 3], 4, 3
+    else:  # gather_nd: rows 0, 2, 1 of h
+        inits.append(nh.from_array(np.array([[0], [2], [1]], np.int64), "idx"))
+        nodes = [mm, helper.make_node("GatherND", ["h", "idx"], ["y"])]
+        out, rows, classes = [3, 5], 3, 5
+    graph = helper.make_graph(nodes, kind, [x], [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)], inits)
+    params = [t.name for t in inits if t.data_type == TensorProto.FLOAT]
+    return helper.make_model(graph, opset_imports=opsets, ir_version=8), params, rows, classes
+
+
+SMALL = {"sigmoid_tanh": "SigmoidGrad", "fast_gelu": "FastGeluGrad", "log_softmax": "LogSoftmaxGrad_13",
+         "gather_elements": "GatherElementsGrad", "gather_nd": "GatherNDGrad"}
+
+
+@pytest.mark.parametrize("kind", list(SMALL))
+def test_ort_artifacts_of_other_ops_train_as_in_ort(tmp_path, ort_training_peer, kind):
+    model, params, rows, classes = _small_model(kind)
+    path = str(tmp_path / "model.onnx")
+    onnx.save(model, path)
+    rng = np.random.default_rng(5)
+    batches = [(rng.standard_normal((4, 6)).astype(np.float32), rng.integers(0, classes, rows).astype(np.int64))
+               for _ in range(STEPS)]
+    data = str(tmp_path / "batches.npz")
+    np.savez(data, **{f"x{k}": x for k, (x, _) in enumerate(batches)}, **{f"y{k}": y for k, (_, y) in enumerate(batches)})
+    art = str(tmp_path / "adamw")
+    proc = peers.run("ort-training", ["-c", ort_zoo.ORT_SCRIPT, path, json.dumps(params), data, art, "adamw", str(STEPS)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert ["com.microsoft", SMALL[kind]] in report["ops"]["training_model"], report["ops"]["training_model"]
+    state, _, losses = _our_train(art, batches)
+    np.testing.assert_allclose(losses, report["losses"], rtol=1e-5)
+    _assert_params(state, dict(np.load(os.path.join(art, "ort_params.npz"))))
