@@ -28,6 +28,7 @@ set(_left_out
   src/passes/memory_optimizer.cc              # recompute/offload plans: artifact generation
   src/training/quantize.cc                    # weight quantization: artifact generation
   src/training/lora_apply.cc                  # adding LoRA adapters: artifact generation
+  src/training/ort_export.cc                  # ORT-compatible artifacts: artifact generation
   src/ops/gradient_builder.cc src/ops/graph_builder.cc  # what gradient rules are written with
   src/onnx/model_io.cc                        # protobuf (replaced by model_io_minimal.cc)
   src/backends/cpu/gemm_dnnl.cc src/backends/cpu/conv_dnnl.cc src/backends/cpu/pool_dnnl.cc

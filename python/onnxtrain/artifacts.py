@@ -109,7 +109,8 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                        loss_options: Optional[Dict[str, Any]] = None,
                        mixed_precision: Optional[str] = None, lora: Optional["LoraConfig"] = None,
                        memory_opt_level: int = 0, memory_opt_config: str = "",
-                       compute_optimizer: bool = True, label_sparsity: bool = False) -> List[str]:
+                       compute_optimizer: bool = True, label_sparsity: bool = False,
+                       ort_compatible: bool = False) -> List[str]:
     """Writes the training, eval and optimizer models and the checkpoint; returns their paths.
 
     ``model``: a path, bytes or ``onnx.ModelProto``; a model over 2 GB must be a path to a file
@@ -137,7 +138,10 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     CrossEntropy/NLL loss with ``ignore_index`` computes the LM head (final LayerNorm, vocabulary
     projection, softmax and their gradients) on the rows whose label is kept only; the loss and
     gradients are the dense graph's, a step with 70% of labels ignored costs much less; with every
-    label kept the extra gathers cost a little, hence opt-in.
+    label kept the extra gathers cost a little, hence opt-in. ``ort_compatible``: artifacts that
+    ONNX Runtime training's ``onnxruntime.training.api`` (1.16-1.19) loads and trains too, as well
+    as onnxtrain (ORT's graph conventions, optimizer graph and checkpoint format); AdamW (torch's or
+    transformers') or plain SGD, fp32, no LoRA, memory optimizer or label sparsity.
     """
     source = _model_arg(model)  # a path stays a path: its external data is found beside it
     if requires_grad == "all":  # every weight: initializers and Constant-node weights (not frozen ones)
@@ -172,4 +176,5 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                                                                  "target": list(lora.target),
                                                                  "dropout": float(lora.dropout), "seed": int(lora.seed)},
                                  memory_opt_level=int(memory_opt_level), memory_opt_config=str(memory_opt_config),
-                                 compute_optimizer=bool(compute_optimizer), label_sparsity=bool(label_sparsity))
+                                 compute_optimizer=bool(compute_optimizer), label_sparsity=bool(label_sparsity),
+                                 ort_compatible=bool(ort_compatible))

@@ -101,6 +101,8 @@ const Command kArtifactsCommand{
                                        "past elementwise ops, LayerNorm, Softmax and MatMul)"},
         {"--label-sparsity", "", "a cross-entropy/NLL loss with ignore_index computes the LM head on the kept labels' "
                                  "rows only (same loss and gradients; pays when many labels are ignored)"},
+        {"--ort-compatible", "", "artifacts ONNX Runtime training 1.16-1.19 (onnxruntime.training.api) also trains: "
+                                 "its graph conventions, optimizer graph and checkpoint format (adamw or sgd, fp32)"},
     },
     "example:\n  onnxtrain artifacts mlp.onnx --out out --all --loss cross_entropy --optimizer adamw --lr 1e-3\n"};
 
@@ -145,6 +147,7 @@ int run_artifacts(const Args& a) {
   o.memory.config = a.get("--memory-opt-config");
   o.graphs.compute_optimizer = !a.flag("--no-compute-optimizer");
   o.graphs.label_sparsity = a.flag("--label-sparsity");
+  o.graphs.ort_compatible = a.flag("--ort-compatible");
 
   Model model = load_model(a.positional(0));
   if (custom) o.graphs.custom_loss = std::make_shared<const Model>(load_model(loss));
