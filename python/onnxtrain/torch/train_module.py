@@ -187,10 +187,14 @@ class TrainModule(nn.Module):
             accumulation), losses, normalisations and the parameters stay fp32
             (src/passes/mixed_precision.h). Default: ONNXTRAIN_MIXED_PRECISION, else the dtype of
             an enclosing ``torch.autocast("cpu", ...)`` at each call, else fp32.
+        memory_opt_level, memory_opt_config: the memory optimizer's level (0, 1: layer-wise
+            recompute, 2: plus compromised plans) and plan; default: ONNXTRAIN_MEMORY_OPT_LEVEL and
+            ONNXTRAIN_MEMORY_OPT_CONFIG.
     """
 
     def __init__(self, module: nn.Module, debug_options: Optional[DebugOptions] = None,
-                 mixed_precision: Optional[str] = None):
+                 mixed_precision: Optional[str] = None, memory_opt_level: Optional[int] = None,
+                 memory_opt_config: Optional[str] = None):
         if not isinstance(module, nn.Module):
             raise TypeError(f"TrainModule wraps a torch.nn.Module, got {type(module).__name__}")
         if mixed_precision not in (None, "bf16", "fp16"):
@@ -202,6 +206,12 @@ class TrainModule(nn.Module):
             self.__dict__[shared] = module.__dict__[shared]
         self.training = module.training
         self._settings = Settings.load(debug_options)
+        if memory_opt_level is not None:
+            if memory_opt_level not in (0, 1, 2):
+                raise ValueError(f"TrainModule: memory_opt_level must be 0, 1 or 2, got {memory_opt_level!r}")
+            self._settings.memory_opt_level = memory_opt_level
+        if memory_opt_config is not None:
+            self._settings.memory_opt_config = memory_opt_config
         env_mode = "" if self._settings.mixed_precision == "none" else self._settings.mixed_precision
         self.__dict__["_mixed_precision"] = mixed_precision or env_mode
         self._exports: Dict[Any, _Export] = {}
