@@ -9,8 +9,9 @@ is the import: ``onnxtrain.hf.Trainer`` runs the steps through TrainModule with 
     PYTHONPATH=build/python ~/.cache/onnxtrain/peers/torch2/bin/python examples/hf_trainer.py
     (or the hf113 peer: transformers 4.47 on Debian's torch 1.13)
 
-Prints the held-out accuracy before and after 3 epochs (both lanes, 2026-11-27: 0.50 before, 1.00
-after; the script fails below 15/16).
+Prints the held-out accuracy before and after 3 epochs (12 steps of batch 8): 0.38 before, 1.00 after
+in both lanes (2026-11-27; about 75-90 s of training on a loaded 2-core machine); the script exits
+with 1 below 15/16.
 """
 from __future__ import annotations
 
@@ -105,7 +106,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as out:
         trainer = Trainer(model=model, train_dataset=train, eval_dataset=held, compute_metrics=accuracy,
                           args=TrainingArguments(out, use_cpu=True, report_to=[], per_device_train_batch_size=8,
-                                                 num_train_epochs=args.epochs, learning_rate=1e-4, warmup_ratio=0.1,
+                                                 num_train_epochs=args.epochs, learning_rate=1e-4, warmup_steps=1,
                                                  logging_steps=4, save_strategy="no", seed=0, bf16=args.bf16,
                                                  disable_tqdm=True))
         before = trainer.evaluate()["eval_accuracy"]
