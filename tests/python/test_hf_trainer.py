@@ -133,6 +133,8 @@ def test_an_unsupported_option_is_named_or_falls_back_once(tmp_path, monkeypatch
     monkeypatch.delenv("ORTMODULE_FALLBACK_POLICY", raising=False)
     with pytest.raises(ValueError, match=r"optim='adafactor': onnxtrain steps with FusedAdam"):
         Trainer(model=bert(), args=arguments(tmp_path, "a", optim="adafactor"), train_dataset=Tokens(16, 5))
+    with pytest.raises(ValueError, match=r"fp16=True: .*without a loss scaler.*use bf16=True"):
+        Trainer(model=bert(), args=arguments(tmp_path, "a", fp16=True), train_dataset=Tokens(16, 5))
     monkeypatch.setenv("ONNXTRAIN_FALLBACK", "warn")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

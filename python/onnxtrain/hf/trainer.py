@@ -14,8 +14,9 @@ callbacks, checkpoint save and resume) is Trainer's unchanged code. The optimize
 LayerNorm). What TrainingArguments turns into onnxtrain settings:
 
   ``optim``                  adamw_torch, adamw_torch_fused: FusedAdam("adamw"); adamw_hf (4.x): FusedAdam("hf")
-  ``bf16`` / ``fp16``        TrainModule(mixed_precision="bf16" / "fp16"): GEMMs and their gradients in
-                             that type, parameters, losses and normalisations in fp32
+  ``bf16``                   TrainModule(mixed_precision="bf16"): GEMMs and their gradients in bfloat16,
+                             parameters, losses and normalisations in fp32 (``fp16`` is refused: no loss
+                             scaler on the CPU)
   ``gradient_checkpointing`` the model's torch.utils.checkpoint calls become TrainModule's recompute regions
   ``memory_opt_level``, ``memory_opt_config`` (this module's TrainingArguments): TrainModule's memory
                              optimizer (ONNXTRAIN_MEMORY_OPT_LEVEL / _CONFIG when unset)
@@ -81,8 +82,8 @@ def unsupported_options(args: transformers.TrainingArguments) -> List[str]:
     check("bf16_full_eval", bool, "it casts the parameters to bfloat16; TrainModule's bf16 keeps them fp32")
     check("neftune_noise_alpha", lambda v: v > 0, "its forward hook draws noise that an export would fix")
     check("use_liger_kernel", bool, "Liger's kernels are Triton (GPU) kernels")
-    if args.bf16 and args.fp16:
-        found.append("bf16=True and fp16=True: choose one")
+    check("fp16", bool, "on the CPU Trainer runs fp16 without a loss scaler (accelerate 1.2 refuses it), so small "
+          "gradients would underflow; use bf16=True")
     # args.device sets accelerate up, which refuses torch_compile on torch 1.13 before we could name it.
     if not args.torch_compile and args.device.type != "cpu":
         found.append(f"device {args.device} (use_cpu=False): onnxtrain trains on the CPU; set use_cpu=True")
@@ -113,7 +114,7 @@ class Trainer(transformers.Trainer):
 
     @property
     def mixed_precision(self) -> Optional[str]:
-        return "bf16" if self.args.bf16 else "fp16" if self.args.fp16 else None
+        return "bf16" if self.args.bf16 else None
 
     @property
     def train_module(self) -> TrainModule:
