@@ -1,10 +1,13 @@
 """onnxtrain.hf.Trainer (python/onnxtrain/hf/trainer.py) against transformers' own Trainer, in both HF
 lanes (`make test-hf-lanes`): the same run logs the same losses and evaluates the same (fp32, gradient
 accumulation, clipping, linear schedule), stepping FusedAdam through TrainModule; a run resumed from
-a saved checkpoint ends where the uninterrupted run ends (dropout on, shuffled data); bf16, gradient
-checkpointing and the memory optimizer reach TrainModule; an unsupported option is named, or with
-ONNXTRAIN_FALLBACK=warn the Trainer runs eagerly after one warning."""
+a saved checkpoint ends where the uninterrupted run ends (dropout on, shuffled data); an epoch padded
+to the longest sequence of each batch exports twice whatever the lengths (TrainModule's symbolic
+sequence dim and its one check); bf16, gradient checkpointing and the memory optimizer reach
+TrainModule; an unsupported option is named, or with ONNXTRAIN_FALLBACK=warn the Trainer runs
+eagerly after one warning."""
 import os
+import re
 import warnings
 
 import numpy as np
@@ -82,6 +85,8 @@ def test_trainer_matches_transformers_trainer(tmp_path):
     np.testing.assert_allclose(ours_losses, eager_losses, rtol=1e-4)
     np.testing.assert_allclose(ours_eval["eval_loss"], eager_eval["eval_loss"], rtol=1e-4)
     for (name, p), q in zip(ours.model.named_parameters(), eager.model.parameters()):
+        if name.endswith("attention.self.key.bias"):
+            continue  # its gradient is 0 in exact arithmetic (softmax ignores it); Adam steps on rounding noise
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-3, atol=1e-5, err_msg=name)
 
 
@@ -105,6 +110,57 @@ def test_resuming_from_a_checkpoint_equals_the_uninterrupted_run(tmp_path):
     assert len(moments) == len(list(whole.model.parameters()))
 
 
+class Sentences(torch.utils.data.Dataset):
+    """Token ids of 4 to 16 tokens; the label says whether the first token is in the lower half."""
+
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        lengths = torch.randint(4, 17, (n,), generator=g)
+        self.rows = [torch.randint(2, 64, (int(k),), generator=g) for k in lengths]
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.rows[i], "labels": int(self.rows[i][0] < 33)}
+
+
+class PadToLongest:
+    """The collator: each batch padded (id 0, attention mask 0) to its longest sentence; records the lengths."""
+
+    def __init__(self):
+        self.lengths = []
+
+    def __call__(self, features):
+        longest = max(len(f["input_ids"]) for f in features)
+        ids = torch.zeros(len(features), longest, dtype=torch.long)
+        mask = torch.zeros(len(features), longest, dtype=torch.long)
+        for r, f in enumerate(features):
+            ids[r, :len(f["input_ids"])] = f["input_ids"]
+            mask[r, :len(f["input_ids"])] = 1
+        self.lengths.append(longest)
+        return {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([f["labels"] for f in features])}
+
+
+def test_an_epoch_padded_to_the_longest_exports_twice_and_follows_eager(tmp_path):
+    data = Sentences(32, 6)
+    runs = {}
+    for name, cls, args_cls in (("ours", Trainer, TrainingArguments),
+                                ("eager", transformers.Trainer, transformers.TrainingArguments)):
+        collator = PadToLongest()
+        trainer = cls(model=bert(), args=arguments(tmp_path, name, args_cls, num_train_epochs=1,
+                                                   gradient_accumulation_steps=1, per_device_train_batch_size=2),
+                      train_dataset=data, data_collator=collator)
+        trainer.train()
+        runs[name] = (trainer, collator.lengths)
+    ours, lengths = runs["ours"]
+    assert len(lengths) == 16 and len(set(lengths)) >= 6, lengths  # every batch full, padded to 6+ lengths
+    # The first export, and one more the first time the sequence dim takes a new size (the check
+    # that the export does not depend on it); then every length reuses them.
+    assert ours.train_module.export_count == 2 and len(ours.train_module.build_stats) == 1
+    np.testing.assert_allclose(logged_losses(ours), logged_losses(runs["eager"][0]), rtol=1e-4)
+
+
 def test_bf16_and_memory_options_reach_the_train_module(tmp_path):
     train = Tokens(32, 4)
     checkpointing = "activation_checkpointing" if hasattr(transformers.TrainingArguments, "activation_checkpointing") \
@@ -122,10 +178,14 @@ def test_bf16_and_memory_options_reach_the_train_module(tmp_path):
     # bf16 GEMMs: after 2 steps the parameters are near fp32's, not equal (measured 0.05-0.1 of the update).
     off = np.linalg.norm(runs["bf16"][0] - runs["fp32"][0]) / np.linalg.norm(runs["fp32"][0] - initial)
     assert 0 < off < 0.3, off
-    saved = {name: run[1].build_stats[0]["saved_bytes"] for name, run in runs.items()}
-    for name in ("checkpointing", "level1"):  # recomputing in the backward: exact, and fewer bytes kept
+    for name in ("checkpointing", "level1"):  # recomputing in the backward is exact
         np.testing.assert_allclose(runs[name][0], runs["fp32"][0], rtol=1e-5, atol=1e-7)
-        assert saved[name] < 0.8 * saved["fp32"], saved
+    # The bytes the forward keeps for the backward (the plan's block; with symbolic batch and sequence
+    # dims the memory optimizer's own byte figures are formulas): checkpoint regions keep far fewer.
+    saved = {name: int(re.search(r"saved values: \d+ of \d+ in one block of (\d+) bytes",
+                                 run[1].build_stats[0]["memory"]).group(1)) for name, run in runs.items()}
+    assert saved["checkpointing"] < 0.5 * saved["fp32"], saved
+    assert "plan (level 1)" in runs["level1"][1].build_stats[0]["memory_plan"]
 
 
 def test_an_unsupported_option_is_named_or_falls_back_once(tmp_path, monkeypatch):
