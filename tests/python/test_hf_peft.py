@@ -3,7 +3,8 @@ classifier exported to ONNX under its own module names: adapters trained in onnx
 artifacts, exported (adapter_model.safetensors + adapter_config.json), load with
 ``PeftModel.from_pretrained`` and give onnxtrain's outputs; adapters PEFT saved load into the
 artifacts and give PEFT's outputs (a mismatched rank or module set is refused, naming it); a
-PEFT-wrapped model trains under TrainModule with gradients on the adapters only, as in eager PyTorch."""
+PEFT-wrapped model trains under TrainModule with gradients on the adapters only, as in eager PyTorch,
+and under onnxtrain.hf.Trainer as under transformers' Trainer."""
 import io
 import json
 import os
@@ -154,3 +155,36 @@ def test_a_peft_model_trains_under_train_module_like_eager(tmp_path):
     for (name, p), q in zip(ours_module.named_parameters(), eager.parameters()):
         np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-3, atol=1e-5, err_msg=name)
     assert len(ours.build_stats) == 1
+
+
+def test_onnxtrain_trainer_trains_a_peft_model_like_transformers_trainer(tmp_path):
+    from onnxtrain.hf import Trainer, TrainingArguments
+
+    class Batches(torch.utils.data.Dataset):
+        def __len__(self):
+            return 16
+
+        def __getitem__(self, i):
+            ids, labels = batch(300 + i // BATCH)
+            return {"input_ids": ids[i % BATCH], "labels": labels[i % BATCH]}
+
+    runs = {}
+    for name, cls, args_cls in (("ours", Trainer, TrainingArguments),
+                                ("eager", transformers.Trainer, transformers.TrainingArguments)):
+        torch.manual_seed(5)
+        model = peft.get_peft_model(bert(), peft_config(init_lora_weights=False))
+        args = args_cls(str(tmp_path / name), use_cpu=True, report_to=[], per_device_train_batch_size=BATCH,
+                        num_train_epochs=2, learning_rate=1e-2, logging_steps=1, save_strategy="no", seed=0,
+                        disable_tqdm=True)
+        trainer = cls(model=model, args=args, train_dataset=Batches())
+        trainer.train()
+        runs[name] = trainer
+    ours = runs["ours"]
+    stepped = [p for group in getattr(ours.optimizer, "optimizer", ours.optimizer).param_groups for p in group["params"]]
+    assert len(stepped) == 8 and all(p.requires_grad for p in stepped)  # FusedAdam steps the adapters only
+    assert type(getattr(ours.optimizer, "optimizer", ours.optimizer)).__name__ == "FusedAdam"
+    assert ours.train_module.build_stats[0]["backward"] and ours.train_module.original_module is ours.model
+    losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (ours, runs["eager"])]
+    np.testing.assert_allclose(losses[0], losses[1], rtol=1e-4)
+    for (name, p), q in zip(ours.model.named_parameters(), runs["eager"].model.parameters()):
+        np.testing.assert_allclose(p.detach().numpy(), q.detach().numpy(), rtol=1e-3, atol=1e-5, err_msg=name)
