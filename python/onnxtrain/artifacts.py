@@ -91,12 +91,21 @@ def _mixed_precision_arg(value: Optional[str]) -> str:
 class LoraConfig:
     """LoRA adapters (include/onnxtrain/lora.h): for each targeted MatMul/Gemm/MatMulNBits weight,
     y += alpha/rank (x A^T) B^T with A Kaiming-uniform (as PEFT) and B zero; only A and B train.
-    ``target``: module, node or weight name patterns (substring, or a glob with * ?)."""
+    ``target``: module names by PEFT's ``target_modules`` rule: ``"fc"`` adapts the layers whose
+    module path is ``fc`` or ends in ``.fc`` (not ``fc2``); a pattern with * ? [ is a glob over the
+    module path (``"*"``: every layer)."""
     rank: int = 8
     alpha: float = 16.0
     target: Sequence[str] = ()
     dropout: float = 0.0
     seed: int = 0
+
+
+def _lora_target(target) -> Dict[str, List[str]]:
+    if isinstance(target, str):  # a lone string would be taken letter by letter
+        raise TypeError(f"LoraConfig.target must be a list of module names (PEFT's target_modules), got the "
+                        f"string {target!r}")
+    return {"target": list(target)}
 
 
 def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None,
@@ -173,7 +182,7 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                                  list(loss_input_names or []), dict(loss_options or {}),
                                  mixed_precision=_mixed_precision_arg(mixed_precision),
                                  lora=None if lora is None else {"rank": int(lora.rank), "alpha": float(lora.alpha),
-                                                                 "target": list(lora.target),
+                                                                 **_lora_target(lora.target),
                                                                  "dropout": float(lora.dropout), "seed": int(lora.seed)},
                                  memory_opt_level=int(memory_opt_level), memory_opt_config=str(memory_opt_config),
                                  compute_optimizer=bool(compute_optimizer), label_sparsity=bool(label_sparsity),

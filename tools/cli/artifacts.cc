@@ -90,8 +90,9 @@ const Command kArtifactsCommand{
         {"--prefix", "PREFIX", "prefix of the file names"},
         {"--nominal", "", "checkpoint with shapes and dtypes only (fill the parameters later)"},
         {"--mixed-precision", "MODE", "bf16: GEMMs in bfloat16, the rest and the checkpoint in fp32; fp16: the same in float16 with a dynamic loss scaler (default: fp32)"},
-        {"--lora-target", "PATTERNS", "train LoRA adapters on these layers only (module/node/weight names, "
-                                      "substring or glob), instead of --all/--requires-grad"},
+        {"--lora-target", "PATTERNS", "train LoRA adapters on these layers only (PEFT's target_modules: "
+                                      "a module named X or ending in .X; or a glob over module paths), instead of "
+                                      "--all/--requires-grad"},
         {"--lora-rank", "R", "LoRA rank (default 8)"},
         {"--lora-alpha", "A", "LoRA alpha: the update is scaled by alpha/rank (default 16)"},
         {"--lora-dropout", "P", "dropout on the adapters' input while training (default 0)"},
