@@ -4,7 +4,7 @@ BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
 
-.PHONY: setup deps build test test-torch2-lane test-hf-lanes test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
+.PHONY: web web-demo test-web setup deps build test test-torch2-lane test-hf-lanes test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
 
 setup: deps build
 
@@ -96,6 +96,20 @@ cross-aarch64: deps
 	  -DONNXTRAIN_OPS="$(ONNXTRAIN_OPS)" -DONNXTRAIN_OPS_FILE="$(ONNXTRAIN_OPS_FILE)"
 	cmake --build $(CROSS_DIR) -j $(JOBS)
 	cd $(CROSS_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# The WebAssembly module (cmake/web.cmake, web/): the minimal runtime built by Debian's emscripten,
+# single-threaded and pthreads, for the op set of WEB_OPS_FILE (default: the digits CNN's) and/or
+# WEB_OPS. Configured once; ninja then rebuilds only what changed, through ccache. NODE_PATH: the
+# Debian modules (acorn) emscripten's JS optimizer needs, which this Node does not search itself.
+WEB_DIR      ?= build-web
+WEB_OPS_FILE ?= web/ops/digits.txt
+WEB_OPS      ?=
+WEB_ENV      := NODE_PATH=/usr/share/nodejs
+web: $(WEB_DIR)/build.ninja
+	$(WEB_ENV) cmake --build $(WEB_DIR) -j $(JOBS)
+$(WEB_DIR)/build.ninja:
+	$(WEB_ENV) emcmake cmake -S . -B $(WEB_DIR) -G Ninja -DONNXTRAIN_MINIMAL=ON $(LAUNCHER) \
+	  -DONNXTRAIN_OPS="$(WEB_OPS)" -DONNXTRAIN_OPS_FILE="$(abspath $(WEB_OPS_FILE))"
 
 # The digits demo's artifacts trained from C++ and C on the full build and on the minimal runtime.
 demo-minimal: setup minimal

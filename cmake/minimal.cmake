@@ -14,7 +14,6 @@
 
 set(ONNXTRAIN_OPS "" CACHE STRING "Minimal build: op types to include (list); empty with no ops file: all")
 set(ONNXTRAIN_OPS_FILE "" CACHE FILEPATH "Minimal build: a file of op types to include, one a line")
-find_package(OpenMP REQUIRED)
 
 # ---- sources: everything under src/ except what only artifact generation and the full build use
 file(GLOB_RECURSE _all_sources CONFIGURE_DEPENDS src/*.cc)
@@ -168,7 +167,14 @@ endif()
 configure_file(${CMAKE_CURRENT_SOURCE_DIR}/src/ops/build_ops_minimal.cc.in ${CMAKE_BINARY_DIR}/generated/build_ops.cc @ONLY)
 list(APPEND ONNXTRAIN_MINIMAL_SOURCES ${CMAKE_BINARY_DIR}/generated/build_ops.cc)
 
+# ---- the WebAssembly module instead of the library, under emcmake (cmake/web.cmake)
+if(EMSCRIPTEN)
+  include(${CMAKE_CURRENT_LIST_DIR}/web.cmake)
+  return()
+endif()
+
 # ---- the library
+find_package(OpenMP REQUIRED)
 add_library(onnxtrain SHARED ${ONNXTRAIN_MINIMAL_SOURCES})
 target_include_directories(onnxtrain PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
                            PRIVATE src ${CMAKE_BINARY_DIR}/generated)

@@ -1,0 +1,45 @@
+#!/usr/bin/env python3
+"""The digits demo's training artifacts and data for the WebAssembly module's tests and demo page.
+
+    PYTHONPATH=build/python /usr/bin/python3 web/tests/make_fixtures.py OUT_DIR
+
+Writes OUT_DIR/digits_artifacts/ (training, eval and optimizer models, checkpoint: the same export and
+generate_artifacts call as examples/demo.py, AdamW at lr 3e-3, logits as an extra output) and
+OUT_DIR/digits_raw/ (x_train.f32, y_train.i64, x_test.f32, y_test.i64: little-endian arrays). Runs
+on the full build's Python package; skips what is already there and newer than this script.
+"""
+import os
+import sys
+
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import demo  # noqa: E402  (examples/demo.py: the split and the export)
+
+
+def main(out: str) -> None:
+    artifacts_dir = os.path.join(out, "digits_artifacts")
+    stamp = os.path.join(out, "fixtures.done")
+    if os.path.exists(stamp) and os.path.getmtime(stamp) >= os.path.getmtime(os.path.abspath(__file__)):
+        return
+    from onnxtrain import artifacts
+
+    os.makedirs(os.path.join(out, "digits_raw"), exist_ok=True)
+    (x_train, y_train), (x_test, y_test) = demo.load_digits_split(seed=0)
+    for name, array in (("x_train.f32", x_train), ("y_train.i64", y_train), ("x_test.f32", x_test),
+                        ("y_test.i64", y_test)):
+        array.astype("<f4" if name.endswith(".f32") else "<i8").tofile(os.path.join(out, "digits_raw", name))
+    model_path = os.path.join(out, "digits_cnn.onnx")
+    params = demo.export_model(model_path, batch=64, seed=0)
+    artifacts.generate_artifacts(model_path, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
+                                 optimizer=artifacts.AdamW(lr=3e-3), artifact_directory=artifacts_dir,
+                                 additional_output_names=["logits"])
+    with open(stamp, "w") as f:
+        f.write(f"{len(x_train)} training and {len(x_test)} held-out digits; {len(params)} parameters\n")
+    print(f"make_fixtures: digits artifacts and data -> {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
