@@ -198,6 +198,12 @@ if(ONNXTRAIN_BUILD_EXAMPLES)
   set_target_properties(train_digits train_digits_c PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/examples)
 endif()
 
+# The native side of the WebAssembly module's tests and benchmark (web/tests/*.test.mjs, bench/bench_web.mjs).
+add_executable(web_native_steps web/tests/native_steps.c)
+set_target_properties(web_native_steps PROPERTIES C_STANDARD 99 RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/web)
+target_compile_options(web_native_steps PRIVATE -Wall -Wextra -Werror)
+target_link_libraries(web_native_steps PRIVATE onnxtrain)
+
 # Startup to the first train step from ONNX and pre-compiled artifacts (bench_minimal.py).
 add_executable(startup bench/startup.cc)
 target_link_libraries(startup PRIVATE onnxtrain)

@@ -43,6 +43,8 @@ function(onnxtrain_web_module name threaded)
     # pthreads; the pool is started with the module, since a page's main thread cannot wait for a
     # new Worker.
     target_compile_options(${name} PRIVATE -pthread -fopenmp)
+    set_property(SOURCE ${_web}/native/openmp_runtime.cc APPEND PROPERTY COMPILE_DEFINITIONS
+                 ONNXTRAIN_WEB_POOL_SIZE=${ONNXTRAIN_WEB_POOL_SIZE})
     target_link_options(${name} PRIVATE -pthread -sPTHREAD_POOL_SIZE=${ONNXTRAIN_WEB_POOL_SIZE}
                         -sEXPORT_NAME=createOnnxtrainThreadedModule)
   else()

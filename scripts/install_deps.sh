@@ -20,7 +20,7 @@ packages=(
   g++-aarch64-linux-gnu qemu-user                 # the minimal runtime for aarch64 (make cross-aarch64)
   libxnnpack-dev libpthreadpool-dev               # XNNPACK, measured against our GEMM (bench/gemm_backends.cc)
   emscripten                                      # the WebAssembly build (make web; node runs its tests)
-  chromium chromium-driver python3-selenium       # the demo page's headless browser test
+  chromium chromium-driver python3-selenium python3-pil  # the demo page's headless browser test
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -70,7 +70,9 @@ function threadsWanted() {
   if (n === 1) return 1;
   const canShare = typeof SharedArrayBuffer !== "undefined" && (isNode || globalThis.crossOriginIsolated === true);
   if (!canShare) return 1;
-  if (n > 1) return n;
+  // The threaded module starts 4 workers (cmake/web.cmake, ONNXTRAIN_WEB_POOL_SIZE): at most the
+  // caller and those run kernels.
+  if (n > 1) return Math.min(n, 5);
   const cores = isNode ? 2 : (globalThis.navigator?.hardwareConcurrency ?? 1);
   return Math.max(1, Math.min(4, cores));
 }

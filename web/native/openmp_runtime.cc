@@ -27,8 +27,11 @@ thread_local int t_thread_num = 0;
 thread_local int t_team_size = 1;
 thread_local int t_pushed_threads = 0;  // num_threads(n) of the next region, from this thread
 
+// More threads than the pool has would wait for a new Worker, which a page's main thread never gets.
+int cap(int n) { return std::max(1, std::min(n, ONNXTRAIN_WEB_POOL_SIZE + 1)); }
+
 int pool_threads() {
-  if (g_max_threads < 0) g_max_threads = std::max(1, emscripten_num_logical_cores());
+  if (g_max_threads < 0) g_max_threads = cap(emscripten_num_logical_cores());
   return g_max_threads;
 }
 #endif
@@ -40,7 +43,7 @@ extern "C" {
 #ifdef __EMSCRIPTEN_PTHREADS__
 int omp_get_max_threads(void) { return t_team_size > 1 ? 1 : pool_threads(); }
 void omp_set_num_threads(int n) {
-  if (n > 0) g_max_threads = n;
+  if (n > 0) g_max_threads = cap(n);
 }
 int omp_get_num_threads(void) { return t_team_size; }
 int omp_get_thread_num(void) { return t_thread_num; }
