@@ -45,7 +45,9 @@ function(onnxtrain_web_module name threaded)
     target_compile_options(${name} PRIVATE -pthread -fopenmp)
     set_property(SOURCE ${_web}/native/openmp_runtime.cc APPEND PROPERTY COMPILE_DEFINITIONS
                  ONNXTRAIN_WEB_POOL_SIZE=${ONNXTRAIN_WEB_POOL_SIZE})
-    target_link_options(${name} PRIVATE -pthread -sPTHREAD_POOL_SIZE=${ONNXTRAIN_WEB_POOL_SIZE}
+    # -Wno-pthreads-mem-growth: growing shared memory makes JS re-check its heap views; web/onnxtrain.mjs
+    # takes a fresh view of the memory for every copy (heap()).
+    target_link_options(${name} PRIVATE -pthread -sPTHREAD_POOL_SIZE=${ONNXTRAIN_WEB_POOL_SIZE} -Wno-pthreads-mem-growth
                         -sEXPORT_NAME=createOnnxtrainThreadedModule)
   else()
     target_compile_options(${name} PRIVATE -fopenmp-simd)

@@ -156,6 +156,7 @@ function bind(m) {
     ot_lr_scheduler_create_constant: ["number", ["number", "number", "number", "number"]],
     ot_lr_scheduler_step: ["number", ["number", "number"]],
     ot_lr_scheduler_release: [null, ["number"]],
+    ot_compile_artifacts: ["number", ["string", "number", "number", "number", "number"]],
   };
   const api = { m };
   for (const [fn, [ret, args]] of Object.entries(fns)) api[fn] = m.cwrap(fn, ret, args);
@@ -235,6 +236,53 @@ export class TrainingSession {
       if (source) compiled[key] = await bytesOf(source, `compiled.${key}`);
     }
     return new TrainingSession(api, files, compiled);
+  }
+
+  /**
+   * Pre-compiled artifacts for these input shapes ({name: dims}): {trainModel, evalModel,
+   * optimizerModel} as .otc bytes (the graphs as the engine runs them, their kernels and memory
+   * plans), which create({..., compiled}) then loads instead of planning; keep them with the
+   * artifacts (IndexedDB, a server). Stale or damaged ones are ignored, with a note on the console.
+   */
+  static async compileArtifacts(options, shapes) {
+    const api = await getModule();
+    const { m } = api;
+    const dir = `/onnxtrain_compile_${++sessionCounter}`;
+    const names = { checkpointState: "checkpoint", trainModel: "training_model.onnx", evalModel: "eval_model.onnx",
+                    optimizerModel: "optimizer_model.onnx" };
+    const scratch = api.scratch();
+    m.FS.mkdir(dir);
+    try {
+      for (const [key, file] of Object.entries(names)) {
+        if (options?.[key] !== undefined && options[key] !== null) m.FS.writeFile(`${dir}/${file}`, await bytesOf(options[key], key));
+      }
+      const entries = Object.entries(shapes ?? {});
+      const namePtrs = scratch.alloc(4 * entries.length), dimPtrs = scratch.alloc(4 * entries.length);
+      const ranks = scratch.alloc(4 * entries.length);
+      entries.forEach(([name, dims], i) => {
+        if (!Array.isArray(dims) || !dims.every((d) => Number.isInteger(d) && d >= 0)) {
+          throw new TypeError(`TrainingSession.compileArtifacts: dims of '${name}' must be non-negative integers`);
+        }
+        const bytes = m.lengthBytesUTF8(name) + 1, p = scratch.alloc(bytes);
+        m.stringToUTF8(name, p, bytes);
+        const d = scratch.alloc(8 * dims.length);
+        new BigInt64Array(m.HEAPU8.buffer, d, dims.length).set(dims.map(BigInt));
+        new Uint32Array(m.HEAPU8.buffer, namePtrs + 4 * i, 1)[0] = p;
+        new Uint32Array(m.HEAPU8.buffer, dimPtrs + 4 * i, 1)[0] = d;
+        new Uint32Array(m.HEAPU8.buffer, ranks + 4 * i, 1)[0] = dims.length;
+      });
+      api.check(api.ot_compile_artifacts(dir, namePtrs, dimPtrs, ranks, entries.length), "TrainingSession.compileArtifacts");
+      const out = {};
+      for (const key of ["trainModel", "evalModel", "optimizerModel"]) {
+        const path = `${dir}/${names[key].replace(/\.onnx$/, ".otc")}`;
+        if (m.FS.analyzePath(path).exists) out[key] = m.FS.readFile(path);
+      }
+      return out;
+    } finally {
+      scratch.free();
+      for (const entry of m.FS.readdir(dir)) if (entry !== "." && entry !== "..") m.FS.unlink(`${dir}/${entry}`);
+      m.FS.rmdir(dir);
+    }
   }
 
   constructor(api, files, compiled) {

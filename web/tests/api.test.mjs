@@ -149,3 +149,27 @@ test("bad input is an Error naming the problem, and the instance stays usable", 
   assert.equal((await fresh.runEvalStep(feeds)).loss.data.length, 1);
   await fresh.release();
 });
+
+test("pre-compiled artifacts: compiled in WebAssembly, loaded by create(), the same steps", async () => {
+  const files = artifactFiles();
+  const compiled = await TrainingSession.compileArtifacts(files, { input: [BATCH, 1, 8, 8], target: [BATCH] });
+  assert.deepEqual(Object.keys(compiled).sort(), ["evalModel", "optimizerModel", "trainModel"]);
+  const plain = await session(files);
+  const fromCompiled = await TrainingSession.create({ ...files, compiled });
+  for (let i = 0; i < 3; ++i) {
+    const a = await plain.runTrainStep(batch(Tensor, i, BATCH));
+    const b = await fromCompiled.runTrainStep(batch(Tensor, i, BATCH));
+    assert.equal(b.loss.data[0], a.loss.data[0]);
+    for (const s of [plain, fromCompiled]) {
+      await s.runOptimizerStep();
+      await s.lazyResetGrad();
+    }
+  }
+  // A damaged pre-compiled file is ignored (the ONNX file is loaded instead): same first loss.
+  const damaged = compiled.trainModel.slice();
+  damaged[damaged.length >> 1] ^= 0xff;
+  const fallback = await TrainingSession.create({ ...files, compiled: { trainModel: damaged } });
+  assert.equal((await fallback.runTrainStep(batch(Tensor, 0, BATCH))).loss.data[0],
+               (await (await session(files)).runTrainStep(batch(Tensor, 0, BATCH))).loss.data[0]);
+  for (const s of [plain, fromCompiled, fallback]) await s.release();
+});
