@@ -120,12 +120,14 @@ $(WEB_DIR)/build.ninja:
 	$(WEB_ENV) emcmake cmake -S . -B $(WEB_DIR) -G Ninja -DONNXTRAIN_MINIMAL=ON $(LAUNCHER) \
 	  -DONNXTRAIN_OPS="$(WEB_OPS)" -DONNXTRAIN_OPS_FILE="$(abspath $(WEB_OPS_FILE))"
 
-# The WebAssembly module's tests: Node runs web/tests/*.test.mjs (the API, bad input, 50 digits steps
+# The WebAssembly module's tests: tsc checks the declarations (web/onnxtrain.d.mts) on an ORT Web
+# training loop; Node runs web/tests/*.test.mjs (the API, bad input, 50 digits steps
 # against the baseline-ISA native build, single-threaded and on 2 threads), then headless chromium
 # trains on the demo page (web/tests/test_demo_browser.py).
 WEB_FIXTURES ?= $(WEB_DIR)/fixtures
 test-web: web minimal-baseline build
 	$(PYTHON) web/tests/make_fixtures.py $(WEB_FIXTURES)
+	tsc --noEmit --strict --target es2020 --module node16 --moduleResolution node16 web/tests/types_check.mts
 	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) node --test web/tests/*.test.mjs
 	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) ONNXTRAIN_WEB_THREADS=2 node --test web/tests/digits.test.mjs
 	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) $(PYTHON) -m pytest -q web/tests/test_demo_browser.py

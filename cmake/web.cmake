@@ -43,8 +43,7 @@ function(onnxtrain_web_module name threaded)
     # pthreads; the pool is started with the module, since a page's main thread cannot wait for a
     # new Worker.
     target_compile_options(${name} PRIVATE -pthread -fopenmp)
-    set_property(SOURCE ${_web}/native/openmp_runtime.cc APPEND PROPERTY COMPILE_DEFINITIONS
-                 ONNXTRAIN_WEB_POOL_SIZE=${ONNXTRAIN_WEB_POOL_SIZE})
+    target_compile_definitions(${name} PRIVATE ONNXTRAIN_WEB_POOL_SIZE=${ONNXTRAIN_WEB_POOL_SIZE})
     # -Wno-pthreads-mem-growth: growing shared memory makes JS re-check its heap views; web/onnxtrain.mjs
     # takes a fresh view of the memory for every copy (heap()).
     target_link_options(${name} PRIVATE -pthread -sPTHREAD_POOL_SIZE=${ONNXTRAIN_WEB_POOL_SIZE} -Wno-pthreads-mem-growth

@@ -21,6 +21,7 @@ packages=(
   libxnnpack-dev libpthreadpool-dev               # XNNPACK, measured against our GEMM (bench/gemm_backends.cc)
   emscripten                                      # the WebAssembly build (make web; node runs its tests)
   chromium chromium-driver python3-selenium python3-pil  # the demo page's headless browser test
+  node-typescript                                 # tsc checks web/onnxtrain.d.ts (make test-web)
 )
 missing=()
 for p in "${packages[@]}"; do
