@@ -1,7 +1,8 @@
 // The WebAssembly module's size and speed (make bench-web): .wasm bytes for the digits and the
 // BERT-style op sets, and train steps (train step + optimizer step, inputs zero-filled) in Node
 // against the native minimal build compiled for the baseline ISA (x86-64: SSE2) and for
-// -march=native (bench/startup.cc), plus the threaded module on 2 threads against its single thread.
+// -march=native (bench/startup.cc). The threaded module is not measured: its train steps deadlock
+// today (cmake/web.cmake).
 //
 //   node bench/bench_web.mjs [--rounds N] [--steps N]
 //
@@ -11,7 +12,7 @@
 // threads together). Needs make web, make minimal, make minimal-baseline for both op sets and
 // web/tests/make_fixtures.py --bert (the bench-web target does all of it).
 import { execFileSync } from "node:child_process";
-import { statSync } from "node:fs";
+import { existsSync, statSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 
@@ -80,7 +81,8 @@ function runNative(model, build, steps) {
 }
 
 function sizeOf(build, name) {
-  return statSync(path.join(root, build, "web", `${name}.wasm`)).size;
+  const file = path.join(root, build, "web", `${name}.wasm`);
+  return existsSync(file) ? statSync(file).size : "not built";
 }
 
 async function main() {
@@ -94,7 +96,6 @@ async function main() {
     configs.push([model, "native -march=native", () => runNative(model, MODELS[model].native, steps)]);
     configs.push([model, "native baseline x86-64", () => runNative(model, MODELS[model].baseline, steps)]);
     configs.push([model, "wasm 1 thread", () => runWasm(model, 1, steps)]);
-    if (model === "bert") configs.push([model, "wasm 2 threads", () => runWasm(model, 2, steps)]);
   }
   const results = new Map(configs.map(([m, c]) => [`${m}|${c}`, []]));
   for (let r = 0; r < rounds; ++r) {
@@ -113,8 +114,7 @@ async function main() {
       console.log(`  ${model}: wasm 1 thread / ${base}: ${w.toFixed(2)}x; ${c.toFixed(2)}x`);
     }
   }
-  const speedup = figure("bert", "wasm 1 thread") / figure("bert", "wasm 2 threads");
-  console.log(`  bert: wasm 2 threads speed-up over 1 thread (wall): ${speedup.toFixed(2)}x`);
+  console.log("  threaded module: not measured (its train steps deadlock today)");
 }
 
 if (process.argv[2] === "--child") await child(process.argv[3], Number(process.argv[4]), Number(process.argv[5]));

@@ -2,11 +2,13 @@
 # them and the op set) with the C API, compiled by emscripten (emcmake) into
 #   onnxtrain_web.js/.wasm           single-threaded, SIMD128
 #   onnxtrain_web_threaded.js/.wasm  pthreads (SharedArrayBuffer; a cross-origin isolated page),
-#                                    when ONNXTRAIN_WEB_THREADED is on
+#                                    when ONNXTRAIN_WEB_THREADED is on (experimental: see below)
 # which web/onnxtrain.mjs loads. Debian's emscripten 3.1.6 has clang 14 and libc++ 13: the
 # library's missing C++20 pieces come from web/native/libcxx13_compat.h, forced into every file, and
 # its missing OpenMP runtime from web/native/openmp_runtime.cc.
-option(ONNXTRAIN_WEB_THREADED "WebAssembly build: also the pthreads module" ON)
+# The pthreads module builds and runs eval steps, but its first train step deadlocks (2026-11-27,
+# Node 20 and chromium 156 alike): off until that is found, so make test does not build it.
+option(ONNXTRAIN_WEB_THREADED "WebAssembly build: also the pthreads module (experimental)" OFF)
 set(ONNXTRAIN_WEB_POOL_SIZE 4 CACHE STRING "WebAssembly build: worker threads started with the threaded module")
 
 set(_web ${CMAKE_CURRENT_SOURCE_DIR}/web)
@@ -43,7 +45,9 @@ function(onnxtrain_web_module name threaded)
     # pthreads; the pool is started with the module, since a page's main thread cannot wait for a
     # new Worker.
     target_compile_options(${name} PRIVATE -pthread -fopenmp)
-    target_compile_definitions(${name} PRIVATE ONNXTRAIN_WEB_POOL_SIZE=${ONNXTRAIN_WEB_POOL_SIZE})
+    # On the one file that reads it (both modules compile it with the value; only the threaded uses it).
+    set_property(SOURCE ${_web}/native/openmp_runtime.cc APPEND PROPERTY COMPILE_DEFINITIONS
+                 ONNXTRAIN_WEB_POOL_SIZE=${ONNXTRAIN_WEB_POOL_SIZE})
     # -Wno-pthreads-mem-growth: growing shared memory makes JS re-check its heap views; web/onnxtrain.mjs
     # takes a fresh view of the memory for every copy (heap()).
     target_link_options(${name} PRIVATE -pthread -sPTHREAD_POOL_SIZE=${ONNXTRAIN_WEB_POOL_SIZE} -Wno-pthreads-mem-growth

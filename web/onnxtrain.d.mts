@@ -21,8 +21,8 @@ export class Tensor<T extends TensorType = TensorType> {
 
 export const env: {
   wasm: {
-    /** 0 (default): the threaded module where SharedArrayBuffer is usable (Node, a cross-origin
-     * isolated page), on up to 4 threads; 1: the single-threaded module; n: n threads (at most 5). */
+    /** 1 (default): the single-threaded module. 0 (up to 4 cores) or n > 1: the threaded module where
+     * SharedArrayBuffer is usable -- experimental, its train steps deadlock today. */
     numThreads: number;
     /** Folder (URL or path, ending in "/") of onnxtrain_web*.js/.wasm; default: next to onnxtrain.mjs. */
     wasmPaths?: string;

@@ -19,9 +19,11 @@
 /** Where the module files are and how many threads to use (ORT Web's `env.wasm`). */
 export const env = {
   wasm: {
-    /** Threads for the kernels: 0 picks the machine's cores (at most 4) when the threaded module can
-     * run (Node, or a cross-origin isolated page with SharedArrayBuffer); 1 uses the single-threaded module. */
-    numThreads: 0,
+    /** Threads for the kernels. 1 (default): the single-threaded module. 0: the machine's cores (at
+     * most 4) and n > 1: n threads, on the threaded module where SharedArrayBuffer is usable (Node, a
+     * cross-origin isolated page) -- experimental: it runs eval steps, but its first train step
+     * deadlocks today (make web WEB_THREADED=ON builds it). */
+    numThreads: 1,
     /** Folder (URL or path, ending in "/") of onnxtrain_web*.js/.wasm; default: next to this file. */
     wasmPaths: undefined,
   },

@@ -111,14 +111,20 @@ void invoke(const Region& r, int32_t tid) {
 }
 
 // The team: workers spin briefly, then sleep on a futex (emscripten's Atomics.wait), between regions.
+// A region is published as one 64-bit ticket, (sequence number << 32) | team size, after its
+// Region: a worker that wakes late and reads a newer ticket than the one it slept on sees that
+// ticket's Region (the caller publishes no next region before every member of this one is done), and
+// a worker started after the last ticket begins from it, so no region is missed or run twice.
 class Team {
  public:
   void run(Region& r) {
     ensure_workers(r.team - 1);
     region_ = &r;
     pending_.store(r.team - 1, std::memory_order_relaxed);
-    generation_.fetch_add(1, std::memory_order_release);
-    emscripten_futex_wake(&generation_word_, INT32_MAX);
+    const uint64_t sequence = (ticket_.load(std::memory_order_relaxed) >> 32) + 1;
+    ticket_.store(sequence << 32 | uint32_t(r.team), std::memory_order_release);
+    wake_.fetch_add(1, std::memory_order_release);
+    emscripten_futex_wake(&wake_word_, INT32_MAX);
     run_member(r, 0);
     while (pending_.load(std::memory_order_acquire) != 0) {}  // the main thread may not block
   }
@@ -136,7 +142,28 @@ class Team {
     }
   }
 
+  void worker_loop(int index, uint64_t seen) {
+    for (;;) {
+      uint64_t ticket;
+      for (int spins = 0; (ticket = ticket_.load(std::memory_order_acquire)) == seen;) {
+        if (++spins < (1 << 16)) continue;
+        const int32_t word = wake_.load(std::memory_order_acquire);
+        if (ticket_.load(std::memory_order_acquire) == seen) emscripten_futex_wait(&wake_word_, uint32_t(word), 1e3);
+      }
+      seen = ticket;
+      if (index < int(uint32_t(ticket))) {
+        run_member(*region_, index);
+        pending_.fetch_sub(1, std::memory_order_acq_rel);
+      }
+    }
+  }
+
  private:
+  struct Start {
+    int index;
+    uint64_t ticket;
+  };
+
   static void run_member(const Region& r, int tid) {
     t_thread_num = tid;
     t_team_size = r.team;
@@ -148,8 +175,8 @@ class Team {
   void ensure_workers(int n) {
     while (started_ < n) {
       pthread_t thread;
-      const int index = ++started_;
-      pthread_create(&thread, nullptr, &Team::worker_main, reinterpret_cast<void*>(intptr_t(index)));
+      auto* start = new Start{++started_, ticket_.load(std::memory_order_acquire)};
+      pthread_create(&thread, nullptr, &Team::worker_main, start);
       pthread_detach(thread);
     }
   }
@@ -159,30 +186,13 @@ class Team {
   const Region* region_ = nullptr;
   int started_ = 0;
   std::atomic<int> pending_{0};
-  union {
-    std::atomic<int32_t> generation_{0};
-    int32_t generation_word_;
+  std::atomic<uint64_t> ticket_{0};
+  union {  // the futex word the workers sleep on: bumped with every ticket
+    std::atomic<int32_t> wake_{0};
+    int32_t wake_word_;
   };
   std::atomic<int> barrier_count_{0};
   std::atomic<int> barrier_phase_{0};
-
- public:
-  void worker_loop(int index) {
-    int32_t seen = generation_.load(std::memory_order_acquire);
-    for (;;) {
-      int spins = 0;
-      int32_t now;
-      while ((now = generation_.load(std::memory_order_acquire)) == seen) {
-        if (++spins > (1 << 16)) emscripten_futex_wait(&generation_word_, uint32_t(seen), 1e3);
-      }
-      seen = now;
-      const Region& r = *region_;
-      if (index < r.team) {
-        run_member(r, index);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
-      }
-    }
-  }
 };
 
 Team& team() {
@@ -191,7 +201,9 @@ Team& team() {
 }
 
 void* Team::worker_main(void* arg) {
-  team().worker_loop(int(reinterpret_cast<intptr_t>(arg)));
+  const Start start = *static_cast<Start*>(arg);
+  delete static_cast<Start*>(arg);
+  team().worker_loop(start.index, start.ticket);
   return nullptr;
 }
 

@@ -42,10 +42,12 @@ export function batch(Tensor, i, size) {
   };
 }
 
-// The native build's losses of `steps` train steps from `checkpoint`, its eval loss and first logits.
-export function nativeRun(checkpoint, steps, size) {
-  const out = execFileSync(nativeSteps, [artifacts, checkpoint, path.join(fixtures, "digits_raw"), String(steps), String(size)],
-                           { encoding: "utf8" });
+// The native build's losses of `steps` train steps from `checkpoint` (at learning rate `lr`, or the
+// optimizer model's), its eval loss and first logits.
+export function nativeRun(checkpoint, steps, size, lr) {
+  const args = [artifacts, checkpoint, path.join(fixtures, "digits_raw"), String(steps), String(size)];
+  if (lr !== undefined) args.push(String(lr));
+  const out = execFileSync(nativeSteps, args, { encoding: "utf8" });
   return JSON.parse(out);
 }
 

@@ -1,12 +1,13 @@
 /* The native side of the WebAssembly module's tests (the .test.mjs files beside it): the same train steps
  * on the native minimal build, through the same C API, printed as JSON.
  *
- *   web_native_steps ARTIFACT_DIR CHECKPOINT DATA_DIR STEPS BATCH
+ *   web_native_steps ARTIFACT_DIR CHECKPOINT DATA_DIR STEPS BATCH [LEARNING_RATE]
  *
  * Loads CHECKPOINT with ARTIFACT_DIR's training, eval and optimizer models, runs STEPS train steps
  * (each followed by an optimizer step and lazy_reset_grad) on batch i = training rows
  * [(i mod floor(N / BATCH)) * BATCH, + BATCH) of DATA_DIR's x_train.f32 / y_train.i64, then one eval
- * step on batch 0, and prints {"losses": [...], "eval_loss": x, "logits0": [...]}. */
+ * step on batch 0, and prints {"losses": [...], "eval_loss": x, "logits0": [...]}. LEARNING_RATE
+ * replaces the optimizer model's. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -56,8 +57,8 @@ int main(int argc, char** argv) {
   OtOptimizer* optimizer;
   OtTensor* outputs[2] = {NULL, NULL};
   const float* logits;
-  if (argc != 6) {
-    fprintf(stderr, "usage: %s ARTIFACT_DIR CHECKPOINT DATA_DIR STEPS BATCH\n", argv[0]);
+  if (argc != 6 && argc != 7) {
+    fprintf(stderr, "usage: %s ARTIFACT_DIR CHECKPOINT DATA_DIR STEPS BATCH [LEARNING_RATE]\n", argv[0]);
     return 2;
   }
   steps = atol(argv[4]);
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
   CHECK(ot_checkpoint_load(argv[2], &checkpoint));
   CHECK(ot_module_create(train_path, checkpoint, eval_path, &module));
   CHECK(ot_optimizer_create(opt_path, module, &optimizer));
+  if (argc == 7) CHECK(ot_optimizer_set_learning_rate(optimizer, atof(argv[6])));
   printf("{\"losses\": [");
   for (i = 0; i <= steps; ++i) {
     const long start = (i == steps ? 0 : i % batches) * batch;
