@@ -4,7 +4,7 @@ BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
 
-.PHONY: web web-demo test-web bench-web minimal-baseline setup deps build test kill-test test-torch2-lane test-hf-lanes test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
+.PHONY: web web-demo test-web bench-web minimal-baseline setup deps build test kill-test fuzz fuzz-build fuzz-smoke test-torch2-lane test-hf-lanes test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
 
 setup: deps build
 
@@ -29,6 +29,7 @@ build: $(BUILD_DIR)/build.ninja
 # training 1.19.2 and PyTorch 2.x in venvs under ~/.cache/onnxtrain/peers) and the real-model corpus.
 test: setup minimal
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) --no-print-directory fuzz-smoke
 	cd $(MINIMAL_DIR) && ctest --output-on-failure -j $(JOBS)
 	ONNXTRAIN_TORCH_LANE=debian $(PYTHON) -m pytest -q tests/python --ignore-glob='*/test_hf_*.py'
 	$(MAKE) --no-print-directory test-torch2-lane
@@ -185,6 +186,28 @@ bench: setup
 	$(PYTHON) bench/bench_minimal.py
 	$(MAKE) --no-print-directory bench-web
 
+# libFuzzer targets (tests/fuzz, docs/ROBUSTNESS.md "Fuzzing"): clang-14 with ASan + UBSan in
+# $(FUZZ_DIR); each target runs FUZZ_SECONDS on its corpus under ~/.cache/onnxtrain/fuzz/<target>
+# (seeded by tests/fuzz/make_seeds.py from files the tests make). A crash is minimized into
+# tests/fuzz/regressions/<target>/, which the normal build's ctest replays, and fails the run.
+# FUZZ_TARGETS picks targets. fuzz-smoke (part of `make test`): a few seconds each on 20 seeds.
+FUZZ_DIR     ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz-build: deps
+	cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_C_COMPILER=clang-14 \
+	  -DCMAKE_CXX_COMPILER=clang++-14 -DONNXTRAIN_FUZZ=ON -DONNXTRAIN_BUILD_PYTHON=OFF \
+	  -DONNXTRAIN_BUILD_TESTS=OFF -DONNXTRAIN_BUILD_EXAMPLES=OFF -DONNXTRAIN_WITH_MPI=OFF $(LAUNCHER)
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target fuzz_targets
+
+fuzz: fuzz-build build
+	$(PYTHON) tests/fuzz/make_seeds.py $(BUILD_DIR)
+	./tests/fuzz/run.sh $(FUZZ_DIR) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+fuzz-smoke: fuzz-build build
+	$(PYTHON) tests/fuzz/make_seeds.py $(BUILD_DIR)
+	FUZZ_SMOKE=1 ./tests/fuzz/run.sh $(FUZZ_DIR) 3 $(FUZZ_TARGETS)
+
 # AddressSanitizer/UBSan build of the library and C++ tests.
 sanitize: deps
 	cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DONNXTRAIN_SANITIZE=ON -DONNXTRAIN_BUILD_PYTHON=OFF $(LAUNCHER)
@@ -204,4 +227,4 @@ sanitize-python: deps
 	  PYTHONPATH=$(ASAN_PYTHON_DIR)/python $(PYTHON) -m pytest -q -x $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan $(ASAN_PYTHON_DIR) $(MINIMAL_DIR) $(CROSS_DIR) $(WEB_DIR) $(MINIMAL_BASELINE_DIR)
+	rm -rf $(BUILD_DIR) build-asan $(ASAN_PYTHON_DIR) $(MINIMAL_DIR) $(CROSS_DIR) $(WEB_DIR) $(MINIMAL_BASELINE_DIR) $(FUZZ_DIR)

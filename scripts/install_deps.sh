@@ -22,6 +22,7 @@ packages=(
   emscripten                                      # the WebAssembly build (make web; node runs its tests)
   chromium chromium-driver python3-selenium python3-pil  # the demo page's headless browser test
   node-typescript                                 # tsc checks web/onnxtrain.d.ts (make test-web)
+  clang-14 libclang-rt-14-dev libomp-14-dev      # libFuzzer targets with ASan + UBSan (make fuzz, tests/fuzz)
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,6 +1,7 @@
 #include "training/lora.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <filesystem>
@@ -41,15 +42,31 @@ LoraInfo lora_info(const Model& model) {
   LoraInfo info;
   auto it = model.metadata.find(kMetaLora);
   if (it == model.metadata.end()) return info;
-  json::Value v = json::parse(it->second);
-  info.rank = v.find("rank")->as_int();
-  info.alpha = v.find("alpha")->as_double();
-  if (const json::Value* d = v.find("dropout")) info.dropout = d->as_double();
-  info.base_hash = v.find("base_hash")->as_string();
-  for (const auto& e : v.find("adapters")->as_array())
-    info.adapters.push_back({e.find("node")->as_string(), e.find("module")->as_string(), e.find("weight")->as_string(),
-                             e.find("A")->as_string(), e.find("B")->as_string(), e.find("in")->as_int(),
-                             e.find("out")->as_int()});
+  // The record comes from a file: every key is checked, and an error names the metadata key.
+  auto field = [](const json::Value& object, const char* key) -> const json::Value& {
+    const json::Value* v = object.is_object() ? object.find(key) : nullptr;
+    OT_CHECK(v, object.is_object() ? "missing key '" : "expected an object with key '", key, "'");
+    return *v;
+  };
+  try {
+    json::Value v = json::parse(it->second);
+    info.rank = field(v, "rank").as_int();
+    info.alpha = field(v, "alpha").as_double();
+    info.base_hash = field(v, "base_hash").as_string();
+    if (const json::Value* d = v.find("dropout")) info.dropout = d->as_double();
+    OT_CHECK(info.rank > 0 && std::isfinite(info.alpha), "rank ", info.rank, " and alpha ", info.alpha,
+             " should be a positive integer and a finite number");
+    for (const auto& e : field(v, "adapters").as_array()) {
+      LoraAdapter a{field(e, "node").as_string(), field(e, "module").as_string(), field(e, "weight").as_string(),
+                    field(e, "A").as_string(), field(e, "B").as_string(), field(e, "in").as_int(),
+                    field(e, "out").as_int()};
+      OT_CHECK(a.in > 0 && a.out > 0, "adapter '", a.module, "' has in ", a.in, " and out ", a.out,
+               "; both should be positive");
+      info.adapters.push_back(std::move(a));
+    }
+  } catch (const Error& e) {
+    OT_THROW(kInvalidModel, kWhere, "metadata '", kMetaLora, "' is malformed: ", e.what());
+  }
   return info;
 }
 
@@ -66,7 +83,8 @@ int merge_lora(Model& model) {
     const Node* add = nullptr;
     for (const auto& m : g.nodes)
       if (m.name == a.node + "/lora_add") add = &m;
-    OT_CHECK(add, kWhere, "merge: the adapter branch of '", a.module, "' is missing");
+    OT_CHECK(add && !add->inputs.empty() && !add->outputs.empty(), kWhere, "merge: the adapter branch of '", a.module,
+             "' is missing");
     auto producers = g.producers();
     auto pit = producers.find(add->inputs[0]);
     OT_CHECK(pit != producers.end(), kWhere, "merge: no node computes the base output of '", a.module, "'");
@@ -78,6 +96,7 @@ int merge_lora(Model& model) {
     Tensor w = g.initializers.at(a.weight).clone();
     OT_CHECK(w.dtype() == DType::kFloat32 && ta.dtype() == DType::kFloat32, kWhere, "merge: '", a.module,
              "' is not float32");
+    OT_CHECK(n.inputs.size() >= 2, kWhere, "merge: ", n.op_type, " node '", n.name, "' has no weight input");
     bool nk;  // W stored [N, K]
     if (n.op_type == "Gemm" || n.op_type == "FusedMatMul") {
       OT_CHECK(n.attr_int("transA", 0) == 0 && n.attr_float("alpha", 1.0f) == 1.0f && n.inputs[1] == a.weight,
@@ -87,7 +106,13 @@ int merge_lora(Model& model) {
       OT_CHECK(n.op_type == "MatMul", kWhere, "merge: cannot fold into ", n.op_type, " node '", n.name, "'");
       nk = n.inputs[1] != a.weight;  // through Transpose(W)
     }
-    const int64_t r = ta.dim(0), K = a.in, N = a.out;
+    // The recorded sizes must be the tensors' own: A [r, K], B [N, r], W [K, N] (or [N, K]).
+    const int64_t r = info.rank, K = a.in, N = a.out;
+    const Shape w_shape = nk ? Shape{N, K} : Shape{K, N};
+    OT_CHECK(tb.dtype() == DType::kFloat32 && ta.shape() == Shape({r, K}) && tb.shape() == Shape({N, r}) &&
+                 w.shape() == w_shape,
+             kWhere, "merge: adapter '", a.module, "' records rank ", r, ", in ", K, " and out ", N, ", but A is ",
+             shape_str(ta.shape()), ", B ", shape_str(tb.shape()), " and the weight ", shape_str(w.shape()));
     const float *pa = ta.data<float>(), *pb = tb.data<float>();
     float* pw = w.data<float>();
     for (int64_t k = 0; k < K; ++k)
