@@ -4,7 +4,7 @@ BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
 
-.PHONY: setup deps build test test-torch2-lane test-hf-lanes test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
+.PHONY: setup deps build test kill-test test-torch2-lane test-hf-lanes test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
 
 setup: deps build
 
@@ -60,6 +60,14 @@ ifneq ($(HF_TESTS),)
 	  ONNXTRAIN_TORCH_LANE=$$lane "$$py" -m pytest -q $(HF_TESTS) || exit 1; \
 	done
 endif
+
+# Crash consistency (tests/crash/kill_test.py): KILLS SIGKILLs per front end (Python API, C++ API,
+# `onnxtrain train`) at random instants, each followed by checks of the checkpoint, the exported
+# model and the training log, and by a resume that must end equal to an uninterrupted run. `make
+# test` runs 15 per front end (tests/python/test_kill_checkpoints.py).
+KILLS ?= 200
+kill-test: build
+	$(PYTHON) tests/crash/kill_test.py --kills $(KILLS)
 
 test-cpp: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)

@@ -840,3 +840,97 @@ int keep_channels_last(Graph& g) {
 }
 
 }  // namespace onnxtrain
+
+namespace onnxtrain {
+
+// logits = A op(B) (+ bias) -> [Reshape to [rows, C] | Transpose [B, S, C] -> [B, C, S]] ->
+// SoftmaxCrossEntropyLoss (mean or sum, no class weights, log_prob unread) -> one
+// onnxtrain.LinearSoftmaxCrossEntropy (src/ops/loss/linear_cross_entropy.cc), when the logits and
+// the layout op have the loss as their only reader. Both layouts keep A's row order: a Reshape to
+// [*, C] of [..., C] flattens the leading dims row-major, and [B, C, S]'s targets [B, S] are
+// A's rows in order. The unit-gradient outputs are named; drop_unread_unit_gradients clears those
+// the gradient graph does not read.
+int fuse_linear_cross_entropy(Graph& g) {
+  if (!FUSED_OP_BUILT("LinearSoftmaxCrossEntropy")) return 0;
+  FusionScan scan(g);
+  for (size_t s = 0; s < g.nodes.size(); ++s) {
+    const Node& sce = g.nodes[s];
+    const bool sce_op = sce.op_type == "SoftmaxCrossEntropyLoss" && (sce.domain.empty() || sce.domain == kOnnxTrainDomain);
+    if (!sce_op || sce.inputs.size() != 2 || sce.has_output(1) || sce.attr_string("reduction", "mean") == "none") continue;
+    // The layout op between the product and the loss, if any.
+    std::string logits = sce.inputs[0];
+    std::vector<size_t> absorbed{s};
+    auto p = scan.producers.find(logits);
+    if (p == scan.producers.end() || scan.removed[p->second] || scan.uses.sole_reader(logits) != int(s)) continue;
+    const auto scores = known_shape(g, logits);
+    if (!scores || scores->size() < 2) continue;
+    const Node* layout = &g.nodes[p->second];
+    if (is_op(*layout, "Reshape") || is_op(*layout, "Transpose")) {
+      const auto from = known_shape(g, layout->inputs[0]);
+      if (!from || from->size() < 2 || from->back() <= 0) continue;
+      const int64_t classes = from->back();
+      const bool rows_kept =
+          is_op(*layout, "Reshape")
+              ? scores->size() == 2 && (*scores)[1] == classes
+              : from->size() == 3 && layout->has_attr("perm") && layout->attr_ints("perm") == std::vector<int64_t>{0, 2, 1};
+      if (!rows_kept) continue;
+      logits = layout->inputs[0];
+      absorbed.push_back(p->second);
+      p = scan.producers.find(logits);
+      if (p == scan.producers.end() || scan.removed[p->second] || scan.uses.sole_reader(logits) != int(absorbed.back())) continue;
+    } else if (scores->size() != 2) {
+      continue;  // [N, C, d...] scores straight from a product: not rows of A
+    }
+    // The product: MatMul(A, B) or FusedMatMul(A, B [, bias]) with a 2-D B, no transA, alpha 1.
+    const Node& mm = g.nodes[p->second];
+    const bool plain = is_op(mm, "MatMul");
+    const bool fused = mm.op_type == "FusedMatMul" && mm.domain == kOnnxTrainDomain && mm.attr_int("transA", 0) == 0 &&
+                       mm.attr_float("alpha", 1.0f) == 1.0f && mm.attr_int("output_dtype", 0) == 0;
+    if (!plain && !fused) continue;
+    const auto a_shape = known_shape(g, mm.inputs[0]);
+    const auto b_shape = known_shape(g, mm.inputs[1]);
+    const DType dt = known_dtype(g, mm.inputs[0]);
+    if (!a_shape || a_shape->size() < 2 || !b_shape || b_shape->size() != 2 || known_dtype(g, mm.inputs[1]) != dt ||
+        (dt != DType::kFloat32 && dt != DType::kFloat64))
+      continue;
+    absorbed.push_back(p->second);
+
+    Node lce;
+    lce.op_type = "LinearSoftmaxCrossEntropy";
+    lce.domain = kOnnxTrainDomain;
+    lce.name = sce.name + "/linear_fused";
+    lce.inputs = {mm.inputs[0], mm.inputs[1], sce.inputs[1]};
+    if (mm.inputs.size() > 2 && !mm.inputs[2].empty()) lce.inputs.push_back(mm.inputs[2]);
+    if (fused && mm.attr_int("transB", 0) != 0) lce.attributes["transB"] = Attribute::of(int64_t(1));
+    lce.attributes["reduction"] = Attribute::of(sce.attr_string("reduction", "mean"));
+    if (sce.has_attr("ignore_index")) lce.attributes["ignore_index"] = Attribute::of(sce.attr_int("ignore_index", 0));
+    const std::string base = sce.outputs[0];
+    lce.outputs = {base, base + "/dA_unit", base + "/dB_unit"};
+    if (lce.inputs.size() > 3) lce.outputs.push_back(base + "/dbias_unit");
+    for (size_t k : absorbed) scan.removed[k] = 1;
+    g.nodes[s] = lce;  // where the loss stood: every input is defined before it
+    scan.removed[s] = 0;
+    ++scan.rewrites;
+  }
+  return scan.finish();
+}
+
+int drop_unread_unit_gradients(Graph& g) {
+  std::unordered_set<std::string> read;
+  for (const auto& n : g.nodes)
+    for (const auto& in : n.inputs) read.insert(in);
+  for (const auto& o : g.outputs) read.insert(o.name);
+  int dropped = 0;
+  for (auto& n : g.nodes) {
+    if (n.op_type != "LinearSoftmaxCrossEntropy" || n.domain != kOnnxTrainDomain) continue;
+    for (size_t i = 1; i < n.outputs.size(); ++i)
+      if (!n.outputs[i].empty() && !read.count(n.outputs[i])) {
+        n.outputs[i].clear();
+        ++dropped;
+      }
+    while (n.outputs.size() > 1 && n.outputs.back().empty()) n.outputs.pop_back();
+  }
+  return dropped;
+}
+
+}  // namespace onnxtrain

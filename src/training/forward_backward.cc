@@ -229,6 +229,8 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   if (o.optimize) simplify_graph(m);
   optimize_rows(m, o);
   fuse_for_training(m);
+  // The output layer and its loss in one op (fp32: under mixed precision the head's GEMM is bf16).
+  if (low == DType::kUndefined && fuse_linear_cross_entropy(m.graph)) m.opsets.emplace(kOnnxTrainDomain, 1);
   if (low != DType::kUndefined) convert_to_mixed_precision(m, low);  // host values stay fp32 inputs
   GradientGraphInfo info;
   GradientGraphOptions go;
@@ -238,6 +240,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   fb.seeded_outputs = info.seeded_outputs;
   fb.seeds = info.seed_inputs;
   fb.gradients = info.gradient_outputs;
+  drop_unread_unit_gradients(full.graph);
   if (o.optimize) optimize_for_inference(full);
   if (low != DType::kUndefined) fold_casts_into_gemms(full);
   full.graph.topological_sort();
