@@ -53,9 +53,7 @@ class OrtRewriter {
       OT_THROW(kNotImplemented, n.context(), "generate_artifacts(ort_compatible): the ", which_, " graph uses onnxtrain's op '",
                n.op_type, "', which has no ONNX Runtime training form here");
     }
-    bool uses_ours = false;
-    for (const Node& n : g_.nodes) uses_ours = uses_ours || n.domain == kOnnxTrainDomain;
-    if (!uses_ours) model_.opsets.erase(kOnnxTrainDomain);
+    model_.opsets.erase(kOnnxTrainDomain);  // none is left
     model_.opsets[kMsDomain] = 1;
     g_.topological_sort();
   }
@@ -200,7 +198,7 @@ class OrtRewriter {
       g_.nodes.push_back(Node{at + "/Reshape", "Reshape", kOnnxDomain, {summed, n.inputs[1]}, {n.outputs[0]}, {}});
       return;
     } else if (op == "GlobalPoolGrad") {
-      OT_CHECK(n.attr_string("mode", "average") == "average", n.context(),
+      OT_CHECK(n.attr_string("mode", "") == "average", n.context(),
                "GlobalMaxPool's gradient has no ONNX Runtime form here");
       const std::string at = n.name.empty() ? n.outputs[0] : n.name;
       std::string shape_x = emit("Shape", {n.inputs[1]}, {}, at);

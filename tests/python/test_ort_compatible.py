@@ -97,11 +97,13 @@ RATES = {"adamw": 2e-3, "sgd": 1e-2}  # set at run time in both engines (ORT's O
 # update rule once), to 2e-4 of each tensor's largest value: a BatchNorm bias starts at 0 and its
 # gradient is a sum that cancels to a few per cent of its terms, and AdamW's first step divides
 # each gradient by its own magnitude. The 20-step runs drift by 1e-4 to 5% (docs/MIGRATING_FROM_ORT.md).
-# (model, optimizer, steps, parameter tolerance); losses agree to 1e-5 in every case.
+# (model, optimizer, steps, parameter tolerance); losses agree to 1e-5 in every case. MobileNetV2's
+# parameters are compared with onnxtrain's own artifacts only (its ClipGrad and GlobalPoolGrad in
+# ORT's ops): ORT's first step already leaves torch's there, as on ORT's own artifacts.
 GOLDEN = [("mlp", "adamw", STEPS, 1e-5), ("mlp", "sgd", STEPS, 1e-5), ("bert", "adamw", STEPS, 2e-5),
           ("bert", "sgd", STEPS, 1e-5), ("gpt", "adamw", STEPS, 1e-5), ("gpt", "sgd", STEPS, 1e-5),
           ("digits_cnn", "sgd", STEPS, 1e-5), ("digits_cnn", "adamw", 1, 2e-4),
-          ("resnet", "sgd", 1, 2e-4)]  # ResNet with AdamW: 4e-4 after one step (a 3x3 weight's near-zero gradients)
+          ("resnet", "sgd", 1, 2e-4), ("mobilenetv2", "sgd", 1, None)]  # ResNet with AdamW: 4e-4 after one step (a 3x3 weight's near-zero gradients)
 # An attention key's bias adds q.b to every score of a query's row, which softmax cancels: its
 # gradient is zero but for rounding, and its updates are each engine's rounding noise.
 ZERO_GRADIENT = ("attn.key.bias",)
@@ -117,13 +119,14 @@ def test_ort_trains_onnxtrains_ort_compatible_artifacts_as_onnxtrain_does(tmp_pa
     assert report["lr"] == pytest.approx(1e-3)
     np.testing.assert_allclose(losses, report["losses"], rtol=1e-5)
     trained = [n for n in theirs if state.parameters[n].requires_grad and not n.endswith(ZERO_GRADIENT)]
-    _assert_params(state, theirs, trained, tol)
+    if tol is not None:
+        _assert_params(state, theirs, trained, tol)
     np.testing.assert_allclose(eval_loss, report["eval_loss"], rtol=1e-5)
     # onnxtrain's own artifacts of the model train the same: ORT's form changed no number.
     native_state, native_losses, _ = _our_train(_generate(tmp_path, name, OPTIMIZERS[optim](), False), batches,
                                                    RATES[optim])
     np.testing.assert_allclose(losses, native_losses, rtol=1e-5)
-    _assert_params(state, {n: np.asarray(native_state.parameters[n].data) for n in trained}, trained, tol)
+    _assert_params(state, {n: np.asarray(native_state.parameters[n].data) for n in trained}, trained, tol or 1e-5)
 
 
 def test_what_ort_cannot_run_is_refused_by_name(tmp_path):
