@@ -92,7 +92,15 @@ async function main() {
     console.log(`  ${model} op set: single-threaded ${sizeOf(spec.web, "onnxtrain_web")}, threaded ${sizeOf(spec.web, "onnxtrain_web_threaded")}`);
   }
   const configs = [];
-  for (const model of Object.keys(MODELS)) {
+  const models = Object.keys(MODELS).filter((model) => {
+    const spec = MODELS[model];
+    const missing = [path.join(spec.baseline, "bench", "startup"), path.join(spec.native, "bench", "startup"),
+                     path.join(spec.web, "web", "onnxtrain_web.wasm"), path.join(spec.artifacts, "checkpoint")]
+      .filter((f) => !existsSync(path.resolve(root, f)));
+    if (missing.length) console.log(`  ${model}: steps not measured, missing ${missing.join(", ")}`);
+    return missing.length === 0;
+  });
+  for (const model of models) {
     configs.push([model, "native -march=native", () => runNative(model, MODELS[model].native, steps)]);
     configs.push([model, "native baseline x86-64", () => runNative(model, MODELS[model].baseline, steps)]);
     configs.push([model, "wasm 1 thread", () => runWasm(model, 1, steps)]);
@@ -107,7 +115,7 @@ async function main() {
     console.log(`  ${model.padEnd(6)} ${config.padEnd(24)} wall ${figure(model, config).toFixed(2).padStart(8)}  cpu ${figure(model, config, "cpu").toFixed(2).padStart(8)}`);
   }
   console.log("\nRatios (wall; cpu):");
-  for (const model of Object.keys(MODELS)) {
+  for (const model of models) {
     for (const base of ["native baseline x86-64", "native -march=native"]) {
       const w = figure(model, "wasm 1 thread") / figure(model, base);
       const c = figure(model, "wasm 1 thread", "cpu") / figure(model, base, "cpu");
