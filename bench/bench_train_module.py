@@ -16,6 +16,19 @@ separately. Target: TrainModule >= 2x faster per step than PyTorch for the
 transformer models once warm. The losses of the runs are compared as a sanity check.
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_train_module.py [--threads 2] [--models bert,gpt,cnn]
+
+Hugging Face models (``--models hf-bert,hf-gpt2,hf-llama``, transformers from the torch2 peer's
+venv): BertForSequenceClassification with BERT-base's shape (12 x 768, short sequences: batch 8 of
+32 tokens), GPT2LMHeadModel with GPT-2 small's (12 x 768, vocabulary 50257; batch 4 of 64) and a
+small Llama (8 x 512, 8 heads sharing 2 key/value heads, vocabulary 32000; batch 4 of 64), built
+from configs with random weights, the loss the model's own (``model(**batch).loss``), AdamW. Three
+variants per precision (fp32, and bf16 under ``torch.autocast("cpu")``), steps interleaved: eager
+PyTorch, ``torch.compile(model)`` (inductor; its first step, which compiles, is reported as compile
+time) and TrainModule (its first step exports and builds). Peak memory: each variant again in a
+process of its own (``--memory-child``), the peak resident set after ``--memory-steps`` steps.
+Targets: TrainModule >= 2x eager and >= 1.3x compiled per step, peak memory <= eager's.
+
+    ~/.cache/onnxtrain/peers/torch2/bin/python bench/bench_train_module.py --models hf-bert,hf-gpt2,hf-llama --threads 2
 """
 from __future__ import annotations
 
@@ -77,18 +90,180 @@ def bench(name: str, args) -> dict:
     return row
 
 
+# ---- Hugging Face models ---------------------------------------------------------------------------
+
+HF_MODELS = ("hf-bert", "hf-gpt2", "hf-llama")
+HF_VARIANTS = ("eager", "compile", "trainmodule")
+
+
+def hf_case(name: str, steps: int, seed: int = 0):
+    """The model (train mode) and `steps` batches (dicts with labels) of one HF benchmark model."""
+    import torch
+    import transformers as hf
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    if name == "hf-bert":  # BERT-base: 12 layers of 768, 12 heads, FFN 3072
+        model, (batch, seq) = hf.BertForSequenceClassification(hf.BertConfig(num_labels=2)), (8, 32)
+        vocab = model.config.vocab_size
+        draw = lambda: {"input_ids": torch.randint(1, vocab, (batch, seq), generator=g),  # noqa: E731
+                        "attention_mask": torch.ones(batch, seq, dtype=torch.long),
+                        "labels": torch.randint(0, 2, (batch,), generator=g)}
+    else:
+        if name == "hf-gpt2":  # GPT-2 small: 12 layers of 768, 12 heads, vocabulary 50257
+            model = hf.GPT2LMHeadModel(hf.GPT2Config(use_cache=False))
+        elif name == "hf-llama":
+            model = hf.LlamaForCausalLM(hf.LlamaConfig(
+                vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512, use_cache=False))
+        else:
+            raise KeyError(name)
+        batch, seq = 4, 64
+        vocab = model.config.vocab_size
+
+        def draw():
+            ids = torch.randint(1, vocab, (batch, seq), generator=g)
+            return {"input_ids": ids, "attention_mask": torch.ones(batch, seq, dtype=torch.long), "labels": ids}
+    return model.train(), [draw() for _ in range(steps)]
+
+
+class HfRun:
+    """One variant of the user's HF loop (`model(**batch).loss`, AdamW), in fp32 or bf16 autocast."""
+
+    def __init__(self, model, precision: str):
+        import torch
+        self.model, self.precision = model, precision
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+        self.times, self.losses = [], []
+
+    def step(self, batch):
+        import torch
+        start = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.precision == "bf16"):
+            loss = self.model(**batch).loss
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        self.times.append(time.perf_counter() - start)
+        self.losses.append(loss.item())
+
+
+def hf_variant(model, variant: str):
+    import torch
+    from onnxtrain.torch import TrainModule
+    if variant == "compile":
+        return torch.compile(model)
+    return TrainModule(model) if variant == "trainmodule" else model
+
+
+def hf_peak_memory(name: str, variant: str, precision: str, args) -> float:
+    """Peak resident set (MiB) of a fresh process that builds the model and trains `variant` for
+    --memory-steps steps."""
+    import subprocess
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--threads", str(args.threads),
+                          "--memory-child", f"{name}:{variant}:{precision}", "--steps", str(args.memory_steps)],
+                         capture_output=True, text=True, env=os.environ.copy())
+    if out.returncode != 0:
+        raise RuntimeError(f"memory run {name} {variant} {precision}: {out.stderr.strip().splitlines()[-1:]}")
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def hf_memory_child(spec: str, args) -> None:
+    import resource
+    name, variant, precision = spec.split(":")
+    model, batches = hf_case(name, args.steps)
+    run = HfRun(hf_variant(model, variant), precision)
+    for batch in batches:
+        run.step(batch)
+    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+
+
+def bench_hf(name: str, precision: str, args) -> dict:
+    import copy as _copy
+    model, batches = hf_case(name, args.steps + 1)
+    runs = {v: HfRun(hf_variant(_copy.deepcopy(model), v), precision) for v in HF_VARIANTS}
+    del model
+    for batch in batches:  # interleaved: eager, compile, TrainModule, eager, ...
+        for run in runs.values():
+            run.step(batch)
+    row = {"model": name, "precision": precision, "steps": args.steps, "threads": args.threads}
+    for v, run in runs.items():
+        row[f"{v}_step_ms"] = median(run.times[1:]) * 1e3
+        row[f"{v}_first_step_s"] = run.times[0]
+    row["compile_s"] = runs["compile"].times[0] - row["compile_step_ms"] / 1e3
+    wrapped = runs["trainmodule"].model
+    stats = wrapped.build_stats[0]
+    row["export_s"], row["build_s"], row["exports"] = stats["export_s"], stats["build_s"], wrapped.export_count
+    row["vs_eager"] = row["eager_step_ms"] / row["trainmodule_step_ms"]
+    row["vs_compile"] = row["compile_step_ms"] / row["trainmodule_step_ms"]
+    row["max_loss_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(runs["trainmodule"].losses, runs["eager"].losses))
+    if wrapped.profile():
+        by_op = {}
+        for r in wrapped.profile():
+            by_op[(r["graph"], r["op_type"])] = by_op.get((r["graph"], r["op_type"]), 0.0) + r["total_us"]
+        total = sum(by_op.values())
+        row["profile_top"] = [(g, op, round(us / total * 100, 1)) for (g, op), us in
+                              sorted(by_op.items(), key=lambda kv: -kv[1])[:12]]
+    del runs
+    if args.memory_steps:
+        for v in HF_VARIANTS:
+            row[f"{v}_peak_mib"] = hf_peak_memory(name, v, precision, args)
+        row["memory_ratio"] = row["trainmodule_peak_mib"] / row["eager_peak_mib"]
+    return row
+
+
+def hf_report(rows, args) -> None:
+    print(f"\nHugging Face models, {args.threads} threads, {args.steps} steps (median of steps 2..), interleaved "
+          f"(targets: TrainModule >= 2x eager, >= 1.3x torch.compile, peak memory <= eager)")
+    print(f"{'model':9} {'prec':5} {'eager ms':>9} {'compile ms':>11} {'TrainMod ms':>12} {'x eager':>8} "
+          f"{'x compile':>10} {'compile s':>10} {'export+build s':>15} {'peak MiB e/c/T':>20}")
+
+    def line(r):
+        peak = (f"{r['eager_peak_mib']:.0f}/{r['compile_peak_mib']:.0f}/{r['trainmodule_peak_mib']:.0f}"
+                if "eager_peak_mib" in r else "-")
+        return (f"{r['model']:9} {r['precision']:5} {r['eager_step_ms']:9.1f} {r['compile_step_ms']:11.1f} "
+                f"{r['trainmodule_step_ms']:12.1f} {r['vs_eager']:8.2f} {r['vs_compile']:10.2f} {r['compile_s']:10.1f} "
+                f"{r['export_s'] + r['build_s']:15.1f} {peak:>20}")
+
+    def detail(r):
+        s = (f"{r['model']} {r['precision']}: max relative loss difference to eager {r['max_loss_rel_diff']:.1e}; "
+             f"exports {r['exports']}")
+        if "memory_ratio" in r:
+            s += f"; peak memory TrainModule/eager {r['memory_ratio']:.2f}"
+        if "profile_top" in r:
+            s += "; profile (% of kernel time): " + ", ".join(f"{g[0]}:{op} {p}" for g, op, p in r["profile_top"])
+        return s
+
+    report_rows(rows, line, detail, args.json)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--models", default="bert,gpt,cnn")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--json")
+    parser.add_argument("--precisions", default="fp32,bf16", help="HF models: fp32 and/or bf16 (autocast)")
+    parser.add_argument("--memory-steps", type=int, default=3, help="HF models: steps of each peak-memory run (0: none)")
+    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     import torch
     ot = import_onnxtrain()
     torch.set_num_threads(args.threads)
     ot.set_num_threads(args.threads)
-    rows = run_models(args.models.split(","), lambda name: bench(name, args))
+    if args.memory_child:
+        hf_memory_child(args.memory_child, args)
+        return 0
+    names = args.models.split(",")
+    hf_names = [n for n in names if n in HF_MODELS]
+    names = [n for n in names if n not in HF_MODELS]
+    if hf_names:
+        rows = []
+        for precision in args.precisions.split(","):
+            rows += run_models(hf_names, lambda name: {**bench_hf(name, precision, args), "model": name})
+        hf_report(rows, args)
+    if not names:
+        return 0
+    rows = run_models(names, lambda name: bench(name, args))
     print(f"\nTrainModule training step (torch.optim.AdamW unless noted), {args.threads} threads, {args.steps} steps "
           f"(target: >= 2x faster than torch for bert and gpt)")
     print(f"{'model':6} {'torch ms':>9} {'TrainModule ms':>15} {'speedup':>8} {'+FusedAdam ms':>14} {'speedup':>8} "

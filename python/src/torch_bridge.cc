@@ -5,12 +5,14 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <numeric>
 #include <set>
 
 #include "bindings.h"
 #include "core/memory.h"
+#include "ir/program_difference.h"
 #include "onnx/model_io.h"
 #include "passes/shape_inference.h"
 #include "passes/sparsity.h"
@@ -309,8 +311,11 @@ class TorchRunner {
     });
     fb_ = build_forward_backward(model, options);
     wrt_ = options.wrt;
-    forward_ = std::make_unique<Executor>(fb_.forward);
-    if (!fb_.gradients.empty()) backward_ = std::make_unique<Executor>(fb_.backward);
+    ExecutorOptions executor_options;
+    const char* profile = std::getenv("ONNXTRAIN_PROFILE");  // TrainModule.profile(), as Module::profile
+    executor_options.profile = profile && *profile && std::string(profile) != "0";
+    forward_ = std::make_unique<Executor>(fb_.forward, executor_options);
+    if (!fb_.gradients.empty()) backward_ = std::make_unique<Executor>(fb_.backward, executor_options);
     for (const auto& out : fb_.forward.graph.outputs) forward_outputs_.push_back(out.name);
     for (const auto& node : fb_.forward.graph.nodes)
       random_ = random_ || (is_nondeterministic(node) && !node.has_attr("seed"));
@@ -386,6 +391,19 @@ class TorchRunner {
     return out;
   }
 
+  // Per-node kernel times of the forward, then of the backward (empty unless ONNXTRAIN_PROFILE=1).
+  py::list profile() const {
+    py::list rows;
+    auto add = [&](const char* graph, const Executor& e) {
+      for (const auto& n : e.profile())
+        rows.append(py::dict(py::arg("graph") = graph, py::arg("node") = n.node_name, py::arg("op_type") = n.op_type,
+                             py::arg("calls") = n.calls, py::arg("total_us") = n.total_us));
+    };
+    add("forward", *forward_);
+    if (backward_) add("backward", *backward_);
+    return rows;
+  }
+
   std::string memory_report() const {
     auto line = [](const char* what, const MemoryReport& r) {
       return std::string(what) + " arena " + std::to_string(r.planned_arena_bytes) + " bytes (naive " +
@@ -443,6 +461,16 @@ void bind_torch_bridge(py::module_& m) {
     return py::make_tuple(labels, embeddings);
   }, py::arg("model"));
 
+  // Two exports of one module at different input sizes: "" when they are the same program (the
+  // trace baked none of the sizes that differ), else the first difference (ir/program_difference.h).
+  // `bound`: the initializers the host binds at each run (the module's parameters and buffers),
+  // whose values may have changed between the two exports.
+  t.def("export_difference", [](py::bytes a, py::bytes b, std::set<std::string> bound) {
+    Model first = load_model_from_bytes(std::string(a), "", "TrainModule export");
+    Model second = load_model_from_bytes(std::string(b), "", "TrainModule export");
+    return program_difference(first.graph, second.graph, bound);
+  }, py::arg("a"), py::arg("b"), py::arg("bound"));
+
   py::class_<TorchRunner>(t, "Runner")
       .def(py::init([](py::bytes model, const std::string& name, std::vector<std::string> bind,
                        std::vector<std::string> wrt, int memory_opt_level, std::string memory_opt_config,
@@ -486,6 +514,7 @@ void bind_torch_bridge(py::module_& m) {
         return r.has_backward() ? py::object(py::bytes(save_model_to_bytes(r.graphs().backward))) : py::object(py::none());
       })
       .def("memory_report", &TorchRunner::memory_report)
+      .def("profile", &TorchRunner::profile)
       .def_property_readonly("memory_plan", [](const TorchRunner& r) { return plan_table(r.graphs().memory_plan); })
       .def_property_readonly("saved_bytes", [](const TorchRunner& r) {  // activations held from forward to backward
         return saved_bytes(r.graphs());

@@ -356,8 +356,9 @@ class MemberReader {
   uint64_t produced_ = 0, consumed_ = 0;
 #ifndef ONNXTRAIN_NPZ_WITHOUT_ZLIB
   z_stream z_{};
+  bool z_open_ = false;
 #endif
-  bool z_open_ = false, ended_ = false;
+  bool ended_ = false;
   std::vector<uint8_t> in_;
 };
 

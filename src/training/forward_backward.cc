@@ -21,22 +21,31 @@ const std::string kWhere = "build_forward_backward: ";
 
 // torch updates running_var = m * rv + (1 - m) * var_unbiased; ONNX's r = m * rv + (1 - m) * var
 // uses the population variance, and var_unbiased = var * n / (n - 1), so torch's value is
-// r + (r - m * rv) / (n - 1). Returns the corrected value.
+// r + (r - m * rv) / (n - 1). Returns the corrected value. n, the values per channel, is a constant
+// when the input's shape is static, else read from its shape at run time (TrainModule's symbolic
+// batch: it makes no symbol of a size below 2, so n > 1 there too, as torch requires).
 std::string unbiased_running_var(Model& m, const Node& bn, const StateUpdate& update) {
   GraphBuilder b(m, bn.name + "/unbiased_running_var");
+  const std::string& running_var = bn.inputs[size_t(update.input)];
   std::optional<Shape> x = b.static_shape(bn.inputs[0]);
   bool known = x && x->size() >= 2;
   for (size_t d = 0; known && d < x->size(); ++d) known = (*x)[d] >= 0;
-  OT_CHECK(known, kWhere, bn.context(), "torch's running_var update needs the static shape of input '",
-           bn.inputs[0], "'");
-  const int64_t n = numel(*x) / std::max<int64_t>((*x)[1], 1);
-  OT_CHECK(n > 1, bn.context(), "expected more than 1 value per channel when training, got input shape ",
-           shape_str(*x));
-  const std::string& running_var = bn.inputs[size_t(update.input)];
+  std::string inverse;  // 1 / (n - 1)
+  if (known) {
+    const int64_t n = numel(*x) / std::max<int64_t>((*x)[1], 1);
+    OT_CHECK(n > 1, bn.context(), "expected more than 1 value per channel when training, got input shape ",
+             shape_str(*x));
+    inverse = b.scalar_like(1.0 / double(n - 1), running_var);
+  } else {
+    std::string channels = b.emit("Gather", {b.shape(bn.inputs[0]), b.constant(Tensor::scalar<int64_t>(1))});
+    std::string n = b.div(b.emit("Size", {bn.inputs[0]}), channels);
+    n = b.emit("Cast", {n}, {{"to", Attribute::of(int64_t(b.dtype(running_var)))}});
+    inverse = b.div(b.scalar_like(1.0, running_var), b.sub(n, b.scalar_like(1.0, running_var)));
+  }
   const std::string& onnx_update = bn.outputs[size_t(update.output)];
   const double momentum = bn.attr_float("momentum", 0.9f);
   std::string batch_term = b.sub(onnx_update, b.mul(running_var, b.scalar_like(momentum, running_var)));
-  std::string result = b.add(onnx_update, b.mul(batch_term, b.scalar_like(1.0 / double(n - 1), running_var)));
+  std::string result = b.add(onnx_update, b.mul(batch_term, inverse));
   b.commit();
   return result;
 }
@@ -227,6 +236,13 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   // differentiating the pieces. Inference-only fusions (FusedConv, no gradient) wait until the
   // whole graph is built.
   if (o.optimize) simplify_graph(m);
+  // The output layer and its loss in one op (fp32: under mixed precision the head's GEMM is bf16),
+  // before the row passes: it skips ignored labels' rows itself, and with symbolic dims the label
+  // pass would gather the logits' rows, which leaves nothing to fuse.
+  if (low == DType::kUndefined) {
+    infer_shapes(g, m.opsets);  // the fusion checks operand shapes
+    if (fuse_linear_cross_entropy(g)) m.opsets.emplace(kOnnxTrainDomain, 1);
+  }
   optimize_rows(m, o);
   fuse_for_training(m);
   if (low != DType::kUndefined) convert_to_mixed_precision(m, low);  // host values stay fp32 inputs
@@ -238,6 +254,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   fb.seeded_outputs = info.seeded_outputs;
   fb.seeds = info.seed_inputs;
   fb.gradients = info.gradient_outputs;
+  drop_unread_unit_gradients(full.graph);
   if (o.optimize) optimize_for_inference(full);
   if (low != DType::kUndefined) fold_casts_into_gemms(full);
   full.graph.topological_sort();

@@ -1,7 +1,9 @@
 #include "training/lora.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <filesystem>
 #include <set>
 
@@ -14,6 +16,7 @@ namespace onnxtrain {
 namespace {
 
 constexpr const char* kWhere = "LoRA: ";
+const std::string kPeftPrefix = "base_model.model.";  // PEFT's key prefix in adapter_model.safetensors
 
 }  // namespace
 
@@ -50,6 +53,7 @@ LoraInfo lora_info(const Model& model) {
     info.rank = field(v, "rank").as_int();
     info.alpha = field(v, "alpha").as_double();
     info.base_hash = field(v, "base_hash").as_string();
+    if (const json::Value* d = v.find("dropout")) info.dropout = d->as_double();
     OT_CHECK(info.rank > 0 && std::isfinite(info.alpha), "rank ", info.rank, " and alpha ", info.alpha,
              " should be a positive integer and a finite number");
     for (const auto& e : field(v, "adapters").as_array()) {
@@ -140,9 +144,63 @@ void export_lora_adapters(const std::string& model_path, const CheckpointState& 
   for (const auto& a : info.adapters)
     for (const std::string& name : {a.a, a.b}) {
       OT_CHECK(state.has_parameter(name), "export_lora_adapters: the checkpoint has no adapter '", name, "'");
-      tensors.emplace_back("base_model.model." + name, state.parameter(name).data());
+      tensors.emplace_back(kPeftPrefix + name, state.parameter(name).data());
     }
   safetensors::write(path, {{"format", "pt"}, {"onnxtrain.lora.base_hash", info.base_hash}}, tensors);
+}
+
+namespace {
+
+// A PEFT adapter tensor as float32 (PEFT saves the dtype the model trained in).
+Tensor adapter_as_float(const Tensor& t, const std::string& where) {
+  Tensor out = Tensor::empty(DType::kFloat32, t.shape());
+  float* o = out.data<float>();
+  const int64_t n = t.numel();
+  switch (t.dtype()) {
+    case DType::kFloat32: std::copy_n(t.data<float>(), n, o); break;
+    case DType::kFloat64: for (int64_t i = 0; i < n; ++i) o[i] = float(t.data<double>()[i]); break;
+    case DType::kFloat16: for (int64_t i = 0; i < n; ++i) o[i] = float(t.data<float16>()[i]); break;
+    case DType::kBFloat16: for (int64_t i = 0; i < n; ++i) o[i] = float(t.data<bfloat16>()[i]); break;
+    default: OT_THROW(kInvalidModel, where, ": expected a floating-point tensor, got ", dtype_name(t.dtype()));
+  }
+  return out;
+}
+
+}  // namespace
+
+void import_lora_adapters(const std::string& model_path, CheckpointState& state, const std::string& path) {
+  const LoraInfo info = lora_info(load_model(model_path));
+  OT_CHECK(!info.adapters.empty(), "import_lora_adapters: '", model_path, "' has no LoRA adapters");
+  safetensors::Contents file;
+  try {
+    file = safetensors::read(path);
+  } catch (const Error& e) {
+    throw Error(e.code(), "import_lora_adapters: '" + path + "': " + e.what());
+  }
+  std::map<std::string, const Tensor*> in_file;
+  for (const auto& [key, t] : file.tensors) in_file[key] = &t;
+  // Everything is checked before any parameter changes: a bad file leaves the state as it was.
+  std::vector<std::pair<std::string, Tensor>> values;
+  for (const auto& a : info.adapters)
+    for (const std::string& name : {a.a, a.b}) {
+      const std::string key = kPeftPrefix + name, where = "import_lora_adapters: '" + path + "' tensor '" + key + "'";
+      auto it = in_file.find(key);
+      OT_CHECK(it != in_file.end(), "import_lora_adapters: '", path, "' has no '", key, "' (the adapter of module '",
+               a.module, "' in these artifacts); PEFT's target_modules must select the same layers");
+      OT_CHECK(state.has_parameter(name), "import_lora_adapters: the checkpoint has no adapter '", name, "'");
+      const Shape& want = state.parameter(name).shape();
+      OT_CHECK(it->second->shape() == want, where, ": expected shape ", shape_str(want), " (rank ", info.rank,
+               "), got ", shape_str(it->second->shape()));
+      values.emplace_back(name, adapter_as_float(*it->second, where));
+      in_file.erase(it);
+    }
+  if (!in_file.empty()) {
+    std::string extra;
+    for (const auto& [key, t] : in_file) extra += (extra.empty() ? "'" : ", '") + key + "'";
+    OT_THROW(kInvalidArgument, "import_lora_adapters: '", path, "' holds tensors these artifacts have no adapter for: ",
+             extra);
+  }
+  for (const auto& [name, value] : values) state.set_parameter(name, value);
 }
 
 }  // namespace onnxtrain

@@ -83,7 +83,7 @@ std::vector<TensorEntry> parse_tensor_entries(const json::Value& header, uint64_
     const std::string& name = entry.first;
     const json::Value& info = entry.second;
     if (name == kMetadataKey) continue;
-    auto bad = [&](const std::string& what) {
+    auto bad = [&, &name = name](const std::string& what) {  // clang 14 captures no structured binding
       OT_THROW(kInvalidModel, "tensor '", name, "': ", what);
     };
     if (!info.is_object()) bad(std::string("expected an object, got ") + json::type_name(info.type()));

@@ -20,7 +20,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   adapted = load_model(std::string(ONNXTRAIN_TEST_MODELS_DIR) + "/mlp_classifier.onnx");
   LoraConfig config;
   config.rank = 2;
-  config.target = {"fc"};
+  config.target = {"fc1", "fc2", "fc3"};  // PEFT's rule: a name matches whole (or as a dotted suffix)
   apply_lora(adapted, config);
   return 0;
 }

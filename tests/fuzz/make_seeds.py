@@ -111,7 +111,7 @@ def artifact_seeds(tmp):
     for f in ("training_model.otc", "eval_model.otc", "optimizer_model.otc"):
         seed("otc", read(os.path.join(art, f)))
     lora = os.path.join(tmp, "lora")
-    cli("artifacts", MLP, "--out", lora, "--lora-target", "fc", "--lora-rank", "2", "--loss", "cross_entropy")
+    cli("artifacts", MLP, "--out", lora, "--lora-target", "fc1,fc2,fc3", "--lora-rank", "2", "--loss", "cross_entropy")
     seed("checkpoint", read(os.path.join(lora, "checkpoint")))
     for f in ("training_model.onnx", "eval_model.onnx"):
         m = onnx.load(os.path.join(lora, f))

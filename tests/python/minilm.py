@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 import models  # bench/models.py (conftest puts bench/ on sys.path)
+from onnxtrain.torch._compat import torchscript_exporter  # torch 2.x: the exporter the corpus was made with
 
 PAD, UNK, CLS, SEP = "[PAD]", "[UNK]", "[CLS]", "[SEP]"
 _SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "F64": np.float64, "I64": np.int64, "I32": np.int32}
@@ -151,5 +152,6 @@ def export(model: nn.Module, ids: np.ndarray, path: str, output_name: str) -> st
     with torch.no_grad():
         torch.onnx.export(model.eval(), (torch.from_numpy(ids),), path, input_names=["input_ids"],
                           output_names=[output_name], opset_version=17,
-                          dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, output_name: {0: "batch"}})
+                          dynamic_axes={"input_ids": {0: "batch", 1: "sequence"}, output_name: {0: "batch"}},
+                          **torchscript_exporter())
     return path

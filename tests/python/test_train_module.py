@@ -131,18 +131,69 @@ def test_state_dict_moves_between_wrapped_and_plain():
         torch.testing.assert_close(twin(x), other(x), rtol=1e-5, atol=1e-6)
 
 
-def test_new_batch_size_and_sequence_length_build_new_graphs():
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_new_batch_size_and_sequence_length(monkeypatch, dynamic):
+    """Symbolic batch and sequence dims (the default): one set of graphs for every size, after one
+    export per dim that checks the export does not depend on it. Without them (ONNXTRAIN_DYNAMIC_SHAPES=0)
+    each shape exports and builds its own."""
+    monkeypatch.setenv("ONNXTRAIN_DYNAMIC_SHAPES", "1" if dynamic else "0")
     model, batches = model_and_batches("gpt", 4)
     reference = copy.deepcopy(model)
     g = torch.Generator().manual_seed(7)
     batches += [(torch.randint(0, 40, (3, 8), generator=g), torch.randint(0, 40, (3, 8), generator=g)),
-                (torch.randint(0, 40, (3, 5), generator=g), torch.randint(0, 40, (3, 5), generator=g))]
-    batches += batches[:2] + batches[-2:]  # schemas seen before: no new graph
+                (torch.randint(0, 40, (3, 5), generator=g), torch.randint(0, 40, (3, 5), generator=g)),
+                (torch.randint(0, 40, (4, 11), generator=g), torch.randint(0, 40, (4, 11), generator=g))]
+    batches += batches[:2] + batches[-3:]  # shapes seen before
     wrapped = TrainModule(model)
     ours, theirs = train(wrapped, batches, SGD), train(reference, batches, SGD)
     assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) < 1e-4
-    assert len(wrapped.build_stats) == 3
+    assert (wrapped.export_count, len(wrapped.build_stats)) == ((3, 1) if dynamic else (4, 4))
     assert_close_state(model.state_dict(), reference.state_dict(), 1e-4)
+
+
+def test_batchnorm_statistics_follow_torch_at_every_batch_size():
+    """One graph for batch sizes 4, 6 and 3: BatchNorm's unbiased running variance takes its count
+    of values per channel from the input's shape at run time."""
+    model, _ = model_and_batches("cnn", 0)
+    reference = copy.deepcopy(model)
+    g = torch.Generator().manual_seed(3)
+    batches = [(torch.randn(n, 3, 8, 8, generator=g), torch.randint(0, 5, (n,), generator=g)) for n in (4, 6, 3, 4)]
+    wrapped = TrainModule(model)
+    ours, theirs = train(wrapped, batches, SGD), train(reference, batches, SGD)
+    assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) < 1e-4
+    assert (wrapped.export_count, len(wrapped.build_stats)) == (2, 1)
+    assert_close_state(model.state_dict(), reference.state_dict(), 1e-4)
+
+
+class BakedLength(nn.Module):
+    """A trace that bakes the sequence length in: int() of a size is a constant in the export."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(20, 6)
+        self.pos = nn.Parameter(torch.randn(16, 6))
+        self.out = nn.Linear(6, 3)
+
+    def forward(self, ids):
+        length = int(ids.shape[1])
+        return self.out(self.embed(ids) + self.pos[:length]).mean(1)
+
+
+def test_an_export_that_bakes_a_size_in_exports_per_shape_and_says_why(caplog):
+    torch.manual_seed(0)
+    model = BakedLength()
+    reference = copy.deepcopy(model)
+    wrapped = TrainModule(model, debug_options=DebugOptions(log_level=LogLevel.INFO))
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randint(0, 20, (4, n), generator=g), torch.randint(0, 3, (4,), generator=g)) for n in (5, 7, 9, 5)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's TracerWarning about int() of a size
+        ours, theirs = train(wrapped, batches, SGD), train(reference, batches, SGD)
+    assert max(abs(a - b) / abs(b) for a, b in zip(ours, theirs)) < 1e-5
+    assert_close_state(model.state_dict(), reference.state_dict(), 1e-5)
+    assert wrapped.export_count == 3 and len(wrapped.build_stats) == 3, "one export per length"
+    said = [r.getMessage() for r in caplog.records if "different programs" in r.getMessage()]
+    assert len(said) == 1 and "BakedLength" in said[0] and "each input shape of this schema exports on its own" in said[0]
 
 
 class Nested(nn.Module):

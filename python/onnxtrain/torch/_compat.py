@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -60,9 +60,11 @@ def torchscript_exporter() -> dict:
     return {"dynamo": False} if "dynamo" in _export_parameters() else {}
 
 
-def export(wrapper: torch.nn.Module, inputs: tuple, f, opset: int, input_names: List[str]) -> None:
+def export(wrapper: torch.nn.Module, inputs: tuple, f, opset: int, input_names: List[str],
+           dynamic_axes: Optional[Dict[str, Dict[int, str]]] = None) -> None:
     """Exports ``wrapper`` with the TorchScript-based exporter: opset ``opset``, training mode
-    preserved per submodule, no constant folding, parameters as initializers."""
+    preserved per submodule, no constant folding, parameters as initializers; ``dynamic_axes``
+    names the input dims that are symbolic (input name -> dim -> symbol)."""
     kwargs = torchscript_exporter()
     torch.onnx.export(
         wrapper, inputs, f, opset_version=opset, do_constant_folding=False,
@@ -70,7 +72,7 @@ def export(wrapper: torch.nn.Module, inputs: tuple, f, opset: int, input_names: 
         # Each submodule exports in its own mode (a frozen BatchNorm in eval inside a training
         # model); TRAINING would switch them all to train and leave them so.
         training=torch.onnx.TrainingMode.PRESERVE,
-        input_names=input_names, output_names=None, **kwargs)
+        input_names=input_names, output_names=None, dynamic_axes=dynamic_axes or None, **kwargs)
 
 
 def autocast_cpu() -> Optional[torch.dtype]:

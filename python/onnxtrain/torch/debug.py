@@ -1,7 +1,7 @@
 """Settings of TrainModule: ``DebugOptions`` and the ``ONNXTRAIN_*`` environment variables
 (LOG_LEVEL, SAVE_ONNX, SAVE_ONNX_PATH, OPSET, FALLBACK, MEMORY_OPT_LEVEL, MEMORY_OPT_CONFIG,
 ENABLE_COMPUTE_OPTIMIZER, ENABLE_MEM_EFFICIENT_GRAD_MGMT, ENABLE_LABEL_SPARSITY_OPTIMIZATION,
-ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION, PRINT_INPUT_DENSITY, MIXED_PRECISION; ORTMODULE_* aliases), read when a TrainModule is
+ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION, PRINT_INPUT_DENSITY, MIXED_PRECISION, DYNAMIC_SHAPES; ORTMODULE_* aliases), read when a TrainModule is
 made. Their table, with values and defaults, is in the README's TrainModule section. An explicit
 ``DebugOptions(...)`` argument wins over the environment for its own fields.
 """
@@ -131,6 +131,7 @@ class Settings:
     label_sparsity: bool = True       # losses with ignore_index take the kept rows (when sparse enough)
     embedding_sparsity: bool = False  # padded tokens skip the token-wise layers (the model must mask them)
     print_input_density: bool = False  # label and padding density of each step, on stdout
+    dynamic_shapes: bool = True  # batch and sequence sizes symbolic in the export (TrainModule's docstring)
 
     @staticmethod
     def load(debug_options: "DebugOptions | None") -> "Settings":
@@ -145,7 +146,8 @@ class Settings:
                         mem_efficient_grad=_env_int("ONNXTRAIN_ENABLE_MEM_EFFICIENT_GRAD_MGMT", 0, {0, 1}) == 1,
                         label_sparsity=_env_int("ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION", 1, {0, 1}) == 1,
                         embedding_sparsity=_env_int("ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION", 0, {0, 1}) == 1,
-                        print_input_density=_env_int("ONNXTRAIN_PRINT_INPUT_DENSITY", 0, {0, 1}) == 1)
+                        print_input_density=_env_int("ONNXTRAIN_PRINT_INPUT_DENSITY", 0, {0, 1}) == 1,
+                        dynamic_shapes=_env_int("ONNXTRAIN_DYNAMIC_SHAPES", 1, {0, 1}) == 1)
 
     def log(self, level: LogLevel, message: str) -> None:
         if level < self.debug.log_level:

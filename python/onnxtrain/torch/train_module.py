@@ -7,7 +7,18 @@ On the first call with a new input schema (shapes, dtypes, which inputs require 
 train/eval mode) the module is exported with torch.onnx.export's TorchScript-based exporter on torch
 1.13 and 2.x alike (opset 17, no constant folding, parameters as initializers, every submodule in its
 own train/eval mode; _compat.py says why not 2.x's default), differentiated for the parameters and inputs that require grad,
-split into a forward and a backward graph and planned; a repeated schema reuses them. A
+split into a forward and a backward graph and planned; a repeated schema reuses them.
+
+Batch and sequence sizes are symbolic in the export (``dynamic_axes``): the first dim of every
+input and the second of every integer or bool input (token ids, masks, labels), where the size is
+2 or more. A call whose only change is such a size reuses the graphs (their plans are per shape).
+Whether the trace baked a size in (a Python int from ``x.shape`` in a constant, a branch on a size)
+is checked, not assumed: the first time a symbol takes a new size, the module is exported again
+at it and the two exports must be the same program (``torch_bridge.export_difference``: nodes,
+attributes, constants, initializers); from then on that symbol's sizes reuse the export. When they
+differ, every shape of that schema exports on its own, as with ``ONNXTRAIN_DYNAMIC_SHAPES=0``, and
+the difference is logged at INFO. ``export_count`` counts the exports. A branch on a size that the
+two compared sizes take alike is beyond what two traces can show. A
 ``torch.autograd.Function`` runs the forward graph and saves what the backward graph reads;
 backward takes torch's upstream gradients. Tensors cross by DLPack without copies, parameters are
 the module's own and read in place, and their ``.grad`` is filled by torch's autograd, so torch
@@ -104,6 +115,41 @@ class _Export:
     embeddings: List[Tuple[int, str, int]] = field(default_factory=list)
 
 
+@dataclass
+class _Family:
+    """One input schema with its batch and sequence sizes symbolic, and the export that serves it."""
+
+    export: _Export
+    export_key: Any               # the concrete schema it was exported at
+    sizes: Dict[str, int]         # symbol -> its size at that export
+    varied: set = field(default_factory=set)  # symbols seen at another size, exporting the same program
+    generic: bool = True          # False once an export at other sizes differed: each shape on its own
+
+
+def _symbolic_dims(inputs: List[torch.Tensor]):
+    """The batch and sequence dims (TrainModule's docstring) as symbols: per input its shape with
+    symbols in place of those sizes, each symbol's size, and torch.onnx.export's dynamic_axes. One
+    symbol per role and size: inputs that agree on a size share its symbol, so a later call whose
+    inputs disagree there is another schema."""
+    symbols: Dict[Tuple[str, int], str] = {}
+    shapes, axes = [], {}
+    for i, t in enumerate(inputs):
+        dims: List[Any] = list(t.shape)
+        roles = [(0, "batch")] if t.dim() >= 1 else []
+        if t.dim() >= 2 and not (t.is_floating_point() or t.is_complex()):
+            roles.append((1, "sequence"))
+        for d, role in roles:
+            if dims[d] < 2:  # 0 and 1 stay fixed: a size-1 dim broadcasts
+                continue
+            if (role, dims[d]) not in symbols:
+                symbols[(role, dims[d])] = f"{role}_{sum(r == role for r, _ in symbols)}"
+            sym = symbols[(role, dims[d])]
+            axes.setdefault(_INPUT.format(i), {})[d] = sym
+            dims[d] = sym
+        shapes.append((tuple(dims), t.dtype))
+    return tuple(shapes), {sym: size for (_, size), sym in symbols.items()}, axes
+
+
 class _Graph:
     """One export under one choice of gradients: the native runner and the feed bookkeeping."""
 
@@ -187,10 +233,17 @@ class TrainModule(nn.Module):
             accumulation), losses, normalisations and the parameters stay fp32
             (src/passes/mixed_precision.h). Default: ONNXTRAIN_MIXED_PRECISION, else the dtype of
             an enclosing ``torch.autocast("cpu", ...)`` at each call, else fp32.
+        dynamic_shapes: batch and sequence sizes symbolic in the export, so that a new size does
+            not export again (the module docstring says how that is checked). Default:
+            ONNXTRAIN_DYNAMIC_SHAPES, else on.
+        memory_opt_level, memory_opt_config: the memory optimizer's level (0, 1: layer-wise
+            recompute, 2: plus compromised plans) and plan; default: ONNXTRAIN_MEMORY_OPT_LEVEL and
+            ONNXTRAIN_MEMORY_OPT_CONFIG.
     """
 
     def __init__(self, module: nn.Module, debug_options: Optional[DebugOptions] = None,
-                 mixed_precision: Optional[str] = None):
+                 mixed_precision: Optional[str] = None, dynamic_shapes: Optional[bool] = None,
+                 memory_opt_level: Optional[int] = None, memory_opt_config: Optional[str] = None):
         if not isinstance(module, nn.Module):
             raise TypeError(f"TrainModule wraps a torch.nn.Module, got {type(module).__name__}")
         if mixed_precision not in (None, "bf16", "fp16"):
@@ -202,10 +255,20 @@ class TrainModule(nn.Module):
             self.__dict__[shared] = module.__dict__[shared]
         self.training = module.training
         self._settings = Settings.load(debug_options)
+        if dynamic_shapes is not None:
+            self._settings.dynamic_shapes = bool(dynamic_shapes)
+        if memory_opt_level is not None:
+            if memory_opt_level not in (0, 1, 2):
+                raise ValueError(f"TrainModule: memory_opt_level must be 0, 1 or 2, got {memory_opt_level!r}")
+            self._settings.memory_opt_level = memory_opt_level
+        if memory_opt_config is not None:
+            self._settings.memory_opt_config = memory_opt_config
         env_mode = "" if self._settings.mixed_precision == "none" else self._settings.mixed_precision
         self.__dict__["_mixed_precision"] = mixed_precision or env_mode
         self._exports: Dict[Any, _Export] = {}
+        self._families: Dict[Any, _Family] = {}
         self._graphs: Dict[Any, _Graph] = {}
+        self._export_count = 0
         self._fallback_reason: Optional[str] = None
         self._paths: Dict[str, List[str]] = {}  # state_dict key -> attribute path
         self._density_step = 0  # steps printed (ONNXTRAIN_PRINT_INPUT_DENSITY)
@@ -219,7 +282,7 @@ class TrainModule(nn.Module):
 
     def __getstate__(self):  # copy.deepcopy, pickling: graphs are rebuilt on the next call
         state = self.__dict__.copy()
-        state["_exports"], state["_graphs"] = {}, {}
+        state["_exports"], state["_families"], state["_graphs"] = {}, {}, {}
         state.pop("_signature", None)
         return state
 
@@ -240,6 +303,7 @@ class TrainModule(nn.Module):
     def _apply(self, fn, *args, **kwargs):
         self._original_module._apply(fn, *args, **kwargs)
         self._exports.clear()  # dtypes (or devices) of parameters changed: export again
+        self._families.clear()
         self._graphs.clear()
         return self
 
@@ -253,6 +317,19 @@ class TrainModule(nn.Module):
     def fallback_reason(self) -> Optional[str]:
         """Why this module runs in PyTorch (ONNXTRAIN_FALLBACK=warn), or None."""
         return self._fallback_reason
+
+    @property
+    def export_count(self) -> int:
+        """How many times the module was exported (torch.onnx.export calls) since it was wrapped:
+        one per input schema, plus one per symbolic dim the first time it takes a new size (the
+        check that the export does not depend on it), plus one per shape where it did."""
+        return self._export_count
+
+    def profile(self) -> List[Dict[str, Any]]:
+        """Per built graph and node: kernel calls and time (``graph``: forward or backward,
+        ``schema``: the graph's place in build_stats, ``node``, ``op_type``, ``calls``,
+        ``total_us``). Empty unless ONNXTRAIN_PROFILE=1 was set when the graphs were built."""
+        return [{"schema": i, **row} for i, g in enumerate(self._graphs.values()) for row in g.runner.profile()]
 
     @property
     def build_stats(self) -> List[Dict[str, Any]]:
@@ -375,6 +452,7 @@ class TrainModule(nn.Module):
                 self._settings.log(LogLevel.INFO, f"TrainModule({type(self._original_module).__name__}): the "
                                    "module's structure changed since its last export: exporting again")
             self._exports.clear()
+            self._families.clear()
             self._graphs.clear()
             self.__dict__["_signature"] = signature
         export_key = (_tree.key(structure), tuple((tuple(t.shape), t.dtype) for t in inputs), self.training)
@@ -382,17 +460,63 @@ class TrainModule(nn.Module):
         wrt_inputs = tuple(i for i, t in enumerate(inputs) if grad and t.requires_grad)
         wrt_params = tuple(n for n, p in self._original_module.named_parameters() if grad and p.requires_grad)
         mode = self._mixed_precision_now()
-        graph_key = (export_key, wrt_inputs, wrt_params, mode)
+        with torch.autocast("cpu", enabled=False):  # the export is fp32; the pass lowers it
+            schema_key, export = self._export_for(structure, inputs, export_key)
+        graph_key = (schema_key, wrt_inputs, wrt_params, mode)
         graph = self._graphs.get(graph_key)
         if graph is None:
-            export = self._exports.get(export_key)
-            if export is None:
-                with torch.autocast("cpu", enabled=False):  # the export is fp32; the pass lowers it
-                    export = self._exports[export_key] = self._export(structure, inputs)
             label_sparsity, padding_index = self._sparsity_choice(export, inputs)
             graph = self._graphs[graph_key] = self._build(export, wrt_inputs, wrt_params, len(self._graphs), mode,
                                                           label_sparsity, padding_index)
         return graph
+
+    def _export_for(self, structure: tuple, inputs: List[torch.Tensor], export_key) -> Tuple[Any, _Export]:
+        """The export that serves this call, and the key of its graphs: its schema's with symbolic
+        batch and sequence sizes when those serve (the module docstring), else its own shape's."""
+        if self._settings.dynamic_shapes:
+            shapes, sizes, axes = _symbolic_dims(inputs)
+            family_key = (export_key[0], shapes, export_key[2])
+            family = self._families.get(family_key) if sizes else None
+            if sizes and family is None:
+                family = self._families[family_key] = _Family(self._export(structure, inputs, axes), export_key, sizes)
+            if family is not None and family.generic:
+                unseen = {sym for sym, size in sizes.items() if size != family.sizes[sym]} - family.varied
+                if unseen:
+                    other = self._export(structure, inputs, axes)
+                    difference = self._export_difference(family.export, other, self._state_names())
+                    if difference is None:
+                        family.varied |= unseen
+                    else:
+                        self._shape_by_shape(family_key, family, difference, export_key, other)
+                if family.generic:
+                    return ("symbolic", family_key), family.export
+        export = self._exports.get(export_key)
+        if export is None:
+            export = self._exports[export_key] = self._export(structure, inputs)
+        return ("shape", export_key), export
+
+    def _state_names(self) -> set:
+        """The export's initializer names of the module's parameters and buffers."""
+        return {_PREFIX + k for k in self._original_module.state_dict(keep_vars=True)}
+
+    @staticmethod
+    def _export_difference(first: _Export, other: _Export, state_names: set) -> Optional[str]:
+        """None when two exports at different sizes are the same program with the same outputs
+        (the parameters' values aside: the optimizer may have stepped between them)."""
+        if _tree.key(first.out_structure) != _tree.key(other.out_structure) or first.out_dtypes != other.out_dtypes:
+            return "the outputs' structure (or a non-tensor output) differs"
+        return _C.torch_bridge.export_difference(first.data, other.data, state_names) or None
+
+    def _shape_by_shape(self, family_key, family: _Family, difference: str, export_key, other: _Export) -> None:
+        """The trace of this schema depends on a size: each shape exports on its own from now on."""
+        family.generic = False
+        self._exports.setdefault(family.export_key, family.export)
+        self._exports[export_key] = other
+        for key in [k for k in self._graphs if k[0] == ("symbolic", family_key)]:
+            del self._graphs[key]
+        self._settings.log(LogLevel.INFO, f"TrainModule({type(self._original_module).__name__}): the export at "
+                           f"sizes {sorted(family.sizes.items())} and the one at other sizes are different programs "
+                           f"({difference}): each input shape of this schema exports on its own")
 
     # ---- input sparsity ---------------------------------------------------------------------
 
@@ -425,7 +549,8 @@ class TrainModule(nn.Module):
               + ("; ".join(parts) if parts else "no label or embedding input found"), flush=True)
         self._density_step += 1
 
-    def _export(self, structure: tuple, inputs: List[torch.Tensor]) -> _Export:
+    def _export(self, structure: tuple, inputs: List[torch.Tensor],
+                dynamic_axes: Optional[Dict[str, Dict[int, str]]] = None) -> _Export:
         module = self._original_module
         name = type(module).__name__
         reason = _compat.unsupported_reason(name)
@@ -447,8 +572,9 @@ class TrainModule(nn.Module):
             # torch.utils.checkpoint calls become marked regions that the backward recomputes.
             with warnings.catch_warnings(record=True) as caught, checkpoints_as_regions():
                 warnings.simplefilter("always")
+                self._export_count += 1
                 _compat.export(wrapper, tuple(inputs), f, self._settings.opset,
-                                 [_INPUT.format(i) for i in range(len(inputs))])
+                               [_INPUT.format(i) for i in range(len(inputs))], dynamic_axes)
         except Exception as exc:  # the exporter raises many types; its message names the op
             raise TrainModuleError(f"TrainModule: {_compat.exporter_name()} cannot export {name}: "
                                    f"{type(exc).__name__}: {exc}") from exc
@@ -461,6 +587,17 @@ class TrainModule(nn.Module):
             self._settings.log(LogLevel.VERBOSE, f"torch.onnx.export: {w.message}")
         if wrapper.out_structure is None:
             raise TrainModuleError(f"TrainModule: torch.onnx.export did not run {name}'s forward")
+        (_, (args, kwargs)) = structure
+        found = [(f"input argument {i}", v) for i, c in enumerate(args[1]) for _, v in _tree.opaque_constants(c)]
+        found += [(f"input {k}", v) for k, c in zip(kwargs[1], kwargs[2]) for _, v in _tree.opaque_constants(c)]
+        found += [(f"output {p}", v) for p, v in _tree.opaque_constants(wrapper.out_structure)]
+        for what, value in found:
+            hint = (" (a Hugging Face model's key/value cache: pass use_cache=False, which training does not need)"
+                    if "Cache" in type(value).__name__ else "")
+            raise TrainModuleError(
+                f"TrainModule: {name}: the {what} is a {type(value).__name__} holding tensors, which the export "
+                f"would fix at their traced values; TrainModule takes and returns tensors, and tuples, lists and "
+                f"dicts of them{hint}")
         data = f.getvalue()
         labels, embeddings = self._sparsity_inputs(data)
         return _Export(data, wrapper.out_structure, wrapper.out_dtypes, time.perf_counter() - start, labels, embeddings)

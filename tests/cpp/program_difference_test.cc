@@ -1,0 +1,81 @@
+// program_difference: two exports of one module at different sizes are the same program when only
+// their shape annotations differ; a baked size (a Constant's value, an initializer, an attribute),
+// a renamed input dim, an extra node or a subgraph's constant are differences, named.
+#include <gtest/gtest.h>
+
+#include "ir/program_difference.h"
+#include "test_util.h"
+
+namespace onnxtrain {
+using test::make_node;
+
+namespace {
+
+// ids [batch, sequence] -> Reshape(ids, shape) -> Add(pos): what a trace of x.view(...) + pos[:n] gives.
+Graph traced(int64_t length, int64_t annotated_batch) {
+  Graph g;
+  NamedValue ids = test::value("ids", DType::kFloat32, Shape{-1, -1});
+  ids.info.dim_params = {"batch_0", "sequence_0"};
+  g.inputs = {ids};
+  g.initializers["pos"] = Tensor::from_vector<float>({0.5f, 1.5f}, {2});
+  Node shape = make_node("Constant", {}, {"shape"});
+  shape.attributes["value"] = Attribute::of(Tensor::from_vector<int64_t>({-1, length}, {2}));
+  g.nodes = {shape, make_node("Reshape", {"ids", "shape"}, {"flat"}), make_node("Add", {"flat", "pos"}, {"y"})};
+  g.nodes[1].name = "/Reshape";
+  g.outputs = {test::value("y", DType::kFloat32, Shape{annotated_batch, length})};
+  g.value_info["flat"] = ValueInfo{DType::kFloat32, Shape{annotated_batch, length}, {}, ValueKind::kTensor};
+  return g;
+}
+
+TEST(ProgramDifference, ShapeAnnotationsAndNodeNamesAreNotTheProgram) {
+  Graph a = traced(8, 4), b = traced(8, 3);
+  b.nodes[1].name = "/Reshape_1";
+  EXPECT_EQ(program_difference(a, b), "");
+  EXPECT_EQ(program_difference(a, a), "");
+}
+
+TEST(ProgramDifference, ABakedSizeIsTheConstantThatHoldsIt) {
+  std::string d = program_difference(traced(8, 4), traced(6, 4));
+  EXPECT_NE(d.find("[Constant] node"), std::string::npos) << d;
+  EXPECT_NE(d.find("attribute values differ"), std::string::npos) << d;
+}
+
+TEST(ProgramDifference, InputsInitializersAttributesAndNodeCountsAreCompared) {
+  Graph a = traced(8, 4);
+  Graph b = a;
+  b.inputs[0].info.dim_params[1] = "sequence_1";
+  EXPECT_NE(program_difference(a, b).find("inputs (ids: float32[batch_0,sequence_0])"), std::string::npos)
+      << program_difference(a, b);
+  b = a;
+  b.initializers["pos"] = Tensor::from_vector<float>({0.5f, 2.5f}, {2});
+  EXPECT_NE(program_difference(a, b).find("initializer 'pos'"), std::string::npos) << program_difference(a, b);
+  EXPECT_EQ(program_difference(a, b, {"pos"}), "");  // a parameter the host binds: its values may change
+  b.initializers["pos"] = Tensor::from_vector<float>({0.5f, 2.5f, 1.f}, {3});
+  EXPECT_NE(program_difference(a, b, {"pos"}).find("initializer 'pos': float32[2] against float32[3]"),
+            std::string::npos) << program_difference(a, b, {"pos"});
+  b = a;
+  b.initializers["extra"] = Tensor::from_vector<float>({1.f}, {1});
+  EXPECT_NE(program_difference(a, b).find("'extra' is in one graph only"), std::string::npos);
+  b = a;
+  b.nodes[2].attributes["note"] = Attribute::of(int64_t{1});
+  EXPECT_NE(program_difference(a, b).find("[Add] node"), std::string::npos) << program_difference(a, b);
+  b = a;
+  b.nodes.push_back(make_node("Identity", {"y"}, {"z"}));
+  EXPECT_EQ(program_difference(a, b), "3 nodes against 4");
+}
+
+TEST(ProgramDifference, SubgraphsAreComparedAsPrograms) {
+  auto with_branch = [](int64_t length) {
+    Graph g = traced(8, 4);
+    Node cond = make_node("If", {"c"}, {"r"});
+    cond.attributes["then_branch"].kind = Attribute::Kind::kGraph;
+    cond.attributes["then_branch"].g = std::make_shared<Graph>(traced(length, 4));
+    g.nodes.push_back(cond);
+    return g;
+  };
+  EXPECT_EQ(program_difference(with_branch(8), with_branch(8)), "");
+  EXPECT_NE(program_difference(with_branch(8), with_branch(6)).find("[If] node"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace onnxtrain
