@@ -15,8 +15,7 @@ CARRY=.gpu_carry
 
 if [ "${1:-}" = "--prepare" ]; then
   mkdir -p "$CARRY"
-  rm -rf "$CARRY/googletest" && cp -r /usr/src/googletest "$CARRY/googletest"
-  grep -qx "/$CARRY/" .git/info/exclude 2>/dev/null || echo "/$CARRY/" >> "$(git rev-parse --git-path info/exclude)"
+  rm -rf "$CARRY/googletest" && cp -r /usr/src/googletest "$CARRY/googletest"  # .gitignore ignores $CARRY
   du -sh "$CARRY"
   exit 0
 fi
@@ -49,7 +48,7 @@ phase() {
 } > "$OUT/env.txt" 2>&1
 note "gpu_check $(git rev-parse --short HEAD 2>/dev/null || echo '?') on $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
 
-export PATH=/usr/local/cuda/bin:$PATH
+export PATH=/usr/local/cuda/bin:/usr/local/cuda/compute-sanitizer:$PATH
 BUILD=build-gpu
 GTEST_SRC=$PWD/$CARRY/googletest
 [ -d "$GTEST_SRC" ] || GTEST_SRC=/usr/src/googletest
@@ -64,8 +63,12 @@ built=$?
 
 if [ $built -eq 0 ]; then
   phase gpu-tests 120 gpu_tests.log $BUILD/onnxtrain_cuda_tests --gtest_output=xml:"$OUT/gpu_tests.xml"
-  grep -E '^\[  (FAILED|SKIPPED) ' "$OUT/gpu_tests.log" | sort -u | tee -a "$REPORT"
+  # One line per failed or skipped test; a skip here means the GPU was not found: a failure too.
+  grep -E '^\[  (FAILED|SKIPPED)  ?\] [A-Za-z0-9_]+\.[A-Za-z0-9_]+$' "$OUT/gpu_tests.log" | sort -u | tee -a "$REPORT"
   grep -E '^\[  PASSED  \]' "$OUT/gpu_tests.log" | tee -a "$REPORT"
+  if grep -qE '^\[  SKIPPED \] [A-Za-z0-9_]+\.' "$OUT/gpu_tests.log"; then
+    failures+=("gpu-tests skipped: $(grep -m1 -A1 ': Skipped$' "$OUT/gpu_tests.log" | tail -1)")
+  fi
   # Memcheck over the kernel tests (the MLP test too: its steps reuse the arena across runs).
   if command -v compute-sanitizer > /dev/null; then
     phase memcheck 150 memcheck.log compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
@@ -103,5 +106,5 @@ if [ ${#failures[@]} -eq 0 ]; then
   note "RESULT: all passed"
   exit 0
 fi
-note "RESULT: ${#failures[@]} failed: ${failures[*]}"
+note "RESULT: ${#failures[@]} failed: $(printf "%s; " "${failures[@]}")"
 exit 1
