@@ -4,7 +4,7 @@ BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
 
-.PHONY: web web-demo test-web bench-web minimal-baseline setup deps build test kill-test fuzz fuzz-build fuzz-smoke test-torch2-lane test-hf-lanes test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
+.PHONY: web web-demo test-web bench-web minimal-baseline setup deps build test kill-test fuzz fuzz-build fuzz-smoke test-cuda-build test-torch2-lane test-hf-lanes test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
 
 setup: deps build
 
@@ -34,6 +34,7 @@ test: setup minimal
 	ONNXTRAIN_TORCH_LANE=debian $(PYTHON) -m pytest -q tests/python --ignore-glob='*/test_hf_*.py'
 	$(MAKE) --no-print-directory test-torch2-lane
 	$(MAKE) --no-print-directory test-hf-lanes
+	$(MAKE) --no-print-directory test-cuda-build
 	$(PYTHON) tests/conformance/run_node_tests.py
 	$(MAKE) --no-print-directory test-web
 
@@ -70,6 +71,23 @@ endif
 KILLS ?= 200
 kill-test: build
 	$(PYTHON) tests/crash/kill_test.py --kills $(KILLS)
+
+# The CUDA backend built beside the CPU build (-DONNXTRAIN_CUDA=ON into build-cuda/), when the CUDA
+# toolkit is installed: only the files with CUDA kernels compile anew, the rest are ccache hits of
+# the CPU build's. No GPU here: the GPU tests skip, naming the reason, and the device tests check
+# what a CUDA build says without one. scripts/gpu_check.sh runs the GPU tests on a lent GPU.
+CUDA_DIR   ?= build-cuda
+NVCC       ?= $(firstword $(wildcard /usr/local/cuda/bin/nvcc) $(shell command -v nvcc 2>/dev/null))
+test-cuda-build: build
+ifneq ($(NVCC),)
+	cmake -S . -B $(CUDA_DIR) -G Ninja -DONNXTRAIN_CUDA=ON -DCMAKE_CUDA_COMPILER=$(NVCC) -DONNXTRAIN_BUILD_PYTHON=OFF \
+	  -DONNXTRAIN_BUILD_EXAMPLES=OFF $(LAUNCHER) $(if $(CCACHE),-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
+	cmake --build $(CUDA_DIR) -j $(JOBS) --target onnxtrain_cuda_tests onnxtrain_tests cuda_kernels_bench
+	$(CUDA_DIR)/onnxtrain_cuda_tests
+	$(CUDA_DIR)/onnxtrain_tests --gtest_filter='Device.*:HostDeviceTest.*'
+else
+	@echo "test-cuda-build: skipped: no nvcc (the CUDA toolkit is not installed)"
+endif
 
 test-cpp: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
@@ -230,4 +248,4 @@ sanitize-python: deps
 	  PYTHONPATH=$(ASAN_PYTHON_DIR)/python $(PYTHON) -m pytest -q -x $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan $(ASAN_PYTHON_DIR) $(MINIMAL_DIR) $(CROSS_DIR) $(WEB_DIR) $(MINIMAL_BASELINE_DIR) $(FUZZ_DIR)
+	rm -rf $(BUILD_DIR) build-asan $(ASAN_PYTHON_DIR) $(MINIMAL_DIR) $(CROSS_DIR) $(WEB_DIR) $(MINIMAL_BASELINE_DIR) $(FUZZ_DIR) $(CUDA_DIR)

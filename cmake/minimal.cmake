@@ -34,6 +34,7 @@ set(_left_out
   src/backends/cpu/dnnl_utils.cc              # oneDNN (replaced by gemm_, conv_, pool_minimal.cc)
   src/backends/cpu/portable.cc                # the full build's choice of oneDNN or the portable kernels
   src/ops/build_ops.cc                        # replaced by the generated list of left-out ops
+  src/backends/cuda/                          # cmake/cuda.cmake's, with -DONNXTRAIN_CUDA=ON
 )
 set(ONNXTRAIN_MINIMAL_SOURCES "")
 foreach(_f IN LISTS _all_sources)
@@ -212,9 +213,14 @@ set_target_properties(startup PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY
 
 if(ONNXTRAIN_BUILD_TESTS)
   enable_testing()
-  if(CMAKE_CROSSCOMPILING)
+  # Where no GoogleTest package is installed (a lent GPU machine), sources to build it from.
+  set(ONNXTRAIN_GTEST_SOURCE "" CACHE PATH "GoogleTest sources to build when no GTest package is installed")
+  if(CMAKE_CROSSCOMPILING OR ONNXTRAIN_GTEST_SOURCE)
     # No target GoogleTest package: build it from the sources Debian's libgtest-dev ships.
-    add_subdirectory(/usr/src/googletest ${CMAKE_BINARY_DIR}/googletest EXCLUDE_FROM_ALL)
+    if(NOT ONNXTRAIN_GTEST_SOURCE)
+      set(ONNXTRAIN_GTEST_SOURCE /usr/src/googletest)
+    endif()
+    add_subdirectory(${ONNXTRAIN_GTEST_SOURCE} ${CMAKE_BINARY_DIR}/googletest EXCLUDE_FROM_ALL)
     set(_gtest_main gtest_main)
   else()
     find_package(GTest REQUIRED)
@@ -263,3 +269,5 @@ if(ONNXTRAIN_BUILD_TESTS)
     endif()
   endif()
 endif()
+
+include(${CMAKE_CURRENT_LIST_DIR}/cuda.cmake)  # -DONNXTRAIN_CUDA=ON: the CUDA backend and its tests

@@ -75,6 +75,11 @@ template <> struct dtype_of<uint64_t> { static constexpr DType value = DType::kU
 template <> struct dtype_of<bool> { static constexpr DType value = DType::kBool; };
 template <typename T> inline constexpr DType dtype_v = dtype_of<T>::value;
 
+// Where a tensor's bytes live. A kCuda tensor's data() is a device pointer: only kernels of that
+// device read it; the host reaches it through a copy (core/device.h's to_device).
+enum class Device : int32_t { kCpu = 0, kCuda = 1 };
+const char* device_name(Device d);  // "cpu", "cuda"
+
 using Shape = std::vector<int64_t>;
 int64_t numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
@@ -87,7 +92,8 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(DType dtype, Shape shape);
   static Tensor zeros(DType dtype, Shape shape);
-  static Tensor borrow(DType dtype, Shape shape, void* data, std::shared_ptr<void> holder = {});
+  static Tensor borrow(DType dtype, Shape shape, void* data, std::shared_ptr<void> holder = {},
+                       Device device = Device::kCpu);
   template <typename T>
   static Tensor from_vector(const std::vector<T>& values, Shape shape) {
     Tensor t = empty(dtype_v<T>, std::move(shape));
@@ -104,6 +110,7 @@ class Tensor {
   static Tensor scalar(T value) { return from_vector<T>({value}, {}); }
 
   bool defined() const { return dtype_ != DType::kUndefined; }
+  Device device() const { return device_; }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   int64_t dim(int i) const { return shape_.at(i < 0 ? i + rank() : i); }
@@ -120,7 +127,7 @@ class Tensor {
   Tensor reshaped(Shape shape) const;
   // Same bytes read as another dtype of the same element size (bfloat16 bits as uint16, ...).
   Tensor view_as(DType dtype) const;
-  // A deep copy into fresh owning storage.
+  // A deep copy into fresh owning storage on the tensor's device.
   Tensor clone() const;
   // Reads element i as double / int64, whatever the dtype (for small shape tensors and tests).
   double item_as_double(int64_t i = 0) const;
@@ -138,6 +145,7 @@ class Tensor {
   Shape shape_;
   std::shared_ptr<void> holder_;
   void* data_ = nullptr;
+  Device device_ = Device::kCpu;
 };
 
 }  // namespace onnxtrain

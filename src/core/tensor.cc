@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "core/device.h"
 #include "core/dispatch.h"
 #include "core/memory.h"
 
@@ -156,8 +157,11 @@ Tensor Tensor::zeros(DType dtype, Shape shape) {
   return t;
 }
 
-Tensor Tensor::borrow(DType dtype, Shape shape, void* data, std::shared_ptr<void> holder) {
+const char* device_name(Device d) { return d == Device::kCuda ? "cuda" : "cpu"; }
+
+Tensor Tensor::borrow(DType dtype, Shape shape, void* data, std::shared_ptr<void> holder, Device device) {
   Tensor t;
+  t.device_ = device;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   t.data_ = data;
@@ -182,12 +186,14 @@ Tensor Tensor::view_as(DType dtype) const {
 }
 
 Tensor Tensor::clone() const {
+  if (device_ != Device::kCpu) return copy_on_device(*this);
   Tensor t = empty(dtype_, shape_);
   if (nbytes()) std::memcpy(t.data_, data_, nbytes());
   return t;
 }
 
 double Tensor::item_as_double(int64_t i) const {
+  OT_CHECK(device_ == Device::kCpu, "cannot read an element of a ", device_name(device_), " tensor on the host: copy it with to_device first");
   OT_CHECK(i >= 0 && i < numel(), "element ", i, " out of range for shape ", shape_str(shape_));
   return dispatch_all(dtype_, [&]<typename T>() {
     return cast_value<double>(static_cast<const T*>(data_)[i]);
@@ -195,6 +201,7 @@ double Tensor::item_as_double(int64_t i) const {
 }
 
 int64_t Tensor::item_as_int(int64_t i) const {
+  OT_CHECK(device_ == Device::kCpu, "cannot read an element of a ", device_name(device_), " tensor on the host: copy it with to_device first");
   OT_CHECK(i >= 0 && i < numel(), "element ", i, " out of range for shape ", shape_str(shape_));
   return dispatch_all(dtype_, [&]<typename T>() {
     return cast_value<int64_t>(static_cast<const T*>(data_)[i]);

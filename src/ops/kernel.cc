@@ -1,5 +1,10 @@
 #include "ops/kernel.h"
 
+#include <iostream>
+#include <mutex>
+#include <set>
+
+#include "core/device.h"
 #include "ops/registry.h"
 
 namespace onnxtrain {
@@ -74,6 +79,29 @@ std::vector<Tensor> run_node_once(const Node& node, int64_t opset, const std::ve
   kernel->compute(ctx);
   ctx.outputs.resize(node.outputs.size());
   return std::move(ctx.outputs);
+}
+
+void run_on_host(KernelContext& ctx, const std::string& why) {
+  const Node& node = ctx.node();
+  {
+    static std::mutex mutex;
+    static std::set<std::string> reported;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (reported.insert(node.domain + "." + node.op_type + ": " + why).second)
+      std::cerr << "onnxtrain: " << device_name(ctx.device()) << " " << node.op_type << " (" << why
+                << "): runs on the CPU, with its inputs and outputs copied\n";
+  }
+  const Stream stream(std::shared_ptr<void>(), ctx.stream());  // the step's stream, not owned
+  std::vector<Tensor> inputs(ctx.num_inputs());
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (ctx.has_input(i)) inputs[i] = to_device(ctx.input(i), Device::kCpu, stream);
+  std::vector<Tensor> outputs = run_node_once(node, ctx.opset(), inputs);
+  for (size_t i = 0; i < outputs.size() && i < ctx.num_outputs(); ++i) {
+    if (!ctx.output_requested(i) || !outputs[i].defined()) continue;
+    Tensor& out = ctx.output(i, outputs[i].dtype(), outputs[i].shape());
+    if (out.nbytes())
+      device_backend(ctx.device()).copy(out.data(), ctx.device(), outputs[i].data(), Device::kCpu, out.nbytes(), stream);
+  }
 }
 
 }  // namespace onnxtrain

@@ -33,6 +33,10 @@ class KernelContext {
   // Random ops without a `seed` attribute draw from stream_key(random_seed(), <node>, run_index())
   // (core/random.h): the executor's seed and the index of the current run.
   uint64_t random_seed() const { return random_seed_; }
+  // The device the kernel runs on and, off the host, the stream it queues its work on (a
+  // cudaStream_t for kCuda): every step of a run goes to this one stream, in order.
+  Device device() const { return device_; }
+  void* stream() const { return stream_; }
   uint64_t run_index() const { return run_index_; }
 
   size_t num_outputs() const { return num_outputs_; }
@@ -53,6 +57,8 @@ class KernelContext {
   std::vector<const Value*> input_values_;  // per input, where it is a sequence or an empty optional
   size_t num_outputs_ = 0;
   uint64_t random_seed_ = 0, run_index_ = 0;
+  Device device_ = Device::kCpu;
+  void* stream_ = nullptr;
 };
 
 // A kernel instance lives as long as the plan for one node and may cache per-shape state
@@ -78,5 +84,10 @@ class FunctionKernel final : public Kernel {
 // Runs a node's kernel once over the given inputs, allocating every output (constant folding,
 // tests and the recording run of the planner use this).
 std::vector<Tensor> run_node_once(const Node& node, int64_t opset, const std::vector<Tensor>& inputs);
+
+// A device kernel's way out for a case it does not cover (a dtype, class weights, an axis
+// layout): the op's CPU kernel on host copies of the inputs, its requested outputs copied back to
+// the device. `why` names the case; each (op, why) is reported once per process on stderr.
+void run_on_host(KernelContext& ctx, const std::string& why);
 
 }  // namespace onnxtrain

@@ -82,12 +82,24 @@ OpBuilder& OpBuilder::shape(ShapeFn fn) {
   schema_.shape = std::move(fn);
   return *this;
 }
-OpBuilder& OpBuilder::cpu(KernelFn fn) {
-  schema_.cpu = [fn](const Node&) -> std::unique_ptr<Kernel> { return std::make_unique<FunctionKernel>(fn); };
-  return *this;
+namespace {
+KernelFactory function_kernel(KernelFn fn) {
+  return [fn](const Node&) -> std::unique_ptr<Kernel> { return std::make_unique<FunctionKernel>(fn); };
 }
+}  // namespace
+
+OpBuilder& OpBuilder::cpu(KernelFn fn) { return cpu(function_kernel(fn)); }
 OpBuilder& OpBuilder::cpu(KernelFactory factory) {
   schema_.cpu = std::move(factory);
+  return *this;
+}
+OpBuilder& OpBuilder::cuda(KernelFn fn) { return cuda(function_kernel(fn)); }
+OpBuilder& OpBuilder::cuda(KernelFactory factory) {
+  schema_.cuda = std::move(factory);
+  return *this;
+}
+OpBuilder& OpBuilder::host_inputs(std::vector<int> inputs) {
+  schema_.host_inputs = std::move(inputs);
   return *this;
 }
 OpBuilder& OpBuilder::gradient(GradientFn fn) {

@@ -1,11 +1,13 @@
 // The op registry: every op is declared once, keyed by (domain, op type, since-version), with its
-// arity, shape rule, gradient status and rule, and CPU kernel (DESIGN.md, "One op, one place").
+// arity, shape rule, gradient status and rule, CPU kernel and, where it has one, CUDA kernel
+// (DESIGN.md, "One op, one place").
 //
 //   ONNXTRAIN_OP(Relu, kOnnxDomain, 14)
 //       .inputs(1).outputs(1)
 //       .shape(same_shape_as_input)
 //       .inplace(0, 0)
-//       .cpu(relu_kernel);
+//       .cpu(relu_kernel)
+//       .cuda(OT_CUDA(relu_cuda));   // nothing in a build without CUDA: see OT_CUDA below
 //
 // A lookup for a model of opset N finds the registration with the greatest since-version <= N.
 #pragma once
@@ -72,6 +74,12 @@ struct OpSchema {
   int min_outputs = 1, max_outputs = 1;
   ShapeFn shape;
   KernelFactory cpu;
+  // The kernel on CUDA tensors (src/backends/cuda does the work); unset: on a CUDA executor the
+  // op runs its CPU kernel on host copies of its inputs, reported once by name.
+  KernelFactory cuda;
+  // Inputs a device kernel reads on the host (shapes, axes, sizes): the executor hands them over
+  // as host tensors whatever device the step runs on.
+  std::vector<int> host_inputs;
   GradientStatus gradient_status = GradientStatus::kUnstated;
   GradientFn gradient;
   std::string gradient_note;
@@ -112,6 +120,14 @@ class OpBuilder {
   OpBuilder& cpu_kernel() {  // a stateful kernel class constructed once per node: K(const Node&)
     return cpu(KernelFactory([](const Node& n) -> std::unique_ptr<Kernel> { return std::make_unique<K>(n); }));
   }
+  OpBuilder& cuda(KernelFn fn);
+  OpBuilder& cuda(KernelFactory factory);
+  OpBuilder& cuda(std::nullptr_t) { return *this; }  // OT_CUDA(...) in a build without CUDA
+  template <typename K>
+  OpBuilder& cuda_kernel() {
+    return cuda(KernelFactory([](const Node& n) -> std::unique_ptr<Kernel> { return std::make_unique<K>(n); }));
+  }
+  OpBuilder& host_inputs(std::vector<int> inputs);
   OpBuilder& gradient(GradientFn fn);
   // Differentiable, but this build has no gradient rules (the minimal runtime: RuntimeOpBuilder).
   OpBuilder& gradient_rule_left_out();
@@ -144,6 +160,12 @@ class RuntimeOpBuilder {
   RuntimeOpBuilder& cpu(KernelFactory factory) { builder_.cpu(std::move(factory)); return *this; }
   template <typename K>
   RuntimeOpBuilder& cpu_kernel() { builder_.cpu_kernel<K>(); return *this; }
+  RuntimeOpBuilder& cuda(KernelFn fn) { builder_.cuda(fn); return *this; }
+  RuntimeOpBuilder& cuda(KernelFactory factory) { builder_.cuda(std::move(factory)); return *this; }
+  RuntimeOpBuilder& cuda(std::nullptr_t) { return *this; }
+  template <typename K>
+  RuntimeOpBuilder& cuda_kernel() { builder_.cuda_kernel<K>(); return *this; }
+  RuntimeOpBuilder& host_inputs(std::vector<int> inputs) { builder_.host_inputs(std::move(inputs)); return *this; }
   template <typename Rule>
   RuntimeOpBuilder& gradient(const Rule&) { builder_.gradient_rule_left_out(); return *this; }
   RuntimeOpBuilder& not_differentiable() { builder_.not_differentiable(); return *this; }
@@ -183,6 +205,12 @@ class LeftOutOp {
   template <typename Any>
   constexpr LeftOutOp& shape(const Any&) { return *this; }
   template <typename Any>
+  constexpr LeftOutOp& cuda(const Any&) { return *this; }
+  template <typename K>
+  constexpr LeftOutOp& cuda_kernel() { return *this; }
+  template <typename Any>
+  constexpr LeftOutOp& host_inputs(const Any&) { return *this; }
+  template <typename Any>
   constexpr LeftOutOp& gradient(const Any&) { return *this; }
   template <typename Any>
   constexpr LeftOutOp& gradient_not_implemented(const Any&) { return *this; }
@@ -203,6 +231,15 @@ struct OpRegistration {
 };
 
 }  // namespace onnxtrain
+
+// An op's CUDA kernel, named where the op is declared (`.cuda(OT_CUDA(softmax_cuda))`): the kernel
+// in a build with CUDA (-DONNXTRAIN_CUDA=ON), nullptr without, so such a build references nothing
+// of src/backends/cuda. The kernel itself sits in the op's file inside `#if ONNXTRAIN_CUDA`.
+#if ONNXTRAIN_CUDA
+#define OT_CUDA(kernel) kernel
+#else
+#define OT_CUDA(kernel) nullptr
+#endif
 
 #define OT_CONCAT_INNER(a, b) a##b
 #define OT_CONCAT(a, b) OT_CONCAT_INNER(a, b)

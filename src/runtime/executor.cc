@@ -1,9 +1,12 @@
 #include "runtime/executor.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <random>
+#include <iostream>
 #include <numeric>
+#include <random>
+#include <set>
 
 #if defined(__GLIBC__)
 #include <malloc.h>
@@ -64,6 +67,10 @@ struct Executor::Plan {
   // value is values[id]). Sequences are never planned: their elements are tensors of their own.
   std::vector<Value> others;
   std::vector<Tensor> planned;                   // per value id: its arena view, if planned
+  // Device executors, per value id: the value's copy on the other side (host or device), made
+  // when a step first needs it there; a constant's copy is kept across runs, others die with it.
+  std::vector<Tensor> mirrors;
+  size_t device_copies = 0;
   bool recorded = false;
   // What the recording run saw, per value id.
   std::vector<DType> dtypes;
@@ -92,7 +99,8 @@ class StepContext final : public KernelContext, public SubgraphHost {
               std::vector<Tensor>& planned, const std::vector<int>& in_ids, const std::vector<int>& out_ids,
               size_t& dynamic_allocations, std::vector<char>* set_output_flags, const std::vector<char>& is_constant,
               uint64_t random_seed, uint64_t run_index, const SubgraphRunFn* subgraphs,
-              const std::shared_ptr<void>& arena, const std::vector<Tensor>* output_buffers)
+              const std::shared_ptr<void>& arena, const std::vector<Tensor>* output_buffers,
+              Device device = Device::kCpu, void* stream = nullptr)
       : values_(values), others_(others), planned_(planned), in_ids_(in_ids), out_ids_(out_ids),
         dynamic_(dynamic_allocations), arena_(arena), output_buffers_(output_buffers),
         set_output_flags_(set_output_flags), is_constant_(is_constant), subgraphs_(subgraphs) {
@@ -100,6 +108,8 @@ class StepContext final : public KernelContext, public SubgraphHost {
     opset_ = opset;
     random_seed_ = random_seed;
     run_index_ = run_index;
+    device_ = device;
+    stream_ = stream;
     // Kernels see the node's own inputs; outer-scope reads of subgraphs are bound by run_subgraph.
     size_t formal = std::min(in_ids.size(), node.inputs.size());
     inputs_.reserve(formal);
@@ -112,6 +122,9 @@ class StepContext final : public KernelContext, public SubgraphHost {
     num_outputs_ = out_ids.size();
   }
 
+  // Input i as another tensor than the value's own (its copy on the device the step runs on).
+  void bind_input(size_t i, const Tensor* t) { inputs_[i] = t; }
+
   std::vector<Value> run_subgraph(const std::string& attribute, const std::vector<Value>& inputs) override {
     OT_CHECK(subgraphs_, node_->context(), "has no subgraph '", attribute, "'");
     return (*subgraphs_)(attribute, inputs);
@@ -123,23 +136,25 @@ class StepContext final : public KernelContext, public SubgraphHost {
     int id = i < out_ids_.size() ? out_ids_[i] : -1;
     if (id >= 0 && output_buffers_) {
       const Tensor& given = (*output_buffers_)[size_t(id)];
-      if (given.defined() && given.dtype() == dtype && given.shape() == shape) return *slot = given;
+      if (given.defined() && given.device() == device_ && given.dtype() == dtype && given.shape() == shape)
+        return *slot = given;
     }
     if (id >= 0) {
       Tensor& view = planned_[size_t(id)];
-      if (view.defined() && view.dtype() == dtype && view.shape() == shape) {
+      if (view.defined() && view.device() == device_ && view.dtype() == dtype && view.shape() == shape) {
         if (slot->data() != view.data() || slot->shape() != shape) *slot = view;
         return *slot;
       }
       // A data-dependent shape (rows kept by NonZero) no larger than the recorded one fits in the
       // value's own arena range, which nothing else uses while the value lives.
-      if (view.defined() && view.dtype() == dtype && numel(shape) <= view.numel()) {
+      if (view.defined() && view.device() == device_ && view.dtype() == dtype && numel(shape) <= view.numel()) {
         if (slot->data() != view.data() || slot->shape() != shape)
-          *slot = Tensor::borrow(dtype, shape, view.data(), arena_);
+          *slot = Tensor::borrow(dtype, shape, view.data(), arena_, device_);
         return *slot;
       }
       if (view.defined()) ++dynamic_;  // larger than planned: fall back to a fresh buffer
     }
+    if (device_ != Device::kCpu) return *slot = empty_on(device_, dtype, shape);
     *slot = recording() ? recording_output(dtype, shape) : Tensor::empty(dtype, shape);
     return *slot;
   }
@@ -245,7 +260,7 @@ void Executor::compile() {
                " of domain '", domain, "' is older than the first supported version ",
                versions.front()->since_version);
     }
-    if (!step.schema->cpu)
+    if (!step.schema->cpu && !(options_.device != Device::kCpu && step.schema->cuda))
       OT_THROW(kNotImplemented, "model ", model_.description, ": ", node.context(), "has no CPU kernel");
     int n_in = int(node.inputs.size()), n_out = int(node.outputs.size());
     if (n_in < step.schema->min_inputs || n_in > step.schema->max_inputs)
@@ -259,6 +274,24 @@ void Executor::compile() {
     if (has_subgraphs(node)) compile_subgraphs(step, id_of);
     steps_.push_back(std::move(step));
     if (options_.profile) profile_.push_back({node.name, node.op_type, 0, 0.0});
+  }
+  if (options_.device != Device::kCpu) {
+    backend_ = &device_backend(options_.device);  // "no CUDA device: ..." where there is none
+    stream_ = backend_->create_stream();
+    // Ops without a kernel for the device, once per process by name: they run on the CPU with copies.
+    static std::mutex reported_mutex;
+    static std::set<std::string> reported;
+    std::string fallbacks;
+    for (const Step& step : steps_) {
+      on_device_.push_back(step.schema->cuda ? 1 : 0);
+      if (on_device_.back()) continue;
+      std::string name = (step.node->domain.empty() ? "" : step.node->domain + ".") + step.node->op_type;
+      std::lock_guard<std::mutex> lock(reported_mutex);
+      if (reported.insert(name).second) fallbacks += (fallbacks.empty() ? "" : ", ") + name;
+    }
+    if (!fallbacks.empty())
+      std::cerr << "onnxtrain: no " << device_name(options_.device) << " kernel for " << fallbacks
+                << ": these ops run on the CPU, with their inputs and outputs copied\n";
   }
   is_constant_.assign(value_names_.size(), 0);
   for (auto& [id, t] : constants_) is_constant_[size_t(id)] = 1;
@@ -326,6 +359,7 @@ void Executor::compile_subgraphs(Step& step, const std::function<int(const std::
     ExecutorOptions options = options_;
     options.random_seed = random_seed_;
     options.profile = false;
+    options.device = Device::kCpu;  // control flow runs on the host: its subgraphs take host values
     sub.executor = std::make_shared<Executor>(child, options);
     step.subgraphs.push_back(std::move(sub));
   }
@@ -380,6 +414,8 @@ void Executor::validate_feeds(const std::map<std::string, Value>& feeds) const {
     OT_CHECK(!sequence || in.info.dtype == DType::kUndefined, where, "input '", in.name,
              "' should be a sequence, got a tensor");
     const Tensor& t = v.tensor;
+    OT_CHECK(t.device() == Device::kCpu || t.device() == options_.device, where, "input '", in.name, "' is a ",
+             device_name(t.device()), " tensor; this executor runs on the ", device_name(options_.device));
     if (in.info.dtype != DType::kUndefined)
       OT_CHECK(t.dtype() == in.info.dtype, where, "input '", in.name, "' should be ", dtype_name(in.info.dtype),
                ", got ", dtype_name(t.dtype()));
@@ -418,7 +454,8 @@ std::unique_ptr<Executor::Plan> Executor::new_plan() {
   plan->alias_of.assign(n, -1);
   plan->external.assign(n, 0);
   plan->from_set_output.assign(n, 0);
-  for (const auto& step : steps_) plan->kernels.push_back(step.schema->cpu(*step.node));
+  plan->mirrors.resize(n);
+  for (size_t s = 0; s < steps_.size(); ++s) plan->kernels.push_back(make_kernel(s));
   for (auto& [id, t] : constants_) {
     plan->values[size_t(id)] = *t;
     plan->external[size_t(id)] = 1;
@@ -430,6 +467,17 @@ std::unique_ptr<Executor::Plan> Executor::new_plan() {
 Value Executor::result_of(const Plan& plan, int id) const {
   if (!plan.others[size_t(id)].is_tensor()) return plan.others[size_t(id)];  // sequence elements are never arena views
   const Tensor& t = plan.values[size_t(id)];
+  if (t.device() != Device::kCpu) {  // the graph's edge: outputs come back to the host
+    Tensor host;
+    if (plan.output_buffers) {
+      const Tensor& given = (*plan.output_buffers)[size_t(id)];
+      if (given.defined() && given.device() == Device::kCpu && given.dtype() == t.dtype() && given.shape() == t.shape())
+        host = given;
+    }
+    if (!host.defined()) host = Tensor::empty(t.dtype(), t.shape());
+    if (t.nbytes()) backend_->copy(host.data(), Device::kCpu, t.data(), t.device(), t.nbytes(), stream_);
+    return host;
+  }
   int root = id;
   while (plan.alias_of[size_t(root)] >= 0) root = plan.alias_of[size_t(root)];
   // Feeds, initializers and constants are not the caller's to keep: hand over a copy (into the
@@ -470,7 +518,7 @@ constexpr int64_t kUnstatedSerialWork = kMemoryBoundElementWork * 65536;
 void Executor::decide_serial(Plan& plan) {
   plan.serial_decided = true;
   plan.serial = false;
-  if (omp_get_max_threads() <= 1) return;
+  if (omp_get_max_threads() <= 1 || backend_) return;
   auto shape_of = [&](int id) -> const Shape* {
     if (id < 0 || !plan.others[size_t(id)].is_tensor()) return nullptr;
     if (plan.values[size_t(id)].defined()) return &plan.values[size_t(id)].shape();
@@ -494,11 +542,47 @@ void Executor::decide_serial(Plan& plan) {
   }
   plan.serial = true;
   for (size_t s = 0; s < steps_.size(); ++s)
-    if (steps_[s].schema->work) plan.kernels[s] = steps_[s].schema->cpu(*steps_[s].node);
+    if (steps_[s].schema->work) plan.kernels[s] = make_kernel(s);
+}
+
+std::unique_ptr<Kernel> Executor::make_kernel(size_t s) const {
+  const Step& step = steps_[s];
+  return backend_ && on_device_[s] ? step.schema->cuda(*step.node) : step.schema->cpu(*step.node);
+}
+
+void Executor::stage_inputs(Plan& plan, size_t s, std::vector<Tensor>& staged) const {
+  const Step& step = steps_[s];
+  const size_t formal = std::min(step.inputs.size(), step.node->inputs.size());
+  staged.assign(formal, Tensor());
+  for (size_t i = 0; i < formal; ++i) {
+    const int id = step.inputs[i];
+    if (id < 0 || !plan.others[size_t(id)].is_tensor()) continue;
+    const Tensor& value = plan.values[size_t(id)];
+    if (!value.defined()) continue;
+    const auto& host = step.schema->host_inputs;
+    const bool on_host = !on_device_[s] || std::find(host.begin(), host.end(), int(i)) != host.end();
+    const Device want = on_host ? Device::kCpu : options_.device;
+    if (value.device() == want) continue;
+    Tensor& mirror = plan.mirrors[size_t(id)];
+    if (!mirror.defined() || mirror.device() != want || mirror.shape() != value.shape()) {
+      mirror = to_device(value, want, stream_);
+      ++plan.device_copies;
+    }
+    staged[i] = mirror;
+  }
+}
+
+std::shared_ptr<void> Executor::allocate_arena(size_t bytes) const {
+  return backend_ ? backend_->allocate(bytes) : allocate_storage(bytes, Fill::kUninitialized);
 }
 
 void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover* handover) {
   plan.dynamic_allocations = 0;
+  plan.device_copies = 0;
+  std::vector<Tensor> staged;
+  if (backend_)  // last run's copies of feeds and intermediates are stale; constants' stay
+    for (size_t id = 0; id < plan.mirrors.size(); ++id)
+      if (!is_constant_[id]) plan.mirrors[id] = Tensor();
   std::optional<OmpThreadsScope> one_thread;
   if (plan.serial) one_thread.emplace(1);
   if (handover) hand_over(plan, *handover, handover->after_step.back(), 0);  // feeds and initializers
@@ -513,8 +597,13 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
     StepContext ctx(node, model_.opset(node.domain), plan.values, plan.others, plan.planned, step.inputs,
                     step.outputs, plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr, is_constant_,
                     random_seed_, run_index, step.subgraphs.empty() ? nullptr : &subgraphs, plan.arena,
-                    plan.output_buffers);
+                    plan.output_buffers, backend_ && on_device_[s] ? options_.device : Device::kCpu, stream_.get());
     try {
+      if (backend_) {
+        stage_inputs(plan, s, staged);
+        for (size_t i = 0; i < staged.size(); ++i)
+          if (staged[i].defined()) ctx.bind_input(i, &staged[i]);
+      }
       if (options_.profile) {
         auto start = std::chrono::steady_clock::now();
         plan.kernels[s]->compute(ctx);
@@ -545,6 +634,7 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
       if (plan.alias_of[size_t(id)] < 0 && plan.from_set_output[size_t(id)]) plan.external[size_t(id)] = 1;
     }
     for (int id : step.release) {
+      if (backend_) plan.mirrors[size_t(id)] = Tensor();
       if (!plan.planned[size_t(id)].defined()) plan.values[size_t(id)] = Tensor();
       if (!plan.others[size_t(id)].is_tensor()) plan.others[size_t(id)] = Value();
     }
@@ -553,6 +643,7 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
       if (!handover->after_step[s].empty()) hand_over(plan, *handover, handover->after_step[s], s);
     }
   }
+  if (backend_) backend_->synchronize(stream_);  // a kernel's asynchronous error belongs to this run
 }
 
 int Executor::output_ready_step(const std::string& name) const {
@@ -624,6 +715,7 @@ void Executor::build_arena(Plan& plan) {
     if (produced_at[id] < 0 || plan.alias_of[id] >= 0) continue;
     int r = groups.find(int(id));
     if (blocked[size_t(r)] || plan.dtypes[id] == DType::kUndefined) continue;
+    if (backend_ && !on_device_[size_t(produced_at[id])]) continue;  // a host step's output: host memory
     size_t bytes = size_t(numel(plan.shapes[id])) * dtype_size(plan.dtypes[id]);
     if (buffer_of[size_t(r)] < 0) {
       buffer_of[size_t(r)] = int(buffers.size());
@@ -635,13 +727,14 @@ void Executor::build_arena(Plan& plan) {
   }
   for (size_t id = 0; id < n; ++id) if (plan.alias_of[id] >= 0) ++report.views;
   ArenaLayout layout = plan_arena(buffers);
-  if (layout.arena_bytes) plan.arena = allocate_storage(layout.arena_bytes, Fill::kUninitialized);
+  if (layout.arena_bytes) plan.arena = allocate_arena(layout.arena_bytes);
   char* base = static_cast<char*>(plan.arena.get());
   for (size_t id = 0; id < n; ++id) {
     if (produced_at[id] < 0 || plan.alias_of[id] >= 0) continue;
     int b = buffer_of[size_t(groups.find(int(id)))];
     if (b < 0) continue;
-    plan.planned[id] = Tensor::borrow(plan.dtypes[id], plan.shapes[id], base + layout.offsets[size_t(b)], plan.arena);
+    plan.planned[id] = Tensor::borrow(plan.dtypes[id], plan.shapes[id], base + layout.offsets[size_t(b)], plan.arena,
+                                      backend_ ? options_.device : Device::kCpu);
   }
   // Live bytes per step, and the stashed part: buffers a forward step writes and a backward step
   // after the forward reads (a backward step inside the forward, such as the Shape of a value that
@@ -824,6 +917,7 @@ std::vector<Value> Executor::run_values(const std::map<std::string, Value>& feed
   for (auto& [id, t] : constants_) plan.values[size_t(id)] = *t;  // an output may be a constant
   last_report_ = plan.report;
   last_report_.dynamic_allocations = recording ? 0 : plan.dynamic_allocations;
+  last_report_.device_copies = plan.device_copies;
   last_report_.plans = plans_.size();
   return results;
 }
@@ -896,7 +990,7 @@ void Executor::adopt_plan(const PlanRecord& r) {
     for (int32_t at = r.alias_of[id]; at >= 0; at = r.alias_of[size_t(at)])
       OT_CHECK(++hops <= n, where, "value ", id, " aliases a cycle of views");
   }
-  if (r.arena_bytes) plan->arena = allocate_storage(size_t(r.arena_bytes), Fill::kUninitialized);
+  if (r.arena_bytes) plan->arena = allocate_arena(size_t(r.arena_bytes));
   char* base = static_cast<char*>(plan->arena.get());
   for (size_t id = 0; id < n; ++id) {
     if (r.offsets[id] < 0) continue;
@@ -906,7 +1000,8 @@ void Executor::adopt_plan(const PlanRecord& r) {
       bytes = d != 0 && bytes > r.arena_bytes / uint64_t(d) ? r.arena_bytes + 1 : bytes * uint64_t(d);
     OT_CHECK(uint64_t(r.offsets[id]) <= r.arena_bytes && bytes <= r.arena_bytes - uint64_t(r.offsets[id]), where,
              "value ", id, " (", bytes, " bytes at ", r.offsets[id], ") is outside the ", r.arena_bytes, "-byte arena");
-    plan->planned[id] = Tensor::borrow(r.dtypes[id], r.shapes[id], base + r.offsets[id], plan->arena);
+    plan->planned[id] = Tensor::borrow(r.dtypes[id], r.shapes[id], base + r.offsets[id], plan->arena,
+                                       backend_ ? options_.device : Device::kCpu);
   }
   plan->report = r.report;
   plan->recorded = true;

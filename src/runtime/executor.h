@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/device.h"
 #include "ir/graph.h"
 #include "onnxtrain/session.h"
 #include "ops/registry.h"
@@ -35,6 +36,10 @@ struct MemoryReport {
   size_t peak_live_bytes = 0;       // the most planned bytes live at one step (the arena's lower bound)
   size_t stashed_bytes = 0;         // planned buffers the forward writes and the backward reads
   size_t stashed_at_peak_bytes = 0; // the part of peak_live_bytes they hold
+  // Device executors: tensors copied between host and device in the last run to hand steps their
+  // inputs (feeds, constants on the first run, and the values that cross to and from ops that run
+  // on the CPU for want of a device kernel); outputs' copies back to the host come on top.
+  size_t device_copies = 0;
 };
 
 // Called once per requested output as soon as its value is final: right after the step that
@@ -51,6 +56,11 @@ struct ExecutorOptions {
   // Seed of the random ops without a `seed` attribute (Dropout); drawn from std::random_device
   // when unset. Run i draws from stream_key(seed, node, i): see set_random_state.
   std::optional<uint64_t> random_seed;
+  // Where the steps run. Off the host (kCuda): every op with a kernel for the device runs there,
+  // queued on one stream; intermediates live in a device arena planned as the host one is; feeds
+  // are copied in and outputs out (the graph's edges); an op without a device kernel runs its CPU
+  // kernel on host copies, reported once by name. Throws "no CUDA device" where there is none.
+  Device device = Device::kCpu;
 };
 
 // A recorded plan (one shape signature) in a form a file can hold: what the recording run saw per
@@ -160,6 +170,11 @@ class Executor {
   void hand_over(Plan& plan, Handover& h, const std::vector<std::pair<size_t, int>>& ready, size_t step);
   Value result_of(const Plan& plan, int id) const;
   void build_arena(Plan& plan);
+  std::shared_ptr<void> allocate_arena(size_t bytes) const;
+  // A device executor's step: hands the kernel its inputs on the device it runs on (host_inputs
+  // and host steps: the host), copying each value at most once per run (constants once).
+  void stage_inputs(Plan& plan, size_t s, std::vector<Tensor>& staged) const;
+  std::unique_ptr<Kernel> make_kernel(size_t s) const;
   void check_shape_rules(const Plan& plan) const;
 
   Model model_;
@@ -177,6 +192,11 @@ class Executor {
   MemoryReport last_report_;
   std::vector<NodeProfile> profile_;  // per step, when profiling
   uint64_t random_seed_ = 0, next_run_index_ = 0;
+  // Device executors (options_.device off the host): the backend, the run's stream, and per step
+  // whether it runs on the device (its op has a kernel there) or on the host.
+  DeviceBackend* backend_ = nullptr;
+  Stream stream_;
+  std::vector<char> on_device_;
 };
 
 }  // namespace onnxtrain

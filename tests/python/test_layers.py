@@ -26,7 +26,7 @@ INCLUDE = re.compile(r'^\s*#\s*include\s+"([a-z_]+)/([^"]+)"', re.M)
 def source_files():
     for dirpath, _, files in os.walk(SRC):
         for f in files:
-            if f.endswith((".h", ".cc")):
+            if f.endswith((".h", ".cc", ".cu", ".cuh")):
                 yield os.path.join(dirpath, f)
 
 

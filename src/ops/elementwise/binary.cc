@@ -50,28 +50,28 @@ struct DivFn {
 // C = A + B.  dA = sum_to(dC, A), dB = sum_to(dC, B)
 ONNXTRAIN_OP(Add, kOnnxDomain, 7).inputs(2).outputs(1).shape(shape_broadcast_inputs).inplace(0, 0).inplace(0, 1)
     .work(memory_bound_work)
-    .cpu(arithmetic_kernel<AddFn>).gradient([](GradientBuilder& g) {
+    .cpu(arithmetic_kernel<AddFn>).cuda(OT_CUDA(elementwise::binary_cuda<cuda::Binary::kAdd>)).gradient([](GradientBuilder& g) {
       if (g.needs(0)) g.set(0, g.sum_to(g.dy(0), g.x(0)));
       if (g.needs(1)) g.set(1, g.sum_to(g.dy(0), g.x(1)));
     });
 // C = A - B.  dA = sum_to(dC, A), dB = -sum_to(dC, B)
 ONNXTRAIN_OP(Sub, kOnnxDomain, 7).inputs(2).outputs(1).shape(shape_broadcast_inputs).inplace(0, 0).inplace(0, 1)
     .work(memory_bound_work)
-    .cpu(arithmetic_kernel<SubFn>).gradient([](GradientBuilder& g) {
+    .cpu(arithmetic_kernel<SubFn>).cuda(OT_CUDA(elementwise::binary_cuda<cuda::Binary::kSub>)).gradient([](GradientBuilder& g) {
       if (g.needs(0)) g.set(0, g.sum_to(g.dy(0), g.x(0)));
       if (g.needs(1)) g.set(1, g.neg(g.sum_to(g.dy(0), g.x(1))));
     });
 // C = A * B.  dA = sum_to(dC * B, A), dB = sum_to(dC * A, B)
 ONNXTRAIN_OP(Mul, kOnnxDomain, 7).inputs(2).outputs(1).shape(shape_broadcast_inputs).inplace(0, 0).inplace(0, 1)
     .work(memory_bound_work)
-    .cpu(arithmetic_kernel<MulFn>).gradient([](GradientBuilder& g) {
+    .cpu(arithmetic_kernel<MulFn>).cuda(OT_CUDA(elementwise::binary_cuda<cuda::Binary::kMul>)).gradient([](GradientBuilder& g) {
       if (g.needs(0)) g.set(0, g.sum_to(g.mul(g.dy(0), g.x(1)), g.x(0)));
       if (g.needs(1)) g.set(1, g.sum_to(g.mul(g.dy(0), g.x(0)), g.x(1)));
     });
 // C = A / B.  dA = sum_to(dC / B, A), dB = -sum_to(dC * C / B, B)
 ONNXTRAIN_OP(Div, kOnnxDomain, 7).inputs(2).outputs(1).shape(shape_broadcast_inputs).inplace(0, 0).inplace(0, 1)
     .work(memory_bound_work)
-    .cpu(arithmetic_kernel<DivFn>).gradient([](GradientBuilder& g) {
+    .cpu(arithmetic_kernel<DivFn>).cuda(OT_CUDA(elementwise::binary_cuda<cuda::Binary::kDiv>)).gradient([](GradientBuilder& g) {
       std::string da = g.div(g.dy(0), g.x(1));  // dC / B, reused by dB = -dC / B * C
       if (g.needs(0)) g.set(0, g.sum_to(da, g.x(0)));
       if (g.needs(1)) g.set(1, g.neg(g.sum_to(g.mul(da, g.y(0)), g.x(1))));

@@ -10,6 +10,9 @@
 #include "ops/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
+#if ONNXTRAIN_CUDA
+#include "backends/cuda/kernels.h"
+#endif
 
 namespace onnxtrain::elementwise {
 
@@ -75,5 +78,29 @@ inline std::string square(GradientBuilder& g, const std::string& a) { return g.m
 inline void set_unary(GradientBuilder& g, const std::string& factor) { g.set(0, g.mul(g.dy(0), factor)); }
 
 }  // namespace grad
+
+#if ONNXTRAIN_CUDA
+// The CUDA kernels of the elementwise ops: backends/cuda/elementwise.cu's one broadcasting family.
+// Dtypes it does not compute run on the host (run_on_host).
+template <cuda::Binary kOp>
+void binary_cuda(KernelContext& ctx) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  OT_CHECK(a.dtype() == b.dtype(), ctx.node().context(), "inputs must share a dtype, got ", dtype_name(a.dtype()),
+           " and ", dtype_name(b.dtype()));
+  if (!cuda::elementwise_supports(a.dtype())) return run_on_host(ctx, "dtype " + dtype_name(a.dtype()));
+  Tensor& out = ctx.output(0, a.dtype(), broadcast_shapes(ctx.node(), a.shape(), b.shape()));
+  cuda::binary(kOp, a.dtype(), a.data(), a.shape(), b.data(), b.shape(), out.data(), out.shape(), ctx.stream());
+}
+template <cuda::Unary kOp>
+void unary_cuda(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const bool integer_ok = kOp == cuda::Unary::kNeg || kOp == cuda::Unary::kAbs || kOp == cuda::Unary::kRelu;
+  if (!cuda::elementwise_supports(x.dtype()) || (is_integer(x.dtype()) && !integer_ok))
+    return run_on_host(ctx, "dtype " + dtype_name(x.dtype()));
+  Tensor& y = ctx.output(0, x.dtype(), x.shape());
+  cuda::unary(kOp, x.dtype(), x.data(), x.shape(), y.data(), y.shape(), ctx.stream());
+}
+#endif
 
 }  // namespace onnxtrain::elementwise

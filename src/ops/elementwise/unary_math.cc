@@ -159,38 +159,44 @@ void relu_kernel(KernelContext& ctx) {
 #define OT_FLOAT_UNARY(OP, SINCE, FN) \
   ONNXTRAIN_OP(OP, kOnnxDomain, SINCE).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0) \
       .work(memory_bound_work).cpu(float_unary_kernel<FN>)
+// The ops with a kernel of the CUDA family too.
+#define OT_FLOAT_UNARY_CUDA(OP, SINCE, FN) OT_FLOAT_UNARY(OP, SINCE, FN).cuda(OT_CUDA(elementwise::unary_cuda<cuda::Unary::k##OP>))
 
 // y = exp(x).  dx = dy * y
-OT_FLOAT_UNARY(Exp, 6, ExpFn).gradient([](GradientBuilder& g) {
+OT_FLOAT_UNARY_CUDA(Exp, 6, ExpFn).gradient([](GradientBuilder& g) {
   grad::set_unary(g, g.y(0));
 });
 // y = log(x).  dx = dy / x
-OT_FLOAT_UNARY(Log, 6, LogFn).gradient([](GradientBuilder& g) {
+OT_FLOAT_UNARY_CUDA(Log, 6, LogFn).gradient([](GradientBuilder& g) {
   g.set(0, g.div(g.dy(0), g.x(0)));
 });
 // y = sqrt(x).  dx = dy / (2 y)
-OT_FLOAT_UNARY(Sqrt, 6, SqrtFn).gradient([](GradientBuilder& g) {
+OT_FLOAT_UNARY_CUDA(Sqrt, 6, SqrtFn).gradient([](GradientBuilder& g) {
   g.set(0, g.div(g.mul(g.dy(0), grad::c(g, 0.5, g.x(0))), g.y(0)));
 });
 // y = tanh(x).  dx = dy * (1 - y^2)
-OT_FLOAT_UNARY(Tanh, 6, TanhFn).gradient([](GradientBuilder& g) {
+OT_FLOAT_UNARY_CUDA(Tanh, 6, TanhFn).gradient([](GradientBuilder& g) {
   grad::set_unary(g, g.sub(grad::c(g, 1.0, g.x(0)), grad::square(g, g.y(0))));
 });
 // y = 1 / (1 + exp(-x)).  dx = dy * y * (1 - y)
-OT_FLOAT_UNARY(Sigmoid, 6, SigmoidFn).gradient([](GradientBuilder& g) {
+OT_FLOAT_UNARY_CUDA(Sigmoid, 6, SigmoidFn).gradient([](GradientBuilder& g) {
   grad::set_unary(g, g.mul(g.y(0), g.sub(grad::c(g, 1.0, g.x(0)), g.y(0))));
 });
 // y = max(x, 0).  dx = dy * (y > 0)
 ONNXTRAIN_OP(Relu, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0).work(memory_bound_work)
-    .cpu(relu_kernel).gradient([](GradientBuilder& g) {
+    .cpu(relu_kernel).cuda(OT_CUDA(elementwise::unary_cuda<cuda::Unary::kRelu>)).gradient([](GradientBuilder& g) {
       g.set(0, g.emit("ReluGrad", {g.dy(0), g.y(0)}, {}, kOnnxTrainDomain));
     });
 // onnxtrain.ReluGrad(dY, Y) = dY * (Y > 0), written over dY. com.microsoft.ReluGrad is ONNX
 // Runtime's name for the same op (its training artifacts): same inputs, no attributes.
 ONNXTRAIN_OP(ReluGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(shape_like_input1).inplace(0, 0)
-    .work(memory_bound_work).cpu(grad_from_output_kernel<FromOutput::kRelu>).gradient_not_implemented("second derivatives of Relu are not needed for training");
+    .work(memory_bound_work).cpu(grad_from_output_kernel<FromOutput::kRelu>)
+    .cuda(OT_CUDA(elementwise::binary_cuda<cuda::Binary::kReluGrad>))
+    .gradient_not_implemented("second derivatives of Relu are not needed for training");
 ONNXTRAIN_OP(ReluGrad, kMsDomain, 1).inputs(2).outputs(1).shape(shape_like_input1).inplace(0, 0)
-    .work(memory_bound_work).cpu(grad_from_output_kernel<FromOutput::kRelu>).gradient_not_implemented("second derivatives of Relu are not needed for training");
+    .work(memory_bound_work).cpu(grad_from_output_kernel<FromOutput::kRelu>)
+    .cuda(OT_CUDA(elementwise::binary_cuda<cuda::Binary::kReluGrad>))
+    .gradient_not_implemented("second derivatives of Relu are not needed for training");
 ONNXTRAIN_OP(SigmoidGrad, kMsDomain, 1).inputs(2).outputs(1).shape(shape_like_input1).inplace(0, 0)
     .work(memory_bound_work).cpu(grad_from_output_kernel<FromOutput::kSigmoid>)
     .gradient_not_implemented("second derivatives through ONNX Runtime's SigmoidGrad are not needed");
@@ -247,7 +253,7 @@ OT_FLOAT_UNARY(Erf, 9, ErfFn).gradient([](GradientBuilder& g) {
   grad::set_unary(g, g.mul(grad::c(g, 1.1283791670955125739, g.x(0)), g.emit("Exp", {g.neg(grad::square(g, g.x(0)))})));
 });
 // y = 1 / x.  dx = -dy * y^2
-OT_FLOAT_UNARY(Reciprocal, 1, ReciprocalFn).gradient([](GradientBuilder& g) {
+OT_FLOAT_UNARY_CUDA(Reciprocal, 1, ReciprocalFn).gradient([](GradientBuilder& g) {
   g.set(0, g.neg(g.mul(g.dy(0), grad::square(g, g.y(0)))));
 });
 // y = log(1 + exp(x)).  dx = dy * sigmoid(x)
@@ -263,14 +269,15 @@ OT_FLOAT_UNARY(Softsign, 1, SoftsignFn).gradient([](GradientBuilder& g) {
 OT_FLOAT_UNARY(Ceil, 1, CeilFn).not_differentiable();
 OT_FLOAT_UNARY(Floor, 1, FloorFn).not_differentiable();
 OT_FLOAT_UNARY(Round, 11, RoundFn).not_differentiable();
+#undef OT_FLOAT_UNARY_CUDA
 #undef OT_FLOAT_UNARY
 
 // y = |x|.  dx = dy * sign(x)
 ONNXTRAIN_OP(Abs, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(abs_kernel).gradient([](GradientBuilder& g) { grad::set_unary(g, g.emit("Sign", {g.x(0)})); });
+    .cpu(abs_kernel).cuda(OT_CUDA(elementwise::unary_cuda<cuda::Unary::kAbs>)).gradient([](GradientBuilder& g) { grad::set_unary(g, g.emit("Sign", {g.x(0)})); });
 // y = -x.  dx = -dy
 ONNXTRAIN_OP(Neg, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(neg_kernel).gradient([](GradientBuilder& g) { g.set(0, g.neg(g.dy(0))); });
+    .cpu(neg_kernel).cuda(OT_CUDA(elementwise::unary_cuda<cuda::Unary::kNeg>)).gradient([](GradientBuilder& g) { g.set(0, g.neg(g.dy(0))); });
 ONNXTRAIN_OP(Sign, kOnnxDomain, 9).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
     .not_differentiable().cpu(sign_kernel);
 

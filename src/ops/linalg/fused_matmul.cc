@@ -90,13 +90,40 @@ class FusedMatMulKernel final : public Kernel {
   cpu::MatmulCache cache_;
 };
 
+#if ONNXTRAIN_CUDA
+// cuBLASLt's bias epilogue adds the bias after alpha scales the product, as the op defines.
+void fused_matmul_cuda(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  OT_CHECK(node.attr_int("transBatchA", 0) == 0 && node.attr_int("transBatchB", 0) == 0, node.context(),
+           "transBatchA/transBatchB are not supported");
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  OT_CHECK(a.dtype() == b.dtype(), node.context(), "A and B must share a dtype, got ", dtype_name(a.dtype()), " and ",
+           dtype_name(b.dtype()));
+  if (!is_floating(a.dtype()) || a.dtype() == DType::kFloat64 || output_dtype(node, a.dtype()) != a.dtype())
+    return run_on_host(ctx, "dtype " + dtype_name(a.dtype()) + " into " + dtype_name(output_dtype(node, a.dtype())));
+  MatmulPlan plan = plan_matmul(node, a.shape(), b.shape(), node.attr_int("transA", 0) != 0,
+                                node.attr_int("transB", 0) != 0);
+  plan.dims.alpha = node.attr_float("alpha", 1.0f);
+  Tensor& y = ctx.output(0, a.dtype(), plan.out_shape);
+  const Tensor* bias = ctx.has_input(2) ? &ctx.input(2) : nullptr;
+  if (bias) {
+    OT_CHECK(bias->dtype() == a.dtype(), node.context(), "bias must have A's dtype ", dtype_name(a.dtype()), ", got ",
+             dtype_name(bias->dtype()));
+    OT_CHECK(bias->numel() == plan.dims.n && (bias->rank() == 0 || bias->dim(-1) == plan.dims.n), node.context(),
+             "bias must be a vector of the output's last dim ", plan.dims.n, ", got ", shape_str(bias->shape()));
+  }
+  run_matmul_cuda(node, plan.dims, a, b, y, bias, ctx.stream());
+}
+#endif
+
 }  // namespace
 
 // Y = alpha op(A) op(B) + bias.  dop(A) = alpha dY op(B)^T, dop(B) = alpha op(A)^T dY (transposed
 // back for transA/transB, batch dims by sum_to), dbias = sum_to(dY, bias); an fp32 Y of half A
 // and B (output_dtype) is Y = cast(half product), so dY is cast to A's dtype first.
 ONNXTRAIN_OP(FusedMatMul, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1).shape(fused_matmul_shape)
-    .cpu_kernel<FusedMatMulKernel>().work(matmul_work)
+    .cpu_kernel<FusedMatMulKernel>().work(matmul_work).cuda(OT_CUDA(fused_matmul_cuda))
     .gradient([](GradientBuilder& g) {
       const Node& n = g.node();
       const DType a = g.dtype(g.x(0));
@@ -111,7 +138,7 @@ ONNXTRAIN_OP(FusedMatMul, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1).shape(fus
 // ONNX Runtime's com.microsoft.FusedMatMul (what its optimizer writes into saved models): the same
 // op, imported as is; its transBatchA/transBatchB (batch-dim transposes) are refused by name.
 ONNXTRAIN_OP(FusedMatMul, kMsDomain, 1).inputs(2).outputs(1).shape(fused_matmul_shape)
-    .cpu_kernel<FusedMatMulKernel>().work(matmul_work)
+    .cpu_kernel<FusedMatMulKernel>().work(matmul_work).cuda(OT_CUDA(fused_matmul_cuda))
     .gradient([](GradientBuilder& g) {
       const Node& n = g.node();
       matmul_gradient(g, 0, 1, n.attr_int("transA", 0) != 0, n.attr_int("transB", 0) != 0,

@@ -37,10 +37,24 @@ class MatMulKernel final : public Kernel {
   cpu::MatmulCache cache_;
 };
 
+#if ONNXTRAIN_CUDA
+void matmul_cuda(KernelContext& ctx) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  OT_CHECK(a.dtype() == b.dtype(), ctx.node().context(), "inputs must share a dtype, got ", dtype_name(a.dtype()),
+           " and ", dtype_name(b.dtype()));
+  if (!is_floating(a.dtype()) || a.dtype() == DType::kFloat64) return run_on_host(ctx, "dtype " + dtype_name(a.dtype()));
+  MatmulPlan plan = plan_matmul(ctx.node(), a.shape(), b.shape());
+  Tensor& y = ctx.output(0, a.dtype(), plan.out_shape);
+  run_matmul_cuda(ctx.node(), plan.dims, a, b, y, nullptr, ctx.stream());
+}
+#endif
+
 }  // namespace
 
 // Y = A B.  dA = dY B^T, dB = A^T dY (batch dims reduced with sum_to; 1-D operands unsqueezed)
 ONNXTRAIN_OP(MatMul, kOnnxDomain, 1).inputs(2).outputs(1).shape(matmul_shape).cpu_kernel<MatMulKernel>().work(matmul_work)
+    .cuda(OT_CUDA(matmul_cuda))
     .gradient([](GradientBuilder& g) { matmul_gradient(g, 0, 1, false, false, 1.0f); });
 
 }  // namespace onnxtrain

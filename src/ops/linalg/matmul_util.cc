@@ -1,5 +1,9 @@
 #include "ops/linalg/matmul_util.h"
 
+#if ONNXTRAIN_CUDA
+#include "backends/cuda/kernels.h"
+#endif
+
 #include <cstdio>
 #include <mutex>
 
@@ -112,6 +116,65 @@ void run_matmul(const Node& node, const cpu::MatmulDims& dims, const Tensor& a, 
     cpu::matmul_reference<T>(d, a.data<T>(), b.data<T>(), y.data<T>(), bias ? bias->data<T>() : nullptr);
   });
 }
+
+#if ONNXTRAIN_CUDA
+void run_matmul_cuda(const Node& node, const cpu::MatmulDims& dims, const Tensor& a, const Tensor& b, Tensor& y,
+                     const Tensor* bias, void* stream) {
+  OT_CHECK(y.dtype() == a.dtype() && b.dtype() == a.dtype(), node.context(), "a CUDA product of ", dtype_name(a.dtype()),
+           " and ", dtype_name(b.dtype()), " into ", dtype_name(y.dtype()), " is not implemented");
+  if (y.numel() == 0) return;
+  cuda::GemmDesc g;
+  g.dtype = a.dtype();
+  g.trans_a = dims.trans_a;
+  g.trans_b = dims.trans_b;
+  g.m = dims.m;
+  g.n = dims.n;
+  g.k = dims.k;
+  g.alpha = dims.alpha;
+  g.beta = dims.beta;
+  g.bias = bias ? bias->data() : nullptr;
+  const size_t elem = dtype_size(a.dtype());
+  if (dims.k == 0) {  // empty contraction: beta * y (+ bias); cuBLASLt takes no k of 0
+    if (dims.beta == 0.0f) cuda::memset_zero(y.data(), y.nbytes(), stream);
+    else if (dims.beta != 1.0f) OT_THROW(kNotImplemented, node.context(), "an empty CUDA product with beta ", dims.beta);
+    if (bias) cuda::binary(cuda::Binary::kAdd, y.dtype(), y.data(), Shape{y.numel() / dims.n, dims.n}, bias->data(),
+                           Shape{dims.n}, y.data(), Shape{y.numel() / dims.n, dims.n}, stream);
+    return;
+  }
+  const Shape out_batch = dims.out_batch();
+  const int64_t batch = dims.batch_count();
+  const bool a_shared = numel(dims.a_batch) == 1, b_shared = numel(dims.b_batch) == 1;
+  if (b_shared && !dims.trans_a) {  // A's batch is rows of one product: [batch * m, k] x [k, n]
+    g.m = dims.m * batch;
+    cuda::gemm(g, a.data(), b.data(), y.data(), stream);
+    return;
+  }
+  if (a_shared || b_shared || dims.a_batch == dims.b_batch) {
+    g.batch = batch;
+    g.stride_a = a_shared ? 0 : dims.m * dims.k;
+    g.stride_b = b_shared ? 0 : dims.k * dims.n;
+    g.stride_c = dims.m * dims.n;
+    cuda::gemm(g, a.data(), b.data(), y.data(), stream);
+    return;
+  }
+  // Broadcast batch dims on both sides: one product per output batch index.
+  const size_t rank = out_batch.size();
+  for (int64_t i = 0; i < batch; ++i) {
+    int64_t rest = i, ia = 0, ib = 0, sa = 1, sb = 1;
+    for (size_t d = rank; d-- > 0;) {
+      const int64_t coord = rest % out_batch[d];
+      rest /= out_batch[d];
+      if (dims.a_batch[d] != 1) ia += coord * sa;
+      if (dims.b_batch[d] != 1) ib += coord * sb;
+      sa *= dims.a_batch[d];
+      sb *= dims.b_batch[d];
+    }
+    cuda::gemm(g, static_cast<const char*>(a.data()) + size_t(ia * dims.m * dims.k) * elem,
+               static_cast<const char*>(b.data()) + size_t(ib * dims.k * dims.n) * elem,
+               static_cast<char*>(y.data()) + size_t(i * dims.m * dims.n) * elem, stream);
+  }
+}
+#endif
 
 #if ONNXTRAIN_GRADIENT_RULES
 void matmul_gradient(GradientBuilder& g, size_t ia, size_t ib, bool ta, bool tb, float alpha, const std::string& dy) {

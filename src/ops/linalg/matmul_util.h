@@ -33,4 +33,12 @@ void matmul_gradient(GradientBuilder& g, size_t ia, size_t ib, bool trans_a, boo
 void run_matmul(const Node& node, const cpu::MatmulDims& dims, const Tensor& a, const Tensor& b, Tensor& y,
                 cpu::MatmulCache& cache, const Tensor* bias = nullptr, bool b_constant = false);
 
+#if ONNXTRAIN_CUDA
+// run_matmul on CUDA tensors, through cuBLASLt (backends/cuda/gemm.cc) on `stream`: batches that
+// match or are shared are one strided-batched call, other broadcasts one call per product. y has
+// A's dtype (float32, float16 or bfloat16).
+void run_matmul_cuda(const Node& node, const cpu::MatmulDims& dims, const Tensor& a, const Tensor& b, Tensor& y,
+                     const Tensor* bias, void* stream);
+#endif
+
 }  // namespace onnxtrain

@@ -5,6 +5,12 @@
 #include "ops/loss/loss_common.h"
 #include "ops/nn/softmax_rows.h"
 #include "ops/registry.h"
+#if ONNXTRAIN_CUDA
+#include <limits>
+
+#include "backends/cuda/kernels.h"
+#include "core/device.h"
+#endif
 
 namespace onnxtrain {
 namespace {
@@ -46,6 +52,69 @@ void sce_grad_kernel(KernelContext& ctx) {
   });
 }
 
+#if ONNXTRAIN_CUDA
+// The CUDA form: int64 labels and no class weights (else the host). A label outside [0, C) is
+// flagged on the device and reported after the kernel, as the CPU kernel reports it.
+bool sce_on_device(const KernelContext& ctx, const Tensor& x, const Tensor& labels, size_t weight_input) {
+  return (x.dtype() == DType::kFloat32 || x.dtype() == DType::kFloat16 || x.dtype() == DType::kBFloat16) &&
+         labels.dtype() == DType::kInt64 && !ctx.has_input(weight_input);
+}
+int cuda_reduction(const Node& node) {
+  const LossReduction r = loss_reduction(node);
+  return r == LossReduction::kNone ? 0 : r == LossReduction::kSum ? 1 : 2;
+}
+int64_t ignore_index(const Node& node) {
+  return node.has_attr("ignore_index") ? node.attr_int("ignore_index", 0) : std::numeric_limits<int64_t>::min();
+}
+// A zeroed device flag, and the check of it once the kernel has run.
+struct LabelFlag {
+  Tensor flag;
+  explicit LabelFlag(const KernelContext& ctx) : flag(empty_on(ctx.device(), DType::kInt32, {1})) {
+    cuda::memset_zero(flag.data(), sizeof(int32_t), ctx.stream());
+  }
+  void check(const KernelContext& ctx, int64_t c) const {
+    const Tensor host = to_device(flag, Device::kCpu, Stream(std::shared_ptr<void>(), ctx.stream()));
+    OT_CHECK(host.data<int32_t>()[0] == 0, ctx.node().context(), "a label is outside [0, ", c, ")",
+             ctx.node().has_attr("ignore_index") ? " and is not ignore_index" : "");
+  }
+};
+
+void sce_cuda(KernelContext& ctx) {
+  LossDims dims = check_loss_inputs(ctx);
+  const Tensor& x = ctx.input(0);
+  const Tensor& labels = ctx.input(1);
+  if (!sce_on_device(ctx, x, labels, 2)) return run_on_host(ctx, "class weights, int32 labels or dtype " + dtype_name(x.dtype()));
+  const Node& node = ctx.node();
+  Tensor logp = ctx.output_requested(1) ? ctx.output(1, x.dtype(), x.shape()) : empty_on(ctx.device(), x.dtype(), x.shape());
+  const int reduction = cuda_reduction(node);
+  Tensor& loss = ctx.output(0, x.dtype(), reduction == 0 ? labels.shape() : Shape{});
+  cuda::softmax(true, x.dtype(), x.data(), logp.data(), dims.n, dims.c, dims.d, ctx.stream());
+  LabelFlag bad(ctx);
+  cuda::nll_loss(x.dtype(), logp.data(), labels.data<int64_t>(), loss.data(), dims.n, dims.c, dims.d, ignore_index(node),
+                 reduction, bad.flag.data<int32_t>(), ctx.stream());
+  bad.check(ctx, dims.c);
+}
+
+void sce_grad_cuda(KernelContext& ctx) {
+  LossDims dims = check_loss_grad_inputs(ctx);
+  const Node& node = ctx.node();
+  const Tensor& in = ctx.input(1);
+  const Tensor& labels = ctx.input(2);
+  if (!sce_on_device(ctx, in, labels, 3) || (ctx.num_outputs() > 1 && ctx.output_requested(1)))
+    return run_on_host(ctx, "class weights, int32 labels or dtype " + dtype_name(in.dtype()));
+  Tensor logp = in;
+  if (node.attr_int("from_scores", 0) != 0) {
+    logp = empty_on(ctx.device(), in.dtype(), in.shape());
+    cuda::softmax(true, in.dtype(), in.data(), logp.data(), dims.n, dims.c, dims.d, ctx.stream());
+  }
+  Tensor& dx = ctx.output(0, in.dtype(), in.shape());
+  LabelFlag bad(ctx);
+  cuda::nll_loss_grad(in.dtype(), ctx.input(0).data(), logp.data(), labels.data<int64_t>(), dx.data(), dims.n, dims.c,
+                      dims.d, ignore_index(node), cuda_reduction(node), bad.flag.data<int32_t>(), ctx.stream());
+  bad.check(ctx, dims.c);
+}
+#endif
+
 // loss = -w[t] * log_softmax(x)[t], reduced.  dx = (softmax(x) - onehot(t)) * w[t] * dloss
 // (/ sum(w) for mean; 0 for ignored targets); dw[c] = sum_{t = c} dloss' * (-log_prob[t] - L_mean).
 // A gradient into log_prob adds dx += dlogp - softmax(x) * sum(dlogp, axis 1).
@@ -74,17 +143,17 @@ void sce_gradient(GradientBuilder& g) {
 }  // namespace
 
 ONNXTRAIN_OP(SoftmaxCrossEntropyLoss, kOnnxDomain, 12).inputs(2, 3).outputs(1, 2).shape(shape_sce)
-    .cpu(sce_kernel).gradient(sce_gradient);
+    .cpu(sce_kernel).cuda(OT_CUDA(sce_cuda)).gradient(sce_gradient);
 // The same op for models whose ai.onnx opset predates it (< 12): losses attached by
 // generate_artifacts use this domain there (src/training/losses.cc).
 ONNXTRAIN_OP(SoftmaxCrossEntropyLoss, kOnnxTrainDomain, 1).inputs(2, 3).outputs(1, 2).shape(shape_sce)
-    .cpu(sce_kernel).gradient(sce_gradient);
+    .cpu(sce_kernel).cuda(OT_CUDA(sce_cuda)).gradient(sce_gradient);
 // (dX, dW) = SoftmaxCrossEntropyLossGrad(dLoss, log_prob, labels, weights?); second derivatives are not needed.
 ONNXTRAIN_OP(SoftmaxCrossEntropyLossGrad, kOnnxTrainDomain, 1).inputs(3, 4).outputs(1, 2).shape(shape_loss_grad)
-    .cpu(sce_grad_kernel).gradient_not_implemented("second derivatives are not needed");
+    .cpu(sce_grad_kernel).cuda(OT_CUDA(sce_grad_cuda)).gradient_not_implemented("second derivatives are not needed");
 // ONNX Runtime's form in its training artifacts: com.microsoft.SoftmaxCrossEntropyLossGrad(dLoss,
 // log_prob, labels, weights?) -> dX, with the same reduction and ignore_index attributes.
 ONNXTRAIN_OP(SoftmaxCrossEntropyLossGrad, kMsDomain, 1).inputs(3, 4).outputs(1).shape(shape_loss_grad)
-    .cpu(sce_grad_kernel).gradient_not_implemented("second derivatives are not needed");
+    .cpu(sce_grad_kernel).cuda(OT_CUDA(sce_grad_cuda)).gradient_not_implemented("second derivatives are not needed");
 
 }  // namespace onnxtrain

@@ -9,6 +9,9 @@
 #include "ops/gradient_builder.h"
 #include "ops/nn/norm_common.h"
 #include "ops/registry.h"
+#if ONNXTRAIN_CUDA
+#include "backends/cuda/kernels.h"
+#endif
 
 namespace onnxtrain {
 namespace {
@@ -140,17 +143,32 @@ inline void layer_norm_grad_row(const T* xr, const T* dr, T* out, const C* ps, i
 // statistics; they are used when given and at least as precise as the compute type, else each row
 // recomputes them (the same sweeps as the forward). Per row: one sweep for sum(g), sum(g * xh), one
 // writing dX; dScale and dBias accumulate per thread over its rows and are folded at the end.
-void layer_norm_grad_kernel(KernelContext& ctx) {
+// The grad op's dY and X checked against each other; X viewed as rows of the normalised dims.
+struct NormRows {
+  Shape norm_shape;
+  int64_t d = 0, rows = 0;
+};
+NormRows layer_norm_grad_rows(const KernelContext& ctx) {
   const Node& node = ctx.node();
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);
   OT_CHECK(x.rank() > 0, node.context(), "expected X of rank >= 1, got a scalar");
   OT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), node.context(), "dY and X must match, got ",
            dtype_name(dy.dtype()), " ", shape_str(dy.shape()), " and ", dtype_name(x.dtype()), " ", shape_str(x.shape()));
-  int64_t axis = normalize_axis(node, node.attr_int("axis", -1), x.rank());
+  const int64_t axis = normalize_axis(node, node.attr_int("axis", -1), x.rank());
+  NormRows r;
+  r.norm_shape.assign(x.shape().begin() + axis, x.shape().end());
+  r.d = numel(r.norm_shape);
+  r.rows = numel(Shape(x.shape().begin(), x.shape().begin() + axis));
+  return r;
+}
+
+void layer_norm_grad_kernel(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  const auto [norm_shape, d, rows] = layer_norm_grad_rows(ctx);
   float eps = node.attr_float("epsilon", 1e-5f);
-  Shape norm_shape(x.shape().begin() + axis, x.shape().end());
-  const int64_t d = numel(norm_shape), rows = numel(Shape(x.shape().begin(), x.shape().begin() + axis));
   const bool saved = ctx.has_input(3) && ctx.has_input(4);
   if (saved)
     for (size_t k = 3; k <= 4; ++k)
@@ -218,6 +236,52 @@ void layer_norm_grad_kernel(KernelContext& ctx) {
   });
 }
 
+#if ONNXTRAIN_CUDA
+// Float32 statistics and Scale/B of the normalised dims' full size run on the device; other
+// stash types and broadcast parameters on the host.
+void layer_norm_cuda(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& x = ctx.input(0);
+  OT_CHECK(x.rank() > 0, node.context(), "expected X of rank >= 1, got a scalar");
+  const int64_t axis = normalize_axis(node, node.attr_int("axis", -1), x.rank());
+  const int64_t d = numel(Shape(x.shape().begin() + axis, x.shape().end())), rows = x.numel() / std::max<int64_t>(d, 1);
+  const Tensor& scale = ctx.input(1);
+  const bool full = scale.numel() == d && (!ctx.has_input(2) || ctx.input(2).numel() == d);
+  if (!is_floating(x.dtype()) || x.dtype() == DType::kFloat64 || stash_dtype(node) != DType::kFloat32 || !full || d == 0)
+    return run_on_host(ctx, "dtype " + dtype_name(x.dtype()) + ", stash_type, or broadcast Scale/B");
+  OT_CHECK(scale.dtype() == x.dtype() && (!ctx.has_input(2) || ctx.input(2).dtype() == x.dtype()), node.context(),
+           "Scale and B must have X's dtype ", dtype_name(x.dtype()));
+  Tensor& y = ctx.output(0, x.dtype(), x.shape());
+  float* mean = ctx.output_requested(1) ? ctx.output(1, DType::kFloat32, stat_shape(x.shape(), axis)).data<float>() : nullptr;
+  float* inv = ctx.output_requested(2) ? ctx.output(2, DType::kFloat32, stat_shape(x.shape(), axis)).data<float>() : nullptr;
+  cuda::layer_norm(x.dtype(), x.data(), scale.data(), ctx.has_input(2) ? ctx.input(2).data() : nullptr, y.data(), mean,
+                   inv, rows, d, node.attr_float("epsilon", 1e-5f), ctx.stream());
+}
+
+void layer_norm_grad_cuda(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  const auto [norm_shape, d, rows] = layer_norm_grad_rows(ctx);
+  const Tensor& scale = ctx.input(2);
+  if (!is_floating(x.dtype()) || x.dtype() == DType::kFloat64 || scale.numel() != d || scale.dtype() != x.dtype() || d == 0)
+    return run_on_host(ctx, "dtype " + dtype_name(x.dtype()) + " or broadcast Scale");
+  // Saved statistics in float32 are used as they are; others are recomputed.
+  const bool saved = ctx.has_input(3) && ctx.has_input(4) && ctx.input(3).dtype() == DType::kFloat32 &&
+                     ctx.input(4).dtype() == DType::kFloat32;
+  if (saved)
+    for (size_t k = 3; k <= 4; ++k)
+      OT_CHECK(ctx.input(k).numel() == rows, node.context(), k == 3 ? "Mean" : "InvStdDev", " must hold ", rows,
+               " values, got ", shape_str(ctx.input(k).shape()));
+  Tensor& dx = ctx.output(0, x.dtype(), x.shape());
+  void* ds = ctx.output_requested(1) ? ctx.output(1, x.dtype(), norm_shape).data() : nullptr;
+  void* db = ctx.output_requested(2) ? ctx.output(2, x.dtype(), norm_shape).data() : nullptr;
+  cuda::layer_norm_grad(x.dtype(), dy.data(), x.data(), scale.data(), saved ? ctx.input(3).data<float>() : nullptr,
+                        saved ? ctx.input(4).data<float>() : nullptr, dx.data(), ds, db, rows, d,
+                        node.attr_float("epsilon", 1e-5f), ctx.stream());
+}
+#endif
+
 void shape_layer_norm_grad(ShapeContext& ctx) {
   const auto& in = ctx.input_shape(1);
   DType dt = ctx.input_dtype(1);
@@ -263,13 +327,13 @@ void layer_norm_gradient(GradientBuilder& g) {
 }  // namespace
 
 ONNXTRAIN_OP(LayerNormalization, kOnnxDomain, 17).inputs(2, 3).outputs(1, 3).shape(shape_layer_norm)
-    .inplace(0, 0).cpu(layer_norm_kernel).gradient(layer_norm_gradient);
+    .inplace(0, 0).cpu(layer_norm_kernel).cuda(OT_CUDA(layer_norm_cuda)).gradient(layer_norm_gradient);
 // (dX, dScale, dBias) = LayerNormalizationGrad(dY, X, Scale, Mean?, InvStdDev?); second derivatives are not needed.
 ONNXTRAIN_OP(LayerNormalizationGrad, kOnnxTrainDomain, 1).inputs(3, 5).outputs(1, 3).shape(shape_layer_norm_grad)
-    .inplace(0, 0).cpu(layer_norm_grad_kernel).gradient_not_implemented("second derivatives are not needed");
+    .inplace(0, 0).cpu(layer_norm_grad_kernel).cuda(OT_CUDA(layer_norm_grad_cuda)).gradient_not_implemented("second derivatives are not needed");
 // ONNX Runtime's training artifacts: the same inputs, outputs and attributes (its stash_type is
 // the float32 statistics this kernel computes in anyway).
 ONNXTRAIN_OP(LayerNormalizationGrad, kMsDomain, 1).inputs(3, 5).outputs(1, 3).shape(shape_layer_norm_grad)
-    .inplace(0, 0).cpu(layer_norm_grad_kernel).gradient_not_implemented("second derivatives are not needed");
+    .inplace(0, 0).cpu(layer_norm_grad_kernel).cuda(OT_CUDA(layer_norm_grad_cuda)).gradient_not_implemented("second derivatives are not needed");
 
 }  // namespace onnxtrain

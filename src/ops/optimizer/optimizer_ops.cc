@@ -5,6 +5,10 @@
 #include <cstring>
 
 #include "ops/registry.h"
+#if ONNXTRAIN_CUDA
+#include "backends/cuda/kernels.h"
+#include "core/device.h"
+#endif
 
 namespace onnxtrain::optim {
 
@@ -171,6 +175,65 @@ void update_kernel(KernelContext& ctx) {
   }
 }
 
+#if ONNXTRAIN_CUDA
+// AdamW (torch's and transformers' modes, float32, no amsgrad) as one multi-tensor update on the
+// device (backends/cuda/adamw.cu); the other rules and cases run on the host.
+void adamw_cuda(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  OptimizerConfig cfg = config_from_update_node(node);
+  const int64_t n = param_count(node, ctx.num_inputs(), cfg.state_names().size());
+  bool device_case = (cfg.type == OptimizerType::kAdamW || cfg.type == OptimizerType::kHFAdamW) && !cfg.amsgrad;
+  for (size_t i = 2; device_case && i < ctx.num_inputs(); ++i)
+    device_case = ctx.input(i).dtype() == DType::kFloat32 && ctx.input(i).shape() == ctx.input(2 + size_t(i - 2) % size_t(n)).shape();
+  if (!device_case) return run_on_host(ctx, "amsgrad, or tensors other than float32 of matching shapes");
+  OT_CHECK(int64_t(ctx.num_outputs()) <= 3 * n, node.context(), "expected at most ", 3 * n, " outputs (", n,
+           " parameters and 2 state lists), got ", ctx.num_outputs());
+  const Tensor& lr = ctx.input(0);
+  const Tensor& step = ctx.input(1);
+  OT_CHECK(is_floating(lr.dtype()) && lr.numel() == 1, node.context(), "input 0 (lr) must be a floating-point scalar, got ",
+           dtype_name(lr.dtype()), " ", shape_str(lr.shape()));
+  OT_CHECK(is_integer(step.dtype()) && step.numel() == 1, node.context(),
+           "input 1 (step) must be an integer scalar, got ", dtype_name(step.dtype()), " ", shape_str(step.shape()));
+  cuda::AdamWConfig c;
+  c.lr = lr.item_as_double(0);
+  c.step = step.item_as_int(0);
+  OT_CHECK(c.step >= 1, node.context(), "input 1 (step) must be >= 1, got ", c.step);
+  c.beta1 = cfg.betas[0];
+  c.beta2 = cfg.betas[1];
+  c.eps = cfg.eps;
+  c.weight_decay = cfg.weight_decay;
+  c.max_grad_norm = cfg.max_grad_norm;
+  c.hf = cfg.type == OptimizerType::kHFAdamW;
+  c.correct_bias = cfg.correct_bias;
+  c.maximize = cfg.maximize;
+  const bool in_place = node.attr_int("in_place", 1) != 0;
+  std::vector<Tensor> keep;  // fresh targets of outputs not requested (in_place = 0)
+  auto target = [&](size_t j) -> float* {
+    const Tensor& in = ctx.input(source_input(n, j));
+    const bool requested = j < ctx.num_outputs() && ctx.output_requested(j);
+    if (in_place) {
+      if (requested) ctx.set_output(j, in);
+      return static_cast<float*>(const_cast<void*>(in.data()));
+    }
+    Tensor t = requested ? ctx.output(j, in.dtype(), in.shape()) : empty_on(ctx.device(), in.dtype(), in.shape());
+    cuda::unary(cuda::Unary::kCopy, in.dtype(), in.data(), in.shape(), t.data(), t.shape(), ctx.stream());
+    keep.push_back(t);
+    return t.data<float>();
+  };
+  std::vector<float*> params, m, v;
+  std::vector<const float*> grads;
+  std::vector<int64_t> sizes;
+  for (int64_t i = 0; i < n; ++i) {
+    params.push_back(target(size_t(i)));
+    grads.push_back(ctx.input(size_t(2 + n + i)).data<float>());
+    sizes.push_back(ctx.input(size_t(2 + i)).numel());
+  }
+  for (int64_t i = 0; i < n; ++i) m.push_back(target(size_t(n + i)));
+  for (int64_t i = 0; i < n; ++i) v.push_back(target(size_t(2 * n + i)));
+  cuda::adamw(c, params, grads, m, v, sizes, ctx.stream());
+}
+#endif
+
 void update_shape(ShapeContext& ctx) {
   OptimizerConfig cfg;
   try {
@@ -192,7 +255,7 @@ void update_shape(ShapeContext& ctx) {
 
 // Updates run after the gradient graph and produce no gradient of their own.
 ONNXTRAIN_OP(AdamW, kOnnxTrainDomain, 1).inputs(6, INT_MAX).outputs(1, INT_MAX).shape(update_shape)
-    .not_differentiable().cpu(update_kernel);
+    .not_differentiable().cpu(update_kernel).cuda(OT_CUDA(adamw_cuda)).host_inputs(std::vector<int>{0, 1});
 ONNXTRAIN_OP(Adam, kOnnxTrainDomain, 1).inputs(6, INT_MAX).outputs(1, INT_MAX).shape(update_shape)
     .not_differentiable().cpu(update_kernel);
 ONNXTRAIN_OP(SGD, kOnnxTrainDomain, 1).inputs(4, INT_MAX).outputs(1, INT_MAX).shape(update_shape)

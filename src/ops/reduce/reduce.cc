@@ -11,6 +11,9 @@
 #include "ops/reduce/grad_common.h"
 #include "ops/reduce/reduce_plan.h"
 #include "ops/registry.h"
+#if ONNXTRAIN_CUDA
+#include "backends/cuda/kernels.h"
+#endif
 
 namespace onnxtrain {
 namespace {
@@ -113,6 +116,43 @@ void reduce_kernel(KernelContext& ctx) {
     }
   });
 }
+
+#if ONNXTRAIN_CUDA
+// ReduceSum and ReduceMean on CUDA tensors: the reduced dims, once size-1 dims are dropped, must
+// be adjacent (an [outer, reduced, inner] view: bias gradients, row sums); other layouts and
+// dtypes run on the host.
+template <RK K>
+void reduce_cuda(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const Shape& shape = x.shape();
+  const bool keep = ctx.node().attr_int("keepdims", 1) != 0;
+  auto mask = reduce_mask(ctx, x.rank());
+  if (!mask) {  // noop_with_empty_axes and no axes: the input unchanged
+    Tensor& y = ctx.output(0, x.dtype(), shape);
+    if (y.data() != x.data()) cuda::unary(cuda::Unary::kCopy, x.dtype(), x.data(), shape, y.data(), shape, ctx.stream());
+    return;
+  }
+  int64_t outer = 1, reduced = 1, inner = 1;
+  int phase = 0;  // 0: before the reduced dims, 1: in them, 2: after
+  bool adjacent = true;
+  for (size_t d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 1) continue;
+    if ((*mask)[d]) {
+      if (phase == 2) adjacent = false;
+      phase = 1;
+      reduced *= shape[d];
+    } else {
+      if (phase == 1) phase = 2;
+      (phase == 0 ? outer : inner) *= shape[d];
+    }
+  }
+  if (!adjacent || !is_floating(x.dtype()) || x.dtype() == DType::kFloat64 || x.numel() == 0)
+    return run_on_host(ctx, adjacent ? "dtype " + dtype_name(x.dtype()) : "reduced dims apart");
+  Tensor& y = ctx.output(0, x.dtype(), reduced_shape(shape, *mask, keep));
+  const float scale = K == RK::kMean ? 1.0f / float(reduced) : 1.0f;
+  cuda::reduce_sum(x.dtype(), x.data(), y.data(), outer, reduced, inner, scale, ctx.stream());
+}
+#endif
 
 // ---- Gradient rules ----
 // Every rule sees y and dy in the forward's layout; keep() puts a keepdims=0 value back into the
@@ -256,9 +296,9 @@ void reduce_prod_gradient(GradientBuilder& g) {
 }  // namespace
 
 ONNXTRAIN_OP(ReduceSum, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
-    .cpu(reduce_kernel<RK::kSum>).gradient(reduce_sum_gradient);
+    .cpu(reduce_kernel<RK::kSum>).cuda(OT_CUDA(reduce_cuda<RK::kSum>)).host_inputs(std::vector<int>{1}).gradient(reduce_sum_gradient);
 ONNXTRAIN_OP(ReduceMean, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
-    .cpu(reduce_kernel<RK::kMean>).gradient(reduce_mean_gradient);
+    .cpu(reduce_kernel<RK::kMean>).cuda(OT_CUDA(reduce_cuda<RK::kMean>)).host_inputs(std::vector<int>{1}).gradient(reduce_mean_gradient);
 ONNXTRAIN_OP(ReduceMax, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)
     .cpu(reduce_kernel<RK::kMax>).gradient(reduce_extremum_gradient);
 ONNXTRAIN_OP(ReduceMin, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(shape_reduce)

@@ -1,0 +1,120 @@
+// The CUDA backend's kernels at sizes that fill an H100, against the card's two ceilings measured
+// in the same run: bf16 GEMM TFLOP/s through cuBLASLt and device-to-device copy bandwidth. Prints
+// one line per kernel: name, median ms of 20 timed calls (after 3 warm-ups, inputs random), and
+// TFLOP/s or GB/s (bytes read plus written once). scripts/gpu_check.sh runs it beside
+// bench/cuda_kernels_torch.py, which times PyTorch on the same shapes.
+//   build-gpu/bench/cuda_kernels_bench
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/kernels.h"
+#include "core/device.h"
+
+using namespace onnxtrain;
+
+namespace {
+
+DeviceBackend* g_backend = nullptr;
+Stream g_stream;
+
+Tensor random_on_device(DType dt, const Shape& shape, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  Tensor host = Tensor::empty(dt, shape);
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    const float v = u(rng);
+    if (dt == DType::kBFloat16) host.data<bfloat16>()[i] = bfloat16(v);
+    else if (dt == DType::kFloat16) host.data<float16>()[i] = float16(v);
+    else host.data<float>()[i] = v;
+  }
+  return to_device(host, Device::kCuda, g_stream);
+}
+
+double median_ms(const std::function<void()>& fn, int reps = 20) {
+  for (int i = 0; i < 3; ++i) fn();
+  g_backend->synchronize(g_stream);
+  std::vector<double> ms;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    g_backend->synchronize(g_stream);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+void report(const char* name, double ms, double work, const char* unit) {
+  std::printf("%-34s %9.3f ms  %9.1f %s\n", name, ms, work / ms / 1e9, unit);  // work per ms / 1e9: T or G per s
+}
+
+}  // namespace
+
+int main() {
+  std::string why;
+  if (!device_available(Device::kCuda, &why)) {
+    std::printf("skipped: %s\n", why.c_str());
+    return 0;
+  }
+  g_backend = &device_backend(Device::kCuda);
+  g_stream = g_backend->create_stream();
+  void* s = g_stream.get();
+  std::printf("device: %s\n", g_backend->description().c_str());
+
+  {  // the compute ceiling: one large bf16 product
+    const int64_t n = 8192;
+    Tensor a = random_on_device(DType::kBFloat16, {n, n}, 1), b = random_on_device(DType::kBFloat16, {n, n}, 2);
+    Tensor c = empty_on(Device::kCuda, DType::kBFloat16, {n, n});
+    cuda::GemmDesc d;
+    d.dtype = DType::kBFloat16;
+    d.m = d.n = d.k = n;
+    const double ms = median_ms([&] { cuda::gemm(d, a.data(), b.data(), c.data(), s); });
+    report(("gemm bf16 " + std::to_string(n) + "^3").c_str(), ms, 2.0 * double(n) * n * n / 1e3, "TFLOP/s");
+    d.dtype = DType::kFloat32;
+    const int64_t m = 4096;
+    Tensor a32 = random_on_device(DType::kFloat32, {m, m}, 3), b32 = random_on_device(DType::kFloat32, {m, m}, 4);
+    Tensor c32 = empty_on(Device::kCuda, DType::kFloat32, {m, m});
+    d.m = d.n = d.k = m;
+    const double ms32 = median_ms([&] { cuda::gemm(d, a32.data(), b32.data(), c32.data(), s); });
+    report("gemm fp32 4096^3 (no TF32)", ms32, 2.0 * double(m) * m * m / 1e3, "TFLOP/s");
+  }
+  {  // the bandwidth ceiling: a device-to-device copy
+    const int64_t elems = int64_t(256) << 20;
+    Tensor a = random_on_device(DType::kFloat32, {elems}, 5), b = empty_on(Device::kCuda, DType::kFloat32, {elems});
+    const double ms = median_ms([&] { g_backend->copy(b.data(), Device::kCuda, a.data(), Device::kCuda, a.nbytes(), g_stream); });
+    report("copy d2d fp32", ms, 2.0 * double(a.nbytes()) / 1e6, "GB/s");
+    Tensor c = empty_on(Device::kCuda, DType::kFloat32, {elems});
+    const double add = median_ms([&] { cuda::binary(cuda::Binary::kAdd, DType::kFloat32, a.data(), a.shape(), b.data(), b.shape(), c.data(), c.shape(), s); });
+    report("add fp32 (same shapes)", add, 3.0 * double(a.nbytes()) / 1e6, "GB/s");
+    Tensor row = random_on_device(DType::kFloat32, {1024}, 6);
+    const Shape m2{elems / 1024, 1024};
+    const double badd = median_ms([&] { cuda::binary(cuda::Binary::kAdd, DType::kFloat32, a.data(), m2, row.data(), {1024}, c.data(), m2, s); });
+    report("add fp32 (bias row broadcast)", badd, 2.0 * double(a.nbytes()) / 1e6, "GB/s");
+  }
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
+    const std::string tag = dt == DType::kFloat32 ? " fp32" : " bf16";
+    const int64_t rows = 16384, d = 768;
+    Tensor x = random_on_device(dt, {rows, d}, 7), y = empty_on(Device::kCuda, dt, {rows, d});
+    Tensor scale = random_on_device(dt, {d}, 8), bias = random_on_device(dt, {d}, 9);
+    Tensor mean = empty_on(Device::kCuda, DType::kFloat32, {rows}), inv = empty_on(Device::kCuda, DType::kFloat32, {rows});
+    const double bytes = 2.0 * double(x.nbytes());
+    report(("layernorm fwd [16384, 768]" + tag).c_str(),
+           median_ms([&] { cuda::layer_norm(dt, x.data(), scale.data(), bias.data(), y.data(), mean.data<float>(), inv.data<float>(), rows, d, 1e-5f, s); }),
+           bytes / 1e6, "GB/s");
+    Tensor dx = empty_on(Device::kCuda, dt, {rows, d}), ds = empty_on(Device::kCuda, dt, {d}), db = empty_on(Device::kCuda, dt, {d});
+    report(("layernorm bwd [16384, 768]" + tag).c_str(),
+           median_ms([&] { cuda::layer_norm_grad(dt, y.data(), x.data(), scale.data(), mean.data<float>(), inv.data<float>(), dx.data(), ds.data(), db.data(), rows, d, 1e-5f, s); }),
+           3.0 * double(x.nbytes()) / 1e6, "GB/s");
+    const int64_t vocab = 50257, tokens = 4096;
+    Tensor logits = random_on_device(dt, {tokens, vocab}, 10), probs = empty_on(Device::kCuda, dt, {tokens, vocab});
+    report(("softmax [4096, 50257]" + tag).c_str(),
+           median_ms([&] { cuda::softmax(false, dt, logits.data(), probs.data(), tokens, vocab, 1, s); }),
+           2.0 * double(logits.nbytes()) / 1e6, "GB/s");
+  }
+  return 0;
+}

@@ -1,0 +1,104 @@
+// Softmax cross-entropy's loss and gradient from log_prob [n, c, d] (softmax.cu's log-softmax
+// along c) and labels [n, d], without class weights:
+//   loss[t] = -log_prob[t, label[t]]  (0 where label == ignore_index), reduced by none/sum/mean
+//   dx[t, k] = (exp(log_prob[t, k]) - [k == label[t]]) * dloss'  (0 for ignored targets)
+// Sums over targets run in one block, so the order of additions is fixed from run to run.
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/kernels.h"
+
+namespace onnxtrain::cuda {
+namespace {
+
+constexpr int kThreads = 1024;
+
+// The label of target t (n * d + j), or -1 when ignored; flags labels outside [0, c).
+__device__ __forceinline__ int64_t label_of(const int64_t* labels, int64_t t, int64_t c, int64_t ignore, int* bad) {
+  const int64_t l = labels[t];
+  if (l == ignore) return -1;
+  if (l < 0 || l >= c) {
+    *bad = 1;
+    return -1;
+  }
+  return l;
+}
+
+template <typename T>
+__global__ void nll_none_kernel(const T* logp, const int64_t* labels, T* loss, int64_t targets, int64_t c, int64_t d,
+                                int64_t ignore, int* bad) {
+  for (int64_t t = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; t < targets; t += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t l = label_of(labels, t, c, ignore, bad);
+    const int64_t n = t / d, j = t % d;
+    loss[t] = from_float<T>(l < 0 ? 0.0f : -to_float(logp[(n * c + l) * d + j]));
+  }
+}
+
+// One block: the summed loss (mean: over the targets kept) into loss[0]; the count into *kept.
+template <typename T>
+__global__ void nll_reduce_kernel(const T* logp, const int64_t* labels, T* loss, float* kept_out, int64_t targets,
+                                  int64_t c, int64_t d, int64_t ignore, int mean, int* bad) {
+  __shared__ float shared[32];
+  float sum = 0, kept = 0;
+  for (int64_t t = threadIdx.x; t < targets; t += blockDim.x) {
+    const int64_t l = label_of(labels, t, c, ignore, bad);
+    if (l < 0) continue;
+    const int64_t n = t / d, j = t % d;
+    sum -= to_float(logp[(n * c + l) * d + j]);
+    kept += 1;
+  }
+  sum = block_reduce<false>(sum, shared);
+  kept = block_reduce<false>(kept, shared);
+  if (threadIdx.x == 0) {
+    if (loss) loss[0] = from_float<T>(mean ? sum / kept : sum);
+    if (kept_out) *kept_out = kept;
+  }
+}
+
+template <typename T>
+__global__ void nll_grad_kernel(const T* dloss, const T* logp, const int64_t* labels, T* dx, const float* kept,
+                                int64_t n, int64_t c, int64_t d, int64_t ignore, int reduction, int* bad) {
+  const int64_t total = n * c * d;
+  const float scale = reduction == 0 ? 1.0f : to_float(dloss[0]) / (reduction == 2 ? *kept : 1.0f);
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = i % d, k = (i / d) % c, b = i / (c * d), t = b * d + j;
+    const int64_t l = label_of(labels, t, c, ignore, bad);
+    float g = 0;
+    if (l >= 0) g = (expf(to_float(logp[i])) - (k == l ? 1.0f : 0.0f)) * (reduction == 0 ? to_float(dloss[t]) : scale);
+    dx[i] = from_float<T>(g);
+  }
+}
+
+}  // namespace
+
+void nll_loss(DType dtype, const void* log_prob, const int64_t* labels, void* loss, int64_t n, int64_t c, int64_t d,
+              int64_t ignore, int reduction, int* bad_label, void* stream) {
+  const cudaStream_t s = as_stream(stream);
+  dispatch_floating(dtype, "CUDA SoftmaxCrossEntropyLoss", [&]<typename T>() {
+    auto lp = static_cast<const T*>(log_prob);
+    auto out = static_cast<T*>(loss);
+    if (reduction == 0) {
+      if (n * d != 0) nll_none_kernel<T><<<blocks_for(n * d, 256), 256, 0, s>>>(lp, labels, out, n * d, c, d, ignore, bad_label);
+    } else {
+      nll_reduce_kernel<T><<<1, kThreads, 0, s>>>(lp, labels, out, nullptr, n * d, c, d, ignore, reduction == 2, bad_label);
+    }
+  });
+  check_launch("nll_loss");
+}
+
+void nll_loss_grad(DType dtype, const void* dloss, const void* log_prob, const int64_t* labels, void* dx, int64_t n,
+                   int64_t c, int64_t d, int64_t ignore, int reduction, int* bad_label, void* stream) {
+  const cudaStream_t s = as_stream(stream);
+  float* kept = nullptr;
+  if (reduction == 2) check(cudaMallocAsync(reinterpret_cast<void**>(&kept), sizeof(float), s), "cudaMallocAsync");
+  dispatch_floating(dtype, "CUDA SoftmaxCrossEntropyLossGrad", [&]<typename T>() {
+    auto lp = static_cast<const T*>(log_prob);
+    if (kept) nll_reduce_kernel<T><<<1, kThreads, 0, s>>>(lp, labels, nullptr, kept, n * d, c, d, ignore, 1, bad_label);
+    if (n * c * d != 0)
+      nll_grad_kernel<T><<<blocks_for(n * c * d, 256), 256, 0, s>>>(static_cast<const T*>(dloss), lp, labels,
+                                                                   static_cast<T*>(dx), kept, n, c, d, ignore,
+                                                                   reduction, bad_label);
+  });
+  check_launch("nll_loss_grad");
+  if (kept) check(cudaFreeAsync(kept, s), "cudaFreeAsync");
+}
+
+}  // namespace onnxtrain::cuda

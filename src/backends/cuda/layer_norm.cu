@@ -1,0 +1,139 @@
+// LayerNormalization over rows of d elements, forward and backward (llm.c's layernorm kernels in
+// spirit: a block per row for the statistics and dx; the parameter gradients as column sums).
+//   y = (x - mean) * inv_std * scale + bias,  inv_std = 1 / sqrt(var + eps)
+//   dx = inv_std * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * scale
+//   dscale = sum_rows(dy * xhat),  dbias = sum_rows(dy)
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/kernels.h"
+
+namespace onnxtrain::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// The row's mean and inverse standard deviation (variance about the mean: two passes, as the CPU
+// kernel does), to every thread of the block.
+template <typename T>
+__device__ void row_stats(const T* xr, int64_t d, float eps, float* shared, float& mean, float& inv) {
+  float sum = 0;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) sum += to_float(xr[i]);
+  mean = block_reduce<false>(sum, shared) / float(d);
+  float sq = 0;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float c = to_float(xr[i]) - mean;
+    sq += c * c;
+  }
+  inv = rsqrtf(block_reduce<false>(sq, shared) / float(d) + eps);
+}
+
+template <typename T>
+__global__ void layer_norm_kernel(const T* x, const T* scale, const T* bias, T* y, float* mean_out, float* inv_out,
+                                  int64_t d, float eps) {
+  __shared__ float shared[32];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * d;
+  float mean, inv;
+  row_stats(xr, d, eps, shared, mean, inv);
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float v = (to_float(xr[i]) - mean) * inv * to_float(scale[i]) + (bias ? to_float(bias[i]) : 0.0f);
+    y[r * d + i] = from_float<T>(v);
+  }
+  if (threadIdx.x == 0) {
+    if (mean_out) mean_out[r] = mean;
+    if (inv_out) inv_out[r] = inv;
+  }
+}
+
+template <typename T>
+__global__ void layer_norm_stats_kernel(const T* x, float* mean, float* inv, int64_t d, float eps) {
+  __shared__ float shared[32];
+  float m, r;
+  row_stats(x + blockIdx.x * d, d, eps, shared, m, r);
+  if (threadIdx.x == 0) {
+    mean[blockIdx.x] = m;
+    inv[blockIdx.x] = r;
+  }
+}
+
+// dx may be dy's buffer (the op's in-place pair): each thread reads its elements before writing them.
+template <typename T>
+__global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* scale, const float* mean_in,
+                                     const float* inv_in, T* dx, int64_t d) {
+  __shared__ float shared[32];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * d;
+  const T* dr = dy + r * d;
+  const float mean = mean_in[r], inv = inv_in[r];
+  float sg = 0, sgx = 0;
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float g = to_float(dr[i]) * to_float(scale[i]);
+    sg += g;
+    sgx += g * (to_float(xr[i]) - mean) * inv;
+  }
+  const float mg = block_reduce<false>(sg, shared) / float(d);
+  const float mgx = block_reduce<false>(sgx, shared) / float(d);
+  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
+    const float xh = (to_float(xr[i]) - mean) * inv;
+    dx[r * d + i] = from_float<T>(inv * (to_float(dr[i]) * to_float(scale[i]) - mg - xh * mgx));
+  }
+}
+
+// dscale[j] and dbias[j]: a thread per column, down the rows (coalesced across the warp).
+template <typename T>
+__global__ void layer_norm_params_kernel(const T* dy, const T* x, const float* mean, const float* inv, T* dscale,
+                                         T* dbias, int64_t rows, int64_t d) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < d; j += int64_t(gridDim.x) * blockDim.x) {
+    float ds = 0, db = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      const float g = to_float(dy[r * d + j]);
+      ds += g * (to_float(x[r * d + j]) - mean[r]) * inv[r];
+      db += g;
+    }
+    if (dscale) dscale[j] = from_float<T>(ds);
+    if (dbias) dbias[j] = from_float<T>(db);
+  }
+}
+
+}  // namespace
+
+void layer_norm(DType dtype, const void* x, const void* scale, const void* bias, void* y, float* mean, float* inv_std,
+                int64_t rows, int64_t d, float eps, void* stream) {
+  if (rows == 0) return;
+  OT_CHECK(rows < (int64_t(1) << 31) && d > 0, "CUDA LayerNormalization: ", rows, " rows of ", d, " elements");
+  dispatch_floating(dtype, "CUDA LayerNormalization", [&]<typename T>() {
+    layer_norm_kernel<T><<<unsigned(rows), kThreads, 0, as_stream(stream)>>>(
+        static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(bias), static_cast<T*>(y), mean,
+        inv_std, d, eps);
+  });
+  check_launch("layer_norm_kernel");
+}
+
+void layer_norm_grad(DType dtype, const void* dy, const void* x, const void* scale, const float* mean,
+                     const float* inv_std, void* dx, void* dscale, void* dbias, int64_t rows, int64_t d, float eps,
+                     void* stream) {
+  if (rows == 0) return;
+  OT_CHECK(rows < (int64_t(1) << 31) && d > 0, "CUDA LayerNormalizationGrad: ", rows, " rows of ", d, " elements");
+  const cudaStream_t s = as_stream(stream);
+  float* stats = nullptr;  // the statistics, when the forward's were not given
+  if (!mean || !inv_std) {
+    check(cudaMallocAsync(reinterpret_cast<void**>(&stats), size_t(2 * rows) * sizeof(float), s), "cudaMallocAsync");
+    mean = stats;
+    inv_std = stats + rows;
+  }
+  dispatch_floating(dtype, "CUDA LayerNormalizationGrad", [&]<typename T>() {
+    auto px = static_cast<const T*>(x);
+    auto pdy = static_cast<const T*>(dy);
+    if (stats)
+      layer_norm_stats_kernel<T><<<unsigned(rows), kThreads, 0, s>>>(px, stats, stats + rows, d, eps);
+    // The parameter gradients first: dx may overwrite dy.
+    if (dscale || dbias)
+      layer_norm_params_kernel<T><<<blocks_for(d, kThreads), kThreads, 0, s>>>(
+          pdy, px, mean, inv_std, static_cast<T*>(dscale), static_cast<T*>(dbias), rows, d);
+    layer_norm_dx_kernel<T><<<unsigned(rows), kThreads, 0, s>>>(pdy, px, static_cast<const T*>(scale), mean, inv_std,
+                                                                static_cast<T*>(dx), d);
+  });
+  check_launch("layer_norm_grad");
+  if (stats) check(cudaFreeAsync(stats, s), "cudaFreeAsync");
+}
+
+}  // namespace onnxtrain::cuda
