@@ -25,7 +25,8 @@ from configs with random weights, the loss the model's own (``model(**batch).los
 variants per precision (fp32, and bf16 under ``torch.autocast("cpu")``), steps interleaved: eager
 PyTorch, ``torch.compile(model)`` (inductor; its first step, which compiles, is reported as compile
 time) and TrainModule (its first step exports and builds). Peak memory: each variant again in a
-process of its own (``--memory-child``), the peak resident set after ``--memory-steps`` steps.
+process of its own (``--memory-child``), the peak resident memory above the built model's over
+``--memory-steps`` steps (sampled every 2 ms).
 Targets: TrainModule >= 2x eager and >= 1.3x compiled per step, peak memory <= eager's.
 
     ~/.cache/onnxtrain/peers/torch2/bin/python bench/bench_train_module.py --models hf-bert,hf-gpt2,hf-llama --threads 2
@@ -157,8 +158,8 @@ def hf_variant(model, variant: str):
 
 
 def hf_peak_memory(name: str, variant: str, precision: str, args) -> float:
-    """Peak resident set (MiB) of a fresh process that builds the model and trains `variant` for
-    --memory-steps steps."""
+    """Peak resident memory (MiB) above the built model's, of a fresh process that trains `variant`
+    for --memory-steps steps (hf_memory_child)."""
     import subprocess
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--threads", str(args.threads),
                           "--memory-child", f"{name}:{variant}:{precision}", "--steps", str(args.memory_steps)],
@@ -169,13 +170,34 @@ def hf_peak_memory(name: str, variant: str, precision: str, args) -> float:
 
 
 def hf_memory_child(spec: str, args) -> None:
-    import resource
+    """Prints the peak resident memory (MiB) above the process's after it built the model: sampled
+    every 2 ms while the variant trains. ru_maxrss would not do: importing torch 2.x maps more than
+    a step of these models uses (its first runs gave eager and TrainModule the same maxrss to the KiB)."""
+    import threading
     name, variant, precision = spec.split(":")
     model, batches = hf_case(name, args.steps)
     run = HfRun(hf_variant(model, variant), precision)
+    page = os.sysconf("SC_PAGE_SIZE")
+
+    def rss():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * page
+
+    base = rss()
+    peak, done = [base], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], rss())
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     for batch in batches:
         run.step(batch)
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    done.set()
+    sampler.join()
+    print((peak[0] - base) / 2**20)
 
 
 def bench_hf(name: str, precision: str, args) -> dict:
