@@ -4,7 +4,7 @@ BUILD_DIR  ?= build
 JOBS       ?= $(shell nproc)
 export PYTHONPATH := $(CURDIR)/$(BUILD_DIR)/python:$(PYTHONPATH)
 
-.PHONY: setup deps build test test-torch2-lane test-hf-lanes test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
+.PHONY: web web-demo test-web bench-web minimal-baseline setup deps build test kill-test fuzz fuzz-build fuzz-smoke test-torch2-lane test-hf-lanes test-cpp test-python conformance demo demo-inference bench sanitize sanitize-python clean minimal demo-minimal cross-aarch64
 
 setup: deps build
 
@@ -29,11 +29,13 @@ build: $(BUILD_DIR)/build.ninja
 # training 1.19.2 and PyTorch 2.x in venvs under ~/.cache/onnxtrain/peers) and the real-model corpus.
 test: setup minimal
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	$(MAKE) --no-print-directory fuzz-smoke
 	cd $(MINIMAL_DIR) && ctest --output-on-failure -j $(JOBS)
 	ONNXTRAIN_TORCH_LANE=debian $(PYTHON) -m pytest -q tests/python --ignore-glob='*/test_hf_*.py'
 	$(MAKE) --no-print-directory test-torch2-lane
 	$(MAKE) --no-print-directory test-hf-lanes
 	$(PYTHON) tests/conformance/run_node_tests.py
+	$(MAKE) --no-print-directory test-web
 
 # TrainModule's (and ORTTrainer's) second lane: their tests again under PyTorch 2.x from PyPI, in the torch2 peer's venv
 # (scripts/setup_peers.sh torch2; same Python 3.11, so the extension loads there). The first lane is
@@ -61,6 +63,14 @@ ifneq ($(HF_TESTS),)
 	done
 endif
 
+# Crash consistency (tests/crash/kill_test.py): KILLS SIGKILLs per front end (Python API, C++ API,
+# `onnxtrain train`) at random instants, each followed by checks of the checkpoint, the exported
+# model and the training log, and by a resume that must end equal to an uninterrupted run. `make
+# test` runs 15 per front end (tests/python/test_kill_checkpoints.py).
+KILLS ?= 200
+kill-test: build
+	$(PYTHON) tests/crash/kill_test.py --kills $(KILLS)
+
 test-cpp: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 
@@ -87,6 +97,14 @@ minimal:
 	  -DONNXTRAIN_OPS="$(ONNXTRAIN_OPS)" -DONNXTRAIN_OPS_FILE="$(ONNXTRAIN_OPS_FILE)"
 	cmake --build $(MINIMAL_DIR) -j $(JOBS)
 
+# The minimal runtime for the compiler's baseline ISA (x86-64: SSE2, no -march=native): the same
+# 4-lane vectors and GEMM tiles as WebAssembly's SIMD128, which the web tests and benchmark compare with.
+MINIMAL_BASELINE_DIR ?= build-minimal-baseline
+minimal-baseline:
+	cmake -S . -B $(MINIMAL_BASELINE_DIR) -G Ninja -DONNXTRAIN_MINIMAL=ON -DONNXTRAIN_MARCH= $(LAUNCHER) \
+	  -DONNXTRAIN_BUILD_TESTS=OFF -DONNXTRAIN_OPS_FILE="$(abspath $(WEB_OPS_FILE))"
+	cmake --build $(MINIMAL_BASELINE_DIR) -j $(JOBS) --target web_native_steps startup
+
 # The minimal runtime cross-compiled for aarch64 (g++-aarch64-linux-gnu), its tests run under
 # qemu-aarch64 (qemu-user); the digits demo's artifacts trained there from C when present.
 CROSS_DIR ?= build-aarch64
@@ -96,6 +114,46 @@ cross-aarch64: deps
 	  -DONNXTRAIN_OPS="$(ONNXTRAIN_OPS)" -DONNXTRAIN_OPS_FILE="$(ONNXTRAIN_OPS_FILE)"
 	cmake --build $(CROSS_DIR) -j $(JOBS)
 	cd $(CROSS_DIR) && ctest --output-on-failure -j $(JOBS)
+
+# The WebAssembly module (cmake/web.cmake, web/): the minimal runtime built by Debian's emscripten,
+# single-threaded (and, with WEB_THREADED=ON, the experimental pthreads module), for the op set of WEB_OPS_FILE (default: the digits CNN's) and/or
+# WEB_OPS. Configured once; ninja then rebuilds only what changed, through ccache. NODE_PATH: the
+# Debian modules (acorn) emscripten's JS optimizer needs, which this Node does not search itself.
+WEB_DIR      ?= build-web
+WEB_OPS_FILE ?= web/ops/digits.txt
+WEB_OPS      ?=
+WEB_THREADED ?= OFF
+WEB_ENV      := NODE_PATH=/usr/share/nodejs
+web: $(WEB_DIR)/build.ninja
+	$(WEB_ENV) cmake --build $(WEB_DIR) -j $(JOBS)
+$(WEB_DIR)/build.ninja:
+	$(WEB_ENV) emcmake cmake -S . -B $(WEB_DIR) -G Ninja -DONNXTRAIN_MINIMAL=ON $(LAUNCHER) \
+	  -DONNXTRAIN_OPS="$(WEB_OPS)" -DONNXTRAIN_OPS_FILE="$(abspath $(WEB_OPS_FILE))" -DONNXTRAIN_WEB_THREADED=$(WEB_THREADED)
+
+# The WebAssembly module's tests: tsc checks the declarations (web/onnxtrain.d.mts) on an ORT Web
+# training loop; Node runs web/tests/*.test.mjs (the API, bad input, 50 digits steps
+# against the baseline-ISA native build), then headless chromium
+# trains on the demo page (web/tests/test_demo_browser.py).
+WEB_FIXTURES ?= $(WEB_DIR)/fixtures
+test-web: web minimal-baseline build
+	$(PYTHON) web/tests/make_fixtures.py $(WEB_FIXTURES)
+	tsc --noEmit --strict --target es2020 --module node16 --moduleResolution node16 web/tests/types_check.mts
+	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) node --test web/tests/*.test.mjs
+	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) $(PYTHON) -m pytest -q web/tests/test_demo_browser.py
+
+# The demo page on http://localhost:8000/ (web/demo/): trains the digits CNN in the browser.
+web-demo: web build
+	$(PYTHON) web/tests/make_fixtures.py $(WEB_FIXTURES)
+	$(PYTHON) web/demo/serve.py --web-build $(WEB_DIR) --fixtures $(WEB_FIXTURES)
+
+# .wasm sizes and Node train steps against the native minimal builds (bench/bench_web.mjs), for the
+# digits and the BERT-style op sets.
+WEB_BERT_OPS := $(WEB_FIXTURES)/bert_artifacts/ops.txt
+bench-web: web minimal minimal-baseline build
+	$(PYTHON) web/tests/make_fixtures.py $(WEB_FIXTURES) --bert
+	$(MAKE) --no-print-directory web WEB_DIR=build-web-bert WEB_OPS_FILE=$(WEB_BERT_OPS)
+	$(MAKE) --no-print-directory minimal-baseline MINIMAL_BASELINE_DIR=build-minimal-baseline-bert WEB_OPS_FILE=$(WEB_BERT_OPS)
+	node bench/bench_web.mjs
 
 # The digits demo's artifacts trained from C++ and C on the full build and on the minimal runtime.
 demo-minimal: setup minimal
@@ -126,6 +184,29 @@ bench: setup
 	$(BUILD_DIR)/bench/gemm_backends
 	OMP_NUM_THREADS=1 $(BUILD_DIR)/bench/small_kernels
 	$(PYTHON) bench/bench_minimal.py
+	$(MAKE) --no-print-directory bench-web
+
+# libFuzzer targets (tests/fuzz, docs/ROBUSTNESS.md "Fuzzing"): clang-14 with ASan + UBSan in
+# $(FUZZ_DIR); each target runs FUZZ_SECONDS on its corpus under ~/.cache/onnxtrain/fuzz/<target>
+# (seeded by tests/fuzz/make_seeds.py from files the tests make). A crash is minimized into
+# tests/fuzz/regressions/<target>/, which the normal build's ctest replays, and fails the run.
+# FUZZ_TARGETS picks targets. fuzz-smoke (part of `make test`): a few seconds each on 20 seeds.
+FUZZ_DIR     ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz-build: deps
+	cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_C_COMPILER=clang-14 \
+	  -DCMAKE_CXX_COMPILER=clang++-14 -DONNXTRAIN_FUZZ=ON -DONNXTRAIN_BUILD_PYTHON=OFF \
+	  -DONNXTRAIN_BUILD_TESTS=OFF -DONNXTRAIN_BUILD_EXAMPLES=OFF -DONNXTRAIN_WITH_MPI=OFF $(LAUNCHER)
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target fuzz_targets
+
+fuzz: fuzz-build build
+	$(PYTHON) tests/fuzz/make_seeds.py $(BUILD_DIR)
+	./tests/fuzz/run.sh $(FUZZ_DIR) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+fuzz-smoke: fuzz-build build
+	$(PYTHON) tests/fuzz/make_seeds.py $(BUILD_DIR)
+	FUZZ_SMOKE=1 ./tests/fuzz/run.sh $(FUZZ_DIR) 3 $(FUZZ_TARGETS)
 
 # AddressSanitizer/UBSan build of the library and C++ tests.
 sanitize: deps
@@ -146,4 +227,4 @@ sanitize-python: deps
 	  PYTHONPATH=$(ASAN_PYTHON_DIR)/python $(PYTHON) -m pytest -q -x $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan $(ASAN_PYTHON_DIR) $(MINIMAL_DIR) $(CROSS_DIR)
+	rm -rf $(BUILD_DIR) build-asan $(ASAN_PYTHON_DIR) $(MINIMAL_DIR) $(CROSS_DIR) $(WEB_DIR) $(MINIMAL_BASELINE_DIR) $(FUZZ_DIR)

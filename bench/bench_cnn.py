@@ -36,7 +36,8 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BENCH_DIR, REPO_ROOT, import_onnxtrain, median, time_ms  # noqa: E402
+from common import (BENCH_DIR, REPO_ROOT, add_torch_argument, import_onnxtrain, median,  # noqa: E402
+                    run_torch_lanes, time_ms, torch_description)
 
 TARGET_VS_ORT = 1.0    # onnxtrain forward time / ORT's, at most
 TARGET_VS_TORCH = 2.5  # torch train-step time / onnxtrain's, at least
@@ -258,6 +259,7 @@ def parse_args(argv=None):
     p.add_argument("--train", default=",".join(TORCH_MODELS), help="train-step models ('' for none)")
     p.add_argument("--profile", action="store_true", help="onnxtrain's kernel time per op type per forward model")
     p.add_argument("--out-dir", default=os.path.join(BENCH_DIR, "out"))
+    add_torch_argument(p)
     args = p.parse_args(argv)
     args.rounds = args.rounds or (2 if args.short else 4)
     args.runs = args.runs or (5 if args.short else 10)
@@ -274,12 +276,15 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.train and not run_torch_lanes(args, argv):  # the train step is timed against PyTorch
+        return 0
     os.makedirs(args.out_dir, exist_ok=True)
     ot = import_onnxtrain()
     workdir = tempfile.mkdtemp(prefix="cnn_", dir=args.out_dir)
     gap = f", {args.gap_ms:g} ms idle before each" if args.gap_ms else ""
     print(f"onnxtrain CNN benchmark: {args.threads} threads, {args.rounds} rounds x at least {args.runs} runs "
-          f"(forward: up to {args.round_ms:g} ms a round{gap}), medians; load average {os.getloadavg()[0]:.1f}")
+          f"(forward: up to {args.round_ms:g} ms a round{gap}), medians; load average {os.getloadavg()[0]:.1f}; "
+          f"{torch_description() if args.train else 'PyTorch not timed'}")
     forward = bench_forward(args, ot, workdir)
     train = bench_train(args, ot, workdir)
     report(forward, train)

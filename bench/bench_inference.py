@@ -33,7 +33,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import peers  # noqa: E402
-from common import BENCH_DIR, import_onnxtrain, median, time_ms  # noqa: E402
+from common import BENCH_DIR, add_torch_argument, import_onnxtrain, median, run_torch_lanes, time_ms, torch_description  # noqa: E402
 
 TARGET_ORT_RATIO = 1.2      # onnxtrain time / ORT time should be at most this
 TARGET_PEAK_FRACTION = 0.85  # onnxtrain 1024^3 MatMul should reach this fraction of numpy's peak
@@ -519,11 +519,14 @@ def parse_args(argv=None):
                    help="max abs error against torch reported as a mismatch")
     p.add_argument("--out-dir", default=os.path.join(BENCH_DIR, "out"))
     p.add_argument("--json", help="also write the results to this JSON file")
+    add_torch_argument(p)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if not args.no_torch and not run_torch_lanes(args, argv):
+        return 0
     os.makedirs(args.out_dir, exist_ok=True)
     wanted = [m.strip() for m in args.models.split(",") if m.strip()]
     import models
@@ -545,7 +548,8 @@ def main(argv=None) -> int:
     torch_engine = TorchEngine(args.threads, timed=not args.no_torch, budget_s=args.budget)
 
     print(f"onnxtrain inference benchmark: {args.threads} threads, {args.rounds} rounds x "
-          f"{args.runs} runs (+{args.warmup} warmup), medians; onnxtrain from {where}")
+          f"{args.runs} runs (+{args.warmup} warmup), medians; onnxtrain from {where}; "
+          f"{'PyTorch not timed' if args.no_torch else torch_description()}")
     load = os.getloadavg()[0]
     if load > (os.cpu_count() or 1):
         print(f"warning: load average {load:.1f} on {os.cpu_count()} cores: other work competes "

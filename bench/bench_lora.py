@@ -36,7 +36,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(REPO, "examples"))
 import peers  # noqa: E402
-from common import import_onnxtrain, median  # noqa: E402
+from common import add_torch_argument, import_onnxtrain, median, run_torch_lanes, torch_description  # noqa: E402
 from lora_finetune import MEMORY_OPT_CONFIG  # noqa: E402
 from tiny_llm import Config, build_model, init_weights  # noqa: E402
 
@@ -260,8 +260,11 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4, help="timed training steps per round and engine")
     ap.add_argument("--skip", default="", help="comma-separated: matmul,tokens,memory")
+    add_torch_argument(ap)
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
+    if "tokens" not in skip and not run_torch_lanes(args):  # tokens/s is timed against PyTorch
+        return
     verdict = []
     if "matmul" not in skip:
         with tempfile.TemporaryDirectory() as work:
@@ -272,7 +275,7 @@ def main():
                            f" (target >= 1x): {'met' if worst >= 1 else 'not met'}")
     if "tokens" not in skip:
         ours, peer, ours_best, peer_best = bench_tokens(args)
-        verdict.append(f"LoRA training tokens/s: {ours / peer:.2f}x PyTorch eager LoRA at {args.threads} threads, "
+        verdict.append(f"LoRA training tokens/s: {ours / peer:.2f}x {torch_description()} eager LoRA at {args.threads} threads, "
                        f"{ours_best / peer_best:.2f}x each at its faster thread count (target >= 2x): "
                        f"{'met' if min(ours / peer, ours_best / peer_best) >= 2 else 'not met'}")
     if "memory" not in skip:

@@ -5,7 +5,10 @@ management ("memgrad": ONNXTRAIN_ENABLE_MEM_EFFICIENT_GRAD_MGMT=1, each gradient
 .grad as soon as the backward finishes it instead of all at its end).
 
 Models: the BERT-style encoder with a classifier head and the GPT-style decoder of
-bench_train_module.py (hidden 256, 4 layers, seq 128, batch 8), trained with torch.optim.SGD.
+bench_train_module.py (hidden 256, 4 layers, seq 128, batch 8, vocabulary 8192), trained with
+torch.optim.SGD; the loss is computed by torch on the module's logits, except for ``gpt-loss``, the
+decoder with its cross-entropy inside the module (as Hugging Face's causal LMs compute it when given
+labels), where the loss is part of what TrainModule runs.
 
 1. **Peak memory**, each variant in a fresh process: build, one warm-up step (export, plans), then
    freed heap memory goes back to the system (malloc_trim, so that neither engine's peak hides in
@@ -36,16 +39,37 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import import_onnxtrain, median, status_kib  # noqa: E402
+from common import add_torch_argument, import_onnxtrain, median, run_torch_lanes, status_kib, torch_description  # noqa: E402
 
 VARIANTS = ["torch", "level0", "memgrad", "level1", "level2"]
 MEMORY_STEPS = 3
+
+
+def training_case(name: str, steps: int):
+    """(model, batches) of bench/models.py's training_loop_case; ``gpt-loss`` is the decoder with its
+    loss inside (models.WithCrossEntropy), called as model(x, y)."""
+    import models
+    if name == "gpt-loss":
+        model, batches = models.training_loop_case("gpt", steps)
+        return models.WithCrossEntropy(model).train(), batches
+    return models.training_loop_case(name, steps)
+
+
+def loss_of(model, x, y, loss_inside: bool):
+    """The step's loss: the module's own (``loss_inside``), else cross-entropy over its logits."""
+    import torch
+    if loss_inside:
+        return model(x, y)
+    logits = model(x)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
 
 
 def make_step(model, variant: str):
     """A callable running one SGD step of ``model`` (wrapped unless variant is torch)."""
     import torch
 
+    import models
+    loss_inside = isinstance(model, models.WithCrossEntropy)
     if variant != "torch":
         os.environ["ONNXTRAIN_MEMORY_OPT_LEVEL"] = "0" if variant == "memgrad" else variant[-1]
         os.environ["ONNXTRAIN_ENABLE_MEM_EFFICIENT_GRAD_MGMT"] = "1" if variant == "memgrad" else "0"
@@ -54,8 +78,7 @@ def make_step(model, variant: str):
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
 
     def step(x, y):
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss = loss_of(model, x, y, loss_inside)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -68,6 +91,8 @@ def torch_saved_bytes(model, x, y) -> int:
     """Bytes of the tensors autograd saves for backward in one eager step (each storage once)."""
     import torch
 
+    import models
+
     storages = {}
 
     def pack(t):
@@ -75,8 +100,7 @@ def torch_saved_bytes(model, x, y) -> int:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        logits = model(x)
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss = loss_of(model, x, y, isinstance(model, models.WithCrossEntropy))
     loss.backward()
     model.zero_grad()
     params = {p.storage().data_ptr() for p in model.parameters()}
@@ -88,8 +112,7 @@ def child(name: str, variant: str, threads: int) -> dict:
     ot = import_onnxtrain()
     torch.set_num_threads(threads)
     ot.set_num_threads(threads)
-    from models import training_loop_case
-    model, batches = training_loop_case(name, MEMORY_STEPS + 1)
+    model, batches = training_case(name, MEMORY_STEPS + 1)
     out = {}
     if variant == "torch":
         out["activation_bytes"] = torch_saved_bytes(model, *batches[0])
@@ -127,8 +150,7 @@ def step_times(name: str, steps: int, threads: int) -> dict:
     ot = import_onnxtrain()
     torch.set_num_threads(threads)
     ot.set_num_threads(threads)
-    from models import training_loop_case
-    model, batches = training_loop_case(name, steps)
+    model, batches = training_case(name, steps)
     runs = {v: make_step(copy.deepcopy(model), v) for v in VARIANTS[1:]}
     times = {v: [] for v in runs}
     cpu = {v: [] for v in runs}  # the process's CPU time: steadier than wall time on a loaded machine
@@ -156,12 +178,15 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skip-memory", action="store_true", help="step times only")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    add_torch_argument(parser)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(child(*args.child, threads=args.threads)))
         return 0
+    if not run_torch_lanes(args, argv):
+        return 0
     print(f"memory optimizer benchmark, {args.threads} threads (SGD train step, batch 8, seq 128); "
-          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}", flush=True)
+          f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; {torch_description()}", flush=True)
     for name in args.models.split(","):
         mem = {v: ({} if args.skip_memory else fresh(name, v, args.threads)) for v in VARIANTS}
         t = step_times(name, args.steps, args.threads)

@@ -40,7 +40,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_training import export_training, interleaved_ms, parameter_names  # noqa: E402
-from common import import_onnxtrain  # noqa: E402
+from common import add_torch_argument, import_onnxtrain, run_torch_lanes, torch_description  # noqa: E402
 
 TARGET_VS_FP32 = 2.0
 TARGET_VS_AUTOCAST = 2.5
@@ -333,7 +333,10 @@ def main(argv=None) -> int:
     p.add_argument("--profile", action="store_true",
                    help="also the kernel time per op type of the fp32 and bf16 training graphs, and the Amdahl split")
     p.add_argument("--profile-runs", type=int, default=8)
+    add_torch_argument(p)
     args = p.parse_args(argv)
+    if not run_torch_lanes(args, argv):
+        return 0
     if args.short:
         args.rounds, args.budget, args.tm_steps = 3, 30.0, 8
         args.curves, args.curve_models, args.curve_modes, args.profile = True, "gpt", "bf16", True
@@ -341,7 +344,7 @@ def main(argv=None) -> int:
     ot = import_onnxtrain()
     torch.set_num_threads(args.threads)
     ot.set_num_threads(args.threads)
-    result = {"cpu": ot.cpu_features(), "threads": args.threads,
+    result = {"cpu": ot.cpu_features(), "threads": args.threads, "torch": torch_description(),
               "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "unset")}
     result["gemm_gflops"] = gemm_peak(ot, args.n, 5)
     with tempfile.TemporaryDirectory() as workdir:
@@ -357,8 +360,8 @@ def main(argv=None) -> int:
             result["curves"] = curves(ot, args, workdir)
     st = result["bert_step"]["step_ms"]
     feats = result["cpu"]
-    print(f"CPU: {feats['vendor']}, oneDNN ISA {feats['onednn_isa']}, avx512_bf16={feats['avx512_bf16']}, "
-          f"amx_bf16={feats['amx_bf16']}, bf16 GEMM native={feats['bf16_matmul_native']}; {args.threads} threads, "
+    print(f"CPU: {feats.get('model') or feats['vendor']}, oneDNN ISA {feats['onednn_isa']}, avx512_bf16={feats['avx512_bf16']}, "
+          f"amx_bf16={feats['amx_bf16']}, bf16 GEMM native={feats['bf16_matmul_native']}; {result['torch']}; {args.threads} threads, "
           f"OMP_WAIT_POLICY={result['omp_wait_policy']}")
     g = result["gemm_gflops"]
     print(f"GEMM {args.n}^3 through MatMul: fp32 {g['fp32']:.0f} GFLOP/s, bf16 {g['bf16']:.0f} GFLOP/s "

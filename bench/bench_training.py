@@ -45,7 +45,7 @@ from typing import Callable, Dict, List
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import import_onnxtrain, median, status_kib  # noqa: E402
+from common import add_torch_argument, import_onnxtrain, median, run_torch_lanes, status_kib, torch_description  # noqa: E402
 
 TARGET_VS_TORCH = 2.5        # torch step time / onnxtrain step time, at least
 TARGET_VS_ORT_FORWARD = 3.5  # onnxtrain fwd+bwd / ORT forward, at most
@@ -86,11 +86,14 @@ def build(name: str, seed: int = 0):
 def export_training(module, inputs, input_names, output_names) -> bytes:
     """Training-mode export (Dropout and BatchNorm statistics kept), parameters as initializers."""
     import torch
+
+    import models
     f = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's notes on BatchNorm counters and tracing
         torch.onnx.export(module, inputs, f, input_names=input_names, output_names=output_names, opset_version=17,
-                          do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING)
+                          do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING,
+                          **models.torchscript_exporter())
     return f.getvalue()
 
 
@@ -209,8 +212,10 @@ def ort_forward_ms(model, x, threads: int, runs: int, workdir: str) -> Dict[str,
         return summary([])
     path = os.path.join(workdir, "forward.onnx")
     model.eval()
+    import models
     with torch.no_grad():
-        torch.onnx.export(model, (x,), path, input_names=["x"], output_names=["y"], opset_version=17)
+        torch.onnx.export(model, (x,), path, input_names=["x"], output_names=["y"], opset_version=17,
+                          **models.torchscript_exporter())
     model.train()
     np.save(os.path.join(workdir, "x.npy"), x.numpy())
     engine.prepare("m", path, [("x", os.path.join(workdir, "x.npy"))])
@@ -327,7 +332,7 @@ def ms_text(t: Dict[str, float], digits: int = 2) -> str:
 
 
 def print_report(rows: List[dict], args) -> None:
-    print(f"\n{args.threads} threads; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
+    print(f"\n{torch_description()}; {args.threads} threads; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}; "
           f"load average {os.getloadavg()[0]:.1f} (only ratios measured in the same run mean anything)")
     ok = [r for r in rows if "error" not in r]
     for r in rows:
@@ -388,10 +393,13 @@ def main(argv=None) -> int:
     parser.add_argument("--budget", type=float, default=30.0, help="seconds per measurement")
     parser.add_argument("--skip-memory", action="store_true")
     parser.add_argument("--json")
+    add_torch_argument(parser)
     parser.add_argument("--child-memory", nargs=3, metavar=("ENGINE", "MODE", "MODEL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child_memory:
         print(child_memory(*args.child_memory, threads=args.threads))
+        return 0
+    if not run_torch_lanes(args, argv):
         return 0
 
     probes = BandwidthProbes(args.threads)
@@ -405,7 +413,7 @@ def main(argv=None) -> int:
     print_report(rows, args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"threads": args.threads, "rows": rows}, f, indent=2)
+            json.dump({"threads": args.threads, "torch": torch_description(), "rows": rows}, f, indent=2)
     return 0
 
 

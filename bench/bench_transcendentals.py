@@ -70,13 +70,17 @@ def build_model(gelu: str, seed: int = 0):
 
 def export(model, x, path: str, training: bool) -> None:
     import torch
+
+    import models
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if training:
             torch.onnx.export(model.train(), (x,), path, input_names=["x"], output_names=["logits"], opset_version=17,
-                              do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING)
+                              do_constant_folding=False, training=torch.onnx.TrainingMode.TRAINING,
+                              **models.torchscript_exporter())
         else:
-            torch.onnx.export(model.eval(), (x,), path, input_names=["x"], output_names=["logits"], opset_version=17)
+            torch.onnx.export(model.eval(), (x,), path, input_names=["x"], output_names=["logits"], opset_version=17,
+                              **models.torchscript_exporter())
 
 
 # --------------------------------------------------------------------------------------------------

@@ -516,6 +516,14 @@ def training_loop_case(name: str, steps: int, seed: int = 0):
     return model.train(), [batch() for _ in range(steps)]
 
 
+def torchscript_exporter() -> dict:
+    """torch.onnx.export's keyword arguments that pick the TorchScript-based exporter, the one the
+    benchmarks' options (training mode, dynamic_axes) are for: torch 2.9+ defaults to the
+    torch.export-based one (python/onnxtrain/torch/_compat.py says why TrainModule does not use it);
+    torch 1.13 has only the TorchScript-based one."""
+    return {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
+
+
 def export(model: nn.Module, inputs: Tuple[torch.Tensor, ...], path: str,
            input_names: Sequence[str], output_names: Sequence[str], opset: int = OPSET,
            dynamic_batch: bool = False, training: bool = False,
@@ -538,14 +546,11 @@ def export(model: nn.Module, inputs: Tuple[torch.Tensor, ...], path: str,
     else:  # PRESERVE exports the eval-mode model as is; EVAL also folds BatchNorm into Conv.
         model.eval()
         mode = torch.onnx.TrainingMode.EVAL if fold_batchnorm else torch.onnx.TrainingMode.PRESERVE
-    # torch 2.x: the TorchScript-based exporter, which these options are for (2.9+ defaults to
-    # the torch.export-based one; python/onnxtrain/torch/_exporter.py says why not that one).
-    legacy = {"dynamo": False} if "dynamo" in inspect.signature(torch.onnx.export).parameters else {}
     with torch.no_grad():
         torch.onnx.export(model, inputs, path, input_names=list(input_names),
                           output_names=list(output_names), opset_version=opset,
                           do_constant_folding=not training, dynamic_axes=dynamic_axes,
-                          training=mode, **legacy)
+                          training=mode, **torchscript_exporter())
     return path
 
 

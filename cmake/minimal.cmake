@@ -14,7 +14,6 @@
 
 set(ONNXTRAIN_OPS "" CACHE STRING "Minimal build: op types to include (list); empty with no ops file: all")
 set(ONNXTRAIN_OPS_FILE "" CACHE FILEPATH "Minimal build: a file of op types to include, one a line")
-find_package(OpenMP REQUIRED)
 
 # ---- sources: everything under src/ except what only artifact generation and the full build use
 file(GLOB_RECURSE _all_sources CONFIGURE_DEPENDS src/*.cc)
@@ -28,6 +27,7 @@ set(_left_out
   src/passes/memory_optimizer.cc              # recompute/offload plans: artifact generation
   src/training/quantize.cc                    # weight quantization: artifact generation
   src/training/lora_apply.cc                  # adding LoRA adapters: artifact generation
+  src/training/ort_export.cc                  # ORT-compatible artifacts: artifact generation
   src/ops/gradient_builder.cc src/ops/graph_builder.cc  # what gradient rules are written with
   src/onnx/model_io.cc                        # protobuf (replaced by model_io_minimal.cc)
   src/backends/cpu/gemm_dnnl.cc src/backends/cpu/conv_dnnl.cc src/backends/cpu/pool_dnnl.cc
@@ -168,7 +168,14 @@ endif()
 configure_file(${CMAKE_CURRENT_SOURCE_DIR}/src/ops/build_ops_minimal.cc.in ${CMAKE_BINARY_DIR}/generated/build_ops.cc @ONLY)
 list(APPEND ONNXTRAIN_MINIMAL_SOURCES ${CMAKE_BINARY_DIR}/generated/build_ops.cc)
 
+# ---- the WebAssembly module instead of the library, under emcmake (cmake/web.cmake)
+if(EMSCRIPTEN)
+  include(${CMAKE_CURRENT_LIST_DIR}/web.cmake)
+  return()
+endif()
+
 # ---- the library
+find_package(OpenMP REQUIRED)
 add_library(onnxtrain SHARED ${ONNXTRAIN_MINIMAL_SOURCES})
 target_include_directories(onnxtrain PUBLIC $<BUILD_INTERFACE:${CMAKE_CURRENT_SOURCE_DIR}/include>
                            PRIVATE src ${CMAKE_BINARY_DIR}/generated)
@@ -191,6 +198,12 @@ if(ONNXTRAIN_BUILD_EXAMPLES)
   target_link_libraries(train_digits_c PRIVATE onnxtrain m)
   set_target_properties(train_digits train_digits_c PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/examples)
 endif()
+
+# The native side of the WebAssembly module's tests and benchmark (web/tests/*.test.mjs, bench/bench_web.mjs).
+add_executable(web_native_steps web/tests/native_steps.c)
+set_target_properties(web_native_steps PROPERTIES C_STANDARD 99 RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/web)
+target_compile_options(web_native_steps PRIVATE -Wall -Wextra -Werror)
+target_link_libraries(web_native_steps PRIVATE onnxtrain)
 
 # Startup to the first train step from ONNX and pre-compiled artifacts (bench_minimal.py).
 add_executable(startup bench/startup.cc)

@@ -68,6 +68,12 @@ struct TrainingGraphOptions {
   // symbolic. Off by default: the generator cannot see the data's label density, and where every
   // label is kept it saves nothing and only adds ops (docs/DESIGN.md, "Label and padding sparsity").
   bool label_sparsity = false;
+  // Artifacts that ONNX Runtime training's API (1.16-1.19, onnxruntime.training.api) loads and
+  // trains as well as onnxtrain: ORT's graph conventions (gradient accumulation buffers,
+  // lazy_reset_grad, com.microsoft gradient ops), its optimizer graph (AdamW or plain SGD only)
+  // and its checkpoint format. Options ORT cannot run (other optimizers, clipping, mixed precision,
+  // LoRA, the memory optimizer, label sparsity) are refused (docs/MIGRATING_FROM_ORT.md).
+  bool ort_compatible = false;
 };
 
 struct ArtifactOptions {

@@ -242,6 +242,10 @@ OT_API OtStatus ot_artifact_options_set_compute_optimizer(OtArtifactOptions* opt
  * the rows whose label is kept only; same loss and gradients. 0 (the default): every row. */
 OT_API OtStatus ot_artifact_options_set_label_sparsity(OtArtifactOptions* options, int enabled);
 
+/* Nonzero: artifacts that ONNX Runtime training's API (1.16-1.19) loads and trains as well
+ * (ORT's graph conventions, optimizer graph and checkpoint format; AdamW or plain SGD, fp32). */
+OT_API OtStatus ot_artifact_options_set_ort_compatible(OtArtifactOptions* options, int enabled);
+
 /* Writes training_model.onnx, eval_model.onnx, optimizer_model.onnx and checkpoint into
  * artifact_directory (created when missing). */
 OT_API OtStatus ot_generate_artifacts(const char* model_path, const OtArtifactOptions* options,

@@ -17,7 +17,9 @@ namespace onnxtrain {
 struct LoraConfig {
   int64_t rank = 8;
   double alpha = 16;
-  std::vector<std::string> target;  // module, node or weight name patterns: substring, or a glob with * ?
+  // Layers to adapt, by PEFT's target_modules rule on the module path: "fc" adapts a module named
+  // "fc" or ending in ".fc" (not "fc2"); a pattern with * ? [ is a glob over the whole path.
+  std::vector<std::string> target;
   double dropout = 0.0;             // on the adapter's input during training (needs ai.onnx opset >= 12)
   uint64_t seed = 0;                // for A's initialisation
 };
@@ -29,5 +31,11 @@ class CheckpointState;
 // ("base_model.model.<module>.lora_A.weight", ...) and the base's hash in its metadata, so it loads
 // into Hugging Face PEFT. Throws when the model has no adapters or the state lacks one.
 void export_lora_adapters(const std::string& model_path, const CheckpointState& state, const std::string& path);
+
+// The reverse: sets the adapters of `state` (the checkpoint of LoRA artifacts whose training or
+// eval model is `model_path`) from a PEFT adapter_model.safetensors at `path` (float32, float16,
+// bfloat16 or float64 tensors). Every adapter must be in the file with the artifacts' shapes (so the
+// same rank), and the file must hold nothing else; on any error the state is unchanged.
+void import_lora_adapters(const std::string& model_path, CheckpointState& state, const std::string& path);
 
 }  // namespace onnxtrain

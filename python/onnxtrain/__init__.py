@@ -22,7 +22,8 @@ from ._C import Error, InvalidArgument, InvalidModel, NotImplemented, SessionOpt
 
 __all__ = [
     "InferenceSession", "SessionOptions", "NodeArg", "Error", "InvalidArgument", "InvalidModel",
-    "NotImplemented", "set_num_threads", "registered_ops", "cpu_features",
+    "NotImplemented", "set_num_threads", "registered_ops", "cpu_features", "resource_limits",
+    "set_resource_limits",
 ]
 
 _ONNX_TYPE_NAMES = {
@@ -112,6 +113,19 @@ class InferenceSession:
 
 def set_num_threads(n: int) -> None:
     _C.set_num_threads(n)
+
+
+def resource_limits() -> Dict[str, int]:
+    """The process-wide limits: ``max_alloc_bytes`` (tensor storage alive at once; default
+    ONNXTRAIN_MAX_ALLOC, else the machine's memory) and ``max_loop_iterations`` (per Loop run;
+    default ONNXTRAIN_MAX_LOOP_ITERATIONS, else 10,000,000). 0 means no limit."""
+    return _C.resource_limits()
+
+
+def set_resource_limits(max_alloc_bytes: Optional[int] = None, max_loop_iterations: Optional[int] = None) -> None:
+    """Changes the limits given (the others stay). Past them a model fails with onnxtrain.Error
+    naming the allocation or the Loop, instead of exhausting the machine."""
+    _C.set_resource_limits(max_alloc_bytes, max_loop_iterations)
 
 
 def registered_ops() -> List[Dict[str, Any]]:

@@ -13,6 +13,7 @@ The checkpoint file is in the safetensors layout, so any safetensors reader open
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -396,23 +397,53 @@ class Module:
     def export_adapters(self, path: PathLike) -> str:
         """Writes the LoRA adapters with PEFT's key names (``base_model.model.<module>.lora_A.weight``).
         A path ending in ``.safetensors`` is that file; any other path is a directory that gets
-        PEFT's ``adapter_model.safetensors`` and ``adapter_config.json``. Returns the file written."""
-        import json
+        PEFT's ``adapter_model.safetensors`` and ``adapter_config.json`` (``target_modules``: the
+        adapted modules' full paths, which PEFT matches exactly), which
+        ``peft.PeftModel.from_pretrained(model, path)`` loads. Returns the file written."""
         path = _path(path)
         info = _C.lora_info(self._train_model_uri)
         if path.endswith(".safetensors"):
             file = path
         else:
             os.makedirs(path, exist_ok=True)
-            file = os.path.join(path, "adapter_model.safetensors")
-            modules = sorted({a["module"].split(".")[-1] for a in info["adapters"]})
-            config = {"peft_type": "LORA", "r": info["rank"], "lora_alpha": info["alpha"], "lora_dropout": 0.0,
-                      "target_modules": modules, "bias": "none", "fan_in_fan_out": False,
-                      "base_model_name_or_path": None, "task_type": None, "inference_mode": True}
-            with open(os.path.join(path, "adapter_config.json"), "w") as f:
+            file = os.path.join(path, PEFT_ADAPTER_FILE)
+            config = {"peft_type": "LORA", "r": info["rank"], "lora_alpha": info["alpha"],
+                      "lora_dropout": info["dropout"], "target_modules": sorted(a["module"] for a in info["adapters"]),
+                      "bias": "none", "fan_in_fan_out": False, "use_rslora": False, "use_dora": False,
+                      "modules_to_save": None, "base_model_name_or_path": None, "task_type": None,
+                      "inference_mode": True}
+            with open(os.path.join(path, PEFT_CONFIG_FILE), "w") as f:
                 json.dump(config, f, indent=2)
         _C.export_lora_adapters(self._train_model_uri, self._state._state, file)
         return file
+
+    def import_adapters(self, path: PathLike) -> None:
+        """Sets the LoRA adapters from a PEFT adapter: a directory with ``adapter_model.safetensors``
+        and ``adapter_config.json`` (its rank and alpha must be the artifacts', and it must use
+        plain LoRA: no rsLoRA, DoRA, bias or modules_to_save), or the ``.safetensors`` file alone.
+        The adapters must cover exactly the modules these artifacts adapt, with the same shapes; on
+        any error nothing changes. ``CheckpointState.save_checkpoint`` then keeps them."""
+        path = _path(path)
+        info = _C.lora_info(self._train_model_uri)
+        if not info["adapters"]:
+            raise _C.InvalidArgument(f"import_adapters: '{self._train_model_uri}' has no LoRA adapters")
+        file = path
+        if not path.endswith(".safetensors"):
+            file = os.path.join(path, PEFT_ADAPTER_FILE)
+            config_path = os.path.join(path, PEFT_CONFIG_FILE)
+            with open(config_path) as f:
+                config = json.load(f)
+            expected = {"peft_type": "LORA", "r": info["rank"], "lora_alpha": info["alpha"], "use_rslora": False,
+                        "use_dora": False, "bias": "none", "modules_to_save": None, "fan_in_fan_out": False}
+            for key, want in expected.items():
+                got = config.get(key, want)
+                if got != want and not (key == "lora_alpha" and float(got) == float(want)):
+                    raise _C.InvalidArgument(f"import_adapters: '{config_path}': {key} is {got!r}, these artifacts need {want!r}")
+        _C.import_lora_adapters(self._train_model_uri, self._state._state, file)
+
+
+PEFT_ADAPTER_FILE = "adapter_model.safetensors"  # PEFT's file names in an adapter directory
+PEFT_CONFIG_FILE = "adapter_config.json"
 
 
 class StepResult(NamedTuple):

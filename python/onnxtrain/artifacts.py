@@ -91,12 +91,21 @@ def _mixed_precision_arg(value: Optional[str]) -> str:
 class LoraConfig:
     """LoRA adapters (include/onnxtrain/lora.h): for each targeted MatMul/Gemm/MatMulNBits weight,
     y += alpha/rank (x A^T) B^T with A Kaiming-uniform (as PEFT) and B zero; only A and B train.
-    ``target``: module, node or weight name patterns (substring, or a glob with * ?)."""
+    ``target``: module names by PEFT's ``target_modules`` rule: ``"fc"`` adapts the layers whose
+    module path is ``fc`` or ends in ``.fc`` (not ``fc2``); a pattern with * ? [ is a glob over the
+    module path (``"*"``: every layer)."""
     rank: int = 8
     alpha: float = 16.0
     target: Sequence[str] = ()
     dropout: float = 0.0
     seed: int = 0
+
+
+def _lora_target(target) -> Dict[str, List[str]]:
+    if isinstance(target, str):  # a lone string would be taken letter by letter
+        raise TypeError(f"LoraConfig.target must be a list of module names (PEFT's target_modules), got the "
+                        f"string {target!r}")
+    return {"target": list(target)}
 
 
 def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None,
@@ -109,7 +118,8 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                        loss_options: Optional[Dict[str, Any]] = None,
                        mixed_precision: Optional[str] = None, lora: Optional["LoraConfig"] = None,
                        memory_opt_level: int = 0, memory_opt_config: str = "",
-                       compute_optimizer: bool = True, label_sparsity: bool = False) -> List[str]:
+                       compute_optimizer: bool = True, label_sparsity: bool = False,
+                       ort_compatible: bool = False) -> List[str]:
     """Writes the training, eval and optimizer models and the checkpoint; returns their paths.
 
     ``model``: a path, bytes or ``onnx.ModelProto``; a model over 2 GB must be a path to a file
@@ -137,7 +147,10 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
     CrossEntropy/NLL loss with ``ignore_index`` computes the LM head (final LayerNorm, vocabulary
     projection, softmax and their gradients) on the rows whose label is kept only; the loss and
     gradients are the dense graph's, a step with 70% of labels ignored costs much less; with every
-    label kept the extra gathers cost a little, hence opt-in.
+    label kept the extra gathers cost a little, hence opt-in. ``ort_compatible``: artifacts that
+    ONNX Runtime training's ``onnxruntime.training.api`` (1.16-1.19) loads and trains too, as well
+    as onnxtrain (ORT's graph conventions, optimizer graph and checkpoint format); AdamW (torch's or
+    transformers') or plain SGD, fp32, no LoRA, memory optimizer or label sparsity.
     """
     source = _model_arg(model)  # a path stays a path: its external data is found beside it
     if requires_grad == "all":  # every weight: initializers and Constant-node weights (not frozen ones)
@@ -169,7 +182,8 @@ def generate_artifacts(model: Any, requires_grad: Optional[Sequence[str]] = None
                                  list(loss_input_names or []), dict(loss_options or {}),
                                  mixed_precision=_mixed_precision_arg(mixed_precision),
                                  lora=None if lora is None else {"rank": int(lora.rank), "alpha": float(lora.alpha),
-                                                                 "target": list(lora.target),
+                                                                 **_lora_target(lora.target),
                                                                  "dropout": float(lora.dropout), "seed": int(lora.seed)},
                                  memory_opt_level=int(memory_opt_level), memory_opt_config=str(memory_opt_config),
-                                 compute_optimizer=bool(compute_optimizer), label_sparsity=bool(label_sparsity))
+                                 compute_optimizer=bool(compute_optimizer), label_sparsity=bool(label_sparsity),
+                                 ort_compatible=bool(ort_compatible))

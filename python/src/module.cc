@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "onnxtrain/limits.h"
 #include "onnxtrain/session.h"
 #include "ops/registry.h"
 #include "core/parallel.h"
@@ -134,6 +135,17 @@ PYBIND11_MODULE(_C, m) {
       .def("profile_report", &InferenceSession::profile_report);
 
   m.def("set_num_threads", &set_num_threads);
+  m.def("resource_limits", []() {
+    const ResourceLimits l = resource_limits();
+    return py::dict(py::arg("max_alloc_bytes") = l.max_alloc_bytes, py::arg("max_loop_iterations") = l.max_loop_iterations);
+  });
+  m.def("set_resource_limits", [](std::optional<uint64_t> max_alloc_bytes, std::optional<int64_t> max_loop_iterations) {
+    ResourceLimits l = resource_limits();
+    if (max_alloc_bytes) l.max_alloc_bytes = *max_alloc_bytes;
+    if (max_loop_iterations) l.max_loop_iterations = *max_loop_iterations;
+    set_resource_limits(l);
+  }, py::arg("max_alloc_bytes") = py::none(), py::arg("max_loop_iterations") = py::none());
+  m.def("live_tensor_bytes", &live_tensor_bytes);
   m.def("num_threads", &num_threads);
 
   // The registry, for the coverage table and the registry-driven tests.

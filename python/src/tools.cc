@@ -59,13 +59,17 @@ void bind_tools(py::module_& m) {
     for (const auto& a : info.adapters)
       adapters.append(py::dict(py::arg("node") = a.node, py::arg("module") = a.module, py::arg("weight") = a.weight,
                                py::arg("A") = a.a, py::arg("B") = a.b, py::arg("in") = a.in, py::arg("out") = a.out));
-    return py::dict(py::arg("rank") = info.rank, py::arg("alpha") = info.alpha, py::arg("base_hash") = info.base_hash,
+    return py::dict(py::arg("rank") = info.rank, py::arg("alpha") = info.alpha, py::arg("dropout") = info.dropout, py::arg("base_hash") = info.base_hash,
                     py::arg("adapters") = adapters);
   }, "The LoRA adapters recorded in a training/eval/exported model (empty adapters when none).");
   m.def("export_lora_adapters", [](const std::string& model_path, std::shared_ptr<CheckpointState> state,
                                    const std::string& out) {
     export_lora_adapters(model_path, *state, out);
   }, "Writes the adapters as safetensors with PEFT's key names.");
+  m.def("import_lora_adapters", [](const std::string& model_path, std::shared_ptr<CheckpointState> state,
+                                   const std::string& file) {
+    import_lora_adapters(model_path, *state, file);
+  }, "Sets the state's adapters from a PEFT adapter_model.safetensors.");
   m.def("merge_lora_file", [](const std::string& path) {
     Model mdl = load_model(path);
     int merged = merge_lora(mdl);

@@ -34,7 +34,7 @@ void bind_training(py::module_& m) {
          std::string directory, std::string prefix, std::vector<std::string> additional_output_names,
          bool nominal_checkpoint, std::vector<std::string> loss_input_names, py::dict loss_options,
          std::string mixed_precision, std::optional<py::dict> lora, int memory_opt_level,
-         std::string memory_opt_config, bool compute_optimizer, bool label_sparsity) {
+         std::string memory_opt_config, bool compute_optimizer, bool label_sparsity, bool ort_compatible) {
         ArtifactOptions o;
         o.graphs.mixed_precision = std::move(mixed_precision);
         if (lora) {  // artifacts.LoraConfig as a dict
@@ -72,6 +72,7 @@ void bind_training(py::module_& m) {
         o.memory.config = std::move(memory_opt_config);
         o.graphs.compute_optimizer = compute_optimizer;
         o.graphs.label_sparsity = label_sparsity;
+        o.graphs.ort_compatible = ort_compatible;
         // A path keeps external data (models over 2 GB) resolvable next to the file.
         std::optional<std::string> bytes, path;
         if (py::isinstance<py::bytes>(model)) bytes = model.cast<std::string>();
@@ -86,7 +87,8 @@ void bind_training(py::module_& m) {
       py::arg("optimizer"), py::arg("directory"), py::arg("prefix"), py::arg("additional_output_names"),
       py::arg("nominal_checkpoint"), py::arg("loss_input_names"), py::arg("loss_options"),
       py::arg("mixed_precision") = "", py::arg("lora") = std::nullopt, py::arg("memory_opt_level") = 0,
-      py::arg("memory_opt_config") = "", py::arg("compute_optimizer") = true, py::arg("label_sparsity") = false);
+      py::arg("memory_opt_config") = "", py::arg("compute_optimizer") = true, py::arg("label_sparsity") = false,
+      py::arg("ort_compatible") = false);
 
   m.def(
       "all_parameters",

@@ -435,6 +435,10 @@ OtStatus ot_artifact_options_set_label_sparsity(OtArtifactOptions* options, int 
   return guard(__func__, [&](Call& c) { c.ref(options, "options").options.graphs.label_sparsity = enabled != 0; });
 }
 
+OtStatus ot_artifact_options_set_ort_compatible(OtArtifactOptions* options, int enabled) {
+  return guard(__func__, [&](Call& c) { c.ref(options, "options").options.graphs.ort_compatible = enabled != 0; });
+}
+
 OtStatus ot_generate_artifacts(const char* model_path, const OtArtifactOptions* options,
                                const char* artifact_directory) {
   return guard(__func__, [&](Call& c) {

@@ -4,11 +4,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <signal.h>
+
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "onnxtrain/status.h"
 
@@ -51,17 +56,64 @@ void read_exact_at(int fd, void* data, size_t n, uint64_t offset, uint64_t file_
   }
 }
 
-void write_file_atomically(const std::string& path,
-                           const std::function<void(int fd, const std::string& what)>& write) {
+void debug_save_pause() {
+  static const long pause_ms = [] {
+    const char* env = std::getenv("ONNXTRAIN_DEBUG_SAVE_PAUSE_MS");
+    return env ? std::max(0L, std::strtol(env, nullptr, 10)) : 0L;
+  }();
+  if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+}
+
+void sync_parent_directory(const std::string& path) {
+  std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dfd.get() >= 0) (void)::fsync(dfd.get());
+}
+
+void rename_durably(const std::string& from, const std::string& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0)
+    OT_THROW(kRuntime, "cannot rename '", from, "' to '", to, "': ", errno_text(errno));
+  sync_parent_directory(to);
+}
+
+void remove_stale_temporaries(const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path p(path);
+  const std::string prefix = p.filename().string() + ".tmp-";
+  std::error_code ec;
+  fs::directory_iterator it(p.parent_path().empty() ? fs::path(".") : p.parent_path(), ec);
+  for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    // "<pid>-<n>": only a dead writer's file goes (a live one may be writing it now).
+    char* end = nullptr;
+    const long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
+    if (pid <= 0 || *end != '-' || pid == long(::getpid())) continue;
+    if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) ::unlink(it->path().c_str());
+  }
+}
+
+void write_file_atomically(const std::string& path, const FileWriter& write) {
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-  Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+  remove_stale_temporaries(path);
+  std::string tmp;
+  Fd fd;
+  // EEXIST: a killed process that had our pid left this name (remove_stale_temporaries spares our pid).
+  for (int tries = 0; fd.get() < 0 && tries < 64; ++tries) {
+    tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    fd.adopt(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+    if (fd.get() < 0 && errno != EEXIST) break;
+  }
   if (fd.get() < 0) OT_THROW(kRuntime, "cannot create temporary file '", tmp, "': ", errno_text(errno));
   try {
+    debug_save_pause();
     const std::string what = "temporary file '" + tmp + "'";
     write(fd.get(), what);
+    debug_save_pause();
     if (::fsync(fd.get()) != 0) OT_THROW(kRuntime, "cannot fsync ", what, ": ", errno_text(errno));
     if (::close(fd.release()) != 0) OT_THROW(kRuntime, "cannot close ", what, ": ", errno_text(errno));
+    debug_save_pause();
     if (::rename(tmp.c_str(), path.c_str()) != 0)
       OT_THROW(kRuntime, "cannot rename '", tmp, "' to '", path, "': ", errno_text(errno));
   } catch (...) {
@@ -69,41 +121,9 @@ void write_file_atomically(const std::string& path,
     ::unlink(tmp.c_str());
     throw;
   }
+  debug_save_pause();
   // Make the rename durable. Best effort: the new file is already in place.
-  std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (dir.empty()) dir = ".";
-  Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dfd.get() >= 0) (void)::fsync(dfd.get());
-}
-
-void write_files_atomically(const std::vector<std::pair<std::string, FileWriter>>& files) {
-  static std::atomic<uint64_t> counter{0};
-  std::vector<std::string> tmps;
-  size_t renamed = 0;
-  try {
-    for (const auto& [path, write] : files) {
-      const std::string tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-      Fd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
-      if (fd.get() < 0) OT_THROW(kRuntime, "cannot create temporary file '", tmp, "': ", errno_text(errno));
-      tmps.push_back(tmp);
-      const std::string what = "temporary file '" + tmp + "'";
-      write(fd.get(), what);
-      if (::fsync(fd.get()) != 0) OT_THROW(kRuntime, "cannot fsync ", what, ": ", errno_text(errno));
-      if (::close(fd.release()) != 0) OT_THROW(kRuntime, "cannot close ", what, ": ", errno_text(errno));
-    }
-    for (; renamed < files.size(); ++renamed)
-      if (::rename(tmps[renamed].c_str(), files[renamed].first.c_str()) != 0)
-        OT_THROW(kRuntime, "cannot rename '", tmps[renamed], "' to '", files[renamed].first, "': ", errno_text(errno));
-  } catch (...) {
-    for (size_t i = renamed; i < tmps.size(); ++i) ::unlink(tmps[i].c_str());
-    throw;
-  }
-  for (const auto& [path, write] : files) {
-    std::filesystem::path dir = std::filesystem::path(path).parent_path();
-    if (dir.empty()) dir = ".";
-    Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dfd.get() >= 0) (void)::fsync(dfd.get());
-  }
+  sync_parent_directory(path);
 }
 
 }  // namespace onnxtrain::file_io

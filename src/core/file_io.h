@@ -22,6 +22,10 @@ class Fd {
   Fd& operator=(const Fd&) = delete;
   int get() const { return fd_; }
   void reset();
+  void adopt(int fd) {
+    reset();
+    fd_ = fd;
+  }
   int release() {
     int f = fd_;
     fd_ = -1;
@@ -39,16 +43,26 @@ void write_all(int fd, const void* data, size_t n, const std::string& what);
 // Reads exactly n bytes at offset; a short file is Error(kInvalidModel) ("file truncated").
 void read_exact_at(int fd, void* data, size_t n, uint64_t offset, uint64_t file_size);
 
-// Replaces path atomically: write(fd, what) fills a new temporary file in the same directory,
-// which is fsynced and renamed over path, then the directory is fsynced (best effort). On any
-// failure the temporary file is removed and path keeps its previous contents.
-void write_file_atomically(const std::string& path,
-                           const std::function<void(int fd, const std::string& what)>& write);
-
-// Replaces several files together: each is written to its own temporary file and fsynced first;
-// only then are they renamed over their paths, in the order given. An error before the renames
-// leaves every path as it was (a crash between two renames can still mix old and new).
+// Replaces path atomically: write(fd, what) fills a new temporary file in the same directory
+// ("<path>.tmp-<pid>-<n>"), which is fsynced and renamed over path, then the directory is fsynced.
+// On any failure the temporary file is removed and path keeps its previous contents; a process
+// killed meanwhile leaves path as it was (and its temporary file, which the next write of path
+// removes: see remove_stale_temporaries).
 using FileWriter = std::function<void(int fd, const std::string& what)>;
-void write_files_atomically(const std::vector<std::pair<std::string, FileWriter>>& files);
+void write_file_atomically(const std::string& path, const FileWriter& write);
+
+// rename(from, to), then fsync of to's directory: the new name survives a power cut.
+void rename_durably(const std::string& from, const std::string& to);
+// fsync of the directory holding path (best effort: some filesystems refuse it).
+void sync_parent_directory(const std::string& path);
+
+// Removes "<path>.tmp-<pid>-<n>" files that write_file_atomically left in path's directory when
+// their process was killed (pid no longer running). Best effort, errors ignored.
+void remove_stale_temporaries(const std::string& path);
+
+// Crash testing (tests/crash): with ONNXTRAIN_DEBUG_SAVE_PAUSE_MS=N in the environment, the atomic
+// writes above sleep N ms at each of their steps (temporary file created, written, synced, renamed)
+// so that a test which kills the process at random instants lands inside them often. Unset: no-op.
+void debug_save_pause();
 
 }  // namespace onnxtrain::file_io

@@ -51,28 +51,45 @@ size_t mapped_length(size_t bytes) {
 }  // namespace
 
 std::shared_ptr<void> allocate_storage(size_t bytes, Fill fill) {
+  charge_storage(bytes);
 #if defined(__unix__)
   if (bytes >= kHugePageBytes) {
     const size_t length = mapped_length(bytes);
     if (void* p = map_huge_aligned(length))  // fresh anonymous pages read as zeros: no fill needed
-      return std::shared_ptr<void>(p, [length](void* q) { ::munmap(q, length); });
+      return std::shared_ptr<void>(p, [length, bytes](void* q) { ::munmap(q, length); release_storage(bytes); });
+    release_storage(bytes);
     OT_THROW(kRuntime, "out of memory: cannot map ", bytes, " bytes");
   }
 #endif
   const size_t rounded = round_up(bytes ? bytes : 1, kAlign);
   void* p = std::aligned_alloc(kAlign, rounded);
-  if (!p) OT_THROW(kRuntime, "out of memory allocating ", bytes, " bytes");
+  if (!p) {
+    release_storage(bytes);
+    OT_THROW(kRuntime, "out of memory allocating ", bytes, " bytes");
+  }
   if (fill == Fill::kZeros) std::memset(p, 0, rounded);
-  return std::shared_ptr<void>(p, std::free);
+  return std::shared_ptr<void>(p, [bytes](void* q) { std::free(q); release_storage(bytes); });
+}
+
+size_t checked_tensor_bytes(DType dtype, const Shape& shape) {
+  OT_CHECK(dtype_supported(dtype), "cannot allocate a tensor of dtype ", dtype_name(dtype));
+  constexpr uint64_t kMax = uint64_t(1) << 62;
+  uint64_t bytes = dtype_size(dtype);
+  for (int64_t d : shape) {
+    OT_CHECK(d >= 0, "cannot allocate a tensor of shape ", shape_str(shape));
+    OT_CHECK(d == 0 || bytes <= kMax / uint64_t(d), "cannot allocate a tensor of shape ", shape_str(shape),
+             " and dtype ", dtype_name(dtype), ": its size passes 2^62 bytes");
+    bytes *= uint64_t(d);
+  }
+  return size_t(bytes);
 }
 
 size_t tensors_bytes(const std::vector<TensorSpec>& specs) {
   size_t total = 0;
   for (const TensorSpec& s : specs) {
-    OT_CHECK(dtype_supported(s.dtype), "cannot allocate a tensor of dtype ", dtype_name(s.dtype));
-    for (int64_t d : s.shape) OT_CHECK(d >= 0, "cannot allocate a tensor of shape ", shape_str(s.shape));
     // At least one byte each: distinct addresses, so that no two tensors look like views of one.
-    total += round_up(std::max<size_t>(size_t(numel(s.shape)) * dtype_size(s.dtype), 1), kAlign);
+    total += round_up(std::max<size_t>(checked_tensor_bytes(s.dtype, s.shape), 1), kAlign);
+    OT_CHECK(total <= (size_t(1) << 62), "cannot allocate ", specs.size(), " tensors: their size passes 2^62 bytes");
   }
   return total;
 }

@@ -23,6 +23,17 @@ enum class Fill { kUninitialized, kZeros };
 // memset for kZeros): a huge page for a small buffer would cost more memory than its faults cost.
 inline constexpr size_t kHugePageBytes = size_t(2) << 20;
 
+// Tensor storage counted against the memory limit (include/onnxtrain/limits.h,
+// src/core/resource_limits.cc): charge_storage throws Error(kRuntime) naming the request and the
+// limit when `bytes` more would pass it; every charge is released when its storage dies.
+void charge_storage(size_t bytes);
+void release_storage(size_t bytes);
+// Bytes of a tensor of this dtype and shape; throws Error(kInvalidArgument) for a negative dim or
+// a size past 2^62 (a shape read from a file can multiply past 64 bits).
+size_t checked_tensor_bytes(DType dtype, const Shape& shape);
+// The iteration limit of one Loop run (0: none).
+int64_t max_loop_iterations();
+
 // `bytes` of 64-byte aligned storage (at least 64 bytes), released when the last copy of the
 // returned pointer dies. Throws kRuntime when memory is exhausted.
 std::shared_ptr<void> allocate_storage(size_t bytes, Fill fill);

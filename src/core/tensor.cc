@@ -129,21 +129,23 @@ std::string shape_str(const Shape& shape) {
 }
 
 Tensor Tensor::empty(DType dtype, Shape shape) {
-  OT_CHECK(dtype_supported(dtype), "cannot allocate a tensor of dtype ", dtype_name(dtype));
-  for (int64_t d : shape) OT_CHECK(d >= 0, "cannot allocate a tensor of shape ", shape_str(shape));
+  const size_t bytes = checked_tensor_bytes(dtype, shape);
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
-  size_t bytes = t.nbytes();
   if (bytes >= kLargeTensorBytes) {  // huge pages of its own (core/memory.h)
     t.holder_ = allocate_storage(bytes, Fill::kUninitialized);
     t.data_ = t.holder_.get();
     return t;
   }
+  charge_storage(bytes);  // the memory limit (include/onnxtrain/limits.h)
   size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded ? rounded : 64);
-  if (!p) OT_THROW(kRuntime, "out of memory allocating ", bytes, " bytes");
-  t.holder_ = std::shared_ptr<void>(p, std::free);
+  if (!p) {
+    release_storage(bytes);
+    OT_THROW(kRuntime, "out of memory allocating ", bytes, " bytes");
+  }
+  t.holder_ = std::shared_ptr<void>(p, [bytes](void* q) { std::free(q); release_storage(bytes); });
   t.data_ = p;
   return t;
 }

@@ -1,5 +1,6 @@
 #include "onnx/external_data.h"
 
+#include <algorithm>
 #include <charconv>
 #include <filesystem>
 #include <fstream>
@@ -36,9 +37,20 @@ void read_external_data(Tensor& t, const std::vector<std::pair<std::string, std:
     else if (key == "length") length = parse_int("length", value);
   }
   OT_CHECK(!location.empty(), what, ": external data without a location");
-  OT_CHECK(location.find("..") == std::string::npos && location[0] != '/', what,
-           ": external data location '", location, "' must be a relative path inside the model folder");
-  fs::path file = fs::path(base_dir.empty() ? "." : base_dir) / location;
+  OT_CHECK(location.find("..") == std::string::npos && location[0] != '/' && location.find('\0') == std::string::npos,
+           what, ": external data location '", location, "' must be a relative path inside the model folder");
+  const fs::path folder = base_dir.empty() ? "." : base_dir;
+  fs::path file = folder / location;
+  // The location may pass through symbolic links, but where it resolves must still be a regular
+  // file inside the model folder: a link must not lead a model to read files outside it.
+  std::error_code ec_folder, ec_file;
+  const fs::path real_folder = fs::canonical(folder, ec_folder), real_file = fs::canonical(file, ec_file);
+  OT_CHECK(!ec_folder && !ec_file, what, ": cannot open external data file '", file.string(), "'");
+  const auto [folder_end, file_at] = std::mismatch(real_folder.begin(), real_folder.end(), real_file.begin(), real_file.end());
+  OT_CHECK(folder_end == real_folder.end() && file_at != real_file.end(), what, ": external data location '", location,
+           "' resolves to '", real_file.string(), "', outside the model folder '", real_folder.string(), "'");
+  OT_CHECK(fs::is_regular_file(real_file, ec_file), what, ": external data location '", location,
+           "' is not a regular file");
   std::ifstream f(file, std::ios::binary);
   OT_CHECK(bool(f), what, ": cannot open external data file '", file.string(), "'");
   f.seekg(0, std::ios::end);
@@ -46,8 +58,8 @@ void read_external_data(Tensor& t, const std::vector<std::pair<std::string, std:
   if (length < 0) length = int64_t(nbytes);
   OT_CHECK(length == int64_t(nbytes), what, ": external data length ", length, " does not match ",
            nbytes, " bytes of shape ", shape_str(t.shape()));
-  OT_CHECK(offset >= 0 && offset + length <= file_size, what, ": external data range [", offset, ", ",
-           offset + length, ") is outside '", file.string(), "' (", file_size, " bytes)");
+  OT_CHECK(offset <= file_size && length <= file_size - offset, what, ": external data range [", offset, ", ",
+           offset, " + ", length, ") is outside '", file.string(), "' (", file_size, " bytes)");
   f.seekg(offset);
   f.read(static_cast<char*>(t.data()), std::streamsize(nbytes));
   OT_CHECK(bool(f), what, ": short read from '", file.string(), "'");

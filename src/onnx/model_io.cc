@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <utility>
 #include <vector>
 
 #include "core/dispatch.h"
+#include "core/file_io.h"
 #include "onnx/external_data.h"
 #include "onnx/typed_data.h"
 
@@ -372,17 +372,12 @@ void save_model(const Model& model, const std::string& path, bool force_external
   }
   OT_CHECK(int64_t(proto.ByteSizeLong()) < kProtobufLimit, "model '", path, "': ", proto.ByteSizeLong(),
            " bytes outside the initializers (large Constant attributes?) pass protobuf's 2 GB limit");
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-    OT_CHECK(bool(f), "cannot write model file '", path, "'");
-    OT_CHECK(proto.SerializeToOstream(&f), "failed to serialize model to '", path, "'");
-    f.flush();
-    OT_CHECK(bool(f), "failed writing model file '", tmp, "' (disk full?)");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  OT_CHECK(!ec, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  // Temporary file, fsync, rename, fsync of the folder: a crash leaves the old model or the new one.
+  file_io::write_file_atomically(path, [&](int fd, const std::string& what) {
+    std::string bytes;
+    OT_CHECK(proto.SerializeToString(&bytes), "failed to serialize model to '", path, "'");
+    file_io::write_all(fd, bytes.data(), bytes.size(), what);
+  });
 }
 
 }  // namespace onnxtrain

@@ -7,22 +7,70 @@
 // the build does not set.
 #pragma once
 
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#if defined(_LIBCPP_VERSION)
+// libc++ (emscripten's, the WebAssembly build) declares <experimental/simd> but defines none of its
+// operators: a 16-byte vector of the compiler's vector extension stands in, with the members used
+// here (SIMD128 lanes; the same expressions, so the same numbers lane by lane).
+namespace onnxtrain::optim::simd::stdx {
+inline constexpr struct element_aligned_tag {
+} element_aligned{};
+template <typename T, typename A = void>
+struct simd {
+  using Lanes = T __attribute__((vector_size(16)));
+  Lanes v;
+  simd() = default;
+  simd(T x) : v(x - Lanes{}) {}  // NOLINT: broadcast, as stdx::simd's
+  simd(Lanes x) : v(x) {}        // NOLINT
+  simd(const T* p, element_aligned_tag) { std::memcpy(&v, p, sizeof v); }
+  static constexpr size_t size() { return sizeof(Lanes) / sizeof(T); }
+  void copy_to(T* p, element_aligned_tag) const { std::memcpy(p, &v, sizeof v); }
+  T operator[](size_t i) const { return v[i]; }
+  simd operator-() const { return -v; }
+  friend simd operator+(simd a, simd b) { return a.v + b.v; }
+  friend simd operator-(simd a, simd b) { return a.v - b.v; }
+  friend simd operator*(simd a, simd b) { return a.v * b.v; }
+  friend simd operator/(simd a, simd b) { return a.v / b.v; }
+  simd& operator+=(simd b) { return *this = *this + b; }
+};
+template <typename T>
+using native_simd = simd<T>;
+template <typename T, typename A>
+simd<T, A> sqrt(simd<T, A> x) {
+  for (size_t i = 0; i < x.size(); ++i) x.v[i] = std::sqrt(x.v[i]);
+  return x;
+}
+template <typename T, typename A>
+simd<T, A> max(simd<T, A> a, simd<T, A> b) {
+  for (size_t i = 0; i < a.size(); ++i) a.v[i] = a.v[i] < b.v[i] ? b.v[i] : a.v[i];
+  return a;
+}
+template <typename T, typename A>
+T reduce(simd<T, A> x) {
+  T sum = x.v[0];
+  for (size_t i = 1; i < x.size(); ++i) sum += x.v[i];
+  return sum;
+}
+}  // namespace onnxtrain::optim::simd::stdx
+#else
 // GCC 12's <experimental/simd> trips -Wmaybe-uninitialized inside its own AVX-512 intrinsics
 // (_mm512_undefined_ps); the warning is spurious and only concerns that header.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <experimental/simd>
 #pragma GCC diagnostic pop
-
-#include <cmath>
-#include <cstdint>
-#include <tuple>
-#include <type_traits>
-#include <utility>
+namespace onnxtrain::optim::simd {
+namespace stdx = std::experimental;
+}
+#endif
 
 namespace onnxtrain::optim::simd {
-
-namespace stdx = std::experimental;
 
 template <typename T>
 using Vec = stdx::native_simd<T>;

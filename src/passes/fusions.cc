@@ -840,3 +840,184 @@ int keep_channels_last(Graph& g) {
 }
 
 }  // namespace onnxtrain
+
+namespace onnxtrain {
+
+namespace {
+
+// Whether a Reshape of `logits` (rank `rank`, last dim `classes`) to 2-D keeps the last dim: its
+// shape is a constant ending in `classes`, or (an export with symbolic dims) a Concat whose last
+// element is Unsqueeze(Gather(Shape(logits), rank - 1 or -1)). In that second form the nodes that
+// read the logits' shape are appended to `chain` (they go with the Reshape); any other reader of
+// the logits fails the match.
+bool reshape_keeps_classes(const Graph& g, const FusionScan& scan, const Node& reshape, const std::string& logits,
+                           int64_t rank, int64_t classes, std::vector<size_t>& chain) {
+  const Tensor* fixed = constant_tensor(g, reshape.inputs[1]);
+  if (fixed) {
+    const std::vector<int64_t> dims = fixed->to_int_vector();
+    return dims.size() == 2 && dims[1] == classes;
+  }
+  auto producer = [&](const std::string& v, const char* op, int reader) -> std::optional<size_t> {
+    auto it = scan.producers.find(v);
+    if (it == scan.producers.end() || scan.removed[it->second] || !is_op(g.nodes[it->second], op) ||
+        scan.uses.sole_reader(v) != reader)
+      return std::nullopt;
+    return it->second;
+  };
+  const auto it_reshape = scan.producers.find(reshape.outputs[0]);
+  if (it_reshape == scan.producers.end()) return false;
+  const auto concat = producer(reshape.inputs[1], "Concat", int(it_reshape->second));
+  if (!concat || g.nodes[*concat].attr_int("axis", 0) != 0) return false;
+  const std::string last = g.nodes[*concat].inputs.back();
+  if (const Tensor* c = constant_tensor(g, last)) return c->numel() == 1 && c->item_as_int() == classes;
+  const auto unsqueeze = producer(last, "Unsqueeze", int(*concat));
+  if (!unsqueeze) return false;
+  const auto gather = producer(g.nodes[*unsqueeze].inputs[0], "Gather", int(*unsqueeze));
+  if (!gather || g.nodes[*gather].attr_int("axis", 0) != 0) return false;
+  const Tensor* index = constant_tensor(g, g.nodes[*gather].inputs[1]);
+  if (!index || index->numel() != 1 || (index->item_as_int() != rank - 1 && index->item_as_int() != -1)) return false;
+  const auto shape = producer(g.nodes[*gather].inputs[0], "Shape", int(*gather));
+  const Node* shape_node = shape ? &g.nodes[*shape] : nullptr;
+  if (!shape_node || shape_node->inputs[0] != logits || shape_node->has_attr("start") || shape_node->has_attr("end")) return false;
+  // The logits are read by the Reshape and this Shape only.
+  auto readers = scan.uses.readers.find(logits);
+  if (readers == scan.uses.readers.end() || readers->second.size() != 2 || scan.uses.graph_outputs.count(logits)) return false;
+  chain.insert(chain.end(), {*concat, *unsqueeze, *gather, *shape});
+  return true;
+}
+
+}  // namespace
+
+// logits = A op(B) (+ bias) -> [Reshape to [rows, C] | Transpose [B, S, C] -> [B, C, S]] ->
+// SoftmaxCrossEntropyLoss (mean or sum, no class weights, log_prob unread) -> one
+// onnxtrain.LinearSoftmaxCrossEntropy (src/ops/loss/linear_cross_entropy.cc), when the logits and
+// the layout op have the loss as their only reader. Both layouts keep A's row order: a Reshape to
+// [*, C] of [..., C] flattens the leading dims row-major, and [B, C, S]'s targets [B, S] are
+// A's rows in order. The unit-gradient outputs are named; drop_unread_unit_gradients clears those
+// the gradient graph does not read.
+int fuse_linear_cross_entropy(Graph& g) {
+  if (!FUSED_OP_BUILT("LinearSoftmaxCrossEntropy")) return 0;
+  FusionScan scan(g);
+  for (size_t s = 0; s < g.nodes.size(); ++s) {
+    const Node& sce = g.nodes[s];
+    const bool sce_op = sce.op_type == "SoftmaxCrossEntropyLoss" && (sce.domain.empty() || sce.domain == kOnnxTrainDomain);
+    if (!sce_op || sce.inputs.size() != 2 || sce.has_output(1) || sce.attr_string("reduction", "mean") == "none") continue;
+    // The layout op between the product and the loss, if any.
+    std::string logits = sce.inputs[0];
+    std::vector<size_t> absorbed{s};
+    auto p = scan.producers.find(logits);
+    if (p == scan.producers.end() || scan.removed[p->second] || scan.uses.sole_reader(logits) != int(s)) continue;
+    const auto scores = known_shape(g, logits);
+    if (!scores || scores->size() < 2) continue;
+    const Node* layout = &g.nodes[p->second];
+    if (is_op(*layout, "Reshape") || is_op(*layout, "Transpose")) {
+      const auto from = known_shape(g, layout->inputs[0]);
+      if (!from || from->size() < 2 || from->back() <= 0) continue;
+      const int64_t classes = from->back();
+      std::vector<size_t> shape_chain;  // the nodes reading the logits' shape for the Reshape
+      const bool rows_kept =
+          is_op(*layout, "Reshape")
+              ? scores->size() == 2 && ((*scores)[1] == classes ||
+                                        reshape_keeps_classes(g, scan, *layout, layout->inputs[0], int64_t(from->size()),
+                                                              classes, shape_chain))
+              : from->size() == 3 && layout->has_attr("perm") && layout->attr_ints("perm") == std::vector<int64_t>{0, 2, 1};
+      if (!rows_kept) continue;
+      const size_t layout_index = p->second;
+      logits = layout->inputs[0];
+      p = scan.producers.find(logits);
+      const bool sole = shape_chain.empty() ? scan.uses.sole_reader(logits) == int(layout_index)
+                                            : !scan.uses.graph_outputs.count(logits);  // checked with the chain
+      if (p == scan.producers.end() || scan.removed[p->second] || !sole) continue;
+      absorbed.push_back(layout_index);
+      absorbed.insert(absorbed.end(), shape_chain.begin(), shape_chain.end());
+    } else if (scores->size() != 2) {
+      continue;  // [N, C, d...] scores straight from a product: not rows of A
+    }
+    // Before fuse_matmul: nn.Linear's bias as Add(MatMul(A, B), bias), bias [C].
+    std::string bias;
+    if (is_op(g.nodes[p->second], "Add")) {
+      const Node& add = g.nodes[p->second];
+      const size_t add_index = p->second;
+      bool found = false;
+      for (int k = 0; k < 2 && !found; ++k) {
+        const std::string product = add.inputs[size_t(k)], other = add.inputs[size_t(1 - k)];
+        auto q = scan.producers.find(product);
+        const auto bs = known_shape(g, other);
+        const auto ps = known_shape(g, product);
+        if (q == scan.producers.end() || scan.removed[q->second] || !is_op(g.nodes[q->second], "MatMul") ||
+            scan.uses.sole_reader(product) != int(add_index) || !bs || bs->size() != 1 || !ps || ps->empty() ||
+            (*bs)[0] != ps->back() || (*bs)[0] <= 0)
+          continue;
+        bias = other;
+        absorbed.push_back(add_index);
+        p = q;
+        found = true;
+      }
+      if (!found) continue;
+    }
+    // The product: MatMul(A, B) or FusedMatMul(A, B [, bias]) with a 2-D B, no transA, alpha 1.
+    const Node& mm = g.nodes[p->second];
+    const bool plain = is_op(mm, "MatMul");
+    const bool fused = mm.op_type == "FusedMatMul" && mm.domain == kOnnxTrainDomain && mm.attr_int("transA", 0) == 0 &&
+                       mm.attr_float("alpha", 1.0f) == 1.0f && mm.attr_int("output_dtype", 0) == 0;
+    if ((!plain && !fused) || (!bias.empty() && !plain)) continue;
+    const auto a_shape = known_shape(g, mm.inputs[0]);
+    const auto b_shape = known_shape(g, mm.inputs[1]);
+    const DType dt = known_dtype(g, mm.inputs[0]);
+    if (!a_shape || a_shape->size() < 2 || !b_shape || b_shape->size() != 2 || known_dtype(g, mm.inputs[1]) != dt ||
+        (dt != DType::kFloat32 && dt != DType::kFloat64))
+      continue;
+    const size_t mm_index = p->second;
+    absorbed.push_back(mm_index);
+    // nn.Linear's MatMul(A, Transpose(W)) before fuse_matmul has folded it: read W with transB.
+    std::string b = mm.inputs[1];
+    bool trans_b = fused && mm.attr_int("transB", 0) != 0;
+    if (auto t = scan.producers.find(b); plain && t != scan.producers.end() && !scan.removed[t->second] &&
+                                         is_op(g.nodes[t->second], "Transpose") &&
+                                         g.nodes[t->second].attr_ints("perm") == std::vector<int64_t>{1, 0} &&
+                                         scan.uses.sole_reader(b) == int(mm_index)) {
+      b = g.nodes[t->second].inputs[0];
+      trans_b = true;
+      absorbed.push_back(t->second);
+    }
+
+    Node lce;
+    lce.op_type = "LinearSoftmaxCrossEntropy";
+    lce.domain = kOnnxTrainDomain;
+    lce.name = sce.name + "/linear_fused";
+    lce.inputs = {mm.inputs[0], b, sce.inputs[1]};
+    if (mm.inputs.size() > 2 && !mm.inputs[2].empty()) lce.inputs.push_back(mm.inputs[2]);
+    if (!bias.empty()) lce.inputs.push_back(bias);
+    if (trans_b) lce.attributes["transB"] = Attribute::of(int64_t(1));
+    lce.attributes["reduction"] = Attribute::of(sce.attr_string("reduction", "mean"));
+    if (sce.has_attr("ignore_index")) lce.attributes["ignore_index"] = Attribute::of(sce.attr_int("ignore_index", 0));
+    const std::string base = sce.outputs[0];
+    lce.outputs = {base, base + "/dA_unit", base + "/dB_unit"};
+    if (lce.inputs.size() > 3) lce.outputs.push_back(base + "/dbias_unit");
+    for (size_t k : absorbed) scan.removed[k] = 1;
+    g.nodes[s] = lce;  // where the loss stood: every input is defined before it
+    scan.removed[s] = 0;
+    ++scan.rewrites;
+  }
+  return scan.finish();
+}
+
+int drop_unread_unit_gradients(Graph& g) {
+  std::unordered_set<std::string> read;
+  for (const auto& n : g.nodes)
+    for (const auto& in : n.inputs) read.insert(in);
+  for (const auto& o : g.outputs) read.insert(o.name);
+  int dropped = 0;
+  for (auto& n : g.nodes) {
+    if (n.op_type != "LinearSoftmaxCrossEntropy" || n.domain != kOnnxTrainDomain) continue;
+    for (size_t i = 1; i < n.outputs.size(); ++i)
+      if (!n.outputs[i].empty() && !read.count(n.outputs[i])) {
+        n.outputs[i].clear();
+        ++dropped;
+      }
+    while (n.outputs.size() > 1 && n.outputs.back().empty()) n.outputs.pop_back();
+  }
+  return dropped;
+}
+
+}  // namespace onnxtrain

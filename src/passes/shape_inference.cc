@@ -35,6 +35,14 @@ std::optional<Shape> known_shape(const Graph& g, const std::string& v) {
   return std::nullopt;
 }
 
+DType known_dtype(const Graph& g, const std::string& v) {
+  if (auto it = g.initializers.find(v); it != g.initializers.end()) return it->second.dtype();
+  if (auto it = g.value_info.find(v); it != g.value_info.end()) return it->second.dtype;
+  for (const auto& in : g.inputs)
+    if (in.name == v) return in.info.dtype;
+  return DType::kUndefined;
+}
+
 ShapeInferenceStats infer_shapes(Graph& graph, const std::map<std::string, int64_t>& opsets) {
   ShapeInferenceStats stats;
   std::map<std::string, ValueInfo> known;

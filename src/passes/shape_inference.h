@@ -23,6 +23,8 @@ ShapeInferenceStats infer_shapes(Graph& graph, const std::map<std::string, int64
 // The shape shape inference (or the model) recorded for a value: an initializer's, a graph
 // input's or an annotation; nullopt when the rank is unknown.
 std::optional<Shape> known_shape(const Graph& graph, const std::string& value);
+// Its dtype from the same records; kUndefined when none has it.
+DType known_dtype(const Graph& graph, const std::string& value);
 
 // True for ops whose outputs are not a function of their inputs alone (random), or that write
 // their inputs (parameter updates):

@@ -13,14 +13,6 @@ namespace {
 
 constexpr const char* kWhere = "[sparsity] ";
 
-DType known_dtype(const Graph& g, const std::string& v) {
-  if (auto it = g.initializers.find(v); it != g.initializers.end()) return it->second.dtype();
-  if (auto it = g.value_info.find(v); it != g.value_info.end()) return it->second.dtype;
-  for (const auto& in : g.inputs)
-    if (in.name == v) return in.info.dtype;
-  return DType::kUndefined;
-}
-
 bool is_label_loss(const Node& n) {
   return (n.domain.empty() || n.domain == kOnnxTrainDomain) && n.has_attr("ignore_index") &&
          (n.op_type == "SoftmaxCrossEntropyLoss" || n.op_type == "NegativeLogLikelihoodLoss");

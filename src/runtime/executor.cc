@@ -41,10 +41,16 @@ void release_freed_heap() {
 Tensor recording_output(DType dtype, const Shape& shape) {
 #if defined(__unix__)
   constexpr size_t kMappedFrom = size_t(1) << 16;  // below this, the heap is cheaper than a syscall
-  const size_t bytes = size_t(numel(shape)) * dtype_size(dtype);
+  const size_t bytes = checked_tensor_bytes(dtype, shape);
   if (bytes >= kMappedFrom) {
+    charge_storage(bytes);  // the memory limit (include/onnxtrain/limits.h)
     void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p != MAP_FAILED) return Tensor::borrow(dtype, shape, p, std::shared_ptr<void>(p, [bytes](void* q) { munmap(q, bytes); }));
+    if (p != MAP_FAILED)
+      return Tensor::borrow(dtype, shape, p, std::shared_ptr<void>(p, [bytes](void* q) {
+                              munmap(q, bytes);
+                              release_storage(bytes);
+                            }));
+    release_storage(bytes);
   }
 #endif
   return Tensor::empty(dtype, shape);

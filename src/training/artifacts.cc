@@ -326,6 +326,10 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   // the eval graph returns the model's outputs whole.
   if (o.label_sparsity) compute_kept_labels_only(fused);
   fuse_for_training(fused);
+  // The output layer and its loss in one op, fp32 only (under mixed precision the head is a bf16 GEMM);
+  // not for ONNX Runtime, which has no such op (to_ort_training_graphs).
+  if (low == DType::kUndefined && !o.ort_compatible && fuse_linear_cross_entropy(fused.graph))
+    fused.opsets.emplace(kOnnxTrainDomain, 1);
   if (low != DType::kUndefined)  // GEMMs in bf16; parameters stay fp32 inputs, cast once per step
     convert_to_mixed_precision(fused, low, std::set<std::string>(param_order.begin(), param_order.end()));
   // fp16: the backward starts from loss * scale, and the gradients leave the graph unscaled.
@@ -333,6 +337,7 @@ TrainingGraphs build_training_graphs(const Model& inference, const TrainingGraph
   const std::string differentiated = loss_scaling ? scale_loss(fused, "loss") : std::string("loss");
   Model training = build_gradient_graph(fused, out.trainable, {differentiated}, &info);
   if (loss_scaling) unscale_gradients(training, info.gradient_outputs);
+  drop_unread_unit_gradients(training.graph);
   if (low != DType::kUndefined) fold_casts_into_gemms(training);
   out.gradient_outputs = info.gradient_outputs;
   for (const auto& u : updates) {

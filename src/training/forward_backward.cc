@@ -236,6 +236,13 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   // differentiating the pieces. Inference-only fusions (FusedConv, no gradient) wait until the
   // whole graph is built.
   if (o.optimize) simplify_graph(m);
+  // The output layer and its loss in one op (fp32: under mixed precision the head's GEMM is bf16),
+  // before the row passes: it skips ignored labels' rows itself, and with symbolic dims the label
+  // pass would gather the logits' rows, which leaves nothing to fuse.
+  if (low == DType::kUndefined) {
+    infer_shapes(g, m.opsets);  // the fusion checks operand shapes
+    if (fuse_linear_cross_entropy(g)) m.opsets.emplace(kOnnxTrainDomain, 1);
+  }
   optimize_rows(m, o);
   fuse_for_training(m);
   if (low != DType::kUndefined) convert_to_mixed_precision(m, low);  // host values stay fp32 inputs
@@ -247,6 +254,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   fb.seeded_outputs = info.seeded_outputs;
   fb.seeds = info.seed_inputs;
   fb.gradients = info.gradient_outputs;
+  drop_unread_unit_gradients(full.graph);
   if (o.optimize) optimize_for_inference(full);
   if (low != DType::kUndefined) fold_casts_into_gemms(full);
   full.graph.topological_sort();

@@ -12,6 +12,7 @@
 #include "optim/loss_scaler.h"
 #include "passes/memory_optimizer.h"
 #include "training/lora.h"
+#include "training/ort_export.h"
 
 namespace onnxtrain {
 
@@ -110,6 +111,8 @@ void write_ops_file(const std::filesystem::path& path, std::initializer_list<con
 ArtifactPaths generate_artifacts(const Model& original, const ArtifactOptions& input_options) {
   namespace fs = std::filesystem;
   ArtifactOptions options = input_options;
+  const bool for_ort = options.graphs.ort_compatible;
+  if (for_ort) check_ort_compatible(options);
   std::vector<std::string> named = options.graphs.requires_grad;
   named.insert(named.end(), options.graphs.frozen_params.begin(), options.graphs.frozen_params.end());
   Model model = promote_constant_parameters(original, named);  // Constant-node weights
@@ -121,7 +124,8 @@ ArtifactPaths generate_artifacts(const Model& original, const ArtifactOptions& i
     }
   TrainingGraphs graphs = build_training_graphs(model, options.graphs);
   if (adapted) keep_base_in_graphs(graphs, model);
-  Model optimizer = build_optimizer_model(graphs, options.optimizer);
+  if (for_ort) to_ort_training_graphs(graphs);
+  Model optimizer = for_ort ? ort_optimizer_model(options.optimizer) : build_optimizer_model(graphs, options.optimizer);
   if (options.memory.level != 0 || !options.memory.config.empty()) {
     std::vector<std::string> forward_outputs;  // the loss, additional outputs and buffer updates
     for (const auto& out : graphs.training.graph.outputs)
@@ -157,7 +161,7 @@ ArtifactPaths generate_artifacts(const Model& original, const ArtifactOptions& i
     state.add_property(CheckpointState::kSkippedStepsProperty, int64_t{0});
   }
   if (adapted) state.add_property(kLoraBaseHashProperty, lora_info(model).base_hash);
-  state.save(out.checkpoint, false);
+  state.save(out.checkpoint, false, for_ort ? CheckpointFormat::kOrt : CheckpointFormat::kOnnxtrain);
   write_ops_file(fs::path(options.directory) / (options.prefix + "ops.txt"), {&graphs.training, &graphs.eval, &optimizer});
   return out;
 }

@@ -1,6 +1,9 @@
 #include "training/lora.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <map>
 #include <filesystem>
 #include <set>
 
@@ -13,6 +16,7 @@ namespace onnxtrain {
 namespace {
 
 constexpr const char* kWhere = "LoRA: ";
+const std::string kPeftPrefix = "base_model.model.";  // PEFT's key prefix in adapter_model.safetensors
 
 }  // namespace
 
@@ -38,14 +42,31 @@ LoraInfo lora_info(const Model& model) {
   LoraInfo info;
   auto it = model.metadata.find(kMetaLora);
   if (it == model.metadata.end()) return info;
-  json::Value v = json::parse(it->second);
-  info.rank = v.find("rank")->as_int();
-  info.alpha = v.find("alpha")->as_double();
-  info.base_hash = v.find("base_hash")->as_string();
-  for (const auto& e : v.find("adapters")->as_array())
-    info.adapters.push_back({e.find("node")->as_string(), e.find("module")->as_string(), e.find("weight")->as_string(),
-                             e.find("A")->as_string(), e.find("B")->as_string(), e.find("in")->as_int(),
-                             e.find("out")->as_int()});
+  // The record comes from a file: every key is checked, and an error names the metadata key.
+  auto field = [](const json::Value& object, const char* key) -> const json::Value& {
+    const json::Value* v = object.is_object() ? object.find(key) : nullptr;
+    OT_CHECK(v, object.is_object() ? "missing key '" : "expected an object with key '", key, "'");
+    return *v;
+  };
+  try {
+    json::Value v = json::parse(it->second);
+    info.rank = field(v, "rank").as_int();
+    info.alpha = field(v, "alpha").as_double();
+    info.base_hash = field(v, "base_hash").as_string();
+    if (const json::Value* d = v.find("dropout")) info.dropout = d->as_double();
+    OT_CHECK(info.rank > 0 && std::isfinite(info.alpha), "rank ", info.rank, " and alpha ", info.alpha,
+             " should be a positive integer and a finite number");
+    for (const auto& e : field(v, "adapters").as_array()) {
+      LoraAdapter a{field(e, "node").as_string(), field(e, "module").as_string(), field(e, "weight").as_string(),
+                    field(e, "A").as_string(), field(e, "B").as_string(), field(e, "in").as_int(),
+                    field(e, "out").as_int()};
+      OT_CHECK(a.in > 0 && a.out > 0, "adapter '", a.module, "' has in ", a.in, " and out ", a.out,
+               "; both should be positive");
+      info.adapters.push_back(std::move(a));
+    }
+  } catch (const Error& e) {
+    OT_THROW(kInvalidModel, kWhere, "metadata '", kMetaLora, "' is malformed: ", e.what());
+  }
   return info;
 }
 
@@ -62,7 +83,8 @@ int merge_lora(Model& model) {
     const Node* add = nullptr;
     for (const auto& m : g.nodes)
       if (m.name == a.node + "/lora_add") add = &m;
-    OT_CHECK(add, kWhere, "merge: the adapter branch of '", a.module, "' is missing");
+    OT_CHECK(add && !add->inputs.empty() && !add->outputs.empty(), kWhere, "merge: the adapter branch of '", a.module,
+             "' is missing");
     auto producers = g.producers();
     auto pit = producers.find(add->inputs[0]);
     OT_CHECK(pit != producers.end(), kWhere, "merge: no node computes the base output of '", a.module, "'");
@@ -74,6 +96,7 @@ int merge_lora(Model& model) {
     Tensor w = g.initializers.at(a.weight).clone();
     OT_CHECK(w.dtype() == DType::kFloat32 && ta.dtype() == DType::kFloat32, kWhere, "merge: '", a.module,
              "' is not float32");
+    OT_CHECK(n.inputs.size() >= 2, kWhere, "merge: ", n.op_type, " node '", n.name, "' has no weight input");
     bool nk;  // W stored [N, K]
     if (n.op_type == "Gemm" || n.op_type == "FusedMatMul") {
       OT_CHECK(n.attr_int("transA", 0) == 0 && n.attr_float("alpha", 1.0f) == 1.0f && n.inputs[1] == a.weight,
@@ -83,7 +106,13 @@ int merge_lora(Model& model) {
       OT_CHECK(n.op_type == "MatMul", kWhere, "merge: cannot fold into ", n.op_type, " node '", n.name, "'");
       nk = n.inputs[1] != a.weight;  // through Transpose(W)
     }
-    const int64_t r = ta.dim(0), K = a.in, N = a.out;
+    // The recorded sizes must be the tensors' own: A [r, K], B [N, r], W [K, N] (or [N, K]).
+    const int64_t r = info.rank, K = a.in, N = a.out;
+    const Shape w_shape = nk ? Shape{N, K} : Shape{K, N};
+    OT_CHECK(tb.dtype() == DType::kFloat32 && ta.shape() == Shape({r, K}) && tb.shape() == Shape({N, r}) &&
+                 w.shape() == w_shape,
+             kWhere, "merge: adapter '", a.module, "' records rank ", r, ", in ", K, " and out ", N, ", but A is ",
+             shape_str(ta.shape()), ", B ", shape_str(tb.shape()), " and the weight ", shape_str(w.shape()));
     const float *pa = ta.data<float>(), *pb = tb.data<float>();
     float* pw = w.data<float>();
     for (int64_t k = 0; k < K; ++k)
@@ -115,9 +144,63 @@ void export_lora_adapters(const std::string& model_path, const CheckpointState& 
   for (const auto& a : info.adapters)
     for (const std::string& name : {a.a, a.b}) {
       OT_CHECK(state.has_parameter(name), "export_lora_adapters: the checkpoint has no adapter '", name, "'");
-      tensors.emplace_back("base_model.model." + name, state.parameter(name).data());
+      tensors.emplace_back(kPeftPrefix + name, state.parameter(name).data());
     }
   safetensors::write(path, {{"format", "pt"}, {"onnxtrain.lora.base_hash", info.base_hash}}, tensors);
+}
+
+namespace {
+
+// A PEFT adapter tensor as float32 (PEFT saves the dtype the model trained in).
+Tensor adapter_as_float(const Tensor& t, const std::string& where) {
+  Tensor out = Tensor::empty(DType::kFloat32, t.shape());
+  float* o = out.data<float>();
+  const int64_t n = t.numel();
+  switch (t.dtype()) {
+    case DType::kFloat32: std::copy_n(t.data<float>(), n, o); break;
+    case DType::kFloat64: for (int64_t i = 0; i < n; ++i) o[i] = float(t.data<double>()[i]); break;
+    case DType::kFloat16: for (int64_t i = 0; i < n; ++i) o[i] = float(t.data<float16>()[i]); break;
+    case DType::kBFloat16: for (int64_t i = 0; i < n; ++i) o[i] = float(t.data<bfloat16>()[i]); break;
+    default: OT_THROW(kInvalidModel, where, ": expected a floating-point tensor, got ", dtype_name(t.dtype()));
+  }
+  return out;
+}
+
+}  // namespace
+
+void import_lora_adapters(const std::string& model_path, CheckpointState& state, const std::string& path) {
+  const LoraInfo info = lora_info(load_model(model_path));
+  OT_CHECK(!info.adapters.empty(), "import_lora_adapters: '", model_path, "' has no LoRA adapters");
+  safetensors::Contents file;
+  try {
+    file = safetensors::read(path);
+  } catch (const Error& e) {
+    throw Error(e.code(), "import_lora_adapters: '" + path + "': " + e.what());
+  }
+  std::map<std::string, const Tensor*> in_file;
+  for (const auto& [key, t] : file.tensors) in_file[key] = &t;
+  // Everything is checked before any parameter changes: a bad file leaves the state as it was.
+  std::vector<std::pair<std::string, Tensor>> values;
+  for (const auto& a : info.adapters)
+    for (const std::string& name : {a.a, a.b}) {
+      const std::string key = kPeftPrefix + name, where = "import_lora_adapters: '" + path + "' tensor '" + key + "'";
+      auto it = in_file.find(key);
+      OT_CHECK(it != in_file.end(), "import_lora_adapters: '", path, "' has no '", key, "' (the adapter of module '",
+               a.module, "' in these artifacts); PEFT's target_modules must select the same layers");
+      OT_CHECK(state.has_parameter(name), "import_lora_adapters: the checkpoint has no adapter '", name, "'");
+      const Shape& want = state.parameter(name).shape();
+      OT_CHECK(it->second->shape() == want, where, ": expected shape ", shape_str(want), " (rank ", info.rank,
+               "), got ", shape_str(it->second->shape()));
+      values.emplace_back(name, adapter_as_float(*it->second, where));
+      in_file.erase(it);
+    }
+  if (!in_file.empty()) {
+    std::string extra;
+    for (const auto& [key, t] : in_file) extra += (extra.empty() ? "'" : ", '") + key + "'";
+    OT_THROW(kInvalidArgument, "import_lora_adapters: '", path, "' holds tensors these artifacts have no adapter for: ",
+             extra);
+  }
+  for (const auto& [name, value] : values) state.set_parameter(name, value);
 }
 
 }  // namespace onnxtrain

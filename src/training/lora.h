@@ -33,6 +33,7 @@ std::vector<LoraAdapter> apply_lora(Model& model, const LoraConfig& config);
 struct LoraInfo {
   int64_t rank = 0;
   double alpha = 0;
+  double dropout = 0;
   std::string base_hash;
   std::vector<LoraAdapter> adapters;
 };

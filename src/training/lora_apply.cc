@@ -91,8 +91,13 @@ std::vector<Candidate> candidates(const Model& model) {
   return out;
 }
 
-bool matches(const Candidate& c, const Node& n, const std::string& p) {
-  return name_matches(c.module, p) || name_matches(n.name, p) || name_matches(c.weight, p);
+// PEFT's target_modules rule: a layer whose module path is `p`, or ends in "." + p ("fc" adapts
+// "fc" and "block.fc", never "fc2" or "fc_out"). A pattern with * ? [ is a glob over the module path.
+bool matches(const Candidate& c, const std::string& p) {
+  if (p.find_first_of("*?[") != std::string::npos) return name_matches(c.module, p);
+  const std::string& m = c.module;
+  return m == p || (m.size() > p.size() && m.compare(m.size() - p.size(), p.size(), p) == 0 &&
+                    m[m.size() - p.size() - 1] == '.');
 }
 
 json::Value to_json(const std::vector<LoraAdapter>& adapters, const LoraConfig& cfg, const std::string& hash) {
@@ -137,7 +142,7 @@ std::vector<LoraAdapter> apply_lora(Model& model, const LoraConfig& cfg) {
   for (const auto& p : cfg.target) {
     bool any = false;
     for (size_t i = 0; i < cands.size(); ++i)
-      if (matches(cands[i], g.nodes[cands[i].node], p)) chosen[i] = any = true;
+      if (matches(cands[i], p)) chosen[i] = any = true;
     OT_CHECK(any, kWhere, "target '", p, "' matches no layer; candidates: ", candidate_list());
   }
   if (cfg.dropout > 0) {

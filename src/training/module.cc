@@ -173,7 +173,7 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
   }
   if (is_ort_training_model(training_model)) {  // ONNX Runtime's generator wrote these artifacts
     adapt_ort_training_model(training_model, state);
-    if (eval_model) adapt_ort_eval_model(*eval_model);
+    if (eval_model) adapt_ort_eval_model(*eval_model, state);
   }
   bind(graphs_->training, std::move(training_model), state, "training");
   if (auto it = graphs_->training.model().metadata.find(kMetaLossScaleInput);

@@ -48,8 +48,31 @@ bool is_ort_training_model(const Model& model) {
   return reset && buffer;
 }
 
-void adapt_ort_training_model(Model& model, const CheckpointState& state) {
+namespace {
+
+// An initializer that the checkpoint holds becomes a graph input bound to it.
+void initializer_to_input(Graph& g, const std::string& name) {
+  auto it = g.initializers.find(name);
+  if (it == g.initializers.end()) return;
+  g.inputs.push_back({name, ValueInfo{it->second.dtype(), it->second.shape(), {}}});
+  g.initializers.erase(it);
+}
+
+}  // namespace
+
+void adapt_ort_training_model(Model& model, CheckpointState& state) {
   Graph& g = model.graph;
+  // The running statistics ORT's default checkpoint leaves in the graph (onnxruntime#19370: ORT
+  // never updates them) move to the checkpoint, so that training updates them as torch does.
+  for (const Node& n : g.nodes) {
+    if (n.domain != kMsDomain || n.op_type != "BatchNormInternal") continue;
+    for (size_t k : {size_t(3), size_t(4)}) {
+      if (!n.has_input(k) || !g.is_initializer(n.inputs[k])) continue;
+      if (!state.has_parameter(n.inputs[k]))
+        state.add_parameter(n.inputs[k], g.initializers.at(n.inputs[k]).clone(), /*requires_grad=*/false);
+      initializer_to_input(g, n.inputs[k]);
+    }
+  }
   std::set<std::string> dropped_outputs;
   std::vector<Node> kept;
   std::vector<Node> added;
@@ -116,8 +139,12 @@ void adapt_ort_training_model(Model& model, const CheckpointState& state) {
   check_ops(model, "training");
 }
 
-void adapt_ort_eval_model(Model& model) {
+void adapt_ort_eval_model(Model& model, const CheckpointState& state) {
   Graph& g = model.graph;
+  std::vector<std::string> held;
+  for (const auto& [name, t] : g.initializers)
+    if (state.has_parameter(name)) held.push_back(name);
+  for (const auto& name : held) initializer_to_input(g, name);
   std::set<std::string> read;
   for (const Node& n : g.nodes) read.insert(n.inputs.begin(), n.inputs.end());
   for (Node& n : g.nodes) {

@@ -16,8 +16,10 @@
 #include <optional>
 #include <set>
 
+#include "core/crc32c.h"
 #include "core/file_io.h"
 #include "core/memory.h"
+#include "training/ort_checkpoint_trailer.h"
 
 namespace onnxtrain::ort_checkpoint {
 
@@ -318,6 +320,7 @@ CheckpointState read(const std::string& path) {
   if (!has_identifier(map.p, map.size))
     OT_THROW(kInvalidModel, "file identifier: expected \"ODTC\" at byte 4, got \"",
              std::string(reinterpret_cast<const char*>(map.p) + 4, 4), "\"");
+  const std::optional<Trailer> trailer = check_trailer(map.p, map.size);  // files from ORT have none
 
   // ---- structure, all of it validated before any tensor is allocated
   Table root(b, b.follow(0, "root offset"), "checkpoint");
@@ -393,7 +396,10 @@ CheckpointState read(const std::string& path) {
     for (auto& [p, ms_] : g.states)
       for (auto& r : ms_) all.push_back(&r);
   std::optional<OpenFile> external;
-  const std::string external_path = path + ".data";
+  std::string external_path = path + ".data";
+  const bool any_external =
+      std::any_of(all.begin(), all.end(), [](const TensorRef* r) { return r->where == TensorRef::Where::kExternal; });
+  if (trailer && any_external) external_path = matching_external_data(path, *trailer);
   for (TensorRef* r : all) {
     if (r->where != TensorRef::Where::kExternal) continue;
     if (!external_byte)
@@ -771,34 +777,45 @@ void write(const CheckpointState& state, const std::string& path, bool include_o
     ext_end += p.nbytes;
   }
 
-  // ---- the files
-  auto write_main = [&](int fd, const std::string& what) {
-    file_io::write_all(fd, fb.b.data(), fb.b.size(), what);
-    uint64_t at = fb.b.size();
-    static const uint8_t zeros[64] = {};
-    for (size_t i = 0; i < L.inline_data.size(); ++i) {
-      file_io::write_all(fd, zeros, size_t(starts[i] - at), what);
-      const uint32_t n = uint32_t(L.inline_data[i].nbytes);
-      file_io::write_all(fd, &n, 4, what);
-      file_io::write_all(fd, L.inline_data[i].data, L.inline_data[i].nbytes, what);
-      at = starts[i] + 4 + n;
-    }
-  };
-  if (!L.external) {
-    file_io::write_file_atomically(path, write_main);
-    return;
-  }
+  // ---- the files (ort_checkpoint_trailer.h: the trailer and the commit of both files)
+  Trailer trailer;
   auto write_external = [&](int fd, const std::string& what) {
     static const uint8_t zeros[64] = {};
+    auto put = [&](const void* p, size_t n) {
+      file_io::write_all(fd, p, n, what);
+      trailer.data_crc = crc32c(trailer.data_crc, p, n);
+      trailer.data_bytes += n;
+    };
+    trailer = {};
     uint64_t at = 0;
     for (const Pending& p : L.external_data) {
       const uint64_t gap = (64 - at % 64) % 64;
-      file_io::write_all(fd, zeros, size_t(gap), what);
-      file_io::write_all(fd, p.data, p.nbytes, what);
+      put(zeros, size_t(gap));
+      put(p.data, p.nbytes);
       at += gap + p.nbytes;
     }
   };
-  file_io::write_files_atomically({{path + ".data", write_external}, {path, write_main}});
+  auto write_main = [&](int fd, const std::string& what) {
+    uint32_t crc = 0;
+    auto put = [&](const void* p, size_t n) {
+      file_io::write_all(fd, p, n, what);
+      crc = crc32c(crc, p, n);
+    };
+    put(fb.b.data(), fb.b.size());
+    uint64_t at = fb.b.size();
+    static const uint8_t zeros[64] = {};
+    for (size_t i = 0; i < L.inline_data.size(); ++i) {
+      put(zeros, size_t(starts[i] - at));
+      const uint32_t n = uint32_t(L.inline_data[i].nbytes);
+      put(&n, 4);
+      put(L.inline_data[i].data, L.inline_data[i].nbytes);
+      at = starts[i] + 4 + n;
+    }
+    const auto tail = encode_trailer(crc, trailer);  // the external file is written first
+    file_io::write_all(fd, tail.data(), tail.size(), what);
+  };
+  const file_io::FileWriter external_writer = write_external;
+  commit(path, write_main, L.external ? &external_writer : nullptr);
 }
 
 }  // namespace onnxtrain::ort_checkpoint

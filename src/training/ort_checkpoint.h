@@ -56,7 +56,8 @@ struct WriteOptions {
   // Tensor bytes above which "<path>.data" is used; kExternalWhenNeeded: when past 2 GiB.
   uint64_t external_threshold = kExternalWhenNeeded;
 };
-// Writes atomically (both files, when there is external data, go to temporary files first).
+// Writes atomically, with onnxtrain's CRC trailer; with external data the two files are replaced
+// as one unit (training/ort_checkpoint_trailer.h), and read() verifies both CRCs.
 // Throws kInvalidArgument for what ORT's format cannot hold, before any file is touched.
 void write(const CheckpointState& state, const std::string& path, bool include_optimizer_state,
            const WriteOptions& options = {});

@@ -274,6 +274,7 @@ FitOutcome Trainer::fit(const Dataset& train, const TrainOptions& o, const Datas
     state_.add_property(kProgressDropLast, int64_t(o.drop_last));
     state_.add_property(kProgressExamples, train.size());
     state_.add_property(kProgressWorldSize, int64_t(ranks.size));
+    if (cb.before_checkpoint && ranks.rank == 0) cb.before_checkpoint(step);
     if (ranks.rank == 0) save(path);  // atomic; the other ranks hold the same state
     if (ranks.comm) ranks.comm->barrier();  // the file is complete before anyone goes on
     if (cb.on_checkpoint && ranks.rank == 0) cb.on_checkpoint(path, step);

@@ -101,6 +101,8 @@ struct TrainCallbacks {
   std::function<void(const StepReport&)> on_step;
   std::function<void(const EpochReport&)> on_epoch;
   std::function<void(const std::string& path, int64_t step)> on_checkpoint;
+  // Before the checkpoint of update `step` is written (rank 0): what must be durable first.
+  std::function<void(int64_t step)> before_checkpoint;
 };
 
 enum class FitOutcome { kFinished, kStoppedAtMaxSteps, kAlreadyDone };

@@ -111,6 +111,7 @@ TEST_F(ExternalDataTest, MalformedEntriesAreErrorsNamingTheTensor) {
   expect_bad_external(path("m.onnx"), "offset", "12abc", "is not a non-negative integer");
   expect_bad_external(path("m.onnx"), "offset", "-4096", "is not a non-negative integer");
   expect_bad_external(path("m.onnx"), "offset", "1000000", "is outside");
+  expect_bad_external(path("m.onnx"), "offset", "9223372036854775800", "is outside");  // offset + length overflows
   expect_bad_external(path("m.onnx"), "length", "4", "does not match");
   expect_bad_external(path("m.onnx"), "location", "../m.onnx.data", "must be a relative path");
   expect_bad_external(path("m.onnx"), "location", "missing.data", "cannot open external data file");
@@ -122,6 +123,26 @@ TEST_F(ExternalDataTest, MalformedEntriesAreErrorsNamingTheTensor) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("is outside"), std::string::npos) << e.what();
   }
+}
+
+// A location may pass through a symbolic link only while it resolves inside the model folder: a
+// link out of the folder would let a model read any file of the machine.
+TEST_F(ExternalDataTest, LinksOutOfTheModelFolderAreRefused) {
+  fs::create_directories(path("model/sub"));
+  fs::create_directories(path("outside"));
+  save_model(model_with_initializers(), path("model/m.onnx"), /*force_external_data=*/true);
+  fs::copy_file(path("model/m.onnx.data"), path("outside/m.onnx.data"));
+  fs::copy_file(path("model/m.onnx.data"), path("model/sub/m.onnx.data"));
+  fs::create_directory_symlink("../outside", path("model/escape"));
+  fs::create_directory_symlink("sub", path("model/inside"));
+  expect_bad_external(path("model/m.onnx"), "location", "escape/m.onnx.data", "outside the model folder");
+  expect_bad_external(path("model/m.onnx"), "location", "sub", "is not a regular file");
+  onnx::ModelProto proto = read_proto(path("model/m.onnx"));  // a link that stays inside is followed
+  for (auto& init : *proto.mutable_graph()->mutable_initializer())
+    for (auto& kv : *init.mutable_external_data())
+      if (kv.key() == "location") kv.set_value("inside/m.onnx.data");
+  write_proto(proto, path("model/linked.onnx"));
+  EXPECT_EQ(load_model(path("model/linked.onnx")).graph.initializers.at("big").data<float>()[599], 299.5f);
 }
 
 }  // namespace

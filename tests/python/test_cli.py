@@ -2,6 +2,7 @@
 from a PyTorch MLP on sklearn's digits, train -> eval -> export -> InferenceSession, exact resume,
 inspect, and argument errors (status 2) versus failures while running (status 1)."""
 import io
+import json
 import subprocess
 
 import numpy as np
@@ -108,6 +109,31 @@ def test_resume_is_bit_identical(work, tmp_path):
     run("--checkpoint", tmp_path / "part", "--checkpoint-out", tmp_path / "again", "--max-steps", 1)
     again = CheckpointState.load_checkpoint(tmp_path / "again")
     assert again.properties["train.step"] == 1
+
+
+def test_training_log_is_the_uninterrupted_runs_after_resume(work, tmp_path):
+    def run(log, *extra):
+        return cli("train", work / "art", "--data", work / "train.npz", *DATA, "--epochs", 2, "--batch-size", 100,
+                   "--eval-data", work / "val.npz", "--progress", "none", "--log", log, *extra)
+
+    run(tmp_path / "whole.log", "--checkpoint-out", tmp_path / "whole")
+    lines = [json.loads(line) for line in (tmp_path / "whole.log").read_text().splitlines()]
+    updates = [r for r in lines if "epoch_end" not in r]
+    assert [r["step"] for r in updates] == list(range(1, 29)) and {r["epoch"] for r in updates} == {0, 1}
+    ends = [r for r in lines if "epoch_end" in r]
+    assert [(r["step"], r["epoch_end"]) for r in ends] == [(14, 0), (28, 1)] and ends[-1]["eval_accuracy"] > 0.5
+    assert ends[0]["loss"] == pytest.approx(np.mean([r["loss"] for r in updates[:14]]), rel=1e-12)
+    # Stopped at update 10, with lines of updates 11-12 that a killed run would have left after its
+    # checkpoint: the resumed run cuts them and writes them again.
+    run(tmp_path / "part.log", "--checkpoint-out", tmp_path / "part", "--max-steps", 10)
+    stale = [json.dumps({"step": s, "epoch": 0, "loss": 9.0, "lr": 0.0}) for s in (11, 12)]
+    with open(tmp_path / "part.log", "a") as f:
+        f.write("\n".join(stale) + "\n{\"step\": 13, \"ep")  # and a torn last line
+    run(tmp_path / "part.log", "--resume", tmp_path / "part", "--checkpoint-out", tmp_path / "part")
+    assert (tmp_path / "part.log").read_text() == (tmp_path / "whole.log").read_text()
+    # A new run starts a new log.
+    run(tmp_path / "part.log", "--checkpoint-out", tmp_path / "again", "--max-steps", 3)
+    assert len((tmp_path / "part.log").read_text().splitlines()) == 3
 
 
 def test_resume_from_an_ort_format_checkpoint(work, tmp_path):

@@ -675,3 +675,122 @@ def test_tanh_gelu_fuses_in_training_graphs_with_its_fused_gradient(form):
     want = [loss.detach().numpy()] + [dict(ref.named_parameters())[p].grad.numpy() for p in params]
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=2e-5)
+
+
+def copy_module(module):
+    import copy
+    return copy.deepcopy(module)
+
+
+class _TinyLM(torch.nn.Module):
+    """Embedding -> tanh layer -> vocabulary head, with its cross-entropy inside when ``loss``:
+    the shape of a language model's output layer (logits [B, S, V] flattened to token rows)."""
+
+    def __init__(self, vocab=37, width=12, head_bias=False, reduction="mean"):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.hidden = torch.nn.Linear(width, width)
+        self.head = torch.nn.Linear(width, vocab, bias=head_bias)
+        self.loss = torch.nn.CrossEntropyLoss(reduction=reduction)  # ignore_index -100
+
+    def forward(self, ids, labels):
+        logits = self.head(torch.tanh(self.hidden(self.embed(ids))))
+        return self.loss(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+
+
+def _lm_batches(vocab, steps, ignored, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(steps):
+        ids = torch.randint(0, vocab, (3, 10), generator=g)
+        labels = torch.randint(0, vocab, (3, 10), generator=g)
+        labels[torch.rand(3, 10, generator=g) < ignored] = -100
+        out.append((ids, labels))
+    return out
+
+
+def _step_both_and_compare(ref, ours, ids, labels):
+    """One forward and backward of the eager module and its TrainModule: equal losses and gradients."""
+    want = ref(ids, labels)
+    want.backward()
+    got = ours(ids, labels)
+    got.backward()
+    np.testing.assert_allclose(got.item(), want.item(), rtol=1e-5)
+    for (name, p), q in zip(ref.named_parameters(), ours.parameters()):
+        assert (q.grad is None) == (p.grad is None), name
+        if p.grad is not None:
+            np.testing.assert_allclose(q.grad.numpy(), p.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize("head_bias,reduction,ignored", [(False, "mean", 0.3), (True, "mean", 0.0), (True, "sum", 0.5)])
+def test_output_layer_and_loss_fuse_under_train_module_and_match_torch(tmp_path, monkeypatch, head_bias, reduction, ignored):
+    """The vocabulary head and its loss become one LinearSoftmaxCrossEntropy in TrainModule's forward
+    graph (the logits are never a value of either graph), and 3 SGD steps give torch's losses and
+    parameters."""
+    from onnxtrain.torch import DebugOptions, TrainModule
+    monkeypatch.setenv("ONNXTRAIN_SAVE_ONNX_PATH", str(tmp_path))
+    torch.manual_seed(0)
+    ref = _TinyLM(head_bias=head_bias, reduction=reduction)
+    ours = TrainModule(copy_module(ref), DebugOptions(save_onnx=True, onnx_prefix="lm"))
+    opt_ref = torch.optim.SGD(ref.parameters(), lr=0.5)
+    opt_ours = torch.optim.SGD(ours.parameters(), lr=0.5)
+    for ids, labels in _lm_batches(37, 3, ignored):
+        _step_both_and_compare(ref, ours, ids, labels)
+        opt_ref.step(), opt_ours.step(), opt_ref.zero_grad(), opt_ours.zero_grad()
+    forward = next(tmp_path.glob("lm_*_forward.onnx"))
+    nodes = onnx.load(str(forward)).graph.node
+    fused = [n for n in nodes if n.op_type == "LinearSoftmaxCrossEntropy"]
+    assert len(fused) == 1 and "SoftmaxCrossEntropyLoss" not in [n.op_type for n in nodes], [n.op_type for n in nodes]
+    # dA, dW (and dbias) leave the forward for the backward; the logits do not exist.
+    assert len([o for o in fused[0].output if o]) == (4 if head_bias else 3)
+
+
+def test_output_layer_fusion_computes_only_the_gradients_the_backward_reads(tmp_path, monkeypatch):
+    """A frozen head: the fused op computes the loss and dA, not the head's weight gradient."""
+    from onnxtrain.torch import DebugOptions, TrainModule
+    monkeypatch.setenv("ONNXTRAIN_SAVE_ONNX_PATH", str(tmp_path))
+    torch.manual_seed(0)
+    ref = _TinyLM()
+    ref.head.weight.requires_grad_(False)
+    ours = TrainModule(copy_module(ref), DebugOptions(save_onnx=True, onnx_prefix="frozen"))
+    _step_both_and_compare(ref, ours, *_lm_batches(37, 1, 0.2)[0])
+    fused = next(n for n in onnx.load(str(next(tmp_path.glob("frozen_*_forward.onnx")))).graph.node
+                 if n.op_type == "LinearSoftmaxCrossEntropy")
+    assert list(fused.output[1:]) == [fused.output[1]] and fused.output[1], list(fused.output)
+
+
+def test_output_layer_with_another_reader_of_the_logits_is_not_fused():
+    """Logits that something besides the loss reads stay a MatMul and a SoftmaxCrossEntropyLoss."""
+    from onnxtrain.torch import TrainModule
+
+    class LossAndArgmax(_TinyLM):
+        def forward(self, ids, labels):
+            logits = self.head(torch.tanh(self.hidden(self.embed(ids))))
+            return self.loss(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)), logits.detach().argmax(-1)
+
+    torch.manual_seed(0)
+    ref = LossAndArgmax()
+    ours = TrainModule(copy_module(ref))
+    ids, labels = _lm_batches(37, 1, 0.2)[0]
+    (want, want_top), (got, got_top) = ref(ids, labels), ours(ids, labels)
+    np.testing.assert_allclose(got.item(), want.item(), rtol=1e-5)
+    assert torch.equal(got_top, want_top)
+
+
+def test_linear_cross_entropy_rejects_labels_that_do_not_match_the_rows():
+    node = onnx.helper.make_node("LinearSoftmaxCrossEntropy", ["a", "b", "t"], ["loss"], domain="onnxtrain")
+    graph = onnx.helper.make_graph(
+        [node], "lce",
+        [onnx.helper.make_tensor_value_info("a", onnx.TensorProto.FLOAT, [4, 3]),
+         onnx.helper.make_tensor_value_info("b", onnx.TensorProto.FLOAT, [3, 5]),
+         onnx.helper.make_tensor_value_info("t", onnx.TensorProto.INT64, [None])],
+        [onnx.helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("onnxtrain", 1)])
+    session = onnxtrain.InferenceSession(model.SerializeToString())
+    a, b = np.ones((4, 3), np.float32), np.ones((3, 5), np.float32)
+    with pytest.raises(Exception, match=r"\[LinearSoftmaxCrossEntropy\].*labels of shape \[3\] hold 3 values for 4 rows"):
+        session.run(["loss"], {"a": a, "b": b, "t": np.zeros(3, np.int64)})
+    with pytest.raises(Exception, match=r"label 5 at row 1 is out of range \[0, 5\)"):
+        session.run(["loss"], {"a": a, "b": b, "t": np.array([0, 5, 1, 2], np.int64)})
+    loss, = session.run(["loss"], {"a": a, "b": b, "t": np.array([0, 4, 1, 2], np.int64)})
+    np.testing.assert_allclose(loss, np.log(5.0), rtol=1e-6)  # equal logits: log of the class count

@@ -64,3 +64,24 @@ def test_op_machinery_does_not_include_op_families():
                     if target == "ops" and "/" in header:
                         bad.append(f"ops/{f} includes ops/{header}")
     assert not bad, "\n".join(bad)
+
+
+# The Python package's front ends sit on top: onnxtrain.hf (Hugging Face Trainer and PEFT) builds on
+# onnxtrain.torch and onnxtrain.api, and nothing else in the package imports it (it needs transformers).
+PACKAGE = os.path.join(ROOT, "python", "onnxtrain")
+HF_IMPORT = re.compile(r"^\s*(from\s+(onnxtrain\.hf|\.+hf)\b|import\s+onnxtrain\.hf\b)", re.M)
+
+
+def test_nothing_below_the_hf_front_end_imports_it():
+    bad = []
+    for dirpath, _, files in os.walk(PACKAGE):
+        rel = os.path.relpath(dirpath, PACKAGE).split(os.sep)
+        if rel[0] == "hf":
+            continue
+        for f in files:
+            if f.endswith(".py"):
+                with open(os.path.join(dirpath, f), encoding="utf-8") as fh:
+                    if HF_IMPORT.search(fh.read()):
+                        bad.append(os.path.join(*rel, f))
+    assert os.path.isdir(os.path.join(PACKAGE, "hf")), "python/onnxtrain/hf is gone: update this test and DESIGN.md"
+    assert not bad, f"modules below the hf front end import it: {bad}"

@@ -249,3 +249,43 @@ def test_quantize_and_int4_lora_lowers_held_out_loss(tmp_path):
         opt.step()
         module.lazy_reset_grad()
     assert held_out() < 0.7 * before
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Blocks(nn.Module):
+    """Layers whose names share prefixes: fc, fc2, fc_out and block.fc."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc, self.fc2, self.fc_out = nn.Linear(16, 16), nn.Linear(16, 16), nn.Linear(16, 16)
+        self.block = Block()
+
+    def forward(self, x):
+        return self.block(self.fc_out(self.fc2(self.fc(x))))
+
+
+def test_lora_targets_follow_peft_target_modules(tmp_path):
+    """PEFT's rule: "fc" selects the modules named fc or ending in .fc, never fc2 or fc_out (a
+    substring match would); a glob covers the module path; a pattern matching no module is named."""
+    model_bytes = export(Blocks())
+
+    def adapted(targets, name):
+        d = make_artifacts(tmp_path, model_bytes, name=name, targets=targets)
+        return sorted(a["module"] for a in onnxtrain._C.lora_info(os.path.join(d, "training_model.onnx"))["adapters"])
+
+    assert adapted(["fc"], "fc") == ["block.fc", "fc"]
+    assert adapted(["fc2", "block.fc"], "exact") == ["block.fc", "fc2"]
+    assert adapted(["fc*"], "glob") == ["fc", "fc2", "fc_out"]
+    with pytest.raises(onnxtrain.Error, match="target 'c' matches no layer; candidates: .*fc2"):
+        make_artifacts(tmp_path, model_bytes, name="bad", targets=["c"])
+    with pytest.raises(TypeError, match="list of module names"):
+        make_artifacts(tmp_path, model_bytes, name="bad2", targets="fc")

@@ -82,7 +82,11 @@ def test_label_sparsity_trains_as_dense(kind, monkeypatch):
     sparse = train(base, data, monkeypatch, ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION="1")
     dense = train(base, data, monkeypatch)
     assert sparse[2]["label_sparsity"] and not dense[2]["label_sparsity"]
-    assert "NonZero" in sparse[3] and "NonZero" not in dense[3]
+    # Both heads end in a vocabulary projection whose logits only the loss reads: the fused output
+    # layer (LinearSoftmaxCrossEntropy) skips the ignored rows itself, and the row pass has no loss
+    # left to gather rows for.
+    for ops in (sparse[3], dense[3]):
+        assert "LinearSoftmaxCrossEntropy" in ops and "SoftmaxCrossEntropyLoss" not in ops, ops
     assert_same_training(sparse, dense)
 
 
@@ -239,11 +243,12 @@ def training_ops(directory):
 
 
 def head_rows_gathered(directory):
-    """True when the vocabulary MatMul of the training graph reads rows a Gather selected by NonZero."""
+    """True when the vocabulary MatMul of the training graph (or the output layer fused with its loss)
+    reads rows a Gather selected by NonZero."""
     graph = onnx.load(os.path.join(directory, "training_model.onnx")).graph
     producer = {o: n for n in graph.node for o in n.output}
     for n in graph.node:
-        if n.op_type not in ("MatMul", "FusedMatMul") or not n.input[0]:
+        if n.op_type not in ("MatMul", "FusedMatMul", "LinearSoftmaxCrossEntropy") or not n.input[0]:
             continue
         seen, todo = set(), [n.input[0]]
         while todo:  # up through the row-wise ops (LayerNorm) to the Gather of the kept rows
@@ -269,7 +274,23 @@ def test_artifacts_label_sparsity_gives_dense_loss_and_gradients(tmp_path, layou
                                      optimizer=artifacts.OptimType.SGD, artifact_directory=d, label_sparsity=on)
         ops = training_ops(d)
         assert ("NonZero" in ops) == on and head_rows_gathered(d) == on, (on, ops)
+        # the head and its loss are one op in either layout (the logits never exist whole)
+        assert "LinearSoftmaxCrossEntropy" in ops and "SoftmaxCrossEntropyLoss" not in ops, ops
         runs[on] = loss_and_gradients(d, artifact_batches(layout))
+    torch.manual_seed(0)  # export_decoder's weights, in torch: the dense run is torch's loss and gradients
+    inner = models.GPTDecoder(CFG)
+    for i, ((x, y), (dense_loss, dense_grads)) in enumerate(zip(artifact_batches(layout), runs[False])):
+        inner.zero_grad()
+        logits = inner(torch.from_numpy(x))
+        want = nn.functional.cross_entropy(logits.reshape(-1, CFG.vocab_size), torch.from_numpy(y).reshape(-1))
+        want.backward()
+        np.testing.assert_allclose(dense_loss, want.item(), rtol=1e-5, err_msg=f"batch {i}")
+        # the export folded the head's weight into its transpose [H, V], an initializer of its own
+        head_t = inner.head.weight.grad.numpy().T
+        head = [name for name, g in dense_grads.items() if g.shape == head_t.shape]
+        assert len(head) == 1, {name: g.shape for name, g in dense_grads.items()}
+        np.testing.assert_allclose(dense_grads[head[0]], head_t, rtol=1e-4, atol=1e-6,
+                                   err_msg=f"batch {i}: the head's gradient")
     for i, ((loss, grads), (dense_loss, dense_grads)) in enumerate(zip(runs[True], runs[False])):
         np.testing.assert_allclose(loss, dense_loss, rtol=1e-5, err_msg=f"batch {i}")
         assert grads.keys() == dense_grads.keys()

@@ -90,8 +90,9 @@ const Command kArtifactsCommand{
         {"--prefix", "PREFIX", "prefix of the file names"},
         {"--nominal", "", "checkpoint with shapes and dtypes only (fill the parameters later)"},
         {"--mixed-precision", "MODE", "bf16: GEMMs in bfloat16, the rest and the checkpoint in fp32; fp16: the same in float16 with a dynamic loss scaler (default: fp32)"},
-        {"--lora-target", "PATTERNS", "train LoRA adapters on these layers only (module/node/weight names, "
-                                      "substring or glob), instead of --all/--requires-grad"},
+        {"--lora-target", "PATTERNS", "train LoRA adapters on these layers only (PEFT's target_modules: "
+                                      "a module named X or ending in .X; or a glob over module paths), instead of "
+                                      "--all/--requires-grad"},
         {"--lora-rank", "R", "LoRA rank (default 8)"},
         {"--lora-alpha", "A", "LoRA alpha: the update is scaled by alpha/rank (default 16)"},
         {"--lora-dropout", "P", "dropout on the adapters' input while training (default 0)"},
@@ -101,6 +102,8 @@ const Command kArtifactsCommand{
                                        "past elementwise ops, LayerNorm, Softmax and MatMul)"},
         {"--label-sparsity", "", "a cross-entropy/NLL loss with ignore_index computes the LM head on the kept labels' "
                                  "rows only (same loss and gradients; pays when many labels are ignored)"},
+        {"--ort-compatible", "", "artifacts ONNX Runtime training 1.16-1.19 (onnxruntime.training.api) also trains: "
+                                 "its graph conventions, optimizer graph and checkpoint format (adamw or sgd, fp32)"},
     },
     "example:\n  onnxtrain artifacts mlp.onnx --out out --all --loss cross_entropy --optimizer adamw --lr 1e-3\n"};
 
@@ -145,6 +148,7 @@ int run_artifacts(const Args& a) {
   o.memory.config = a.get("--memory-opt-config");
   o.graphs.compute_optimizer = !a.flag("--no-compute-optimizer");
   o.graphs.label_sparsity = a.flag("--label-sparsity");
+  o.graphs.ort_compatible = a.flag("--ort-compatible");
 
   Model model = load_model(a.positional(0));
   if (custom) o.graphs.custom_loss = std::make_shared<const Model>(load_model(loss));

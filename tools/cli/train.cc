@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "onnxtrain/distributed.h"
 #include "progress.h"
+#include "train_log.h"
 
 namespace onnxtrain::cli {
 
@@ -36,6 +37,7 @@ const Command kTrainCommand{
         {"--eval-batch-size", "B", "batch size for evaluation (default 256)"},
         {"--progress", "STYLE", "auto (a bar on a terminal, lines otherwise), bar, lines or none"},
         {"--log-every", "N", "with lines: one every N updates (default: about ten per epoch)"},
+        {"--log", "FILE", "also write a JSON line per update and per epoch there (kept exact across --resume)"},
         {"--bucket-mb", "MB", "under mpirun: gradient allreduce bucket size (default 25)"},
         {"--dp-check-every", "N", "under mpirun: compare a parameter checksum across ranks every N updates"},
         {"--dp-timeout", "S", "under mpirun: seconds a rank waits for the others before failing (default 300)"},
@@ -135,9 +137,31 @@ int train_with(const Args& a, const DistributedWorld& world) {
   if (world.rank == 0)
     for (const auto& n : notes) std::fprintf(stderr, "note: %s\n", n.c_str());
 
+  std::optional<TrainLog> log;
+  int64_t last_step = 0;
+  if (a.has("--log") && world.rank == 0) {
+    std::optional<int64_t> resumed_at;
+    if (resume) {
+      const CheckpointState& s = trainer.state();
+      const int64_t* done = s.has_property(kProgressStep) ? std::get_if<int64_t>(&s.get_property(kProgressStep)) : nullptr;
+      resumed_at = done ? *done : 0;
+      last_step = *resumed_at;
+    }
+    log.emplace(a.require("--log"), resumed_at);
+  }
   TrainCallbacks callbacks;
-  callbacks.on_step = [&](const StepReport& r) { progress.step(r); };
-  callbacks.on_epoch = [&](const EpochReport& r) { progress.epoch(r); };
+  callbacks.on_step = [&](const StepReport& r) {
+    progress.step(r);
+    if (log) log->step(r);
+    last_step = r.step;
+  };
+  callbacks.on_epoch = [&](const EpochReport& r) {
+    progress.epoch(r);
+    if (log) log->epoch(r, last_step);
+  };
+  callbacks.before_checkpoint = [&](int64_t) {
+    if (log) log->sync();
+  };
   callbacks.on_checkpoint = [&](const std::string& path, int64_t step) { progress.checkpoint(path, step); };
   const FitOutcome outcome = trainer.fit(train, o, eval ? &*eval : nullptr, callbacks);
   if (world.rank != 0) return 0;

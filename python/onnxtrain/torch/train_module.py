@@ -239,10 +239,14 @@ class TrainModule(nn.Module):
         dynamic_shapes: batch and sequence sizes symbolic in the export, so that a new size does
             not export again (the module docstring says how that is checked). Default:
             ONNXTRAIN_DYNAMIC_SHAPES, else on.
+        memory_opt_level, memory_opt_config: the memory optimizer's level (0, 1: layer-wise
+            recompute, 2: plus compromised plans) and plan; default: ONNXTRAIN_MEMORY_OPT_LEVEL and
+            ONNXTRAIN_MEMORY_OPT_CONFIG.
     """
 
     def __init__(self, module: nn.Module, debug_options: Optional[DebugOptions] = None,
-                 mixed_precision: Optional[str] = None, dynamic_shapes: Optional[bool] = None):
+                 mixed_precision: Optional[str] = None, dynamic_shapes: Optional[bool] = None,
+                 memory_opt_level: Optional[int] = None, memory_opt_config: Optional[str] = None):
         if not isinstance(module, nn.Module):
             raise TypeError(f"TrainModule wraps a torch.nn.Module, got {type(module).__name__}")
         if mixed_precision not in (None, "bf16", "fp16"):
@@ -256,6 +260,12 @@ class TrainModule(nn.Module):
         self._settings = Settings.load(debug_options)
         if dynamic_shapes is not None:
             self._settings.dynamic_shapes = bool(dynamic_shapes)
+        if memory_opt_level is not None:
+            if memory_opt_level not in (0, 1, 2):
+                raise ValueError(f"TrainModule: memory_opt_level must be 0, 1 or 2, got {memory_opt_level!r}")
+            self._settings.memory_opt_level = memory_opt_level
+        if memory_opt_config is not None:
+            self._settings.memory_opt_config = memory_opt_config
         env_mode = "" if self._settings.mixed_precision == "none" else self._settings.mixed_precision
         self.__dict__["_mixed_precision"] = mixed_precision or env_mode
         self._exports: Dict[Any, Tuple[_Export, Dict[str, int]]] = {}  # per shape: export, dims to fix

@@ -120,8 +120,8 @@ struct DirectPlan {
 
 // noclone: one copy per MB, not one more per constant argument (the minimal build's size).
 template <int MB>
-__attribute__((noinline, noclone)) void direct_tiles(const DirectPlan& d, const float* src, const float* wt,
-                                                     const float* bias, float* out) {
+OT_NOCLONE void direct_tiles(const DirectPlan& d, const float* src, const float* wt, const float* bias,
+                             float* out) {
   constexpr int P = kAccumulators / MB;
   alignas(64) float tile[P][MB * kLanes];
   for (int64_t o0 = 0; o0 < d.outs; o0 += MB * kLanes) {
@@ -288,9 +288,8 @@ namespace {
 // dw_acc[q][o] (rows ldo apart) += sum over positions p of dyt[p][o] * src[qoff[q] + pos[p]], q < Q,
 // o < MB vectors, for one image (src: its frame, dyt: its dY transposed to [p][o]).
 template <int MB>
-__attribute__((noinline, noclone)) void weight_tile(const float* src, const float* dyt, int64_t ldo,
-                                                    const int64_t* pos, int64_t positions, const int64_t* qoff,
-                                                    float* dw_acc) {
+OT_NOCLONE void weight_tile(const float* src, const float* dyt, int64_t ldo, const int64_t* pos, int64_t positions,
+                            const int64_t* qoff, float* dw_acc) {
   constexpr int Q = kAccumulators / MB;
   Vec acc[Q][MB];
   int64_t off[Q];

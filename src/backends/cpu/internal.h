@@ -10,4 +10,13 @@
 // that a kernel's result depends on. Never on a function a kernel's hot path calls: GCC then takes
 // the path for cold too and compiles the kernels it calls for size (the direct convolution ran
 // 10x slower with its per-image offset helper marked).
+// clang (the WebAssembly build) has no per-function optimize attribute: cold alone there.
+// OT_NOCLONE: one copy of a template kernel per instance, none more per constant argument (GCC's
+// noclone; clang makes no such clones).
+#if defined(__clang__)
+#define OT_COLD __attribute__((cold))
+#define OT_NOCLONE __attribute__((noinline))
+#else
 #define OT_COLD __attribute__((cold, optimize("Os")))
+#define OT_NOCLONE __attribute__((noinline, noclone))
+#endif

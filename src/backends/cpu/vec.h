@@ -1,7 +1,8 @@
 // The widest fp32 vector the target compiles for, in the compiler's vector extension: the portable
-// kernels' one SIMD type (sgemm_blocked.cc, conv_direct.cc). AVX-512 (16 lanes), AVX2 (8), NEON or
-// no SIMD (4: the compiler splits or scalarises it); which one follows the build's -march, and both
-// builds of one machine compile these files with the same flags, so they compute alike.
+// kernels' one SIMD type (sgemm_blocked.cc, conv_direct.cc). AVX-512 (16 lanes), AVX2 (8), NEON,
+// WebAssembly SIMD128 or no SIMD (4: the compiler splits or scalarises it); which one follows the
+// build's -march, and both builds of one machine compile these files with the same flags, so they
+// compute alike.
 #pragma once
 
 #include <cstring>
@@ -17,11 +18,15 @@ constexpr const char* kIsa = "avx2";
 #elif defined(__ARM_NEON)
 constexpr int kLanes = 4;
 constexpr const char* kIsa = "neon";
+#elif defined(__wasm_simd128__)
+constexpr int kLanes = 4;  // WebAssembly's SIMD128 (-msimd128): the engine maps it to SSE or NEON
+constexpr const char* kIsa = "wasm-simd128";
 #else
 constexpr int kLanes = 4;
 constexpr const char* kIsa = "generic";
 #endif
-// Vector registers the target has: 32 (ZMM, NEON q) or 16 (YMM, SSE).
+// Vector registers the target has: 32 (ZMM, NEON q) or 16 (YMM, SSE; WebAssembly, whose engines
+// keep SIMD128 values in the host's XMM registers on x86-64).
 #if defined(__AVX512F__) || defined(__ARM_NEON)
 constexpr int kRegisters = 32;
 #else

@@ -153,6 +153,9 @@ ONNXTRAIN_OP(QuickGelu, kMsDomain, 1).inputs(1).outputs(1).shape(shape_same_as_i
 // dX = FastGeluGrad(dY, V) / QuickGeluGrad(dY, X); second derivatives are not needed.
 ONNXTRAIN_OP(FastGeluGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(grad_shape).cpu(fast_gelu_grad_kernel)
     .gradient_not_implemented("second derivatives are not needed for training");
+// ONNX Runtime's training artifacts: FastGeluGrad(dY, X), the same op.
+ONNXTRAIN_OP(FastGeluGrad, kMsDomain, 1).inputs(2).outputs(1).shape(grad_shape).cpu(fast_gelu_grad_kernel)
+    .gradient_not_implemented("second derivatives are not needed for training");
 ONNXTRAIN_OP(QuickGeluGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(grad_shape).cpu(quick_gelu_grad_kernel)
     .gradient_not_implemented("second derivatives are not needed for training");
 

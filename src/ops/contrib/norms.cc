@@ -257,6 +257,11 @@ ONNXTRAIN_OP(SimplifiedLayerNormalization, kMsDomain, 1).inputs(2).outputs(1, 2)
 ONNXTRAIN_OP(SimplifiedLayerNormalizationGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1, 2)
     .shape(simplified_ln_grad_shape).cpu(simplified_ln_grad_kernel)
     .gradient_not_implemented("second derivatives are not needed for training");
+// ONNX Runtime's training artifacts: (dX, dScale) = SimplifiedLayerNormalizationGrad(dY, X, scale,
+// inv_std_var) with the forward's axis and epsilon; the kernel recomputes inv_std_var from X.
+ONNXTRAIN_OP(SimplifiedLayerNormalizationGrad, kMsDomain, 1).inputs(3, 4).outputs(1, 2)
+    .shape(simplified_ln_grad_shape).cpu(simplified_ln_grad_kernel)
+    .gradient_not_implemented("second derivatives are not needed for training");
 ONNXTRAIN_OP(SkipSimplifiedLayerNormalization, kMsDomain, 1).inputs(3, 4).outputs(1, 4).shape(skip_norm_shape<true>)
     .cpu(skip_norm_kernel<true>).gradient(skip_norm_gradient<true>);
 ONNXTRAIN_OP(SkipLayerNormalization, kMsDomain, 1).inputs(3, 5).outputs(1, 4).shape(skip_norm_shape<false>)

@@ -3,9 +3,11 @@
 // values it reads from enclosing scopes are bound by name.
 #include <climits>
 #include <cstring>
+#include <string>
 #include <map>
 #include <unordered_set>
 
+#include "core/memory.h"
 #include "ir/subgraph.h"
 #include "ops/gradient_builder.h"
 #include "ops/registry.h"
@@ -460,7 +462,12 @@ void loop_kernel(KernelContext& ctx) {
   }
   std::vector<std::vector<Tensor>> scans(s.scans);
   SubgraphHost& host = subgraph_host(ctx);
+  const int64_t max_iterations = max_loop_iterations();  // include/onnxtrain/limits.h
   for (int64_t it = 0; it < trips && cond; ++it) {
+    OT_CHECK(max_iterations == 0 || it < max_iterations, n.context(), "ran ", max_iterations,
+             " iterations without ending (trip count ", ctx.has_input(0) ? std::to_string(trips) : "none",
+             ", condition still true): past the iteration limit (ONNXTRAIN_MAX_LOOP_ITERATIONS or "
+             "onnxtrain::set_resource_limits)");
     std::vector<Value> in{Tensor::scalar<int64_t>(it), Tensor::scalar<bool>(cond)};
     in.insert(in.end(), carried.begin(), carried.end());
     std::vector<Value> out = host.run_subgraph("body", in);

@@ -112,10 +112,16 @@ void sign_kernel(KernelContext& ctx) {
   });
 }
 
-// dX = dY where Y > 0, else 0 (Relu's gradient in one pass instead of Greater + Where).
 void shape_like_input1(ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1)); }
 
-void relu_grad_kernel(KernelContext& ctx) {
+// The gradients written from the forward's output Y, each in one pass:
+//   ReluGrad(dY, Y) = dY where Y > 0, else 0 (instead of Greater + Where);
+//   com.microsoft.SigmoidGrad(dY, Y) = dY Y (1 - Y), TanhGrad(dY, Y) = dY (1 - Y^2) (ONNX Runtime's
+//   backward of Sigmoid and Tanh in its training artifacts).
+enum class FromOutput { kRelu, kSigmoid, kTanh };
+
+template <FromOutput kOp>
+void grad_from_output_kernel(KernelContext& ctx) {
   const Tensor& dy = ctx.input(0);
   const Tensor& y = ctx.input(1);
   OT_CHECK(dy.shape() == y.shape() && dy.dtype() == y.dtype(), ctx.node().context(), "dY and Y must match, got ",
@@ -127,11 +133,14 @@ void relu_grad_kernel(KernelContext& ctx) {
     const T* py = y.data<T>();
     T* pdx = dx.data<T>();
     parallel_for(y.numel(), kElementwiseGrain, [pdy, py, pdx](int64_t b, int64_t e) {
-      // Both loads unconditional and the pointers copied in: the loop becomes a vector select
+      // Both loads unconditional and the pointers copied in: Relu's loop becomes a vector select
       // (a branch on the sign of Y mispredicts half the time).
       for (int64_t i = b; i < e; ++i) {
-        T g = pdy[i];
-        pdx[i] = C(py[i]) > C(0) ? g : T(C(0));
+        const T g = pdy[i];
+        const C v = C(py[i]);
+        if constexpr (kOp == FromOutput::kRelu) pdx[i] = v > C(0) ? g : T(C(0));
+        else if constexpr (kOp == FromOutput::kSigmoid) pdx[i] = T(C(g) * v * (C(1) - v));
+        else pdx[i] = T(C(g) * (C(1) - v * v));
       }
     });
   });
@@ -179,9 +188,15 @@ ONNXTRAIN_OP(Relu, kOnnxDomain, 6).inputs(1).outputs(1).shape(shape_same_as_inpu
 // onnxtrain.ReluGrad(dY, Y) = dY * (Y > 0), written over dY. com.microsoft.ReluGrad is ONNX
 // Runtime's name for the same op (its training artifacts): same inputs, no attributes.
 ONNXTRAIN_OP(ReluGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(shape_like_input1).inplace(0, 0)
-    .work(memory_bound_work).cpu(relu_grad_kernel).gradient_not_implemented("second derivatives of Relu are not needed for training");
+    .work(memory_bound_work).cpu(grad_from_output_kernel<FromOutput::kRelu>).gradient_not_implemented("second derivatives of Relu are not needed for training");
 ONNXTRAIN_OP(ReluGrad, kMsDomain, 1).inputs(2).outputs(1).shape(shape_like_input1).inplace(0, 0)
-    .work(memory_bound_work).cpu(relu_grad_kernel).gradient_not_implemented("second derivatives of Relu are not needed for training");
+    .work(memory_bound_work).cpu(grad_from_output_kernel<FromOutput::kRelu>).gradient_not_implemented("second derivatives of Relu are not needed for training");
+ONNXTRAIN_OP(SigmoidGrad, kMsDomain, 1).inputs(2).outputs(1).shape(shape_like_input1).inplace(0, 0)
+    .work(memory_bound_work).cpu(grad_from_output_kernel<FromOutput::kSigmoid>)
+    .gradient_not_implemented("second derivatives through ONNX Runtime's SigmoidGrad are not needed");
+ONNXTRAIN_OP(TanhGrad, kMsDomain, 1).inputs(2).outputs(1).shape(shape_like_input1).inplace(0, 0)
+    .work(memory_bound_work).cpu(grad_from_output_kernel<FromOutput::kTanh>)
+    .gradient_not_implemented("second derivatives through ONNX Runtime's TanhGrad are not needed");
 
 // y = sin(x).  dx = dy * cos(x)
 OT_FLOAT_UNARY(Sin, 7, SinFn).gradient([](GradientBuilder& g) {

@@ -1,5 +1,8 @@
 // onnxtrain.SumTo(X, shape): sums X down to `shape`, the inverse of numpy broadcasting. Every
 // gradient rule reduces broadcast dimensions through it (GradientBuilder::sum_to).
+// com.microsoft.BroadcastGradientArgs(A_shape, B_shape) -> (A_axes, B_axes): ONNX Runtime's form of
+// the same reduction, the axes of broadcast(A, B) that a ReduceSum takes each operand's gradient
+// down by (ORT-compatible artifacts write SumTo so, src/training/ort_export.cc).
 #include "ops/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
@@ -92,7 +95,31 @@ void sum_to_shape(ShapeContext& ctx) {
   ctx.set_output(0, ctx.input_dtype(0), shape);
 }
 
+// Per operand, the axes (of the broadcast shape, ascending) where it was broadcast: dims it lacks
+// and its 1s against a larger dim. Shapes that do not broadcast are an error.
+void broadcast_gradient_args_kernel(KernelContext& ctx) {
+  const std::vector<int64_t> a = int_list_input(ctx, 0), b = int_list_input(ctx, 1);
+  const size_t rank = std::max(a.size(), b.size());
+  std::vector<int64_t> a_axes, b_axes;
+  for (size_t k = 0; k < rank; ++k) {
+    const int64_t da = k + a.size() >= rank ? a[k + a.size() - rank] : -1;  // -1: the operand lacks the dim
+    const int64_t db = k + b.size() >= rank ? b[k + b.size() - rank] : -1;
+    OT_CHECK(da == db || da == 1 || db == 1 || da < 0 || db < 0, ctx.node().context(), "shapes ",
+             shape_str(Shape(a)), " and ", shape_str(Shape(b)), " do not broadcast (axis ", k, ")");
+    if (da != db && (da < 0 || (da == 1 && db != 1))) a_axes.push_back(int64_t(k));
+    if (da != db && (db < 0 || (db == 1 && da != 1))) b_axes.push_back(int64_t(k));
+  }
+  if (ctx.output_requested(0)) ctx.set_output(0, Tensor::from_vector<int64_t>(a_axes, {int64_t(a_axes.size())}));
+  if (ctx.output_requested(1)) ctx.set_output(1, Tensor::from_vector<int64_t>(b_axes, {int64_t(b_axes.size())}));
+}
+
 }  // namespace
+
+ONNXTRAIN_OP(BroadcastGradientArgs, kMsDomain, 1).inputs(2).outputs(1, 2).not_differentiable()
+    .shape([](ShapeContext& ctx) {
+      ctx.set_output(0, DType::kInt64);
+      ctx.set_output(1, DType::kInt64);
+    }).cpu(broadcast_gradient_args_kernel);
 
 // Y = sum_to(X, shape).  dX = expand(dY, shape(X))
 ONNXTRAIN_OP(SumTo, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(sum_to_shape).cpu(sum_to_kernel)

@@ -108,6 +108,9 @@ class DropoutKernel final : public Kernel {
 // onnxtrain.DropoutGrad(dY, mask, ratio?, training_mode?): the forward's mask output and its ratio
 // and training_mode inputs. dX = mask ? dY / (1 - ratio) : 0 in training (0 everywhere for ratio 1);
 // dX = dY in inference or for ratio 0, as in the forward.
+// kOrt: ONNX Runtime's DropoutGrad, which exists only in training graphs, masks when training_mode
+// is absent (ours passes dY through, as ONNX's Dropout defaults to inference).
+template <bool kOrt = false>
 void dropout_grad_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
   const Tensor& dy = ctx.input(0);
@@ -116,7 +119,7 @@ void dropout_grad_kernel(KernelContext& ctx) {
            "mask must be a bool tensor of dY's shape ", shape_str(dy.shape()), ", got ", dtype_name(mask.dtype()), " ",
            shape_str(mask.shape()));
   double ratio = ctx.has_input(2) ? ctx.input(2).item_as_double(0) : 0.5;
-  bool training = ctx.has_input(3) && ctx.input(3).item_as_int(0) != 0;
+  bool training = ctx.has_input(3) ? ctx.input(3).item_as_int(0) != 0 : kOrt;
   Tensor& dx = ctx.output(0, dy.dtype(), dy.shape());
   const int64_t n = dy.numel();
   if (!training || ratio == 0.0) {
@@ -176,6 +179,10 @@ ONNXTRAIN_OP(Dropout, kOnnxDomain, 1).inputs(1, 3).outputs(1, 2).shape(shape_dro
 // dX = DropoutGrad(dY, mask, ratio?, training_mode?); linear in dY, second derivatives are not needed.
 ONNXTRAIN_OP(DropoutGrad, kOnnxTrainDomain, 1).inputs(2, 4).outputs(1)
     .shape([](ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(0), ctx.input_shape(1)); })
-    .inplace(0, 0).cpu(dropout_grad_kernel).gradient_not_implemented("second derivatives are not needed");
+    .inplace(0, 0).cpu(dropout_grad_kernel<>).gradient_not_implemented("second derivatives are not needed");
+// ONNX Runtime's training artifacts: DropoutGrad(dY, mask, ratio?, training_mode?), training by default.
+ONNXTRAIN_OP(DropoutGrad, kMsDomain, 1).inputs(2, 4).outputs(1)
+    .shape([](ShapeContext& ctx) { ctx.set_output(0, ctx.input_dtype(0), ctx.input_shape(1)); })
+    .inplace(0, 0).cpu(dropout_grad_kernel<true>).gradient_not_implemented("second derivatives are not needed");
 
 }  // namespace onnxtrain

@@ -419,13 +419,14 @@ void gather_elements_grad_kernel(KernelContext& ctx) {
 }
 
 // onnxtrain.GatherNDGrad(dY, shape, indices; batch_dims): dX = zeros(shape); each index tuple's
-// slice of dY is added at its position.
+// slice of dY is added at its position. ONNX Runtime's takes (shape, indices, dY).
+template <size_t kDy = 0, size_t kShape = 1, size_t kIdx = 2>
 void gather_nd_grad_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
-  const Tensor& dy = ctx.input(0);
-  const Tensor& idx = ctx.input(2);
+  const Tensor& dy = ctx.input(kDy);
+  const Tensor& idx = ctx.input(kIdx);
   check_index_dtype(ctx, idx, "indices");
-  Tensor& dx = zero_output(ctx, 1, dy.dtype());
+  Tensor& dx = zero_output(ctx, kShape, dy.dtype());
   int64_t b = node.attr_int("batch_dims", 0);
   NDPlan p = nd_plan(node, dx.shape(), idx.shape(), b);
   OT_CHECK(dy.shape() == p.out_shape, node.context(), "dY has shape ", shape_str(dy.shape()), ", expected ",
@@ -576,9 +577,19 @@ ONNXTRAIN_OP(GatherElementsGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape
     });
 // dX = gather_nd_grad(dY, shape, idx, b).  d(dY) = gather_nd(d(dX), idx, b)
 ONNXTRAIN_OP(GatherNDGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape(shape_from_input1)
-    .cpu(gather_nd_grad_kernel).gradient([](GradientBuilder& g) {
+    .cpu(gather_nd_grad_kernel<>).gradient([](GradientBuilder& g) {
       g.set(0, g.emit("GatherND", {g.dy(0), g.x(2)}, copy_attr(g.node(), "batch_dims")));
     });
+// ONNX Runtime's training artifacts: GatherElementsGrad(dY, shape, indices; axis), the same op, and
+// GatherNDGrad(shape, indices, dY; batch_dims).
+ONNXTRAIN_OP(GatherElementsGrad, kMsDomain, 1).inputs(3).outputs(1).shape(shape_from_input1)
+    .cpu(gather_elements_grad_kernel)
+    .gradient_not_implemented("second derivatives through ONNX Runtime's GatherElementsGrad are not needed");
+ONNXTRAIN_OP(GatherNDGrad, kMsDomain, 1).inputs(3).outputs(1).shape([](ShapeContext& ctx) {
+  DType dt = ctx.input_dtype(2);
+  if (const Tensor* s = ctx.input_value(0)) return ctx.set_output(0, dt, s->to_int_vector());
+  ctx.set_output(0, dt);
+}).cpu(gather_nd_grad_kernel<2, 0, 1>).gradient_not_implemented("second derivatives through ONNX Runtime's GatherNDGrad are not needed");
 // (dD, dU) = scatter_elements_grad(dY, idx, axis).  d(dY) = scatter_elements(d(dD), idx, d(dU)), zeros for a missing one
 ONNXTRAIN_OP(ScatterElementsGrad, kOnnxTrainDomain, 1).inputs(2).outputs(2)
     .shape([](ShapeContext& ctx) {

@@ -97,7 +97,10 @@ Settings read_settings(const Node& node, const Tensor& x, const Tensor& grid) {
 void grid_sample_kernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const Tensor& grid = ctx.input(1);
-  const auto [mode, pad, align] = read_settings(ctx.node(), x, grid);
+  const Settings settings = read_settings(ctx.node(), x, grid);  // no structured binding: lambdas below capture these (clang 14)
+  const Mode mode = settings.mode;
+  const Pad pad = settings.pad;
+  const bool align = settings.align;
 
   const int64_t N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3), Ho = grid.dim(1), Wo = grid.dim(2);
   Tensor& y = ctx.output(0, x.dtype(), Shape{N, C, Ho, Wo});
@@ -166,7 +169,10 @@ void grid_sample_grad_kernel(KernelContext& ctx) {
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);
   const Tensor& grid = ctx.input(2);
-  const auto [mode, pad, align] = read_settings(node, x, grid);
+  const Settings settings = read_settings(node, x, grid);  // no structured binding: lambdas below capture these (clang 14)
+  const Mode mode = settings.mode;
+  const Pad pad = settings.pad;
+  const bool align = settings.align;
   const int64_t N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3), Ho = grid.dim(1), Wo = grid.dim(2);
   OT_CHECK(dy.shape() == Shape({N, C, Ho, Wo}) && dy.dtype() == x.dtype(), node.context(), "dY should be ",
            dtype_name(x.dtype()), " ", shape_str({N, C, Ho, Wo}), ", got ", dtype_name(dy.dtype()), " ",

@@ -207,6 +207,18 @@ SAMPLES.update({
     ],
     "NegativeLogLikelihoodLoss": _loss_samples(r),
 })
+# The fused output layer + loss (fuse_linear_cross_entropy writes it with its unit-gradient outputs,
+# which its gradient reads: every sample declares all of them).
+SAMPLES.update({
+    "onnxtrain.LinearSoftmaxCrossEntropy": [
+        Sample([r(2, 3, 4), r(4, 5), _labels((2, 3), 5)], dict(reduction="mean"), constants=[2], n_outputs=3,
+               domain="onnxtrain", name="mean, [B, S, K] rows"),
+        Sample([r(6, 4), r(5, 4), _labels((6,), 5, ignore=-100), r(5)], dict(reduction="mean", transB=1, ignore_index=-100),
+               constants=[2], n_outputs=4, domain="onnxtrain", name="transB, bias, ignored rows"),
+        Sample([r(3, 2, 4), r(4, 7), _labels((3, 2), 7, ignore=1)], dict(reduction="sum", ignore_index=1),
+               constants=[2], n_outputs=3, domain="onnxtrain", name="sum, a class ignored"),
+    ],
+})
 # onnxtrain's copies of the two loss ops, for models older than ai.onnx opset 12.
 SAMPLES.update({
     f"onnxtrain.{op}": [dataclasses.replace(s, domain="onnxtrain", opset=11) for s in _loss_samples(r)]

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""The digits demo's training artifacts and data for the WebAssembly module's tests and demo page.
+
+    PYTHONPATH=build/python /usr/bin/python3 web/tests/make_fixtures.py OUT_DIR [--bert]
+
+Writes OUT_DIR/digits_artifacts/ (training, eval and optimizer models, checkpoint: the same export and
+generate_artifacts call as examples/demo.py, AdamW at lr 3e-3, logits as an extra output) and
+OUT_DIR/digits_raw/ (x_train.f32, y_train.i64, x_test.f32, y_test.i64: little-endian arrays). Runs
+on the full build's Python package; skips what is already there and newer than this script.
+--bert also writes OUT_DIR/bert_artifacts/ for the benchmark (bench/bench_web.mjs): bench_training's
+BERT-style classifier (hidden 256, 4 layers, vocab 8192, batch 8 x 128 tokens), whose ops.txt is
+the BERT-style op set.
+"""
+import os
+import sys
+
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+
+import demo  # noqa: E402  (examples/demo.py: the split and the export)
+
+
+def fresh(stamp: str) -> bool:
+    return os.path.exists(stamp) and os.path.getmtime(stamp) >= os.path.getmtime(os.path.abspath(__file__))
+
+
+def bert(out: str) -> None:
+    stamp = os.path.join(out, "bert.done")
+    if fresh(stamp):
+        return
+    from onnxtrain import artifacts
+
+    import bench_training
+    _, model, x, _ = bench_training.build("bert")
+    data = bench_training.export_training(model, (x,), ["x"], ["logits"])
+    artifacts.generate_artifacts(data, requires_grad=bench_training.parameter_names(model),
+                                 loss=artifacts.LossType.CrossEntropyLoss, optimizer=artifacts.AdamW(lr=1e-3),
+                                 artifact_directory=os.path.join(out, "bert_artifacts"))
+    with open(stamp, "w") as f:
+        f.write(f"BERT-style classifier, input x {list(x.shape)}\n")
+    print(f"make_fixtures: BERT-style artifacts -> {out}/bert_artifacts")
+
+
+def main(out: str) -> None:
+    artifacts_dir = os.path.join(out, "digits_artifacts")
+    stamp = os.path.join(out, "fixtures.done")
+    if fresh(stamp):
+        return
+    from onnxtrain import artifacts
+
+    os.makedirs(os.path.join(out, "digits_raw"), exist_ok=True)
+    (x_train, y_train), (x_test, y_test) = demo.load_digits_split(seed=0)
+    for name, array in (("x_train.f32", x_train), ("y_train.i64", y_train), ("x_test.f32", x_test),
+                        ("y_test.i64", y_test)):
+        array.astype("<f4" if name.endswith(".f32") else "<i8").tofile(os.path.join(out, "digits_raw", name))
+    model_path = os.path.join(out, "digits_cnn.onnx")
+    params = demo.export_model(model_path, batch=64, seed=0)
+    artifacts.generate_artifacts(model_path, requires_grad=params, loss=artifacts.LossType.CrossEntropyLoss,
+                                 optimizer=artifacts.AdamW(lr=3e-3), artifact_directory=artifacts_dir,
+                                 additional_output_names=["logits"])
+    with open(stamp, "w") as f:
+        f.write(f"{len(x_train)} training and {len(x_test)} held-out digits; {len(params)} parameters\n")
+    print(f"make_fixtures: digits artifacts and data -> {out}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
+    if "--bert" in sys.argv[2:]:
+        bert(sys.argv[1])
