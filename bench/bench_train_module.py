@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import sys
 import time
@@ -180,7 +181,8 @@ def hf_memory_child(spec: str, args) -> None:
 def bench_hf(name: str, precision: str, args) -> dict:
     import copy as _copy
     model, batches = hf_case(name, args.steps + 1)
-    runs = {v: HfRun(hf_variant(_copy.deepcopy(model), v), precision) for v in HF_VARIANTS}
+    variants = [v for v in HF_VARIANTS if v in args.variants.split(",")]
+    runs = {v: HfRun(hf_variant(_copy.deepcopy(model), v), precision) for v in variants}
     del model
     for batch in batches:  # interleaved: eager, compile, TrainModule, eager, ...
         for run in runs.values():
@@ -189,12 +191,13 @@ def bench_hf(name: str, precision: str, args) -> dict:
     for v, run in runs.items():
         row[f"{v}_step_ms"] = median(run.times[1:]) * 1e3
         row[f"{v}_first_step_s"] = run.times[0]
-    row["compile_s"] = runs["compile"].times[0] - row["compile_step_ms"] / 1e3
+    if "compile" in runs:
+        row["compile_s"] = runs["compile"].times[0] - row["compile_step_ms"] / 1e3
+        row["vs_compile"] = row["compile_step_ms"] / row["trainmodule_step_ms"]
     wrapped = runs["trainmodule"].model
     stats = wrapped.build_stats[0]
     row["export_s"], row["build_s"], row["exports"] = stats["export_s"], stats["build_s"], wrapped.export_count
     row["vs_eager"] = row["eager_step_ms"] / row["trainmodule_step_ms"]
-    row["vs_compile"] = row["compile_step_ms"] / row["trainmodule_step_ms"]
     row["max_loss_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(runs["trainmodule"].losses, runs["eager"].losses))
     if wrapped.profile():
         by_op = {}
@@ -205,7 +208,7 @@ def bench_hf(name: str, precision: str, args) -> dict:
                               sorted(by_op.items(), key=lambda kv: -kv[1])[:12]]
     del runs
     if args.memory_steps:
-        for v in HF_VARIANTS:
+        for v in variants:
             row[f"{v}_peak_mib"] = hf_peak_memory(name, v, precision, args)
         row["memory_ratio"] = row["trainmodule_peak_mib"] / row["eager_peak_mib"]
     return row
@@ -218,11 +221,11 @@ def hf_report(rows, args) -> None:
           f"{'x compile':>10} {'compile s':>10} {'export+build s':>15} {'peak MiB e/c/T':>20}")
 
     def line(r):
-        peak = (f"{r['eager_peak_mib']:.0f}/{r['compile_peak_mib']:.0f}/{r['trainmodule_peak_mib']:.0f}"
-                if "eager_peak_mib" in r else "-")
-        return (f"{r['model']:9} {r['precision']:5} {r['eager_step_ms']:9.1f} {r['compile_step_ms']:11.1f} "
-                f"{r['trainmodule_step_ms']:12.1f} {r['vs_eager']:8.2f} {r['vs_compile']:10.2f} {r['compile_s']:10.1f} "
-                f"{r['export_s'] + r['build_s']:15.1f} {peak:>20}")
+        peak = "/".join(f"{r[v + '_peak_mib']:.0f}" if v + "_peak_mib" in r else "-" for v in HF_VARIANTS)
+        opt = lambda key, fmt: format(r[key], fmt) if key in r else "-"  # noqa: E731  (compile left out)
+        return (f"{r['model']:9} {r['precision']:5} {r['eager_step_ms']:9.1f} {opt('compile_step_ms', '11.1f'):>11} "
+                f"{r['trainmodule_step_ms']:12.1f} {r['vs_eager']:8.2f} {opt('vs_compile', '10.2f'):>10} "
+                f"{opt('compile_s', '10.1f'):>10} {r['export_s'] + r['build_s']:15.1f} {peak:>20}")
 
     def detail(r):
         s = (f"{r['model']} {r['precision']}: max relative loss difference to eager {r['max_loss_rel_diff']:.1e}; "
@@ -244,6 +247,7 @@ def main(argv=None) -> int:
     parser.add_argument("--json")
     parser.add_argument("--precisions", default="fp32,bf16", help="HF models: fp32 and/or bf16 (autocast)")
     parser.add_argument("--memory-steps", type=int, default=3, help="HF models: steps of each peak-memory run (0: none)")
+    parser.add_argument("--variants", default=",".join(HF_VARIANTS), help="HF models: which of eager,compile,trainmodule")
     parser.add_argument("--memory-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     import torch
@@ -259,7 +263,9 @@ def main(argv=None) -> int:
     if hf_names:
         rows = []
         for precision in args.precisions.split(","):
-            rows += run_models(hf_names, lambda name: {**bench_hf(name, precision, args), "model": name})
+            for row in run_models(hf_names, lambda name: bench_hf(name, precision, args)):
+                print(json.dumps(row), flush=True)  # each row as it comes: a long run keeps what it measured
+                rows.append(row)
         hf_report(rows, args)
     if not names:
         return 0

@@ -303,8 +303,12 @@ class TorchRunner {
  public:
   // Host values the export dropped (unused by the forward) are neither bound nor differentiated:
   // `inputs` and `gradients` say what was.
-  TorchRunner(const std::string& model_bytes, const std::string& name, ForwardBackwardOptions options) {
+  // `fixed_dims`: symbolic dims (by name) to build the graphs at a size, as if exported with it
+  // (TrainModule's first shape of a schema: every pass sees the sizes).
+  TorchRunner(const std::string& model_bytes, const std::string& name, ForwardBackwardOptions options,
+              const std::map<std::string, int64_t>& fixed_dims = {}) {
     Model model = load_model_from_bytes(model_bytes, "", name);
+    if (!fixed_dims.empty()) fix_dims(model.graph, fixed_dims);
     std::erase_if(options.bind, [&](const std::string& n) { return !model.graph.is_initializer(n); });
     std::erase_if(options.wrt, [&](const std::string& n) {
       return !model.graph.is_input(n) && std::find(options.bind.begin(), options.bind.end(), n) == options.bind.end();
@@ -418,6 +422,17 @@ class TorchRunner {
   }
 
  private:
+  static void fix_dims(Graph& g, const std::map<std::string, int64_t>& sizes) {
+    auto fix = [&](ValueInfo& v) {
+      if (!v.shape) return;
+      for (size_t d = 0; d < v.dim_params.size() && d < v.shape->size(); ++d)
+        if (auto it = sizes.find(v.dim_params[d]); it != sizes.end()) (*v.shape)[d] = it->second, v.dim_params[d].clear();
+    };
+    for (auto& v : g.inputs) fix(v.info);
+    for (auto& v : g.outputs) fix(v.info);
+    for (auto& [name, v] : g.value_info) fix(v);
+  }
+
   static void bind(std::map<std::string, Tensor>& named, const py::sequence& values, const std::vector<std::string>& names,
                    const Graph& graph, const char* what) {
     OT_CHECK(values.size() == names.size(), "TrainModule: expected ", names.size(), " ", what, "s, got ", values.size());
@@ -475,7 +490,7 @@ void bind_torch_bridge(py::module_& m) {
       .def(py::init([](py::bytes model, const std::string& name, std::vector<std::string> bind,
                        std::vector<std::string> wrt, int memory_opt_level, std::string memory_opt_config,
                        bool optimize, bool compute_optimizer, std::string mixed_precision, bool label_sparsity,
-                       std::map<std::string, int64_t> padding_index) {
+                       std::map<std::string, int64_t> padding_index, std::map<std::string, int64_t> fixed_dims) {
              ForwardBackwardOptions o;
              o.mixed_precision = std::move(mixed_precision);
              o.bind = std::move(bind);
@@ -488,12 +503,13 @@ void bind_torch_bridge(py::module_& m) {
              o.padding_index = std::move(padding_index);
              std::string bytes = model;
              py::gil_scoped_release release;
-             return std::make_unique<TorchRunner>(bytes, name, o);
+             return std::make_unique<TorchRunner>(bytes, name, o, fixed_dims);
            }),
            py::arg("model"), py::arg("name"), py::arg("bind"), py::arg("wrt"), py::arg("memory_opt_level") = 0,
            py::arg("memory_opt_config") = "",
            py::arg("optimize") = true, py::arg("compute_optimizer") = true, py::arg("mixed_precision") = "",
-           py::arg("label_sparsity") = false, py::arg("padding_index") = std::map<std::string, int64_t>{})
+           py::arg("label_sparsity") = false, py::arg("padding_index") = std::map<std::string, int64_t>{},
+           py::arg("fixed_dims") = std::map<std::string, int64_t>{})
       .def("forward", &TorchRunner::forward, py::arg("feeds"), py::arg("random_seed") = py::none())
       .def_property_readonly("is_random", &TorchRunner::is_random)
       .def("backward", &TorchRunner::backward, py::arg("seeds"), py::arg("saved"), py::arg("feeds"),

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <unordered_map>
 
 namespace onnxtrain {
 
@@ -43,6 +44,26 @@ std::string value_str(const NamedValue& v, bool with_shape) {
   return s + "]";
 }
 
+// Inputs agree in names, dtypes and ranks, and in each dim that both give a size or both name:
+// a dim one export fixes and the other names (the same module exported with and without symbolic
+// dims) is no difference of the program.
+bool same_inputs(const std::vector<NamedValue>& a, const std::vector<NamedValue>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const ValueInfo &x = a[i].info, &y = b[i].info;
+    if (a[i].name != b[i].name || x.dtype != y.dtype || x.shape.has_value() != y.shape.has_value()) return false;
+    if (!x.shape) continue;
+    if (x.shape->size() != y.shape->size()) return false;
+    for (size_t d = 0; d < x.shape->size(); ++d) {
+      const std::string& p = d < x.dim_params.size() ? x.dim_params[d] : std::string();
+      const std::string& q = d < y.dim_params.size() ? y.dim_params[d] : std::string();
+      const int64_t m = (*x.shape)[d], n = (*y.shape)[d];
+      if ((m >= 0 && n >= 0 && m != n) || (!p.empty() && !q.empty() && p != q)) return false;
+    }
+  }
+  return true;
+}
+
 std::string node_line(const Node& n) {
   Graph one;
   one.nodes.push_back(n);
@@ -63,9 +84,9 @@ std::string program_difference(const Graph& a, const Graph& b, const std::set<st
     for (const auto& x : list) s += (s.empty() ? "" : ", ") + x;
     return s;
   };
-  if (values(a.inputs, true) != values(b.inputs, true))
+  if (!same_inputs(a.inputs, b.inputs))
     return "inputs (" + joined(values(a.inputs, true)) + ") against (" + joined(values(b.inputs, true)) + ")";
-  if (values(a.outputs, false) != values(b.outputs, false))
+  if (a.outputs.size() != b.outputs.size())
     return "outputs (" + joined(values(a.outputs, false)) + ") against (" + joined(values(b.outputs, false)) + ")";
   for (auto i = a.initializers.begin(), j = b.initializers.begin();; ++i, ++j) {
     if (i == a.initializers.end() || j == b.initializers.end()) {
@@ -80,21 +101,34 @@ std::string program_difference(const Graph& a, const Graph& b, const std::set<st
       return "initializer '" + i->first + "': " + dtype_name(i->second.dtype()) + shape_str(i->second.shape()) +
              " against " + dtype_name(j->second.dtype()) + shape_str(j->second.shape()) + " or other values";
   }
+  // Values the nodes make are matched by position (a's name -> b's): an exporter numbers them
+  // from a counter that other traces in the process have moved on.
+  std::unordered_map<std::string, std::string> made;
+  auto same_value = [&](const std::string& x, const std::string& y) {
+    auto it = made.find(x);
+    return it != made.end() ? it->second == y : x == y;  // inputs and initializers by name
+  };
   for (size_t k = 0; k < std::min(a.nodes.size(), b.nodes.size()); ++k) {
     const Node &x = a.nodes[k], &y = b.nodes[k];
-    bool same = x.op_type == y.op_type && x.domain == y.domain && x.inputs == y.inputs && x.outputs == y.outputs &&
-                x.attributes.size() == y.attributes.size();
+    bool same = x.op_type == y.op_type && x.domain == y.domain && x.inputs.size() == y.inputs.size() &&
+                x.outputs.size() == y.outputs.size() && x.attributes.size() == y.attributes.size();
+    for (size_t i = 0; same && i < x.inputs.size(); ++i) same = same_value(x.inputs[i], y.inputs[i]);
     for (auto i = x.attributes.begin(), j = y.attributes.begin(); same && i != x.attributes.end(); ++i, ++j)
       same = i->first == j->first && same_attribute(i->second, j->second);
     if (!same) {
       std::string where = x.context();
       where = where.substr(0, where.size() - 2);  // "[Op] node 'name'" without its ": "
       return where + " (node " + std::to_string(k) + "): " + node_line(x) + " against " + node_line(y) +
-             (x.op_type == y.op_type && x.inputs == y.inputs ? " (attribute values differ)" : "");
+             (x.op_type == y.op_type && x.inputs.size() == y.inputs.size() ? " (attribute values or inputs differ)" : "");
     }
+    for (size_t i = 0; i < x.outputs.size(); ++i) made[x.outputs[i]] = y.outputs[i];
   }
   if (a.nodes.size() != b.nodes.size())
     return std::to_string(a.nodes.size()) + " nodes against " + std::to_string(b.nodes.size());
+  for (size_t i = 0; i < a.outputs.size(); ++i)
+    if (!same_value(a.outputs[i].name, b.outputs[i].name) || a.outputs[i].info.dtype != b.outputs[i].info.dtype)
+      return "output " + std::to_string(i) + ": " + value_str(a.outputs[i], false) + " against " +
+             value_str(b.outputs[i], false);
   return "";
 }
 

@@ -11,8 +11,9 @@
 namespace onnxtrain {
 
 // Where two graphs differ as programs: their nodes (op, domain, inputs, outputs, attributes and
-// subgraphs alike; node names aside), initializers (names and values), inputs (names, dtypes,
-// shapes with their dim names) and outputs (names, dtypes). Other shape annotations (value_info,
+// subgraphs alike; node names aside, and the names of the values nodes make, which are matched by
+// position), initializers (names and values), inputs (names, dtypes,
+// ranks, and each dim that both fix or both name) and outputs (names, dtypes). Other shape annotations (value_info,
 // the outputs' shapes) are left out: an exporter writes there what its own inference found. ""
 // when the programs are the same, else the first difference, naming the node or value. Initializers
 // named in `bound` are compared by dtype and shape alone: their values come from the host at each

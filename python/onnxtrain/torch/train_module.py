@@ -9,16 +9,17 @@ train/eval mode) the module is exported with torch.onnx.export's TorchScript-bas
 own train/eval mode; _compat.py says why not 2.x's default), differentiated for the parameters and inputs that require grad,
 split into a forward and a backward graph and planned; a repeated schema reuses them.
 
-Batch and sequence sizes are symbolic in the export (``dynamic_axes``): the first dim of every
-input and the second of every integer or bool input (token ids, masks, labels), where the size is
-2 or more. A call whose only change is such a size reuses the graphs (their plans are per shape).
-Whether the trace baked a size in (a Python int from ``x.shape`` in a constant, a branch on a size)
-is checked, not assumed: the first time a symbol takes a new size, the module is exported again
-at it and the two exports must be the same program (``torch_bridge.export_difference``: nodes,
-attributes, constants, initializers); from then on that symbol's sizes reuse the export. When they
-differ, every shape of that schema exports on its own, as with ``ONNXTRAIN_DYNAMIC_SHAPES=0``, and
-the difference is logged at INFO. ``export_count`` counts the exports. A branch on a size that the
-two compared sizes take alike is beyond what two traces can show. A
+Batch and sequence sizes are symbolic once they vary: the first dim of every input and the second
+of every integer or bool input (token ids, masks, labels), where the size is 2 or more. The export
+names them (``dynamic_axes``), but a schema's first shape builds its graphs with those dims fixed
+at its sizes (every pass sees them: plans, memory and compute optimizers); the first call at another
+size builds them once more with the symbols, and those graphs then serve every size (their plans
+are per shape). Whether the trace baked a size in (a Python int from ``x.shape`` in a constant, a
+branch on a size) is checked, not assumed: the first time each symbol takes a new size, the module
+is exported at it, and that export must be the same program (``torch_bridge.export_difference``:
+nodes, attributes, constants, non-parameter initializers). When it is not, every shape of that
+schema exports on its own, as with ``ONNXTRAIN_DYNAMIC_SHAPES=0``, and the difference is logged at
+INFO. ``export_count`` counts the exports. A branch on a size that the two compared sizes take alike is beyond what two traces can show. A
 ``torch.autograd.Function`` runs the forward graph and saves what the backward graph reads;
 backward takes torch's upstream gradients. Tensors cross by DLPack without copies, parameters are
 the module's own and read in place, and their ``.grad`` is filled by torch's autograd, so torch
@@ -117,11 +118,13 @@ class _Export:
 
 @dataclass
 class _Family:
-    """One input schema with its batch and sequence sizes symbolic, and the export that serves it."""
+    """One input schema with its batch and sequence sizes as symbols, and its export with symbolic
+    dims: built at its first shape's sizes until a size varies, then with the symbols."""
 
     export: _Export
-    export_key: Any               # the concrete schema it was exported at
-    sizes: Dict[str, int]         # symbol -> its size at that export
+    export_key: Any               # the first shape's concrete schema
+    sizes: Dict[str, int]         # symbol -> its size in that shape
+    symbolic: bool = False        # a size has varied: the graphs are built with the symbols
     varied: set = field(default_factory=set)  # symbols seen at another size, exporting the same program
     generic: bool = True          # False once an export at other sizes differed: each shape on its own
 
@@ -265,7 +268,7 @@ class TrainModule(nn.Module):
             self._settings.memory_opt_config = memory_opt_config
         env_mode = "" if self._settings.mixed_precision == "none" else self._settings.mixed_precision
         self.__dict__["_mixed_precision"] = mixed_precision or env_mode
-        self._exports: Dict[Any, _Export] = {}
+        self._exports: Dict[Any, Tuple[_Export, Dict[str, int]]] = {}  # per shape: export, dims to fix
         self._families: Dict[Any, _Family] = {}
         self._graphs: Dict[Any, _Graph] = {}
         self._export_count = 0
@@ -461,39 +464,47 @@ class TrainModule(nn.Module):
         wrt_params = tuple(n for n, p in self._original_module.named_parameters() if grad and p.requires_grad)
         mode = self._mixed_precision_now()
         with torch.autocast("cpu", enabled=False):  # the export is fp32; the pass lowers it
-            schema_key, export = self._export_for(structure, inputs, export_key)
+            schema_key, export, fixed_dims = self._export_for(structure, inputs, export_key)
         graph_key = (schema_key, wrt_inputs, wrt_params, mode)
         graph = self._graphs.get(graph_key)
         if graph is None:
             label_sparsity, padding_index = self._sparsity_choice(export, inputs)
             graph = self._graphs[graph_key] = self._build(export, wrt_inputs, wrt_params, len(self._graphs), mode,
-                                                          label_sparsity, padding_index)
+                                                          label_sparsity, padding_index, fixed_dims)
         return graph
 
-    def _export_for(self, structure: tuple, inputs: List[torch.Tensor], export_key) -> Tuple[Any, _Export]:
-        """The export that serves this call, and the key of its graphs: its schema's with symbolic
-        batch and sequence sizes when those serve (the module docstring), else its own shape's."""
+    def _export_for(self, structure: tuple, inputs: List[torch.Tensor], export_key):
+        """(key of the graphs, export, symbolic dims to build at a size) for this call: the
+        schema's symbolic export once its sizes vary (the module docstring), else this shape's."""
         if self._settings.dynamic_shapes:
             shapes, sizes, axes = _symbolic_dims(inputs)
             family_key = (export_key[0], shapes, export_key[2])
             family = self._families.get(family_key) if sizes else None
             if sizes and family is None:
                 family = self._families[family_key] = _Family(self._export(structure, inputs, axes), export_key, sizes)
+                self._exports[export_key] = (family.export, sizes)  # built at this shape's sizes
             if family is not None and family.generic:
                 unseen = {sym for sym, size in sizes.items() if size != family.sizes[sym]} - family.varied
                 if unseen:
+                    # A size not seen before: the export at it must be the program exported before.
                     other = self._export(structure, inputs, axes)
                     difference = self._export_difference(family.export, other, self._state_names())
-                    if difference is None:
-                        family.varied |= unseen
+                    if difference is not None:
+                        self._shape_by_shape(family, family_key, difference)
+                        self._exports[export_key] = (other, sizes)
                     else:
-                        self._shape_by_shape(family_key, family, difference, export_key, other)
-                if family.generic:
-                    return ("symbolic", family_key), family.export
-        export = self._exports.get(export_key)
-        if export is None:
-            export = self._exports[export_key] = self._export(structure, inputs)
-        return ("shape", export_key), export
+                        family.varied |= unseen
+                        if not family.symbolic:  # from now on every size runs the symbolic graphs
+                            family.symbolic = True
+                            self._exports.pop(family.export_key, None)
+                            for key in [k for k in self._graphs if k[0] == ("shape", family.export_key)]:
+                                del self._graphs[key]
+                if family.generic and family.symbolic:
+                    return ("symbolic", family_key), family.export, {}
+        found = self._exports.get(export_key)
+        if found is None:
+            found = self._exports[export_key] = (self._export(structure, inputs), {})
+        return ("shape", export_key), found[0], found[1]
 
     def _state_names(self) -> set:
         """The export's initializer names of the module's parameters and buffers."""
@@ -507,11 +518,11 @@ class TrainModule(nn.Module):
             return "the outputs' structure (or a non-tensor output) differs"
         return _C.torch_bridge.export_difference(first.data, other.data, state_names) or None
 
-    def _shape_by_shape(self, family_key, family: _Family, difference: str, export_key, other: _Export) -> None:
-        """The trace of this schema depends on a size: each shape exports on its own from now on."""
+    def _shape_by_shape(self, family: _Family, family_key, difference: str) -> None:
+        """The trace of this schema depends on a size: each shape exports on its own from now on
+        (the graphs built with the symbols, if any, serve no shape)."""
         family.generic = False
-        self._exports.setdefault(family.export_key, family.export)
-        self._exports[export_key] = other
+        self._exports.setdefault(family.export_key, (family.export, family.sizes))
         for key in [k for k in self._graphs if k[0] == ("symbolic", family_key)]:
             del self._graphs[key]
         self._settings.log(LogLevel.INFO, f"TrainModule({type(self._original_module).__name__}): the export at "
@@ -625,7 +636,8 @@ class TrainModule(nn.Module):
         return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(_compat.autocast_cpu(), "")
 
     def _build(self, export: _Export, wrt_inputs, wrt_params, index: int, mixed_precision: str = "",
-               label_sparsity: bool = False, padding_index: Optional[Dict[str, int]] = None) -> _Graph:
+               label_sparsity: bool = False, padding_index: Optional[Dict[str, int]] = None,
+               fixed_dims: Optional[Dict[str, int]] = None) -> _Graph:
         module = self._original_module
         name = type(module).__name__
         state = module.state_dict(keep_vars=True)
@@ -639,7 +651,7 @@ class TrainModule(nn.Module):
                                             memory_opt_config=self._settings.memory_opt_config,
                                             compute_optimizer=self._settings.compute_optimizer,
                                             mixed_precision=mixed_precision, label_sparsity=label_sparsity,
-                                            padding_index=padding_index or {})
+                                            padding_index=padding_index or {}, fixed_dims=fixed_dims or {})
         except _OnnxtrainError as exc:
             raise TrainModuleError(f"TrainModule: onnxtrain cannot build the graphs of {name}: {exc}") from exc
         graph = _Graph(export, runner, state_names)
