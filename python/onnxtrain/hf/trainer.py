@@ -31,7 +31,6 @@ import dataclasses
 import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
-import torch
 import transformers
 
 from ..torch.debug import Settings
