@@ -61,7 +61,8 @@ class GemmKernel final : public Kernel {
     const Tensor* bias = nullptr;
     if (ctx.has_input(2) && beta_ != 0.0f) {
       const Tensor& c = ctx.input(2);
-      const auto [cr, cc] = c_extent(node, c, a.dtype(), d.m, d.n);
+      const auto extent = c_extent(node, c, a.dtype(), d.m, d.n);
+      const int64_t cr = extent.first, cc = extent.second;  // named: clang 14 cannot capture structured bindings
       if (cr == 1 && cc == d.n && beta_ == 1.0f && alpha_ == 1.0f) {
         d.bias = true;  // a bias row: fused into the product
         bias = &c;

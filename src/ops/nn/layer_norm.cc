@@ -167,7 +167,9 @@ void layer_norm_grad_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);
-  const auto [norm_shape, d, rows] = layer_norm_grad_rows(ctx);
+  const NormRows shape_rows = layer_norm_grad_rows(ctx);  // named: clang 14 cannot capture structured bindings
+  const Shape& norm_shape = shape_rows.norm_shape;
+  const int64_t d = shape_rows.d, rows = shape_rows.rows;
   float eps = node.attr_float("epsilon", 1e-5f);
   const bool saved = ctx.has_input(3) && ctx.has_input(4);
   if (saved)
