@@ -63,8 +63,10 @@ class LinearCrossEntropyKernel final : public Kernel {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
     const Tensor& labels = ctx.input(2);
-    OT_CHECK(a.dtype() == b.dtype() && (a.dtype() == DType::kFloat32 || a.dtype() == DType::kFloat64), node.context(),
-             "A and B must both be float or double, got ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+    OT_CHECK(a.dtype() == b.dtype() && is_floating(a.dtype()), node.context(),
+             "A and B must share a floating-point dtype, got ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+    if (a.dtype() != DType::kFloat32 && a.dtype() != DType::kFloat64)  // the fusion runs in fp32 graphs only
+      OT_THROW(kNotImplemented, node.context(), "no ", dtype_name(a.dtype()), " kernel (float and double only)");
     OT_CHECK(a.rank() >= 1 && b.rank() == 2, node.context(), "expected A [..., K] and a 2-D B, got ",
              shape_str(a.shape()), " and ", shape_str(b.shape()));
     const int64_t k = a.dim(-1);
