@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #if defined(__unix__)
 #include <sys/mman.h>
@@ -71,14 +72,20 @@ std::shared_ptr<void> allocate_storage(size_t bytes, Fill fill) {
   return std::shared_ptr<void>(p, [bytes](void* q) { std::free(q); release_storage(bytes); });
 }
 
+namespace {
+// The largest size a tensor (or a set of them) may have: 2^62 bytes, or half the address space
+// where size_t is narrower (wasm32), so that sums and rounding never wrap.
+constexpr uint64_t kMaxBytes = std::min<uint64_t>(uint64_t(1) << 62, std::numeric_limits<size_t>::max() / 2);
+constexpr const char* kMaxBytesText = sizeof(size_t) >= 8 ? "2^62 bytes" : "half the address space";
+}  // namespace
+
 size_t checked_tensor_bytes(DType dtype, const Shape& shape) {
   OT_CHECK(dtype_supported(dtype), "cannot allocate a tensor of dtype ", dtype_name(dtype));
-  constexpr uint64_t kMax = uint64_t(1) << 62;
   uint64_t bytes = dtype_size(dtype);
   for (int64_t d : shape) {
     OT_CHECK(d >= 0, "cannot allocate a tensor of shape ", shape_str(shape));
-    OT_CHECK(d == 0 || bytes <= kMax / uint64_t(d), "cannot allocate a tensor of shape ", shape_str(shape),
-             " and dtype ", dtype_name(dtype), ": its size passes 2^62 bytes");
+    OT_CHECK(d == 0 || bytes <= kMaxBytes / uint64_t(d), "cannot allocate a tensor of shape ", shape_str(shape),
+             " and dtype ", dtype_name(dtype), ": its size passes ", kMaxBytesText);
     bytes *= uint64_t(d);
   }
   return size_t(bytes);
@@ -89,7 +96,7 @@ size_t tensors_bytes(const std::vector<TensorSpec>& specs) {
   for (const TensorSpec& s : specs) {
     // At least one byte each: distinct addresses, so that no two tensors look like views of one.
     total += round_up(std::max<size_t>(checked_tensor_bytes(s.dtype, s.shape), 1), kAlign);
-    OT_CHECK(total <= (size_t(1) << 62), "cannot allocate ", specs.size(), " tensors: their size passes 2^62 bytes");
+    OT_CHECK(uint64_t(total) <= kMaxBytes, "cannot allocate ", specs.size(), " tensors: their size passes ", kMaxBytesText);
   }
   return total;
 }
