@@ -15,8 +15,11 @@ env.wasm.numThreads = Number(process.env.ONNXTRAIN_WEB_THREADS ?? 1);  // >1: th
 // At AdamW's lr 3e-3 (the artifacts') the digits run is too sensitive to compare builds step by step:
 // rounding differences of 1e-7 (another summation order) flip a max-pooling choice within a few
 // dozen steps, and even the native build for the baseline ISA and the -march=native one then part by
-// 6e-5 at step 30 (2026-11-27). At 2e-4 every pair of builds (WebAssembly, baseline, AVX-512) stays
-// within 3e-7 for 50 steps, while the loss still falls from 2.31 to 0.60.
+// 6e-5 at step 30 (2026-11-27). At 2e-4 the loss still falls from 2.35 to 0.61, but the dropout masks
+// (the checkpoint's random seed) decide whether a near-tie flips within 50 steps: over seeds 0-8,
+// five kept WebAssembly and the baseline build within 2.4e-7 and four parted by 1e-5 to 3e-5 after
+// step 32 (2026-11-28). make_fixtures.py fixes the seed at 0 (2.35e-7), so every checkout compares
+// the same curve; a wrong kernel misses by far more than 1e-5 from the first step.
 const STEPS = 50, BATCH = 64, TOLERANCE = 1e-5, LR = 2e-4;
 
 test(`${STEPS} digits steps in WebAssembly (${env.wasm.numThreads} thread(s)) follow the native loss curve`, async () => {
