@@ -17,6 +17,7 @@
 #include "passes/shape_inference.h"
 #include "passes/sparsity.h"
 #include "runtime/executor.h"
+#include "runtime/memory_planner.h"
 #include "training/forward_backward.h"
 
 namespace py = pybind11;
@@ -263,6 +264,25 @@ class OutputBlock {
     return buffers;
   }
 
+  // Buffers for the next run carved from `storage` at the offsets `at` gives (output position,
+  // offset, bytes) instead of one after the other: a block laid out together with another run's
+  // outputs (TorchRunner's shared step block). A slot whose size is no longer `bytes` gets none.
+  struct Placement {
+    size_t output, offset, bytes;
+  };
+  std::vector<Tensor> place(size_t num_outputs, const std::shared_ptr<void>& storage, const std::vector<Placement>& at,
+                            bool reused) {
+    std::vector<Tensor> buffers(num_outputs);
+    for (const Placement& p : at)
+      for (const Slot& slot : slots_) {
+        if (slot.output != p.output || !slot.blocked() || slot.bytes() != p.bytes) continue;
+        std::shared_ptr<void> holder(static_cast<char*>(storage.get()) + p.offset, [storage](void*) {});
+        buffers[slot.output] = Tensor::borrow(slot.dtype, slot.shape, holder.get(), holder);
+      }
+    ++blocks_, reused_ += reused;
+    return buffers;
+  }
+
   // After a run: dtypes and shapes for the next block. An output that was given a buffer and did
   // not land in it (a view of an input or of a parameter, a value set by its kernel) is left out
   // from then on: its bytes would be wasted.
@@ -285,14 +305,18 @@ class OutputBlock {
     stable_ = same;
   }
 
- private:
   struct Slot {
     size_t output;  // position among the run's outputs
     DType dtype;
     Shape shape;
     bool in_block;
     bool blocked() const { return in_block && dtype != DType::kUndefined; }  // gets a buffer next run
+    size_t bytes() const { return size_t(numel(shape)) * dtype_size(dtype); }
   };
+  const std::vector<Slot>& slots() const { return slots_; }
+  bool stable() const { return stable_; }
+
+ private:
   std::vector<Slot> slots_;
   bool stable_ = false;
   size_t blocks_ = 0, reused_ = 0;  // blocks carved, and how many of them from a spare
@@ -321,6 +345,8 @@ class TorchRunner {
     forward_ = std::make_unique<Executor>(fb_.forward, executor_options);
     if (!fb_.gradients.empty()) backward_ = std::make_unique<Executor>(fb_.backward, executor_options);
     for (const auto& out : fb_.forward.graph.outputs) forward_outputs_.push_back(out.name);
+    handed_outputs_ = fb_.outputs.size() + fb_.buffer_outputs.size();
+    share_step_block_ = options.memory.level >= 1 && backward_ != nullptr;
     for (const auto& node : fb_.forward.graph.nodes)
       random_ = random_ || (is_nondeterministic(node) && !node.has_attr("seed"));
   }
@@ -344,7 +370,15 @@ class TorchRunner {
     // own peak after the forward, its loss and that loss's backward (a GPT-style step's logits
     // and their gradients: 32 MiB each, its peak 28 MiB higher): the next backward maps afresh.
     SpareBlock::gradients().release();
-    std::vector<Tensor> outs, stash = stash_.buffers(forward_outputs_.size(), SpareBlock::saved_values());
+    std::vector<Tensor> outs, stash;
+    std::shared_ptr<void> shared;  // the step's block when its gradients go over the saved values
+    if (layout_ && stash_.stable()) {
+      bool reused = false;
+      shared = SpareBlock::saved_values().take(layout_->bytes, &reused);
+      stash = stash_.place(forward_outputs_.size(), shared, layout_->saved, reused);
+    } else {
+      stash = stash_.buffers(forward_outputs_.size(), SpareBlock::saved_values());
+    }
     {
       py::gil_scoped_release release;
       outs = forward_->run(named, {}, {}, stash);
@@ -353,6 +387,15 @@ class TorchRunner {
     saved_dtypes_.clear();
     for (int i : positions(fb_.saved, forward_outputs_)) saved_dtypes_.push_back(outs[size_t(i)].dtype());
     stash_.learn(outs, stash);
+    find_pinned(outs);
+    std::erase_if(shared_blocks_, [](const SharedBlock& b) { return b.storage.expired(); });
+    if (shared) {
+      // Usable by this forward's backward only if no saved value it lays gradients over is (or
+      // shares memory with) an output the caller holds.
+      const bool usable = layout_->pinned == pinned_;
+      shared_blocks_.push_back({shared.get(), shared, layout_, usable, false});
+      if (!usable) layout_.reset();
+    }
     return to_capsules(outs);
   }
 
@@ -382,14 +425,27 @@ class TorchRunner {
     } else {  // all handed over at the end, and accumulated into .grad in one go: one block
       if (gradient_block_.empty())
         gradient_block_ = OutputBlock(all_positions(fb_.backward.graph.outputs.size()));
-      buffers = gradient_block_.buffers(fb_.backward.graph.outputs.size(), SpareBlock::gradients());
+      const size_t n = fb_.backward.graph.outputs.size();
+      if (SharedBlock* block = shared_block_of(named)) {
+        OT_CHECK(!block->consumed, "TrainModule: a second backward through the same forward (retain_graph=True) at "
+                 "memory-optimizer level ", fb_.memory_plan.level, ": the first one wrote the gradients over the "
+                 "saved values it had finished with; run such steps at ONNXTRAIN_MEMORY_OPT_LEVEL=0");
+        block->consumed = true;
+        if (std::shared_ptr<void> storage = block->storage.lock())
+          buffers = gradient_block_.place(n, storage, block->layout->gradients, true);
+      } else {
+        buffers = gradient_block_.buffers(n, SpareBlock::gradients());
+      }
     }
     {
       py::gil_scoped_release release;
       grads = backward_->run(named, {}, hand_over, buffers);
     }
+    if (on_gradient.is_none()) {
+      gradient_block_.learn(grads, buffers);
+      if (share_step_block_) plan_shared_layout(named);
+    }
     named.clear();
-    if (on_gradient.is_none()) gradient_block_.learn(grads, buffers);
     py::list out;
     for (const auto& t : grads) out.append(t.defined() ? tensor_to_dlpack(t) : py::object(py::none()));
     return out;
@@ -418,6 +474,10 @@ class TorchRunner {
     if (backward_) s += "; " + line("backward", backward_->memory_report());
     if (!stash_.empty()) s += "; saved values: " + stash_.describe();
     if (!gradient_block_.empty()) s += "; gradients: " + gradient_block_.describe();
+    if (layout_)
+      s += "; gradients over the saved values: one block of " + std::to_string(layout_->bytes) + " bytes for " +
+           std::to_string(layout_->saved_bytes) + " of saved values and " + std::to_string(layout_->gradient_bytes) +
+           " of gradients";
     return s;
   }
 
@@ -450,7 +510,112 @@ class TorchRunner {
     return out;
   }
 
+  // The saved values' slots a caller-held output shares memory with (or is): they live on after
+  // the backward, so no gradient may go over them.
+  void find_pinned(const std::vector<Tensor>& outs) {
+    pinned_.clear();
+    for (const auto& slot : stash_.slots()) {
+      const Tensor& t = outs[slot.output];
+      if (!slot.blocked() || !t.defined()) continue;
+      bool pinned = slot.output < handed_outputs_;
+      for (size_t j = 0; j < handed_outputs_ && !pinned; ++j) pinned = overlap(outs[j], t);
+      if (pinned) pinned_.insert(slot.output);
+    }
+  }
+
+  static bool overlap(const Tensor& a, const Tensor& b) {
+    if (!a.defined() || !b.defined() || !a.nbytes() || !b.nbytes()) return false;
+    const auto* pa = static_cast<const char*>(a.data());
+    const auto* pb = static_cast<const char*>(b.data());
+    return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+  }
+
+  // The record of the block this backward's saved values were carved from (each at its offset), or
+  // null (no shared block, or one a later change made unusable).
+  struct SharedBlock;
+  SharedBlock* shared_block_of(const std::map<std::string, Tensor>& named) {
+    for (SharedBlock& block : shared_blocks_) {
+      if (!block.usable || block.storage.expired()) continue;
+      bool all = !block.layout->saved.empty();
+      for (const auto& p : block.layout->saved) {
+        auto it = named.find(forward_outputs_[p.output]);
+        all = all && it != named.end() && it->second.data() == static_cast<const char*>(block.base) + p.offset &&
+              it->second.nbytes() == p.bytes;
+      }
+      if (all) return &block;
+    }
+    return nullptr;
+  }
+
+  // After a backward: the next step's block, with the backward's gradients laid over the saved
+  // values it has finished with (memory-optimizer level 1 and up). Steps are the backward's
+  // (Executor::storage_timeline), shifted by one so that every saved value is alive from 0: a
+  // saved value lives to the last step that reads it or any backward input sharing its memory (a
+  // view), to the end when the caller holds it; a gradient from the step that first writes it
+  // to the end (it is handed to torch). The arena planner places them so that no two alive at
+  // once overlap: a gradient written at step s never shares bytes with a value read at s.
+  void plan_shared_layout(const std::map<std::string, Tensor>& named) {
+    layout_.reset();
+    if (!stash_.stable() || !gradient_block_.stable()) return;
+    const Executor::StorageTimeline timeline = backward_->storage_timeline();
+    const int end = timeline.steps + 1;
+    auto layout = std::make_shared<SharedLayout>();
+    layout->pinned = pinned_;
+    std::vector<Buffer> buffers;
+    for (const auto& slot : stash_.slots()) {
+      if (!slot.blocked()) continue;
+      int last = end;
+      auto it = named.find(forward_outputs_[slot.output]);
+      if (!pinned_.count(slot.output) && it != named.end()) {
+        last = 0;
+        for (const auto& [name, t] : named)
+          if (overlap(t, it->second)) {
+            auto read = timeline.input_last_read.find(name);
+            last = std::max(last, read == timeline.input_last_read.end() ? end : read->second + 1);
+          }
+      }
+      layout->saved.push_back({slot.output, 0, slot.bytes()});
+      layout->saved_bytes += slot.bytes();
+      buffers.push_back({slot.bytes(), 0, std::min(last, end)});
+    }
+    for (const auto& slot : gradient_block_.slots()) {
+      if (!slot.blocked()) continue;
+      const int first = timeline.output_first_write.at(fb_.backward.graph.outputs[slot.output].name);
+      if (first < 0) continue;  // a feed handed back: not the run's own storage
+      layout->gradients.push_back({slot.output, 0, slot.bytes()});
+      layout->gradient_bytes += slot.bytes();
+      buffers.push_back({slot.bytes(), first + 1, end});
+    }
+    if (layout->saved.empty() || layout->gradients.empty()) return;
+    const ArenaLayout arena = plan_arena(buffers);
+    size_t k = 0;
+    for (auto& p : layout->saved) p.offset = arena.offsets[k++];
+    for (auto& p : layout->gradients) p.offset = arena.offsets[k++];
+    layout->bytes = arena.arena_bytes;
+    layout_ = std::move(layout);
+  }
+
+  // Where a step's saved values and gradients lie in its one block.
+  struct SharedLayout {
+    size_t bytes = 0, saved_bytes = 0, gradient_bytes = 0;
+    std::vector<OutputBlock::Placement> saved, gradients;
+    std::set<size_t> pinned;  // the saved values' positions held to the end (find_pinned)
+  };
+  // A block a forward carved its saved values from, alive until its last tensor dies; its backward
+  // carves the gradients from it (once: a second backward would read overwritten saved values).
+  struct SharedBlock {
+    const void* base;
+    std::weak_ptr<void> storage;
+    std::shared_ptr<const SharedLayout> layout;
+    bool usable, consumed;
+  };
+
   ForwardBackwardGraphs fb_;
+  bool share_step_block_ = false;
+  size_t handed_outputs_ = 0;  // forward outputs the caller holds: the model's, then the buffers'
+  std::set<size_t> pinned_;
+  std::shared_ptr<const SharedLayout> layout_;  // for the next forward; null: separate blocks
+  std::vector<SharedBlock> shared_blocks_;
   OutputBlock stash_, gradient_block_;
   std::unique_ptr<Executor> forward_, backward_;
   std::vector<std::string> forward_outputs_;

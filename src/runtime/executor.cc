@@ -653,6 +653,27 @@ int Executor::output_ready_step(const std::string& name) const {
   return produced_at_[size_t(it->second)];
 }
 
+Executor::StorageTimeline Executor::storage_timeline() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  StorageTimeline t;
+  if (!last_plan_) return t;
+  const Plan& plan = *last_plan_;
+  t.steps = int(steps_.size());
+  auto root_of = [&](int id) {
+    while (plan.alias_of[size_t(id)] >= 0) id = plan.alias_of[size_t(id)];
+    return id;
+  };
+  std::vector<int> last(value_names_.size(), -1);  // per alias root: its group's last read
+  for (size_t id = 0; id < value_names_.size(); ++id) {
+    int& l = last[size_t(root_of(int(id)))];
+    l = std::max(l, last_read_[id]);
+  }
+  for (int id : output_ids_) last[size_t(root_of(id))] = t.steps;  // handed out: alive after the run
+  for (int id : input_ids_) t.input_last_read[value_names_[size_t(id)]] = last[size_t(id)];
+  for (int id : output_ids_) t.output_first_write[value_names_[size_t(id)]] = produced_at_[size_t(root_of(id))];
+  return t;
+}
+
 void Executor::build_arena(Plan& plan) {
   size_t n = value_names_.size();
   UnionFind groups(n);
@@ -916,6 +937,7 @@ std::vector<Value> Executor::run_values(const std::map<std::string, Value>& feed
   }
   for (auto& [id, t] : constants_) plan.values[size_t(id)] = *t;  // an output may be a constant
   last_report_ = plan.report;
+  last_plan_ = &plan;
   last_report_.dynamic_allocations = recording ? 0 : plan.dynamic_allocations;
   last_report_.device_copies = plan.device_copies;
   last_report_.plans = plans_.size();

@@ -104,6 +104,18 @@ class Executor {
   // -1 when no step does (a feed or an initializer): the order outputs become final in.
   int output_ready_step(const std::string& name) const;
   MemoryReport memory_report() const;
+  // When the last run touched each graph input's and output's storage, for a caller that lays out
+  // storage spanning runs (TrainModule puts a backward's gradients over the saved values it has
+  // finished with): per graph input, the last step that reads it or a view of it (`steps` when a
+  // graph output is a view of it: it lives on; -1 when nothing reads it); per graph output, the
+  // step that first writes its storage (the producer of the value it views, which the run routes
+  // its buffer through; -1 for a feed or an initializer). Steps of the plan of the last run's
+  // input shapes (views are recorded per plan); empty before any run.
+  struct StorageTimeline {
+    int steps = 0;
+    std::map<std::string, int> input_last_read, output_first_write;
+  };
+  StorageTimeline storage_timeline() const;
   // Per-node kernel times in execution order (empty unless ExecutorOptions::profile).
   std::vector<NodeProfile> profile() const;
   // The random state: the seed and the index the next run draws with (incremented per run).
@@ -188,6 +200,7 @@ class Executor {
   std::vector<char> forward_step_;                         // per step, for training graphs; else empty
   std::vector<int> produced_at_, last_read_;               // per value id: its producing / last reading step, or -1
   std::map<std::string, std::unique_ptr<Plan>> plans_;
+  const Plan* last_plan_ = nullptr;  // the plan of the last run (storage_timeline)
   mutable std::mutex mutex_;
   MemoryReport last_report_;
   std::vector<NodeProfile> profile_;  // per step, when profiling
