@@ -221,6 +221,14 @@ class SpareBlock {
   size_t bytes_ = 0;
 };
 
+// Whether two tensors share bytes (one views the other, or both view a third).
+bool overlap(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined() || !a.nbytes() || !b.nbytes()) return false;
+  const auto* pa = static_cast<const char*>(a.data());
+  const auto* pb = static_cast<const char*>(b.data());
+  return pa < pb + b.nbytes() && pb < pa + a.nbytes();
+}
+
 // One allocation for a run's outputs that die together: a step's saved values live from the
 // forward to the end of the backward, and its gradients (without memory-efficient gradient
 // management) are handed to torch at once and accumulated into .grad in one go. Passed to the run
@@ -288,8 +296,11 @@ class OutputBlock {
   // from then on: its bytes would be wasted.
   // Shapes that change from run to run (padding sparsity keeps a different number of rows each
   // step) get no block after a run that changed them, until two runs in a row agree: a block of
-  // the last run's shapes would be allocated and not used.
-  void learn(const std::vector<Tensor>& outs, const std::vector<Tensor>& buffers) {
+  // the last run's shapes would be allocated and not used. After a run without buffers, an output
+  // sharing bytes with another output or with an input (`inputs`) is taken for such a view: it
+  // would not land either (the executor routes a buffer through a view to the value it views
+  // only when that value is the run's own and no other output views it).
+  void learn(const std::vector<Tensor>& outs, const std::vector<Tensor>& buffers, const std::vector<Tensor>& inputs) {
     bool same = true;
     for (Slot& slot : slots_) {
       const Tensor& out = outs[slot.output];
@@ -297,6 +308,12 @@ class OutputBlock {
       const bool fitted = given && given->defined() && out.defined() && given->dtype() == out.dtype() &&
                           given->shape() == out.shape();
       if (!out.defined() || (fitted && out.data() != given->data())) slot.in_block = false;
+      if (buffers.empty() && out.defined()) {
+        for (size_t j = 0; j < outs.size() && slot.in_block; ++j)
+          if (j != slot.output && overlap(outs[j], out)) slot.in_block = false;
+        for (const Tensor& in : inputs)
+          if (overlap(in, out)) slot.in_block = false;
+      }
       if (out.defined()) {
         same = same && (slot.dtype == DType::kUndefined || (slot.dtype == out.dtype() && slot.shape == out.shape()));
         slot.dtype = out.dtype(), slot.shape = out.shape();
@@ -375,6 +392,13 @@ class TorchRunner {
     if (layout_ && stash_.stable()) {
       bool reused = false;
       shared = SpareBlock::saved_values().take(layout_->bytes, &reused);
+      // The part only gradients use, written by the last backward, is not needed before this
+      // forward's backward: held, it would lie resident through the forward and, with the loss
+      // outside the module, through torch's loss and its backward (GPT: 32 MiB logits and their
+      // gradients), which is where such a step peaks. Its pages are faulted afresh in the backward.
+      if (reused && layout_->bytes >= kHugePageBytes)
+        release_huge_pages(static_cast<char*>(shared.get()) + layout_->saved_bytes_placed,
+                           layout_->bytes - layout_->saved_bytes_placed);
       stash = stash_.place(forward_outputs_.size(), shared, layout_->saved, reused);
     } else {
       stash = stash_.buffers(forward_outputs_.size(), SpareBlock::saved_values());
@@ -383,10 +407,10 @@ class TorchRunner {
       py::gil_scoped_release release;
       outs = forward_->run(named, {}, {}, stash);
     }
-    named.clear();
     saved_dtypes_.clear();
     for (int i : positions(fb_.saved, forward_outputs_)) saved_dtypes_.push_back(outs[size_t(i)].dtype());
-    stash_.learn(outs, stash);
+    stash_.learn(outs, stash, values_of(named));
+    named.clear();
     find_pinned(outs);
     std::erase_if(shared_blocks_, [](const SharedBlock& b) { return b.storage.expired(); });
     if (shared) {
@@ -442,7 +466,7 @@ class TorchRunner {
       grads = backward_->run(named, {}, hand_over, buffers);
     }
     if (on_gradient.is_none()) {
-      gradient_block_.learn(grads, buffers);
+      gradient_block_.learn(grads, buffers, values_of(named));
       if (share_step_block_) plan_shared_layout(named);
     }
     named.clear();
@@ -504,6 +528,12 @@ class TorchRunner {
     }
   }
 
+  static std::vector<Tensor> values_of(const std::map<std::string, Tensor>& named) {
+    std::vector<Tensor> values;
+    for (const auto& [name, t] : named) values.push_back(t);
+    return values;
+  }
+
   static py::list to_capsules(const std::vector<Tensor>& tensors) {
     py::list out;
     for (const auto& t : tensors) out.append(tensor_to_dlpack(t));
@@ -521,13 +551,6 @@ class TorchRunner {
       for (size_t j = 0; j < handed_outputs_ && !pinned; ++j) pinned = overlap(outs[j], t);
       if (pinned) pinned_.insert(slot.output);
     }
-  }
-
-  static bool overlap(const Tensor& a, const Tensor& b) {
-    if (!a.defined() || !b.defined() || !a.nbytes() || !b.nbytes()) return false;
-    const auto* pa = static_cast<const char*>(a.data());
-    const auto* pb = static_cast<const char*>(b.data());
-    return pa < pb + b.nbytes() && pb < pa + a.nbytes();
   }
 
   // The record of the block this backward's saved values were carved from (each at its offset), or
@@ -551,7 +574,8 @@ class TorchRunner {
   // values it has finished with (memory-optimizer level 1 and up). Steps are the backward's
   // (Executor::storage_timeline), shifted by one so that every saved value is alive from 0: a
   // saved value lives to the last step that reads it or any backward input sharing its memory (a
-  // view), to the end when the caller holds it; a gradient from the step that first writes it
+  // guard: OutputBlock::learn keeps values that share bytes with another output or an input out
+  // of blocks), to the end when the caller holds it; a gradient from the step that first writes it
   // to the end (it is handed to torch). The arena planner places them so that no two alive at
   // once overlap: a gradient written at step s never shares bytes with a value read at s.
   void plan_shared_layout(const std::map<std::string, Tensor>& named) {
@@ -576,7 +600,7 @@ class TorchRunner {
       }
       layout->saved.push_back({slot.output, 0, slot.bytes()});
       layout->saved_bytes += slot.bytes();
-      buffers.push_back({slot.bytes(), 0, std::min(last, end)});
+      buffers.push_back({slot.bytes(), 0, std::min(last, end), 1});  // the saved values first: the block's front
     }
     for (const auto& slot : gradient_block_.slots()) {
       if (!slot.blocked()) continue;
@@ -589,7 +613,10 @@ class TorchRunner {
     if (layout->saved.empty() || layout->gradients.empty()) return;
     const ArenaLayout arena = plan_arena(buffers);
     size_t k = 0;
-    for (auto& p : layout->saved) p.offset = arena.offsets[k++];
+    for (auto& p : layout->saved) {
+      p.offset = arena.offsets[k++];
+      layout->saved_bytes_placed = std::max(layout->saved_bytes_placed, p.offset + p.bytes);
+    }
     for (auto& p : layout->gradients) p.offset = arena.offsets[k++];
     layout->bytes = arena.arena_bytes;
     layout_ = std::move(layout);
@@ -598,6 +625,7 @@ class TorchRunner {
   // Where a step's saved values and gradients lie in its one block.
   struct SharedLayout {
     size_t bytes = 0, saved_bytes = 0, gradient_bytes = 0;
+    size_t saved_bytes_placed = 0;  // the saved values lie in [0, this); beyond, gradients only
     std::vector<OutputBlock::Placement> saved, gradients;
     std::set<size_t> pinned;  // the saved values' positions held to the end (find_pinned)
   };

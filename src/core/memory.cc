@@ -72,6 +72,16 @@ std::shared_ptr<void> allocate_storage(size_t bytes, Fill fill) {
   return std::shared_ptr<void>(p, [bytes](void* q) { std::free(q); release_storage(bytes); });
 }
 
+void release_huge_pages(void* p, size_t bytes) {
+#if defined(__linux__)
+  const uintptr_t begin = round_up(reinterpret_cast<uintptr_t>(p), kHugePageBytes);
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + bytes) / kHugePageBytes * kHugePageBytes;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
 namespace {
 // The largest size a tensor (or a set of them) may have: 2^62 bytes, or half the address space
 // where size_t is narrower (wasm32), so that sums and rounding never wrap.

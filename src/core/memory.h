@@ -59,6 +59,12 @@ size_t tensors_bytes(const std::vector<TensorSpec>& specs);
 std::vector<Tensor> carve_tensors(const std::shared_ptr<void>& storage, const std::vector<TensorSpec>& specs,
                                   std::vector<std::weak_ptr<void>>* holders = nullptr);
 
+// Gives the whole huge pages (kHugePageBytes, by address) inside [p, p + bytes) back to the
+// system; they read as zeros when next touched. For memory that will not be needed for a while
+// in storage kept for later (TrainModule's step block: the gradients' part, between a backward
+// and the next). A no-op where there is no madvise.
+void release_huge_pages(void* p, size_t bytes);
+
 // Tensor::empty from this size on: a huge-page mapping of its own (allocate_storage), unmapped
 // when the tensor dies. glibc maps blocks this large afresh on every allocation anyway, in 4 KiB
 // pages whose faults cost this VM 1.5-15 us each (a GPT-style step's 32 MiB logits, or the

@@ -15,7 +15,10 @@ ArenaLayout plan_arena(const std::vector<Buffer>& buffers) {
   std::vector<size_t> order(buffers.size());
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return buffers[a].bytes > buffers[b].bytes; });
+                   [&](size_t a, size_t b) {
+                     if (buffers[a].rank != buffers[b].rank) return buffers[a].rank > buffers[b].rank;
+                     return buffers[a].bytes > buffers[b].bytes;
+                   });
 
   struct Placed { size_t offset, bytes; int first, last; };
   std::vector<Placed> placed;

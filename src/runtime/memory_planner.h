@@ -21,6 +21,9 @@ struct Buffer {
   size_t bytes = 0;
   int first_step = 0;  // the step that writes it
   int last_step = 0;   // the last step that reads it (inclusive)
+  // Buffers of a higher rank are placed first (by size within a rank): TrainModule's step block
+  // puts the saved values, alive together from its start, one after the other at its front.
+  int rank = 0;
 };
 
 struct ArenaLayout {

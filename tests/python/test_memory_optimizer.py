@@ -4,6 +4,7 @@ train like level 0; `onnxtrain inspect` prints the plan table with the bytes com
 """
 import copy
 import os
+import re
 import subprocess
 import sys
 
@@ -20,6 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import models  # noqa: E402
 
 from .build_paths import ONNXTRAIN  # noqa: E402
+from .test_train_module import steps_with_blocks  # noqa: E402
 from .train_loops import train_artifacts, train_torch  # noqa: E402
 
 onnxtrain.set_num_threads(1)
@@ -217,3 +219,81 @@ def test_cli_memory_options(tmp_path):
     assert bad.returncode != 0 and "--memory-opt-level must be 0, 1 or 2" in bad.stderr
     bad = run("artifacts", path, "--out", str(tmp_path / "bad"), "--all", "--loss", "mse", "--memory-opt-config", "X:1")
     assert bad.returncode != 0 and "is not cluster:strategy:count" in bad.stderr and "Gelu+" in bad.stderr
+
+
+def _shared_block(report):
+    """(block bytes, saved bytes, gradient bytes) of a memory report's step block, or None."""
+    m = re.search(r"gradients over the saved values: one block of (\d+) bytes for (\d+) of saved values and (\d+) of "
+                  r"gradients", report)
+    return tuple(int(g) for g in m.groups()) if m else None
+
+
+def test_level1_lays_the_gradients_over_the_saved_values_the_backward_has_finished_with(monkeypatch):
+    # At level 1 a step's saved values and gradients share one block, each gradient over saved
+    # values read for the last time before the step that writes it. The results must be bit for bit
+    # those of a step without blocks (a fresh TrainModule's first step), also with two graphs alive
+    # at once (each backward writes into its own forward's block), and the block must be smaller
+    # than the saved values and the gradients side by side.
+    monkeypatch.setenv("ONNXTRAIN_MEMORY_OPT_LEVEL", "1")
+    base = models.WithCrossEntropy(build("gpt")).train()  # the loss inside: the fused output layer
+    report = steps_with_blocks(base, batches(7), lambda m, x, y: m(x, y))
+    shared = _shared_block(report)
+    assert shared, report
+    block, saved, gradients = shared
+    assert saved < block < saved + gradients, report
+
+
+def test_level1_second_backward_through_one_forward_is_an_error(monkeypatch):
+    # retain_graph=True: the first backward wrote gradients over saved values, so a second one
+    # must refuse rather than compute from them; level 0 keeps the saved values whole.
+    data = batches(3)
+    for level in ("0", "1"):
+        monkeypatch.setenv("ONNXTRAIN_MEMORY_OPT_LEVEL", level)
+        wrapped = TrainModule(models.WithCrossEntropy(build("gpt")).train())
+        for x, y in data[:2]:  # the step block is laid out after these
+            wrapped(x, y).backward()
+        loss = wrapped(*data[2])
+        loss.backward(retain_graph=True)
+        if level == "0":
+            loss.backward()
+        else:
+            with pytest.raises(Exception, match="retain_graph=True"):
+                loss.backward()
+
+
+class _SavedOutput(nn.Module):
+    """Returns its hidden activation too, which the backward also reads: a saved value the caller
+    holds, over which no gradient may go."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x):
+        h = torch.relu(self.up(x))
+        return self.down(h).square().mean(), h
+
+
+def test_level1_leaves_saved_values_the_caller_holds_alone(monkeypatch):
+    torch.manual_seed(0)
+    base = _SavedOutput()
+    xs = [torch.randn(8, 16) for _ in range(4)]
+    runs = {}
+    for level in ("0", "1"):
+        monkeypatch.setenv("ONNXTRAIN_MEMORY_OPT_LEVEL", level)
+        model = copy.deepcopy(base)
+        wrapped = TrainModule(model)
+        hidden, grads = [], []
+        for x in xs:
+            loss, h = wrapped(x)
+            before = h.clone()
+            loss.backward()
+            assert torch.equal(h, before), f"level {level}: the returned activation changed in the backward"
+            hidden.append(h)
+            grads.append([p.grad.clone() for p in model.parameters()])
+            model.zero_grad(set_to_none=True)
+        runs[level] = hidden, grads
+    for k in range(len(xs)):
+        assert torch.equal(runs["0"][0][k], runs["1"][0][k])
+        for g0, g1 in zip(runs["0"][1][k], runs["1"][1][k]):
+            torch.testing.assert_close(g1, g0, rtol=1e-6, atol=0)

@@ -518,16 +518,13 @@ def _reuses(report: str, what: str):
     return int(m.group(1)), int(m.group(2))
 
 
-def test_a_saved_values_block_reuses_the_memory_of_the_dead_one_before_it_and_never_of_a_live_one():
-    # The next forward takes the memory of the last saved-values block to die (fresh pages cost
-    # more than the step's work on them here): results must be bit for bit those of a step
-    # without blocks (a fresh TrainModule's first step), and a block that is still alive (a graph
-    # not yet backpropagated) must never be handed out.
-    model, batches = model_and_batches("gpt", 7)
-
+def steps_with_blocks(model, batches, loss_of):
+    """Seven steps of one TrainModule of `model` (loss_of(wrapped, x, y) each), two graphs alive at
+    once in the middle, each step bit for bit that of a step without blocks (a fresh TrainModule's
+    first step); returns the TrainModule's memory report."""
     def step_alone(x, y):  # the first step of a fresh TrainModule: no blocks, no spare taken
         wrapped = TrainModule(copy.deepcopy(model))
-        loss = cross_entropy(wrapped(x), y)
+        loss = loss_of(wrapped, x, y)
         loss.backward()
         return loss.detach(), [p.grad.clone() for p in wrapped.parameters()]
 
@@ -537,13 +534,12 @@ def test_a_saved_values_block_reuses_the_memory_of_the_dead_one_before_it_and_ne
     def check(loss, k):
         loss.backward()
         assert torch.equal(loss.detach(), want[k][0]), f"batch {k}: loss"
-        for p, g in zip(wrapped.parameters(), want[k][1]):
-            assert torch.equal(p.grad, g), f"batch {k}: a gradient differs"
+        for (name, p), g in zip(wrapped.named_parameters(), want[k][1]):
+            assert torch.equal(p.grad, g), f"batch {k}: the gradient of {name} differs"
         wrapped.zero_grad(set_to_none=True)
 
     def forward(k):
-        x, y = batches[k]
-        return cross_entropy(wrapped(x), y)
+        return loss_of(wrapped, *batches[k])
 
     for k in range(3):  # the block's shapes are learnt, then a step takes the block before's memory
         check(forward(k), k)
@@ -553,5 +549,15 @@ def test_a_saved_values_block_reuses_the_memory_of_the_dead_one_before_it_and_ne
     check(first, 3)
     check(third, 5)
     check(forward(6), 6)
-    reused, blocks = _reuses(wrapped.build_stats[0]["memory"], "saved values")
-    assert blocks == 6 and reused >= 3, wrapped.build_stats[0]["memory"]
+    return wrapped.build_stats[0]["memory"]
+
+
+def test_a_saved_values_block_reuses_the_memory_of_the_dead_one_before_it_and_never_of_a_live_one():
+    # The next forward takes the memory of the last saved-values block to die (fresh pages cost
+    # more than the step's work on them here): results must be bit for bit those of a step
+    # without blocks, and a block that is still alive (a graph not yet backpropagated) must never
+    # be handed out.
+    model, batches = model_and_batches("gpt", 7)
+    report = steps_with_blocks(model, batches, lambda m, x, y: cross_entropy(m(x), y))
+    reused, blocks = _reuses(report, "saved values")
+    assert blocks == 6 and reused >= 3, report
