@@ -585,39 +585,61 @@ class TorchRunner {
     const int end = timeline.steps + 1;
     auto layout = std::make_shared<SharedLayout>();
     layout->pinned = pinned_;
-    std::vector<Buffer> buffers;
+    std::vector<Buffer> buffers;  // the saved values', then the gradients' of their own
+    std::map<std::string, const OutputBlock::Slot*> saved_slot;  // by name, with its buffer below
+    std::map<std::string, size_t> saved_buffer;
     for (const auto& slot : stash_.slots()) {
       if (!slot.blocked()) continue;
+      const std::string& name = forward_outputs_[slot.output];
       int last = end;
-      auto it = named.find(forward_outputs_[slot.output]);
+      auto it = named.find(name);
       if (!pinned_.count(slot.output) && it != named.end()) {
         last = 0;
-        for (const auto& [name, t] : named)
+        for (const auto& [input, t] : named)
           if (overlap(t, it->second)) {
-            auto read = timeline.input_last_read.find(name);
+            auto read = timeline.input_last_read.find(input);
             last = std::max(last, read == timeline.input_last_read.end() ? end : read->second + 1);
           }
       }
+      saved_slot[name] = &slot, saved_buffer[name] = buffers.size();
       layout->saved.push_back({slot.output, 0, slot.bytes()});
       layout->saved_bytes += slot.bytes();
       buffers.push_back({slot.bytes(), 0, std::min(last, end), 1});  // the saved values first: the block's front
     }
+    // A gradient whose step may write it in place over a saved value read there for the last
+    // time (dB = dLoss * dB1 of the fused output layer: 8 MiB for GPT's head) takes that value's
+    // bytes, whose buffer then lives to the end; any other gets a buffer of its own.
+    std::vector<size_t> buffer_of;  // per layout->gradients entry
     for (const auto& slot : gradient_block_.slots()) {
       if (!slot.blocked()) continue;
-      const int first = timeline.output_first_write.at(fb_.backward.graph.outputs[slot.output].name);
+      const std::string& name = fb_.backward.graph.outputs[slot.output].name;
+      const int first = timeline.output_first_write.at(name);
       if (first < 0) continue;  // a feed handed back: not the run's own storage
       layout->gradients.push_back({slot.output, 0, slot.bytes()});
       layout->gradient_bytes += slot.bytes();
-      buffers.push_back({slot.bytes(), first + 1, end});
+      size_t placed = buffers.size();
+      if (auto inputs = timeline.output_over_inputs.find(name); inputs != timeline.output_over_inputs.end())
+        for (const std::string& input : inputs->second) {
+          auto over = saved_buffer.find(input);
+          if (over == saved_buffer.end() || saved_slot[input]->dtype != slot.dtype || saved_slot[input]->shape != slot.shape ||
+              buffers[over->second].last_step != first + 1)
+            continue;
+          placed = over->second;
+          buffers[placed].last_step = end;
+          saved_buffer.erase(over);  // one gradient per saved value
+          break;
+        }
+      buffer_of.push_back(placed);
+      if (placed == buffers.size()) buffers.push_back({slot.bytes(), first + 1, end});
     }
     if (layout->saved.empty() || layout->gradients.empty()) return;
     const ArenaLayout arena = plan_arena(buffers);
-    size_t k = 0;
-    for (auto& p : layout->saved) {
-      p.offset = arena.offsets[k++];
+    for (size_t k = 0; k < layout->saved.size(); ++k) {
+      auto& p = layout->saved[k];
+      p.offset = arena.offsets[k];
       layout->saved_bytes_placed = std::max(layout->saved_bytes_placed, p.offset + p.bytes);
     }
-    for (auto& p : layout->gradients) p.offset = arena.offsets[k++];
+    for (size_t k = 0; k < layout->gradients.size(); ++k) layout->gradients[k].offset = arena.offsets[buffer_of[k]];
     layout->bytes = arena.arena_bytes;
     layout_ = std::move(layout);
   }

@@ -670,7 +670,21 @@ Executor::StorageTimeline Executor::storage_timeline() const {
   }
   for (int id : output_ids_) last[size_t(root_of(id))] = t.steps;  // handed out: alive after the run
   for (int id : input_ids_) t.input_last_read[value_names_[size_t(id)]] = last[size_t(id)];
-  for (int id : output_ids_) t.output_first_write[value_names_[size_t(id)]] = produced_at_[size_t(root_of(id))];
+  std::vector<char> is_input(value_names_.size(), 0);
+  for (int id : input_ids_) is_input[size_t(id)] = 1;
+  for (int id : output_ids_) {
+    const int root = root_of(id), s = produced_at_[size_t(root)];
+    t.output_first_write[value_names_[size_t(id)]] = s;
+    if (s < 0) continue;
+    const Step& step = steps_[size_t(s)];
+    for (auto [o, i] : step.schema->inplace) {
+      if (size_t(o) >= step.outputs.size() || size_t(i) >= step.inputs.size() || step.outputs[size_t(o)] != root) continue;
+      const int in = step.inputs[size_t(i)];
+      if (in < 0 || !is_input[size_t(in)] || last[size_t(in)] != s) continue;
+      if (std::count(step.inputs.begin(), step.inputs.end(), in) != 1) continue;
+      t.output_over_inputs[value_names_[size_t(id)]].push_back(value_names_[size_t(in)]);
+    }
+  }
   return t;
 }
 

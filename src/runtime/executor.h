@@ -110,10 +110,15 @@ class Executor {
   // graph output is a view of it: it lives on; -1 when nothing reads it); per graph output, the
   // step that first writes its storage (the producer of the value it views, which the run routes
   // its buffer through; -1 for a feed or an initializer). Steps of the plan of the last run's
-  // input shapes (views are recorded per plan); empty before any run.
+  // input shapes (views are recorded per plan); empty before any run. `output_over_input`: per
+  // graph output whose writing step may write it over graph inputs read there for the last time
+  // (the op's in-place pairs, each input read by no other operand of the step): those inputs'
+  // names. In place only over one with the output's dtype and shape, which the caller checks (the
+  // plan records no dtypes for feeds).
   struct StorageTimeline {
     int steps = 0;
     std::map<std::string, int> input_last_read, output_first_write;
+    std::map<std::string, std::vector<std::string>> output_over_inputs;
   };
   StorageTimeline storage_timeline() const;
   // Per-node kernel times in execution order (empty unless ExecutorOptions::profile).

@@ -339,6 +339,36 @@ TEST(Executor, LargeOutputsAreHugePageMappings) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(out[0].data()) % kHugePageBytes, 0u);
 }
 
+TEST(Executor, StorageTimelineSaysWhenInputsDieAndOutputsAreWritten) {
+  // s0: t = Mul(g, a) (may write over a or g: both die here); s1: y = Identity(t) (a view, so
+  // its storage is written at s0); s2: u = Relu(r); s3: z = Add(u, r), the last read of r;
+  // unused is never read.
+  Graph g;
+  g.inputs = {value("g", DType::kFloat32, Shape{4}), value("a", DType::kFloat32, Shape{4}),
+              value("r", DType::kFloat32, Shape{4}), value("unused", DType::kFloat32, Shape{4})};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt), value("z", DType::kFloat32, std::nullopt)};
+  g.nodes = {make_node("Mul", {"g", "a"}, {"t"}), make_node("Identity", {"t"}, {"y"}),
+             make_node("Relu", {"r"}, {"u"}), make_node("Add", {"u", "r"}, {"z"})};
+  Executor ex(make_model(std::move(g)));
+  EXPECT_EQ(ex.storage_timeline().steps, 0);  // no run yet
+  std::map<std::string, Tensor> feeds;
+  for (const char* name : {"g", "a", "r", "unused"}) feeds[name] = Tensor::from_vector(std::vector<float>{1, -2, 3, -4}, {4});
+  for (int run = 0; run < 2; ++run) {  // the recording run, then a planned one: the same timeline
+    ex.run(feeds);
+    const Executor::StorageTimeline t = ex.storage_timeline();
+    EXPECT_EQ(t.steps, 4);
+    EXPECT_EQ(t.input_last_read.at("g"), 0);
+    EXPECT_EQ(t.input_last_read.at("a"), 0);
+    EXPECT_EQ(t.input_last_read.at("r"), 3);
+    EXPECT_EQ(t.input_last_read.at("unused"), -1);
+    EXPECT_EQ(t.output_first_write.at("y"), 0) << "run " << run;  // through the Identity's view
+    EXPECT_EQ(t.output_first_write.at("z"), 3);
+    EXPECT_EQ(t.output_over_inputs.at("y"), (std::vector<std::string>{"g", "a"}));
+    // Add may write over u or r: only r is a graph input (u is the run's own value).
+    EXPECT_EQ(t.output_over_inputs.at("z"), (std::vector<std::string>{"r"}));
+  }
+}
+
 TEST(ModelIO, RoundTripsThroughProtobuf) {
   Model m = chain_model();
   m.graph.initializers["w"] = Tensor::from_vector<float>({1, 2, 3}, {3});

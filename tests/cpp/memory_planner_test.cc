@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "runtime/memory_planner.h"
 
 namespace onnxtrain {
@@ -29,6 +31,16 @@ TEST(MemoryPlanner, OverlappingLifetimesNeverShareBytes) {
     }
   EXPECT_LE(layout.arena_bytes, layout.naive_bytes);
   for (size_t i = 0; i < bufs.size(); ++i) EXPECT_EQ(layout.offsets[i] % 64, 0u);
+}
+
+TEST(MemoryPlanner, HigherRankBuffersArePlacedFirstAtTheFront) {
+  // Two small ranked buffers alive together, then a large one alive with them: by size alone the
+  // large one would take offset 0; ranked, the small ones lie at [0, 8192) one after the other.
+  std::vector<Buffer> bufs = {{4096, 0, 2, 1}, {4096, 0, 5, 1}, {65536, 1, 6}};
+  ArenaLayout layout = plan_arena(bufs);
+  EXPECT_EQ(std::min(layout.offsets[0], layout.offsets[1]), 0u);
+  EXPECT_EQ(std::max(layout.offsets[0], layout.offsets[1]), 4096u);
+  EXPECT_EQ(layout.offsets[2], 8192u);
 }
 
 }  // namespace onnxtrain
