@@ -1041,6 +1041,8 @@ void Executor::adopt_plan(const PlanRecord& r) {
   }
   plan->report = r.report;
   plan->recorded = true;
+  if (auto it = plans_.find(r.signature); it != plans_.end() && it->second.get() == last_plan_)
+    last_plan_ = nullptr;  // the plan it replaces dies here
   plans_[r.signature] = std::move(plan);
 }
 
