@@ -84,7 +84,17 @@ def make_step(model, variant: str):
         opt.step()
         opt.zero_grad()
         return loss.item()
-    step.model = model
+
+    def phases(x, y, mark):
+        """The same step, calling mark(name) as the forward, the backward and the update begin."""
+        mark("forward")
+        loss = loss_of(model, x, y, loss_inside)
+        mark("backward")
+        loss.backward()
+        mark("update")
+        opt.step()
+        opt.zero_grad()
+    step.model, step.phases = model, phases
     return step
 
 
@@ -108,7 +118,35 @@ def torch_saved_bytes(model, x, y) -> int:
     return sum(n for ptr, n in storages.items() if ptr not in params)
 
 
-def child(name: str, variant: str, threads: int) -> dict:
+class RssTimeline:
+    """The process's RSS growth over `base` (KiB), sampled every 0.2 ms by a thread while the
+    steps run (the runs release the GIL), per phase: its first, last and largest sample (MiB)."""
+
+    def __init__(self, base_kib: int):
+        import threading
+        self.base, self.phase, self.rows, self.running = base_kib, "", {}, True
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def _sample(self):
+        with open("/proc/self/statm") as f:
+            while self.running:
+                f.seek(0)
+                mib = (int(f.read().split()[1]) * 4 - self.base) / 1024.0
+                row = self.rows.setdefault(self.phase, [mib, mib, mib])
+                row[1], row[2] = mib, max(row[2], mib)
+                time.sleep(0.0002)
+
+    def mark(self, phase: str):
+        self.phase = phase
+
+    def stop(self) -> dict:
+        self.running = False
+        self.thread.join()
+        return {p: {"first": r[0], "last": r[1], "max": r[2]} for p, r in self.rows.items() if p}
+
+
+def child(name: str, variant: str, threads: int, timeline: bool = False) -> dict:
     import torch
     ot = import_onnxtrain()
     torch.set_num_threads(threads)
@@ -124,11 +162,17 @@ def child(name: str, variant: str, threads: int) -> dict:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
     before = status_kib("VmRSS")
+    sampler = RssTimeline(before) if timeline else None
     for k, (x, y) in enumerate(batches[1:]):
-        step(x, y)
+        if sampler:
+            step.phases(x, y, lambda phase: sampler.mark(f"step {k + 1} {phase}"))
+        else:
+            step(x, y)
         if k == 0:  # the later steps add what the allocator's fragmentation holds
             out["first_step_peak_growth_mib"] = (status_kib("VmHWM") - before) / 1024.0
     out["peak_growth_mib"] = (status_kib("VmHWM") - before) / 1024.0
+    if sampler:
+        out["rss_timeline_mib"] = sampler.stop()
     if variant != "torch":
         stats = step.model.build_stats[0]
         out["activation_bytes"] = stats["saved_bytes"]
@@ -179,10 +223,12 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--skip-memory", action="store_true", help="step times only")
     parser.add_argument("--child", nargs=2, metavar=("MODEL", "VARIANT"), help=argparse.SUPPRESS)
+    parser.add_argument("--timeline", action="store_true",
+                        help="with --child: the RSS growth sampled through each step's forward, backward and update")
     add_torch_argument(parser)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(child(*args.child, threads=args.threads)))
+        print(json.dumps(child(*args.child, threads=args.threads, timeline=args.timeline)))
         return 0
     if not run_torch_lanes(args, argv):
         return 0
