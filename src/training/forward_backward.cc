@@ -54,7 +54,7 @@ std::string unbiased_running_var(Model& m, const Node& bn, const StateUpdate& up
 // initializers; `unbiased` corrects running variances to torch's unbiased form.
 void add_buffer_outputs(Model& m, const std::set<std::string>& bound, bool unbiased, ForwardBackwardGraphs& fb) {
   Graph& g = m.graph;
-  for (BufferUpdate u : buffer_updates(m)) {
+  for (BufferUpdate u : buffer_updates(m, bound)) {
     if (!bound.count(u.buffer)) continue;  // a constant of the export: nothing to write back
     if (unbiased && u.update.running_variance)
       for (size_t i = 0; i < g.nodes.size(); ++i)
@@ -202,11 +202,13 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
 
   std::set<std::string> bound;
   for (const auto& name : o.bind) {
-    OT_CHECK(g.is_initializer(name), kWhere, "'", name, "' is not an initializer of the model");
+    OT_CHECK(g.is_initializer(name) || g.is_input(name), kWhere, "'", name,
+             "' is neither an initializer nor an input of the model");
     OT_CHECK(bound.insert(name).second, kWhere, "'", name, "' is bound twice");
   }
   add_buffer_outputs(m, bound, o.unbiased_running_var, fb);
   for (const auto& name : o.bind) {  // host-owned values become inputs, fed without copies
+    if (!g.is_initializer(name)) continue;  // an input already (initializers_as_inputs)
     const Tensor& t = g.initializers.at(name);
     g.inputs.push_back({name, ValueInfo{t.dtype(), t.shape(), {}}});
     g.initializers.erase(name);

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.optim.optimizer as torch_optimizer_module
 from torch import nn
 
 import onnxtrain
@@ -516,6 +517,46 @@ def _reuses(report: str, what: str):
     m = re.search(what + r": [^;]*, (\d+) of (\d+) in the memory of the block before", report)
     assert m, f"no '{what}' reuse count in: {report}"
     return int(m.group(1)), int(m.group(2))
+
+
+def test_the_kept_export_holds_no_copy_of_the_parameters_and_buffers():
+    # They are bound from torch at every run: a copy in the export TrainModule keeps (to compare
+    # later exports, to rebuild) would double the model's memory. BatchNorm's running statistics,
+    # inputs of the stripped export, are still updated in place.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.BatchNorm1d(1024), nn.ReLU(), nn.Linear(1024, 10)).train()
+    reference = copy.deepcopy(model)
+    wrapped = TrainModule(model)
+    x, y = torch.randn(8, 256), torch.randint(0, 10, (8,))
+    nn.functional.cross_entropy(wrapped(x), y).backward()
+    nn.functional.cross_entropy(reference(x), y).backward()
+    state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    (graph,) = wrapped._graphs.values()
+    assert len(graph.export.data) < state_bytes / 50, (len(graph.export.data), state_bytes)
+    for name, want in reference.state_dict().items():
+        assert torch.allclose(model.state_dict()[name].float(), want.float(), rtol=1e-5, atol=1e-6), name
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not hasattr(torch_optimizer_module, "register_optimizer_step_pre_hook"),
+                    reason="torch 1.13 has no global optimizer step hook: the saved values' memory is kept to the next forward")
+def test_an_optimizer_step_gives_back_the_memory_kept_for_the_next_saved_values():
+    # Kept through the optimizer's step, the dead block would add itself to the loop's peak; kept
+    # across micro-steps without an optimizer step (gradient accumulation), it is reused.
+    model, batches = model_and_batches("gpt", 6)
+    wrapped = TrainModule(model)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-4)
+    for x, y in batches[:4]:  # a step each: the spare is given back before each optimizer step
+        cross_entropy(wrapped(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    reused, blocks = _reuses(wrapped.build_stats[0]["memory"], "saved values")
+    assert reused == 0 and blocks >= 2, wrapped.build_stats[0]["memory"]
+    for x, y in batches[4:]:  # accumulation: no optimizer step between the two
+        cross_entropy(wrapped(x), y).backward()
+    reused, blocks_after = _reuses(wrapped.build_stats[0]["memory"], "saved values")
+    assert blocks_after == blocks + 2 and reused == 1, wrapped.build_stats[0]["memory"]
 
 
 def test_a_saved_values_block_reuses_the_memory_of_the_dead_one_before_it_and_never_of_a_live_one():
