@@ -112,6 +112,9 @@ async function instantiate() {
     factory = await loadScript(resolve(`${name}.js`), factoryName);
   }
   const m = await factory(options);
+  // Node: the pool's workers (every kernel thread is one: cmake/web.cmake sizes the pool) wait for
+  // the next region forever; unreferenced, they no longer keep the process alive once its own work is done.
+  if (isNode && m.PThread) for (const worker of [...m.PThread.unusedWorkers, ...m.PThread.runningWorkers]) worker.unref();
   const api = bind(m);
   api.threads = threads;
   api.check(api.ot_set_num_threads(threads));

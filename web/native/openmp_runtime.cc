@@ -5,6 +5,8 @@
 // (__kmpc_fork_call, __kmpc_push_num_threads, __kmpc_for_static_init_*, __kmpc_barrier), run by a
 // team of pthreads created once (emscripten's pthread pool, sized before the module starts: a
 // browser's main thread cannot wait for a new Worker to start). Nested regions run on one thread.
+// Tensor storage comes from the heap in this build, never mmap (src/core/memory.h says why: a
+// partial munmap in emscripten's libc left a lock held, and the first train step hung on it).
 #include "omp.h"
 
 #include <cstdarg>
@@ -110,6 +112,16 @@ void invoke(const Region& r, int32_t tid) {
   }
 }
 
+// Waits until done(). A worker's syscall (a write to stderr, the file system) runs on the main thread
+// and waits for it, so the main thread, waiting for the workers in turn, serves those calls as it
+// spins (it spins in any case: a browser's main thread may not sleep).
+template <typename Done>
+void spin_until(Done done) {
+  const bool main = emscripten_is_main_runtime_thread();
+  for (uint32_t spins = 0; !done(); ++spins)
+    if (main && spins % 1024 == 1023) emscripten_main_thread_process_queued_calls();
+}
+
 // The team: workers spin briefly, then sleep on a futex (emscripten's Atomics.wait), between regions.
 // A region is published as one 64-bit ticket, (sequence number << 32) | team size, after its
 // Region: a worker that wakes late and reads a newer ticket than the one it slept on sees that
@@ -126,7 +138,7 @@ class Team {
     wake_.fetch_add(1, std::memory_order_release);
     emscripten_futex_wake(&wake_word_, INT32_MAX);
     run_member(r, 0);
-    while (pending_.load(std::memory_order_acquire) != 0) {}  // the main thread may not block
+    spin_until([&] { return pending_.load(std::memory_order_acquire) == 0; });
   }
 
   // A barrier among the current region's members.
@@ -138,7 +150,7 @@ class Team {
       barrier_count_.store(0, std::memory_order_relaxed);
       barrier_phase_.fetch_add(1, std::memory_order_release);
     } else {
-      while (barrier_phase_.load(std::memory_order_acquire) == phase) {}
+      spin_until([&] { return barrier_phase_.load(std::memory_order_acquire) != phase; });
     }
   }
 
