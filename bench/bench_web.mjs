@@ -119,7 +119,7 @@ async function main() {
   const figure = (model, config, key = "wall") => median(results.get(`${model}|${config}`).map((x) => x[key]));
   console.log(`\nTrain step + optimizer step, median over ${rounds} interleaved rounds of each run's median of ${steps} steps (ms; load after: ${load}):`);
   for (const [model, config] of configs) {
-    console.log(`  ${model.padEnd(6)} ${config.padEnd(24)} wall ${figure(model, config).toFixed(2).padStart(8)}  cpu ${figure(model, config, "cpu").toFixed(2).padStart(8)}`);
+    console.log(`  ${model.padEnd(6)} ${config.padEnd(26)} wall ${figure(model, config).toFixed(2).padStart(8)}  cpu ${figure(model, config, "cpu").toFixed(2).padStart(8)}`);
   }
   console.log("\nRatios (wall; cpu):");
   for (const model of models) {

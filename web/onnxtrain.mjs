@@ -21,8 +21,7 @@ export const env = {
   wasm: {
     /** Threads for the kernels. 1 (default): the single-threaded module. 0: the machine's cores (at
      * most 4) and n > 1: n threads, on the threaded module where SharedArrayBuffer is usable (Node, a
-     * cross-origin isolated page) -- experimental: it runs eval steps, but its first train step
-     * deadlocks today (make web WEB_THREADED=ON builds it). */
+     * cross-origin isolated page; make web builds it), the single-threaded module elsewhere. */
     numThreads: 1,
     /** Folder (URL or path, ending in "/") of onnxtrain_web*.js/.wasm; default: next to this file. */
     wasmPaths: undefined,
