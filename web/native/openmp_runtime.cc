@@ -126,11 +126,11 @@ constexpr int kSpinsBeforeSleep = 1 << 14;
 template <typename Done>
 void wait_until(std::atomic<int32_t>& word, Done done) {
   static_assert(sizeof(std::atomic<int32_t>) == sizeof(int32_t), "a futex is one 32-bit word");
-  for (int spins = 0;; ++spins) {
+  for (int spins = 0;;) {
     const int32_t seen = word.load(std::memory_order_acquire);
     if (done(seen)) return;
-    // Returns at once when the word no longer holds `seen`: a change before the sleep is not missed.
-    if (spins >= kSpinsBeforeSleep) emscripten_futex_wait(&word, uint32_t(seen), INFINITY);
+    if (spins < kSpinsBeforeSleep) ++spins;
+    else emscripten_futex_wait(&word, uint32_t(seen), INFINITY);  // at once if the word no longer holds `seen`
   }
 }
 

@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
   float* x;
   long long* y;
   long n, batches, steps, batch, i;
+  const char* threads;
   OtCheckpoint* checkpoint;
   OtModule* module;
   OtOptimizer* optimizer;
@@ -75,7 +76,8 @@ int main(int argc, char** argv) {
   snprintf(train_path, sizeof train_path, "%s/training_model.onnx", argv[1]);
   snprintf(eval_path, sizeof eval_path, "%s/eval_model.onnx", argv[1]);
   snprintf(opt_path, sizeof opt_path, "%s/optimizer_model.onnx", argv[1]);
-  CHECK(ot_set_num_threads(getenv("ONNXTRAIN_WEB_NATIVE_THREADS") ? atoi(getenv("ONNXTRAIN_WEB_NATIVE_THREADS")) : 1));
+  threads = getenv("ONNXTRAIN_WEB_NATIVE_THREADS");
+  CHECK(ot_set_num_threads(threads ? atoi(threads) : 1));
   CHECK(ot_checkpoint_load(argv[2], &checkpoint));
   CHECK(ot_module_create(train_path, checkpoint, eval_path, &module));
   CHECK(ot_optimizer_create(opt_path, module, &optimizer));

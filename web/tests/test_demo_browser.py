@@ -1,8 +1,8 @@
 """The demo page in headless chromium (chromium-driver, python3-selenium): served with the COOP/COEP
 headers (the page is cross-origin isolated, as the threaded module needs), it trains on the
-threaded module with 2 threads; it must reach 97% held-out accuracy, draw a chart (the screenshot is not blank), and its downloads must hold what it
-trained: the exported inference model gives the page's logits in onnxtrain natively, and the
-checkpoint loads natively.
+threaded module with 2 threads; it must reach 97% held-out accuracy, draw a chart (the screenshot
+is not blank), and its downloads must hold what it trained: the exported inference model gives the
+page's logits in onnxtrain natively, and the checkpoint loads natively.
 
     PYTHONPATH=build/python /usr/bin/python3 -m pytest -q web/tests/test_demo_browser.py
 
