@@ -156,15 +156,15 @@ $(WEB_DIR)/build.ninja:
 
 # The WebAssembly module's tests: tsc checks the declarations (web/onnxtrain.d.mts) on an ORT Web
 # training loop; Node runs web/tests/*.test.mjs (the API, bad input, 50 digits steps
-# against the baseline-ISA native build), the digits steps again on the threaded module with 2
-# threads (against the native build on 2), then headless chromium trains on the demo page with
+# against the baseline-ISA native build), all again on the threaded module with 2 threads (the
+# digits steps against the native build on 2), then headless chromium trains on the demo page with
 # 2 threads (web/tests/test_demo_browser.py).
 WEB_FIXTURES ?= $(WEB_DIR)/fixtures
 test-web: web minimal-baseline build
 	$(PYTHON) web/tests/make_fixtures.py $(WEB_FIXTURES)
 	tsc --noEmit --strict --target es2020 --module node16 --moduleResolution node16 web/tests/types_check.mts
 	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) node --test web/tests/*.test.mjs
-	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) ONNXTRAIN_WEB_THREADS=2 node --test web/tests/digits.test.mjs
+	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) ONNXTRAIN_WEB_THREADS=2 node --test web/tests/*.test.mjs
 	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) $(PYTHON) -m pytest -q web/tests/test_demo_browser.py
 
 # The demo page on http://localhost:8000/ (web/demo/): trains the digits CNN in the browser.
