@@ -137,10 +137,10 @@ async function main() {
     // Speed-up of 2 threads over 1: wall time; CPU time per step tells how much the second thread added.
     const speedup = (one, two) => figure(model, one) / figure(model, two);
     const cpu = (one, two) => figure(model, two, "cpu") / figure(model, one, "cpu");
-    console.log(`  ${model}: wasm 2 threads over 1: ${speedup("wasm 1 thread", "wasm 2 threads").toFixed(2)}x faster, ` +
+    console.log(`  ${model}: wasm 2 threads over 1: speed-up ${speedup("wasm 1 thread", "wasm 2 threads").toFixed(2)}x, ` +
                 `${cpu("wasm 1 thread", "wasm 2 threads").toFixed(2)}x the CPU time`);
     // (startup.cc's CPU time is its main thread's: no total to compare.)
-    console.log(`  ${model}: native baseline 2 threads over 1: ${speedup("native baseline x86-64", "native baseline 2 threads").toFixed(2)}x faster`);
+    console.log(`  ${model}: native baseline 2 threads over 1: speed-up ${speedup("native baseline x86-64", "native baseline 2 threads").toFixed(2)}x`);
   }
 }
 
