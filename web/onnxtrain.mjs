@@ -21,8 +21,7 @@ export const env = {
   wasm: {
     /** Threads for the kernels. 1 (default): the single-threaded module. 0: the machine's cores (at
      * most 4) and n > 1: n threads, on the threaded module where SharedArrayBuffer is usable (Node, a
-     * cross-origin isolated page) -- experimental: it runs eval steps, but its first train step
-     * deadlocks today (make web WEB_THREADED=ON builds it). */
+     * cross-origin isolated page; make web builds it), the single-threaded module elsewhere. */
     numThreads: 1,
     /** Folder (URL or path, ending in "/") of onnxtrain_web*.js/.wasm; default: next to this file. */
     wasmPaths: undefined,
@@ -112,6 +111,9 @@ async function instantiate() {
     factory = await loadScript(resolve(`${name}.js`), factoryName);
   }
   const m = await factory(options);
+  // Node: the pool's workers (every kernel thread is one: cmake/web.cmake sizes the pool) wait for
+  // the next region forever; unreferenced, they no longer keep the process alive once its own work is done.
+  if (isNode && m.PThread) for (const worker of [...m.PThread.unusedWorkers, ...m.PThread.runningWorkers]) worker.unref();
   const api = bind(m);
   api.threads = threads;
   api.check(api.ot_set_num_threads(threads));

@@ -42,7 +42,7 @@ void release_freed_heap() {
 // and the first step's peak was the heap's high-water mark: 25-34 MiB above the arena that
 // replaces it in LoRA training at batch 4 (the peak of a short fine-tuning run).
 Tensor recording_output(DType dtype, const Shape& shape) {
-#if defined(__unix__)
+#if defined(ONNXTRAIN_MAPPED_STORAGE)
   constexpr size_t kMappedFrom = size_t(1) << 16;  // below this, the heap is cheaper than a syscall
   const size_t bytes = checked_tensor_bytes(dtype, shape);
   if (bytes >= kMappedFrom) {

@@ -9,7 +9,7 @@ import { TrainingSession, Tensor, env } from "../onnxtrain.mjs";
 import { artifactFiles, batch, wasmPaths } from "./fixtures.mjs";
 
 env.wasm.wasmPaths = wasmPaths;
-env.wasm.numThreads = 1;
+env.wasm.numThreads = Number(process.env.ONNXTRAIN_WEB_THREADS ?? 1);  // >1: the threaded module
 const BATCH = 16;
 
 async function session(files = artifactFiles()) {
