@@ -20,6 +20,11 @@ class Fd {
   ~Fd() { reset(); }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) adopt(other.release());
+    return *this;
+  }
   int get() const { return fd_; }
   void reset();
   void adopt(int fd) {
