@@ -572,6 +572,13 @@ void Executor::stage_inputs(Plan& plan, size_t s, std::vector<Tensor>& staged) c
   }
 }
 
+void Executor::copy_back_written_inputs(Plan& plan, size_t s, std::vector<Tensor>& staged) const {
+  const Step& step = steps_[s];
+  if (!step.schema->written_inputs) return;
+  for (size_t i : step.schema->written_inputs(*step.node, step.node->inputs.size()))
+    if (i < staged.size() && staged[i].defined()) copy_into(plan.values[size_t(step.inputs[i])], staged[i], stream_);
+}
+
 std::shared_ptr<void> Executor::allocate_arena(size_t bytes) const {
   return backend_ ? backend_->allocate(bytes) : allocate_storage(bytes, Fill::kUninitialized);
 }
@@ -612,6 +619,7 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
       } else {
         plan.kernels[s]->compute(ctx);
       }
+      if (backend_) copy_back_written_inputs(plan, s, staged);
     } catch (const Error& e) {
       std::string msg = e.what();
       if (msg.rfind("[", 0) != 0) msg = node.context() + msg;

@@ -174,6 +174,9 @@ class Executor {
   // A device executor's step: hands the kernel its inputs on the device it runs on (host_inputs
   // and host steps: the host), copying each value at most once per run (constants once).
   void stage_inputs(Plan& plan, size_t s, std::vector<Tensor>& staged) const;
+  // After a step whose kernel writes inputs in place (OpSchema::written_inputs): the copies it
+  // was handed and wrote go back into their values (a constant's copy stays, equal to it again).
+  void copy_back_written_inputs(Plan& plan, size_t s, std::vector<Tensor>& staged) const;
   std::unique_ptr<Kernel> make_kernel(size_t s) const;
   void check_shape_rules(const Plan& plan) const;
 

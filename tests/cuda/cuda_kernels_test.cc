@@ -39,6 +39,10 @@ Tensor random(DType dt, const Shape& shape, std::mt19937& rng, float lo = -1.0f,
       std::vector<bfloat16> h(v.begin(), v.end());
       return Tensor::from_vector(h, shape);
     }
+    case DType::kFloat64: {
+      std::vector<double> h(v.begin(), v.end());
+      return Tensor::from_vector(h, shape);
+    }
     case DType::kInt64: {
       std::vector<int64_t> h(v.size());
       for (size_t i = 0; i < v.size(); ++i) h[i] = int64_t(std::lround(v[i]));
@@ -309,6 +313,48 @@ TEST(CudaKernels, MultiTensorAdamWAgreesWithTheCpu) {
       for (const Shape& s : shapes) c.inputs.push_back(random(DType::kFloat32, s, rng, 0.0f, 0.1f));
       expect_same_on_cuda(c);
     }
+}
+
+// AdamW with in_place = 1 on parameters and state held as initializers (host values the executor
+// copies to the device): float32 runs the device kernel, float64 the CPU kernel on host copies.
+// Either way the initializers themselves take each step's update, outputs requested or not, as
+// on the CPU; nothing reverts to stale host values on the next run.
+TEST(CudaKernels, InPlaceAdamWUpdatesTheInitializersItWasGivenCopiesOf) {
+  SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::mt19937 rng(12);
+    auto model = [&](std::mt19937 r) {
+      Graph g;
+      g.inputs = {value("lr", DType::kFloat32, Shape{}), value("step", DType::kInt64, Shape{}),
+                  value("g", dt, Shape{5, 3})};
+      for (const char* name : {"p", "m", "v"}) {
+        g.initializers[name] = random(dt, {5, 3}, r, name[0] == 'v' ? 0.0f : -1.0f, 1.0f);
+      }
+      Node n = make_node("AdamW", {"lr", "step", "p", "g", "m", "v"}, {"p_new", "m_new", "v_new"});
+      n.domain = kOnnxTrainDomain;
+      n.attributes = {{"in_place", I(1)}, {"weight_decay", F(0.1f)}};
+      g.nodes = {n};
+      g.outputs = {value("p_new", dt, std::nullopt)};
+      Model m = test::make_model(std::move(g), 17);
+      m.opsets[kOnnxTrainDomain] = 1;
+      return m;
+    };
+    Model on_cpu = model(rng), on_gpu = model(rng);  // the same draws: rng is copied
+    std::mt19937 grad_rng(14);
+    const Tensor grad = random(dt, {5, 3}, grad_rng);
+    ExecutorOptions options;
+    options.device = Device::kCuda;
+    Executor cpu(on_cpu), gpu(on_gpu, options);
+    for (int64_t step = 1; step <= 3; ++step) {
+      const std::map<std::string, Tensor> feeds{{"lr", Tensor::scalar(0.05f)}, {"step", Tensor::scalar(step)}, {"g", grad}};
+      cpu.run(feeds);
+      gpu.run(feeds, step == 2 ? std::vector<std::string>{"p_new"} : std::vector<std::string>{});
+      for (const char* name : {"p", "m", "v"})
+        EXPECT_LE(difference(on_gpu.graph.initializers.at(name), on_cpu.graph.initializers.at(name)), 1e-6)
+            << name << " after step " << step;
+    }
+  }
 }
 
 // x -> Gemm -> Relu -> Gemm -> softmax cross-entropy, its backward written out, and AdamW: the
