@@ -143,7 +143,7 @@ class Executor {
   };
   struct Plan;
   void compile_subgraphs(Step& step, const std::function<int(const std::string&)>& id_of);
-  std::vector<Value> run_subgraph(const Step& step, const Plan& plan, const std::string& attribute,
+  std::vector<Value> run_subgraph(const Step& step, Plan& plan, const std::string& attribute,
                                   const std::vector<Value>& inputs);
 
   void compile();
@@ -174,6 +174,8 @@ class Executor {
   // A device executor's step: hands the kernel its inputs on the device it runs on (host_inputs
   // and host steps: the host), copying each value at most once per run (constants once).
   void stage_inputs(Plan& plan, size_t s, std::vector<Tensor>& staged) const;
+  // Value id on `device`: itself when it is there, else its copy there, made at most once per run.
+  const Tensor& value_on(Plan& plan, int id, Device device) const;
   // After a step whose kernel writes inputs in place (OpSchema::written_inputs): the copies it
   // was handed and wrote go back into their values (a constant's copy stays, equal to it again).
   void copy_back_written_inputs(Plan& plan, size_t s, std::vector<Tensor>& staged) const;

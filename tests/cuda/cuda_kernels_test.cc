@@ -357,6 +357,38 @@ TEST(CudaKernels, InPlaceAdamWUpdatesTheInitializersItWasGivenCopiesOf) {
   }
 }
 
+// If's branches run on the host: one reading a value the device made in the outer graph gets a
+// host copy of it.
+TEST(CudaKernels, AnIfBranchReadsAnOuterDeviceValue) {
+  SKIP_WITHOUT_CUDA();
+  auto branch = [](const char* op) {
+    auto body = std::make_shared<Graph>();
+    body->nodes = {make_node(op, {"h"}, {"branch_out"})};  // "h": the outer graph's
+    body->outputs = {value("branch_out", DType::kFloat32, std::nullopt)};
+    Attribute a;
+    a.kind = Attribute::Kind::kGraph;
+    a.g = body;
+    return a;
+  };
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{8}), value("cond", DType::kBool, Shape{})};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt)};
+  Node relu = make_node("Relu", {"x"}, {"h"}), choose = make_node("If", {"cond"}, {"y"});
+  choose.attributes["then_branch"] = branch("Neg");
+  choose.attributes["else_branch"] = branch("Abs");
+  g.nodes = {relu, choose};
+  Model m = test::make_model(std::move(g), 17);
+  std::mt19937 rng(13);
+  const Tensor x = random(DType::kFloat32, {8}, rng);
+  ExecutorOptions options;
+  options.device = Device::kCuda;
+  Executor cpu(m), gpu(m, options);
+  for (bool cond : {true, false, true}) {
+    const std::map<std::string, Tensor> feeds{{"x", x}, {"cond", Tensor::scalar(cond)}};
+    EXPECT_EQ(difference(to_device(gpu.run(feeds)[0], Device::kCpu), cpu.run(feeds)[0]), 0.0) << "cond " << cond;
+  }
+}
+
 // x -> Gemm -> Relu -> Gemm -> softmax cross-entropy, its backward written out, and AdamW: the
 // training step of an MLP in one graph, run for 20 steps on each device.
 TEST(CudaKernels, AnMlpTrainingStepFollowsTheCpuLossCurve) {
