@@ -531,6 +531,7 @@ void bind_torch_bridge(py::module_& m) {
       })
       .def("memory_report", &TorchRunner::memory_report)
       .def("profile", &TorchRunner::profile)
+      .def_property_readonly("kept_label_losses", [](const TorchRunner& r) { return r.graphs().kept_label_losses; })
       .def_property_readonly("memory_plan", [](const TorchRunner& r) { return plan_table(r.graphs().memory_plan); })
       .def_property_readonly("saved_bytes", [](const TorchRunner& r) {  // activations held from forward to backward
         return saved_bytes(r.graphs());
