@@ -164,7 +164,10 @@ TEST(CudaKernels, MatMulAgreesWithTheCpu) {
   std::mt19937 rng(1);
   const std::vector<std::pair<Shape, Shape>> shapes = {
       {{64, 48}, {48, 40}}, {{2, 3, 33, 17}, {17, 29}}, {{2, 5, 7}, {2, 7, 9}}, {{2, 1, 4, 5}, {1, 3, 5, 6}},
-      {{7}, {7, 5}}, {{4, 7}, {7}}, {{6, 7}, {3, 7, 5}}, {{3, 0}, {0, 4}}};
+      {{7}, {7, 5}}, {{4, 7}, {7}}, {{6, 7}, {3, 7, 5}}, {{3, 0}, {0, 4}},
+      // Strided batches whose matrices after the first are less aligned than the first (odd
+      // strides): cuBLASLt must not be told the first's alignment holds for all.
+      {{4, 33, 65}, {4, 65, 31}}, {{3, 64, 63}, {3, 63, 64}}};
   for (DType dt : kFloatTypes)
     for (const auto& [a, b] : shapes)
       expect_same_on_cuda({node("MatMul", 1), {random(dt, a, rng), random(dt, b, rng)}});
