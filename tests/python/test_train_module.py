@@ -3,6 +3,7 @@
 The reference is always the same module run by PyTorch from a deep copy: same initial weights,
 batches and torch optimizer.
 """
+import collections
 import copy
 import os
 import re
@@ -230,6 +231,47 @@ def test_nested_inputs_and_outputs_and_input_gradients():
     for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=n)
     assert len(wrapped.build_stats) == 3  # (use_b, scale) are constants of the schema
+
+
+class Tagged(dict):
+    """A dict subclass whose constructor takes something else than the items."""
+
+    def __init__(self, tag):
+        super().__init__()
+        self.tag = tag
+
+
+class DictSubclassOutputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, inputs):
+        h = self.fc(inputs["x"])
+        counts = collections.defaultdict(list)
+        counts["h"].append(h)
+        tagged = Tagged("out")
+        tagged["relu"] = h.relu()
+        return collections.OrderedDict(counts=counts, tagged=tagged)
+
+
+def test_dict_subclass_inputs_and_outputs_keep_their_types_and_contents():
+    """A defaultdict (constructor: its factory first) and a subclass with another constructor come
+    back as themselves, factory and attributes included (they were rebuilt by cls(items))."""
+    torch.manual_seed(0)
+    model = DictSubclassOutputs()
+    reference = copy.deepcopy(model)
+    x = torch.randn(4, 3)
+    inputs = collections.defaultdict(lambda: None, x=x)
+    ours, theirs = TrainModule(model)(inputs), reference(inputs)
+    assert type(ours) is collections.OrderedDict and list(ours) == ["counts", "tagged"]
+    assert type(ours["counts"]) is collections.defaultdict and ours["counts"].default_factory is list
+    assert type(ours["tagged"]) is Tagged and ours["tagged"].tag == "out" and list(ours["tagged"]) == ["relu"]
+    torch.testing.assert_close(ours["counts"]["h"][0], theirs["counts"]["h"][0])
+    torch.testing.assert_close(ours["tagged"]["relu"], theirs["tagged"]["relu"])
+    ours["tagged"]["relu"].sum().backward()
+    theirs["tagged"]["relu"].sum().backward()
+    torch.testing.assert_close(model.fc.weight.grad, reference.fc.weight.grad)
 
 
 class Twice(nn.Module):
