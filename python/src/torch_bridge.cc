@@ -316,8 +316,7 @@ class TorchRunner {
     fb_ = build_forward_backward(model, options);
     wrt_ = options.wrt;
     ExecutorOptions executor_options;
-    const char* profile = std::getenv("ONNXTRAIN_PROFILE");  // TrainModule.profile(), as Module::profile
-    executor_options.profile = profile && *profile && std::string(profile) != "0";
+    executor_options.profile = profile_requested_by_environment();  // TrainModule.profile(), as Module::profile
     forward_ = std::make_unique<Executor>(fb_.forward, executor_options);
     if (!fb_.gradients.empty()) backward_ = std::make_unique<Executor>(fb_.backward, executor_options);
     for (const auto& out : fb_.forward.graph.outputs) forward_outputs_.push_back(out.name);

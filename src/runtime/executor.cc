@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <numeric>
@@ -363,6 +364,11 @@ void Executor::compile_subgraphs(Step& step, const std::function<int(const std::
     sub.executor = std::make_shared<Executor>(child, options);
     step.subgraphs.push_back(std::move(sub));
   }
+}
+
+bool profile_requested_by_environment() {
+  const char* profile = std::getenv("ONNXTRAIN_PROFILE");
+  return profile && *profile && std::string(profile) != "0";
 }
 
 std::vector<Value> Executor::run_subgraph(const Step& step, Plan& plan, const std::string& attribute,

@@ -63,6 +63,10 @@ struct ExecutorOptions {
   Device device = Device::kCpu;
 };
 
+// ONNXTRAIN_PROFILE set and not "0": the training front ends (Module, TrainModule) then profile
+// their executors.
+bool profile_requested_by_environment();
+
 // A recorded plan (one shape signature) in a form a file can hold: what the recording run saw per
 // value id and where the arena places each planned value (runtime/compiled_model writes it into
 // pre-compiled models; adopt_plan makes it the executor's plan without a recording run).
