@@ -192,13 +192,14 @@ TEST_F(HostDeviceTest, InPlaceUpdatesOfCopiedInputsReachTheirValues) {
   EXPECT_EQ(dev.run(feeds, {"w_new"})[0].item_as_double(3), 34.0);
   EXPECT_EQ(w.item_as_double(3), 34.0);
 
-  // AdamW (in_place = 1) on device-resident state: where it runs on the host (this build has no
-  // device kernel for it), the host copies it wrote go back into the device tensors fed.
+  // AdamW (in_place = 1) on device-resident float64 state, which runs on the host in every build
+  // (a host step without CUDA; run_on_host with it, its device kernel being float32 only): the
+  // host copies it wrote go back into the device tensors fed.
   Graph a;
   for (const char* name : {"lr", "step"}) a.inputs.push_back(value(name, DType::kFloat32, Shape{}));
   a.inputs[1] = value("step", DType::kInt64, Shape{});
-  for (const char* name : {"p", "g", "m", "v"}) a.inputs.push_back(value(name, DType::kFloat32, Shape{3}));
-  a.outputs = {value("p_new", DType::kFloat32, std::nullopt)};
+  for (const char* name : {"p", "g", "m", "v"}) a.inputs.push_back(value(name, DType::kFloat64, Shape{3}));
+  a.outputs = {value("p_new", DType::kFloat64, std::nullopt)};
   Node adamw = make_node("AdamW", {"lr", "step", "p", "g", "m", "v"}, {"p_new", "m_new", "v_new"});
   adamw.domain = kOnnxTrainDomain;
   adamw.attributes["in_place"] = Attribute::of(int64_t{1});
@@ -206,10 +207,10 @@ TEST_F(HostDeviceTest, InPlaceUpdatesOfCopiedInputsReachTheirValues) {
   Model am = make_model(std::move(a));
   am.opsets[kOnnxTrainDomain] = 1;
   auto state = [] {
-    return std::map<std::string, Tensor>{{"p", Tensor::from_vector<float>({1, -2, 3}, {3})},
-                                         {"g", Tensor::from_vector<float>({0.5f, 0.25f, -1}, {3})},
-                                         {"m", Tensor::zeros(DType::kFloat32, {3})},
-                                         {"v", Tensor::zeros(DType::kFloat32, {3})}};
+    return std::map<std::string, Tensor>{{"p", Tensor::from_vector<double>({1, -2, 3}, {3})},
+                                         {"g", Tensor::from_vector<double>({0.5, 0.25, -1}, {3})},
+                                         {"m", Tensor::zeros(DType::kFloat64, {3})},
+                                         {"v", Tensor::zeros(DType::kFloat64, {3})}};
   };
   std::map<std::string, Tensor> host = state(), on_device;
   for (const auto& [name, t] : state()) on_device[name] = to_device(t, Device::kCuda);
