@@ -323,8 +323,7 @@ class TorchRunner {
     fb_ = build_forward_backward(model, options);
     wrt_ = options.wrt;
     ExecutorOptions executor_options;
-    const char* profile = std::getenv("ONNXTRAIN_PROFILE");  // TrainModule.profile(), as Module::profile
-    executor_options.profile = profile && *profile && std::string(profile) != "0";
+    executor_options.profile = profile_requested_by_environment();  // TrainModule.profile(), as Module::profile
     forward_ = std::make_unique<Executor>(fb_.forward, executor_options);
     if (!fb_.gradients.empty()) backward_ = std::make_unique<Executor>(fb_.backward, executor_options);
     for (const auto& out : fb_.forward.graph.outputs) forward_outputs_.push_back(out.name);
@@ -548,6 +547,7 @@ void bind_torch_bridge(py::module_& m) {
       })
       .def("memory_report", &TorchRunner::memory_report)
       .def("profile", &TorchRunner::profile)
+      .def_property_readonly("kept_label_losses", [](const TorchRunner& r) { return r.graphs().kept_label_losses; })
       .def_property_readonly("memory_plan", [](const TorchRunner& r) { return plan_table(r.graphs().memory_plan); })
       .def_property_readonly("saved_bytes", [](const TorchRunner& r) {  // activations held from forward to backward
         return saved_bytes(r.graphs());

@@ -182,10 +182,12 @@ void split(const Model& full, ForwardBackwardGraphs& fb) {
 
 // Labels first (their row gather may reach the positions the compute optimizer takes), padding
 // last (so a head on token 0 still runs on those rows only, not on every kept token).
-void optimize_rows(Model& m, const ForwardBackwardOptions& o) {
-  if (o.label_sparsity) compute_kept_labels_only(m);
+// Returns how many losses the label pass rewrote.
+int optimize_rows(Model& m, const ForwardBackwardOptions& o) {
+  const int kept_label_losses = o.label_sparsity ? compute_kept_labels_only(m) : 0;
   if (o.compute_optimizer) move_selections_upstream(m);
   strip_padding(m, o.padding_index);
+  return kept_label_losses;
 }
 
 }  // namespace
@@ -220,7 +222,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
 
   const DType low = mixed_precision_dtype(o.mixed_precision);
   if (o.wrt.empty()) {
-    optimize_rows(m, o);
+    fb.kept_label_losses = optimize_rows(m, o);
     if (low != DType::kUndefined) {
       fuse_for_training(m);
       convert_to_mixed_precision(m, low);
@@ -245,7 +247,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
     infer_shapes(g, m.opsets);  // the fusion checks operand shapes
     if (fuse_linear_cross_entropy(g)) m.opsets.emplace(kOnnxTrainDomain, 1);
   }
-  optimize_rows(m, o);
+  fb.kept_label_losses = optimize_rows(m, o);
   fuse_for_training(m);
   if (low != DType::kUndefined) convert_to_mixed_precision(m, low);  // host values stay fp32 inputs
   GradientGraphInfo info;

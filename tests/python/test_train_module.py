@@ -3,6 +3,7 @@
 The reference is always the same module run by PyTorch from a deep copy: same initial weights,
 batches and torch optimizer.
 """
+import collections
 import copy
 import os
 import re
@@ -152,6 +153,45 @@ def test_new_batch_size_and_sequence_length(monkeypatch, dynamic):
     assert_close_state(model.state_dict(), reference.state_dict(), 1e-4)
 
 
+@torch.jit.script
+def _refine(h: torch.Tensor) -> torch.Tensor:
+    scale = h.abs().mean(0)  # made outside the branches, read in them
+    if bool(h.sum() > 0):
+        return torch.tanh(h * scale) + h
+    return h - scale
+
+
+class WithIf(nn.Module):
+    """A scripted branch inside a traced module: the export holds an ONNX If whose branches read
+    values of the outer graph (on the input's path, which takes no gradient)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return (self.fc(x) * _refine(x)).pow(2).mean()
+
+
+def test_a_model_with_an_if_exports_once_for_every_batch_size():
+    """The branches' reads of outer values are numbered by the exporter's counter, which moves
+    between exports: they are matched by position, so the check export at a second batch size
+    finds the same program and later sizes reuse the graphs."""
+    torch.manual_seed(0)
+    model = WithIf()
+    reference = copy.deepcopy(model)
+    wrapped = TrainModule(model)
+    g = torch.Generator().manual_seed(1)
+    for batch in (2, 3, 5, 2, 7):
+        x = torch.randn(batch, 4, generator=g)
+        ours, theirs = wrapped(x), reference(x)
+        torch.testing.assert_close(ours, theirs)
+        ours.backward()
+        theirs.backward()
+    torch.testing.assert_close(model.fc.weight.grad, reference.fc.weight.grad)
+    assert (wrapped.export_count, len(wrapped.build_stats)) == (2, 1)
+
+
 def test_batchnorm_statistics_follow_torch_at_every_batch_size():
     """One graph for batch sizes 4, 6 and 3: BatchNorm's unbiased running variance takes its count
     of values per channel from the input's shape at run time."""
@@ -231,6 +271,47 @@ def test_nested_inputs_and_outputs_and_input_gradients():
     for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=n)
     assert len(wrapped.build_stats) == 3  # (use_b, scale) are constants of the schema
+
+
+class Tagged(dict):
+    """A dict subclass whose constructor takes something else than the items."""
+
+    def __init__(self, tag):
+        super().__init__()
+        self.tag = tag
+
+
+class DictSubclassOutputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, inputs):
+        h = self.fc(inputs["x"])
+        counts = collections.defaultdict(list)
+        counts["h"].append(h)
+        tagged = Tagged("out")
+        tagged["relu"] = h.relu()
+        return collections.OrderedDict(counts=counts, tagged=tagged)
+
+
+def test_dict_subclass_inputs_and_outputs_keep_their_types_and_contents():
+    """A defaultdict (constructor: its factory first) and a subclass with another constructor come
+    back as themselves, factory and attributes included (they were rebuilt by cls(items))."""
+    torch.manual_seed(0)
+    model = DictSubclassOutputs()
+    reference = copy.deepcopy(model)
+    x = torch.randn(4, 3)
+    inputs = collections.defaultdict(lambda: None, x=x)
+    ours, theirs = TrainModule(model)(inputs), reference(inputs)
+    assert type(ours) is collections.OrderedDict and list(ours) == ["counts", "tagged"]
+    assert type(ours["counts"]) is collections.defaultdict and ours["counts"].default_factory is list
+    assert type(ours["tagged"]) is Tagged and ours["tagged"].tag == "out" and list(ours["tagged"]) == ["relu"]
+    torch.testing.assert_close(ours["counts"]["h"][0], theirs["counts"]["h"][0])
+    torch.testing.assert_close(ours["tagged"]["relu"], theirs["tagged"]["relu"])
+    ours["tagged"]["relu"].sum().backward()
+    theirs["tagged"]["relu"].sum().backward()
+    torch.testing.assert_close(model.fc.weight.grad, reference.fc.weight.grad)
 
 
 class Twice(nn.Module):

@@ -354,7 +354,10 @@ class TrainModule(nn.Module):
 
     @property
     def build_stats(self) -> List[Dict[str, Any]]:
-        """Per built graph: the seconds spent exporting and building it (the first-call cost)."""
+        """Per built graph: the seconds spent exporting and building it (the first-call cost);
+        ``label_sparsity``: whether a loss now takes the kept label rows only (False when the fused
+        output layer, which skips ignored rows itself, took the loss); ``padding_sparsity``: the
+        tables whose padding tokens were stripped, with their padding index."""
         return [{"schema": i, "export_s": g.export.seconds, "build_s": g.build_seconds,
                  "backward": g.runner.has_backward, "memory": g.runner.memory_report(),
                  "memory_plan": g.runner.memory_plan, "saved_bytes": g.runner.saved_bytes,
@@ -679,11 +682,13 @@ class TrainModule(nn.Module):
             raise TrainModuleError(f"TrainModule: onnxtrain cannot build the graphs of {name}: {exc}") from exc
         graph = _Graph(export, runner, state_names)
         graph.build_seconds = time.perf_counter() - start
-        graph.label_sparsity = label_sparsity
+        # Whether the row pass rewrote a loss (the fused output layer skips ignored rows itself,
+        # leaving the pass nothing to do), not merely whether the batch was sparse enough to ask.
+        graph.label_sparsity = label_sparsity and runner.kept_label_losses > 0
         graph.padding_index = dict(padding_index or {})
         if label_sparsity or padding_index:
             self._settings.log(LogLevel.INFO, f"TrainModule({name}) schema {index}: label sparsity "
-                               f"{'on' if label_sparsity else 'off'}, padding stripped for {sorted(graph.padding_index) or 'none'}")
+                               f"{'on' if graph.label_sparsity else 'off'}, padding stripped for {sorted(graph.padding_index) or 'none'}")
         self._settings.log(LogLevel.INFO,
                            f"TrainModule({name}) schema {index}: export {export.seconds:.2f} s, build "
                            f"{graph.build_seconds:.2f} s, {'forward + backward' if runner.has_backward else 'forward only'}"
