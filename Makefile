@@ -137,15 +137,18 @@ cross-aarch64: deps
 	cd $(CROSS_DIR) && ctest --output-on-failure -j $(JOBS)
 
 # The WebAssembly module (cmake/web.cmake, web/): the minimal runtime built by Debian's emscripten,
-# single-threaded (and, with WEB_THREADED=ON, the experimental pthreads module), for the op set of WEB_OPS_FILE (default: the digits CNN's) and/or
-# WEB_OPS. Configured once; ninja then rebuilds only what changed, through ccache. NODE_PATH: the
-# Debian modules (acorn) emscripten's JS optimizer needs, which this Node does not search itself.
+# single-threaded and (WEB_THREADED=ON, the default) threaded, for the op set of WEB_OPS_FILE (default: the digits CNN's) and/or
+# WEB_OPS. Configured once (again when WEB_THREADED differs from the cache's); ninja then rebuilds only what
+# changed, through ccache. NODE_PATH: the Debian modules (acorn) emscripten's JS optimizer needs, which this
+# Node does not search itself.
 WEB_DIR      ?= build-web
 WEB_OPS_FILE ?= web/ops/digits.txt
 WEB_OPS      ?=
-WEB_THREADED ?= OFF
+WEB_THREADED ?= ON
 WEB_ENV      := NODE_PATH=/usr/share/nodejs
 web: $(WEB_DIR)/build.ninja
+	@grep -q '^ONNXTRAIN_WEB_THREADED:BOOL=$(WEB_THREADED)$$' $(WEB_DIR)/CMakeCache.txt || \
+	  $(WEB_ENV) cmake $(WEB_DIR) -DONNXTRAIN_WEB_THREADED=$(WEB_THREADED)
 	$(WEB_ENV) cmake --build $(WEB_DIR) -j $(JOBS)
 $(WEB_DIR)/build.ninja:
 	$(WEB_ENV) emcmake cmake -S . -B $(WEB_DIR) -G Ninja -DONNXTRAIN_MINIMAL=ON $(LAUNCHER) \
@@ -153,13 +156,15 @@ $(WEB_DIR)/build.ninja:
 
 # The WebAssembly module's tests: tsc checks the declarations (web/onnxtrain.d.mts) on an ORT Web
 # training loop; Node runs web/tests/*.test.mjs (the API, bad input, 50 digits steps
-# against the baseline-ISA native build), then headless chromium
-# trains on the demo page (web/tests/test_demo_browser.py).
+# against the baseline-ISA native build), all again on the threaded module with 2 threads (the
+# digits steps against the native build on 2), then headless chromium trains on the demo page with
+# 2 threads (web/tests/test_demo_browser.py).
 WEB_FIXTURES ?= $(WEB_DIR)/fixtures
 test-web: web minimal-baseline build
 	$(PYTHON) web/tests/make_fixtures.py $(WEB_FIXTURES)
 	tsc --noEmit --strict --target es2020 --module node16 --moduleResolution node16 web/tests/types_check.mts
 	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) node --test web/tests/*.test.mjs
+	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) ONNXTRAIN_WEB_THREADS=2 node --test web/tests/*.test.mjs
 	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) $(PYTHON) -m pytest -q web/tests/test_demo_browser.py
 
 # The demo page on http://localhost:8000/ (web/demo/): trains the digits CNN in the browser.

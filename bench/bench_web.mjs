@@ -1,18 +1,18 @@
 // The WebAssembly module's size and speed (make bench-web): .wasm bytes for the digits and the
 // BERT-style op sets, and train steps (train step + optimizer step, inputs zero-filled) in Node
 // against the native minimal build compiled for the baseline ISA (x86-64: SSE2) and for
-// -march=native (bench/startup.cc). The threaded module is not measured: its train steps deadlock
-// today (cmake/web.cmake).
+// -march=native (bench/startup.cc), and the threaded module on 2 threads against its single thread
+// (and the baseline native build on 2 threads against 1, for reference).
 //
 //   node bench/bench_web.mjs [--rounds N] [--steps N]
 //
 // Each configuration runs in its own process; the rounds interleave them (the machine is shared),
 // and each figure is the median over rounds of a run's median step. Reported: wall milliseconds,
-// and CPU milliseconds of the process per step (a run's time on a core; for the threaded module, all
-// threads together). Needs make web, make minimal, make minimal-baseline for both op sets and
+// and CPU milliseconds per step (a run's time on a core): the process's for WebAssembly (for the
+// threaded module, all threads together), the main thread's for native. Needs make web, make minimal, make minimal-baseline for both op sets and
 // web/tests/make_fixtures.py --bert (the bench-web target does all of it).
 import { execFileSync } from "node:child_process";
-import { existsSync, statSync } from "node:fs";
+import { existsSync, readFileSync, statSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 import path from "node:path";
 
@@ -71,14 +71,16 @@ function runWasm(model, threads, steps) {
   return JSON.parse(out.trim().split("\n").pop());
 }
 
-function runNative(model, build, steps) {
+function runNative(model, build, steps, threads = 1) {
   const spec = MODELS[model];
   const shapes = Object.entries(spec.inputs).map(([name, [dims, type]]) => `${name}=${dims.join(",")}${type === "int64" ? ":i64" : ""}`);
   const out = execFileSync(path.join(root, build, "bench", "startup"), ["--steady-steps", String(steps), spec.artifacts, ...shapes],
-                           { encoding: "utf8", env: { ...process.env, OMP_NUM_THREADS: "1" } });
+                           { encoding: "utf8", env: { ...process.env, OMP_NUM_THREADS: String(threads) } });
   const fields = Object.fromEntries(out.trim().split(/\s+/).reduce((pairs, word, i, words) => (i % 2 ? pairs : [...pairs, [word, Number(words[i + 1])]]), []));
   return { wall: fields.steady_step, cpu: fields.steady_step_cpu };
 }
+
+const threaded = (model) => existsSync(path.join(root, MODELS[model].web, "web", "onnxtrain_web_threaded.wasm"));
 
 function sizeOf(build, name) {
   const file = path.join(root, build, "web", `${name}.wasm`);
@@ -104,15 +106,20 @@ async function main() {
     configs.push([model, "native -march=native", () => runNative(model, MODELS[model].native, steps)]);
     configs.push([model, "native baseline x86-64", () => runNative(model, MODELS[model].baseline, steps)]);
     configs.push([model, "wasm 1 thread", () => runWasm(model, 1, steps)]);
+    if (threaded(model)) {
+      configs.push([model, "native baseline 2 threads", () => runNative(model, MODELS[model].baseline, steps, 2)]);
+      configs.push([model, "wasm 2 threads", () => runWasm(model, 2, steps)]);
+    }
   }
   const results = new Map(configs.map(([m, c]) => [`${m}|${c}`, []]));
   for (let r = 0; r < rounds; ++r) {
     for (const [model, config, run] of configs) results.get(`${model}|${config}`).push(run());
   }
+  const load = readFileSync("/proc/loadavg", "utf8").split(" ").slice(0, 3).join(" ");
   const figure = (model, config, key = "wall") => median(results.get(`${model}|${config}`).map((x) => x[key]));
-  console.log(`\nTrain step + optimizer step, median over ${rounds} interleaved rounds of each run's median of ${steps} steps (ms):`);
+  console.log(`\nTrain step + optimizer step, median over ${rounds} interleaved rounds of each run's median of ${steps} steps (ms; load after: ${load}):`);
   for (const [model, config] of configs) {
-    console.log(`  ${model.padEnd(6)} ${config.padEnd(24)} wall ${figure(model, config).toFixed(2).padStart(8)}  cpu ${figure(model, config, "cpu").toFixed(2).padStart(8)}`);
+    console.log(`  ${model.padEnd(6)} ${config.padEnd(26)} wall ${figure(model, config).toFixed(2).padStart(8)}  cpu ${figure(model, config, "cpu").toFixed(2).padStart(8)}`);
   }
   console.log("\nRatios (wall; cpu):");
   for (const model of models) {
@@ -122,7 +129,19 @@ async function main() {
       console.log(`  ${model}: wasm 1 thread / ${base}: ${w.toFixed(2)}x; ${c.toFixed(2)}x`);
     }
   }
-  console.log("  threaded module: not measured (its train steps deadlock today)");
+  for (const model of models) {
+    if (!threaded(model)) {
+      console.log(`  ${model}: threaded module not built (make web WEB_THREADED=ON)`);
+      continue;
+    }
+    // Speed-up of 2 threads over 1: wall time; CPU time per step tells how much the second thread added.
+    const speedup = (one, two) => figure(model, one) / figure(model, two);
+    const cpu = (one, two) => figure(model, two, "cpu") / figure(model, one, "cpu");
+    console.log(`  ${model}: wasm 2 threads over 1: speed-up ${speedup("wasm 1 thread", "wasm 2 threads").toFixed(2)}x, ` +
+                `${cpu("wasm 1 thread", "wasm 2 threads").toFixed(2)}x the CPU time`);
+    // (startup.cc's CPU time is its main thread's: no total to compare.)
+    console.log(`  ${model}: native baseline 2 threads over 1: speed-up ${speedup("native baseline x86-64", "native baseline 2 threads").toFixed(2)}x`);
+  }
 }
 
 if (process.argv[2] === "--child") await child(process.argv[3], Number(process.argv[4]), Number(process.argv[5]));

@@ -24,6 +24,7 @@ ORT_RUNNER = os.path.join(REPO_ROOT, "bench", "ort_runner.py")
 PACKAGES = {
     "ort": "onnxruntime 1.31",
     "ort-training": "onnxruntime-training-cpu 1.19.2",
+    "ortmodule": "onnxruntime-training-cpu 1.19.2's ORTModule on Debian's torch 1.13",
     "torch2": "torch 2.x with transformers 5 and peft",
     "hf113": "transformers 4.47 and peft on Debian's torch 1.13",
 }

@@ -2,13 +2,11 @@
 # them and the op set) with the C API, compiled by emscripten (emcmake) into
 #   onnxtrain_web.js/.wasm           single-threaded, SIMD128
 #   onnxtrain_web_threaded.js/.wasm  pthreads (SharedArrayBuffer; a cross-origin isolated page),
-#                                    when ONNXTRAIN_WEB_THREADED is on (experimental: see below)
+#                                    when ONNXTRAIN_WEB_THREADED is on (the default)
 # which web/onnxtrain.mjs loads. Debian's emscripten 3.1.6 has clang 14 and libc++ 13: the
 # library's missing C++20 pieces come from web/native/libcxx13_compat.h, forced into every file, and
 # its missing OpenMP runtime from web/native/openmp_runtime.cc.
-# The pthreads module builds and runs eval steps, but its first train step deadlocks (2026-11-27,
-# Node 20 and chromium 156 alike): off until that is found, so make test does not build it.
-option(ONNXTRAIN_WEB_THREADED "WebAssembly build: also the pthreads module (experimental)" OFF)
+option(ONNXTRAIN_WEB_THREADED "WebAssembly build: also the pthreads module" ON)
 set(ONNXTRAIN_WEB_POOL_SIZE 4 CACHE STRING "WebAssembly build: worker threads started with the threaded module")
 
 set(_web ${CMAKE_CURRENT_SOURCE_DIR}/web)

@@ -14,6 +14,7 @@ packages=(
   python3-setuptools python3-wheel python3-build python3-venv  # pip install ., wheels (setup.py)
   python3-pytest python3-hypothesis               # Python tests
   python3-torch python3-onnx                      # oracles: autograd, ONNX node-test generators
+  libtorch-dev                                    # torch's C++ headers: ORTModule's extensions (the ortmodule peer)
   python3-sklearn python3-tqdm python3-matplotlib # examples and demo
   libopenblas0-pthread                            # an optimised BLAS for numpy/torch, the benchmark peers
   libopenmpi-dev openmpi-bin python3-mpi4py       # data-parallel training (src/distributed)

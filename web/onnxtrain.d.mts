@@ -22,7 +22,7 @@ export class Tensor<T extends TensorType = TensorType> {
 export const env: {
   wasm: {
     /** 1 (default): the single-threaded module. 0 (up to 4 cores) or n > 1: the threaded module where
-     * SharedArrayBuffer is usable -- experimental, its train steps deadlock today. */
+     * SharedArrayBuffer is usable (Node, a cross-origin isolated page); elsewhere one thread. */
     numThreads: number;
     /** Folder (URL or path, ending in "/") of onnxtrain_web*.js/.wasm; default: next to onnxtrain.mjs. */
     wasmPaths?: string;

@@ -21,8 +21,7 @@ export const env = {
   wasm: {
     /** Threads for the kernels. 1 (default): the single-threaded module. 0: the machine's cores (at
      * most 4) and n > 1: n threads, on the threaded module where SharedArrayBuffer is usable (Node, a
-     * cross-origin isolated page) -- experimental: it runs eval steps, but its first train step
-     * deadlocks today (make web WEB_THREADED=ON builds it). */
+     * cross-origin isolated page; make web builds it), the single-threaded module elsewhere. */
     numThreads: 1,
     /** Folder (URL or path, ending in "/") of onnxtrain_web*.js/.wasm; default: next to this file. */
     wasmPaths: undefined,
@@ -37,22 +36,30 @@ const DTYPES = {  // ONNX's TensorProto.DataType, as the C API numbers them
 };
 const DTYPE_NAMES = Object.fromEntries(Object.entries(DTYPES).map(([name, [code]]) => [code, name]));
 
+// A tensor's type, data and dims agree: its element count, else a TypeError/RangeError that starts
+// with `where`. The constructor checks them, and every run again (the fields are plain properties).
+function checkTensor(type, data, dims, where) {
+  if (!(type in DTYPES)) throw new TypeError(`${where}: unsupported type '${type}' (supported: ${Object.keys(DTYPES).join(", ")})`);
+  const [, Array_] = DTYPES[type];
+  if (!(data instanceof Array_)) {
+    throw new TypeError(`${where}: a '${type}' tensor takes a ${Array_.name}, got ${data?.constructor?.name ?? typeof data}`);
+  }
+  if (!Array.isArray(dims)) throw new TypeError(`${where}: dims must be an array, got ${typeof dims}`);
+  for (const d of dims) {
+    if (!Number.isInteger(d) || d < 0) throw new RangeError(`${where}: dims must be non-negative integers, got [${dims}]`);
+  }
+  const size = dims.reduce((a, b) => a * b, 1);
+  if (size !== data.length) {
+    throw new RangeError(`${where}: dims [${dims}] hold ${size} elements, the data has ${data.length}`);
+  }
+  return size;
+}
+
 /** A tensor as ORT Web has it: a type name, a typed array and its dims. */
 export class Tensor {
   constructor(type, data, dims) {
-    if (!(type in DTYPES)) throw new TypeError(`Tensor: unsupported type '${type}' (supported: ${Object.keys(DTYPES).join(", ")})`);
-    const [, Array_] = DTYPES[type];
-    if (!(data instanceof Array_)) {
-      throw new TypeError(`Tensor: a '${type}' tensor takes a ${Array_.name}, got ${data?.constructor?.name ?? typeof data}`);
-    }
-    dims = dims === undefined ? [data.length] : Array.from(dims, Number);
-    for (const d of dims) {
-      if (!Number.isInteger(d) || d < 0) throw new RangeError(`Tensor: dims must be non-negative integers, got [${dims}]`);
-    }
-    const size = dims.reduce((a, b) => a * b, 1);
-    if (size !== data.length) {
-      throw new RangeError(`Tensor: dims [${dims}] hold ${size} elements, the data has ${data.length}`);
-    }
+    dims = dims === undefined ? data?.length === undefined ? [] : [data.length] : Array.from(dims, Number);
+    const size = checkTensor(type, data, dims, "Tensor");
     this.type = type;
     this.data = data;
     this.dims = dims;
@@ -112,6 +119,9 @@ async function instantiate() {
     factory = await loadScript(resolve(`${name}.js`), factoryName);
   }
   const m = await factory(options);
+  // Node: the pool's workers (every kernel thread is one: cmake/web.cmake sizes the pool) wait for
+  // the next region forever; unreferenced, they no longer keep the process alive once its own work is done.
+  if (isNode && m.PThread) for (const worker of [...m.PThread.unusedWorkers, ...m.PThread.runningWorkers]) worker.unref();
   const api = bind(m);
   api.threads = threads;
   api.check(api.ot_set_num_threads(threads));
@@ -383,6 +393,8 @@ export class TrainingSession {
         const t = feeds[name];
         if (t === undefined) throw new Error(`TrainingSession.${what}: input '${name}' is missing (inputs: ${inputNames.join(", ")})`);
         if (!(t instanceof Tensor)) throw new TypeError(`TrainingSession.${what}: input '${name}' must be a Tensor`);
+        // Checked again: a Tensor's fields may have changed since it was made.
+        checkTensor(t.type, t.data, t.dims, `TrainingSession.${what}: input '${name}'`);
         const data = scratch.alloc(t.data.byteLength);
         m.HEAPU8.set(new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength), data);
         const shape = scratch.alloc(8 * t.dims.length);
@@ -468,13 +480,14 @@ export class TrainingSession {
   async getContiguousParameters(trainableOnly = true) {
     const size = await this.getParametersSize(trainableOnly);
     const { _api: api } = this;
-    const buffer = api.m._malloc(Math.max(4, 4 * size));
+    const scratch = api.scratch();
     try {
+      const buffer = scratch.alloc(4 * size);
       api.check(api.ot_module_get_contiguous_parameters(this._module, trainableOnly ? 1 : 0, buffer, 1, BigInt(size)),
                 "TrainingSession.getContiguousParameters");
       return new Tensor("float32", new Float32Array(api.m.HEAPU8.buffer.slice(buffer, buffer + 4 * size)), [size]);
     } finally {
-      api.m._free(buffer);
+      scratch.free();
     }
   }
 
@@ -486,13 +499,14 @@ export class TrainingSession {
       throw new RangeError(`TrainingSession.loadParametersBuffer: ${buffer.byteLength} bytes are not a whole number of float32 values`);
     }
     const { _api: api } = this;
-    const p = api.m._malloc(Math.max(4, buffer.byteLength));
+    const scratch = api.scratch();
     try {
+      const p = scratch.alloc(buffer.byteLength);
       api.m.HEAPU8.set(buffer, p);
       api.check(api.ot_module_copy_buffer_to_parameters(this._module, trainableOnly ? 1 : 0, p, 1, BigInt(buffer.byteLength / 4)),
                 "TrainingSession.loadParametersBuffer");
     } finally {
-      api.m._free(p);
+      scratch.free();
     }
   }
 

@@ -20,7 +20,7 @@ struct ResourceLimits {
   // machine's physical memory. 0 means no limit.
   uint64_t max_alloc_bytes = 0;
   // Iterations one run of a Loop node may make. Default: ONNXTRAIN_MAX_LOOP_ITERATIONS, else
-  // 10,000,000. 0 means no limit.
+  // 10,000,000. 0 means no limit; a negative count is Error(kInvalidArgument).
   int64_t max_loop_iterations = 0;
 };
 

@@ -420,9 +420,12 @@ class Module:
     def import_adapters(self, path: PathLike) -> None:
         """Sets the LoRA adapters from a PEFT adapter: a directory with ``adapter_model.safetensors``
         and ``adapter_config.json`` (its rank and alpha must be the artifacts', and it must use
-        plain LoRA: no rsLoRA, DoRA, bias or modules_to_save), or the ``.safetensors`` file alone.
-        The adapters must cover exactly the modules these artifacts adapt, with the same shapes; on
-        any error nothing changes. ``CheckpointState.save_checkpoint`` then keeps them."""
+        plain LoRA: no rsLoRA, DoRA, bias, modules_to_save, or per-module ``rank_pattern`` /
+        ``alpha_pattern``), or the ``.safetensors`` file alone. The file alone carries no alpha:
+        only the ranks (the tensors' shapes) are checked, and the adapters are scaled by the
+        artifacts' alpha/rank whatever alpha they were trained with. The adapters must cover
+        exactly the modules these artifacts adapt, with the same shapes; on any error nothing
+        changes. ``CheckpointState.save_checkpoint`` then keeps them."""
         path = _path(path)
         info = _C.lora_info(self._train_model_uri)
         if not info["adapters"]:
@@ -439,6 +442,13 @@ class Module:
                 got = config.get(key, want)
                 if got != want and not (key == "lora_alpha" and float(got) == float(want)):
                     raise _C.InvalidArgument(f"import_adapters: '{config_path}': {key} is {got!r}, these artifacts need {want!r}")
+            # Per-module ranks or alphas would scale some adapters otherwise than the artifacts' one
+            # alpha/rank: silently wrong outputs, so refused.
+            for key in ("rank_pattern", "alpha_pattern"):
+                if config.get(key):
+                    raise _C.InvalidArgument(f"import_adapters: '{config_path}': {key} is {config[key]!r}; these artifacts "
+                                             f"scale every adapter by one alpha/rank ({info['alpha']}/{info['rank']}), "
+                                             "per-module ranks and alphas are not supported")
         _C.import_lora_adapters(self._train_model_uri, self._state._state, file)
 
 

@@ -204,18 +204,25 @@ class SpareBlock {
     bytes_ = 0;
   }
 
-  static SpareBlock& saved_values() { static SpareBlock* spare = new SpareBlock; return *spare; }
-  static SpareBlock& gradients() { static SpareBlock* spare = new SpareBlock; return *spare; }
+  static SpareBlock& saved_values() { static SpareBlock* spare = new SpareBlock(true); return *spare; }
+  // The gradients die once torch has accumulated them (or at zero_grad), and the next backward
+  // comes after a forward that must not hold their memory through torch's peak after it (a
+  // GPT-style step's logits and their gradients: 32 MiB each, its peak 28 MiB higher): their
+  // memory is given back when they die, never kept.
+  static SpareBlock& gradients() { static SpareBlock* spare = new SpareBlock(false); return *spare; }
 
  private:
-  SpareBlock() = default;  // process-wide (above): a block's release may come from any thread, at any time
+  // process-wide (above): a block's release may come from any thread, at any time
+  explicit SpareBlock(bool keeps) : keeps_(keeps) {}
 
   void keep(std::shared_ptr<void> memory, size_t bytes) {
+    if (!keeps_) return;
     std::lock_guard<std::mutex> lock(mutex_);
     std::swap(memory_, memory);  // the spare it replaces is given back after the lock
     bytes_ = bytes;
   }
 
+  const bool keeps_;
   std::mutex mutex_;
   std::shared_ptr<void> memory_;
   size_t bytes_ = 0;
@@ -350,15 +357,14 @@ class TorchRunner {
               const std::map<std::string, int64_t>& fixed_dims = {}) {
     Model model = load_model_from_bytes(model_bytes, "", name);
     if (!fixed_dims.empty()) fix_dims(model.graph, fixed_dims);
-    std::erase_if(options.bind, [&](const std::string& n) { return !model.graph.is_initializer(n); });
+    std::erase_if(options.bind, [&](const std::string& n) { return !model.graph.is_initializer(n) && !model.graph.is_input(n); });
     std::erase_if(options.wrt, [&](const std::string& n) {
       return !model.graph.is_input(n) && std::find(options.bind.begin(), options.bind.end(), n) == options.bind.end();
     });
     fb_ = build_forward_backward(model, options);
     wrt_ = options.wrt;
     ExecutorOptions executor_options;
-    const char* profile = std::getenv("ONNXTRAIN_PROFILE");  // TrainModule.profile(), as Module::profile
-    executor_options.profile = profile && *profile && std::string(profile) != "0";
+    executor_options.profile = profile_requested_by_environment();  // TrainModule.profile(), as Module::profile
     forward_ = std::make_unique<Executor>(fb_.forward, executor_options);
     if (!fb_.gradients.empty()) backward_ = std::make_unique<Executor>(fb_.backward, executor_options);
     for (const auto& out : fb_.forward.graph.outputs) forward_outputs_.push_back(out.name);
@@ -383,10 +389,6 @@ class TorchRunner {
     std::map<std::string, Tensor> named;
     bind(named, feeds, fb_.forward_feeds, fb_.forward.graph, "forward feed");
     if (stash_.empty()) stash_ = OutputBlock(positions(fb_.saved, forward_outputs_));
-    // The gradient block's memory, held from here to the backward, would be held through torch's
-    // own peak after the forward, its loss and that loss's backward (a GPT-style step's logits
-    // and their gradients: 32 MiB each, its peak 28 MiB higher): the next backward maps afresh.
-    SpareBlock::gradients().release();
     std::vector<Tensor> outs, stash;
     std::shared_ptr<void> shared;  // the step's block when its gradients go over the saved values
     if (layout_ && stash_.stable()) {
@@ -691,6 +693,20 @@ void bind_torch_bridge(py::module_& m) {
     return py::make_tuple(labels, embeddings);
   }, py::arg("model"));
 
+  // The export without the module's values (its parameters and buffers, which the host binds at
+  // every run): what TrainModule keeps and builds from. Parses the bytes where they are.
+  t.def("initializers_as_inputs", [](const py::bytes& model, const std::set<std::string>& names) {
+    char* data = nullptr;
+    Py_ssize_t size = 0;
+    OT_CHECK(PyBytes_AsStringAndSize(model.ptr(), &data, &size) == 0, "TrainModule export: not a bytes object");
+    std::string stripped = initializers_as_inputs(std::string_view(data, size_t(size)), names, "TrainModule export");
+    return py::bytes(stripped);
+  }, py::arg("model"), py::arg("names"));
+
+  // Gives back the memory kept for the next step's saved values (TrainModule calls it before an
+  // optimizer step: the step's peak, which that memory would raise).
+  t.def("release_spare_blocks", [] { SpareBlock::saved_values().release(); });
+
   // Two exports of one module at different input sizes: "" when they are the same program (the
   // trace baked none of the sizes that differ), else the first difference (ir/program_difference.h).
   // `bound`: the initializers the host binds at each run (the module's parameters and buffers),
@@ -746,6 +762,7 @@ void bind_torch_bridge(py::module_& m) {
       })
       .def("memory_report", &TorchRunner::memory_report)
       .def("profile", &TorchRunner::profile)
+      .def_property_readonly("kept_label_losses", [](const TorchRunner& r) { return r.graphs().kept_label_losses; })
       .def_property_readonly("memory_plan", [](const TorchRunner& r) { return plan_table(r.graphs().memory_plan); })
       .def_property_readonly("saved_bytes", [](const TorchRunner& r) {  // activations held from forward to backward
         return saved_bytes(r.graphs());

@@ -80,6 +80,18 @@ Tensor to_device(const Tensor& t, Device device, const Stream& stream) {
   return out;
 }
 
+void copy_into(Tensor& dst, const Tensor& src, const Stream& stream) {
+  OT_CHECK(dst.dtype() == src.dtype() && dst.shape() == src.shape(), "copy_into: expected a ", dtype_name(dst.dtype()),
+           " ", shape_str(dst.shape()), " source, got ", dtype_name(src.dtype()), " ", shape_str(src.shape()));
+  if (!src.nbytes() || dst.data() == src.data()) return;
+  if (dst.device() == Device::kCpu && src.device() == Device::kCpu) {
+    std::memcpy(dst.data(), src.data(), src.nbytes());
+    return;
+  }
+  const Device remote = dst.device() == Device::kCpu ? src.device() : dst.device();
+  device_backend(remote).copy(dst.data(), dst.device(), src.data(), src.device(), src.nbytes(), stream);
+}
+
 Tensor copy_on_device(const Tensor& t) {
   DeviceBackend& backend = device_backend(t.device());
   Tensor out = empty_on(t.device(), t.dtype(), t.shape());

@@ -53,6 +53,8 @@ bool device_available(Device device, std::string* why_not = nullptr);
 
 // `t` on `device`: `t` itself when it is there already, else a copy in fresh storage.
 Tensor to_device(const Tensor& t, Device device, const Stream& stream = {});
+// Copies src's bytes into dst's storage (same dtype and shape; either may be on the device).
+void copy_into(Tensor& dst, const Tensor& src, const Stream& stream = {});
 // A copy of a device tensor in fresh storage on the same device (Tensor::clone of a device tensor).
 Tensor copy_on_device(const Tensor& t);
 // An uninitialised tensor in fresh storage on `device`.

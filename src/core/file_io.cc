@@ -12,7 +12,12 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <set>
+#include <string_view>
 #include <thread>
 
 #include "onnxtrain/status.h"
@@ -77,31 +82,60 @@ void rename_durably(const std::string& from, const std::string& to) {
   sync_parent_directory(to);
 }
 
+const std::string& host_key() {
+  static const std::string key = [] {
+    std::string id;
+    std::ifstream boot("/proc/sys/kernel/random/boot_id");
+    std::getline(boot, id);
+    char ns[64];
+    const ssize_t n = ::readlink("/proc/self/ns/pid", ns, sizeof ns);
+    if (n > 0) id.append(ns, size_t(n));
+    if (id.empty()) {  // no /proc: the host name
+      char host[256] = {};
+      ::gethostname(host, sizeof host - 1);
+      id = host;
+    }
+    uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a
+    for (unsigned char c : id) h = (h ^ c) * 0x100000001b3ull;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    return std::string(hex);
+  }();
+  return key;
+}
+
 void remove_stale_temporaries(const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path p(path);
   const std::string prefix = p.filename().string() + ".tmp-";
+  const std::string ours = "-" + host_key() + "-";
   std::error_code ec;
   fs::directory_iterator it(p.parent_path().empty() ? fs::path(".") : p.parent_path(), ec);
   for (; !ec && it != fs::directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
     if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    // "<pid>-<n>": only a dead writer's file goes (a live one may be writing it now).
+    // "<pid>-<host key>-<n>": only a dead writer of this host's goes (a live one may be writing
+    // it now; another machine's or PID namespace's pid says nothing here).
     char* end = nullptr;
     const long pid = std::strtol(name.c_str() + prefix.size(), &end, 10);
-    if (pid <= 0 || *end != '-' || pid == long(::getpid())) continue;
+    if (pid <= 0 || std::string_view(end).substr(0, ours.size()) != ours || pid == long(::getpid())) continue;
     if (::kill(pid_t(pid), 0) != 0 && errno == ESRCH) ::unlink(it->path().c_str());
   }
 }
 
 void write_file_atomically(const std::string& path, const FileWriter& write) {
   static std::atomic<uint64_t> counter{0};
-  remove_stale_temporaries(path);
+  {  // once per path and process: a directory scan per write costs with many files in the folder
+    static std::mutex mutex;
+    static std::set<std::string> cleaned;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (cleaned.insert(path).second) remove_stale_temporaries(path);
+  }
   std::string tmp;
   Fd fd;
   // EEXIST: a killed process that had our pid left this name (remove_stale_temporaries spares our pid).
   for (int tries = 0; fd.get() < 0 && tries < 64; ++tries) {
-    tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + host_key() + "-" + std::to_string(counter++);
     fd.adopt(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
     if (fd.get() < 0 && errno != EEXIST) break;
   }

@@ -20,6 +20,11 @@ class Fd {
   ~Fd() { reset(); }
   Fd(const Fd&) = delete;
   Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&& other) noexcept {
+    if (this != &other) adopt(other.release());
+    return *this;
+  }
   int get() const { return fd_; }
   void reset();
   void adopt(int fd) {
@@ -44,10 +49,10 @@ void write_all(int fd, const void* data, size_t n, const std::string& what);
 void read_exact_at(int fd, void* data, size_t n, uint64_t offset, uint64_t file_size);
 
 // Replaces path atomically: write(fd, what) fills a new temporary file in the same directory
-// ("<path>.tmp-<pid>-<n>"), which is fsynced and renamed over path, then the directory is fsynced.
-// On any failure the temporary file is removed and path keeps its previous contents; a process
-// killed meanwhile leaves path as it was (and its temporary file, which the next write of path
-// removes: see remove_stale_temporaries).
+// ("<path>.tmp-<pid>-<host key>-<n>"), which is fsynced and renamed over path, then the directory
+// is fsynced. On any failure the temporary file is removed and path keeps its previous contents; a
+// process killed meanwhile leaves path as it was (and its temporary file, which the first write of
+// path by a later process of the same host removes: see remove_stale_temporaries).
 using FileWriter = std::function<void(int fd, const std::string& what)>;
 void write_file_atomically(const std::string& path, const FileWriter& write);
 
@@ -56,8 +61,12 @@ void rename_durably(const std::string& from, const std::string& to);
 // fsync of the directory holding path (best effort: some filesystems refuse it).
 void sync_parent_directory(const std::string& path);
 
-// Removes "<path>.tmp-<pid>-<n>" files that write_file_atomically left in path's directory when
-// their process was killed (pid no longer running). Best effort, errors ignored.
+// This machine's boot and PID namespace as 16 hex digits (the host name where /proc is missing).
+const std::string& host_key();
+// Removes "<path>.tmp-<pid>-<host key>-<n>" files that write_file_atomically left in path's
+// directory when their process was killed: this host key's, pid no longer running. Files of other
+// hosts (a shared filesystem, another container) stay: their pids cannot be checked here. Best
+// effort, errors ignored.
 void remove_stale_temporaries(const std::string& path);
 
 // Crash testing (tests/crash): with ONNXTRAIN_DEBUG_SAVE_PAUSE_MS=N in the environment, the atomic

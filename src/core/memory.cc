@@ -6,7 +6,7 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__unix__)
+#if defined(ONNXTRAIN_MAPPED_STORAGE)
 #include <sys/mman.h>
 #endif
 
@@ -19,7 +19,7 @@ constexpr size_t kSmallPageBytes = 4096;
 
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
-#if defined(__unix__)
+#if defined(ONNXTRAIN_MAPPED_STORAGE)
 // A private anonymous mapping of `length` bytes (a multiple of 4 KiB) starting on a
 // kHugePageBytes boundary: mmap only promises page alignment, so map one huge page more and give
 // back what lies before and after the aligned range. nullptr when the kernel refuses.
@@ -53,7 +53,7 @@ size_t mapped_length(size_t bytes) {
 
 std::shared_ptr<void> allocate_storage(size_t bytes, Fill fill) {
   charge_storage(bytes);
-#if defined(__unix__)
+#if defined(ONNXTRAIN_MAPPED_STORAGE)
   if (bytes >= kHugePageBytes) {
     const size_t length = mapped_length(bytes);
     if (void* p = map_huge_aligned(length))  // fresh anonymous pages read as zeros: no fill needed

@@ -23,6 +23,15 @@ enum class Fill { kUninitialized, kZeros };
 // memset for kZeros): a huge page for a small buffer would cost more memory than its faults cost.
 inline constexpr size_t kHugePageBytes = size_t(2) << 20;
 
+// Where storage may be mapped pages of its own (here and the executor's recording run): a Unix
+// kernel's. Emscripten's mmap is a block of its one heap (memalign, then memset), which its munmap
+// frees only whole: the trim to a 2 MiB boundary below fails there, and in 3.1.6's libc a partial
+// munmap returns still holding the lock of its list of mappings, so the next mmap or munmap of any
+// thread spins forever (the threaded WebAssembly module's first train step hung on it). There, the heap.
+#if defined(__unix__) && !defined(__EMSCRIPTEN__)
+#define ONNXTRAIN_MAPPED_STORAGE 1
+#endif
+
 // Tensor storage counted against the memory limit (include/onnxtrain/limits.h,
 // src/core/resource_limits.cc): charge_storage throws Error(kRuntime) naming the request and the
 // limit when `bytes` more would pass it; every charge is released when its storage dies.

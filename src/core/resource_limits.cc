@@ -18,8 +18,14 @@ namespace {
 
 constexpr int64_t kDefaultMaxLoopIterations = 10'000'000;
 
+// strtoull and strtoll skip leading white space and take a sign (" -1" wraps to 2^64 - 1): a
+// value must begin with a digit.
+bool starts_with_digit(const char* text) { return *text >= '0' && *text <= '9'; }
+
 // "123", "64K", "256M", "4G", "1T" (powers of 1024); throws naming the variable otherwise.
 uint64_t parse_bytes(const char* var, const char* text) {
+  if (!starts_with_digit(text))
+    OT_THROW(kInvalidArgument, var, "='", text, "': expected a number of bytes, optionally with K, M, G or T");
   errno = 0;
   char* end = nullptr;
   const unsigned long long n = std::strtoull(text, &end, 10);
@@ -40,6 +46,7 @@ uint64_t parse_bytes(const char* var, const char* text) {
 }
 
 int64_t parse_count(const char* var, const char* text) {
+  if (!starts_with_digit(text)) OT_THROW(kInvalidArgument, var, "='", text, "': expected a count");
   errno = 0;
   char* end = nullptr;
   const long long n = std::strtoll(text, &end, 10);
@@ -82,9 +89,13 @@ ResourceLimits resource_limits() {
 }
 
 void set_resource_limits(const ResourceLimits& limits) {
+  // A negative count is a mistake, not "no limit" (that is 0).
+  if (limits.max_loop_iterations < 0)
+    OT_THROW(kInvalidArgument, "set_resource_limits: max_loop_iterations: expected a count >= 0 (0: no limit), got ",
+             limits.max_loop_iterations);
   ensure_read();
   max_alloc = limits.max_alloc_bytes;
-  max_loops = limits.max_loop_iterations < 0 ? 0 : limits.max_loop_iterations;
+  max_loops = limits.max_loop_iterations;
 }
 
 uint64_t live_tensor_bytes() { return live.load(); }

@@ -14,14 +14,21 @@ bool same_tensor(const Tensor& a, const Tensor& b) {
          (a.nbytes() == 0 || std::memcmp(a.data(), b.data(), a.nbytes()) == 0);
 }
 
-bool same_attribute(const Attribute& a, const Attribute& b) {
+// a's names of the values nodes make (and of subgraph inputs) -> b's, matched by position.
+using Renames = std::unordered_map<std::string, std::string>;
+
+std::string difference(const Graph& a, const Graph& b, const std::set<std::string>& bound, Renames made,
+                       bool subgraph);
+
+// `made` and `bound`: the enclosing graphs', which a subgraph's nodes read by name.
+bool same_attribute(const Attribute& a, const Attribute& b, const std::set<std::string>& bound, const Renames& made) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Attribute::Kind::kFloat: return a.f == b.f || (std::isnan(a.f) && std::isnan(b.f));
     case Attribute::Kind::kInt: return a.i == b.i;
     case Attribute::Kind::kString: case Attribute::Kind::kTypeProto: return a.s == b.s;
     case Attribute::Kind::kTensor: return same_tensor(a.t, b.t);
-    case Attribute::Kind::kGraph: return (!a.g && !b.g) || (a.g && b.g && program_difference(*a.g, *b.g).empty());
+    case Attribute::Kind::kGraph: return (!a.g && !b.g) || (a.g && b.g && difference(*a.g, *b.g, bound, made, true).empty());
     case Attribute::Kind::kFloats: return a.floats == b.floats;
     case Attribute::Kind::kInts: return a.ints == b.ints;
     case Attribute::Kind::kStrings: return a.strings == b.strings;
@@ -47,11 +54,14 @@ std::string value_str(const NamedValue& v, bool with_shape) {
 // Inputs agree in names, dtypes and ranks, and in each dim that both give a size or both name:
 // a dim one export fixes and the other names (the same module exported with and without symbolic
 // dims) is no difference of the program.
-bool same_inputs(const std::vector<NamedValue>& a, const std::vector<NamedValue>& b) {
+// A subgraph's inputs (a Loop body's iteration number, condition and carried values) are named by
+// the exporter's counter: `by_name` false compares them by position.
+bool same_inputs(const std::vector<NamedValue>& a, const std::vector<NamedValue>& b, bool by_name) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
     const ValueInfo &x = a[i].info, &y = b[i].info;
-    if (a[i].name != b[i].name || x.dtype != y.dtype || x.shape.has_value() != y.shape.has_value()) return false;
+    if ((by_name && a[i].name != b[i].name) || x.dtype != y.dtype || x.shape.has_value() != y.shape.has_value())
+      return false;
     if (!x.shape) continue;
     if (x.shape->size() != y.shape->size()) return false;
     for (size_t d = 0; d < x.shape->size(); ++d) {
@@ -71,9 +81,8 @@ std::string node_line(const Node& n) {
   return s.substr(s.find('\n') + 1, s.rfind('\n') - s.find('\n') - 1);
 }
 
-}  // namespace
-
-std::string program_difference(const Graph& a, const Graph& b, const std::set<std::string>& bound) {
+std::string difference(const Graph& a, const Graph& b, const std::set<std::string>& bound, Renames made,
+                       bool subgraph) {
   auto values = [](const std::vector<NamedValue>& list, bool with_shape) {
     std::vector<std::string> out;
     for (const auto& v : list) out.push_back(value_str(v, with_shape));
@@ -84,7 +93,7 @@ std::string program_difference(const Graph& a, const Graph& b, const std::set<st
     for (const auto& x : list) s += (s.empty() ? "" : ", ") + x;
     return s;
   };
-  if (!same_inputs(a.inputs, b.inputs))
+  if (!same_inputs(a.inputs, b.inputs, !subgraph))
     return "inputs (" + joined(values(a.inputs, true)) + ") against (" + joined(values(b.inputs, true)) + ")";
   if (a.outputs.size() != b.outputs.size())
     return "outputs (" + joined(values(a.outputs, false)) + ") against (" + joined(values(b.outputs, false)) + ")";
@@ -102,8 +111,10 @@ std::string program_difference(const Graph& a, const Graph& b, const std::set<st
              " against " + dtype_name(j->second.dtype()) + shape_str(j->second.shape()) + " or other values";
   }
   // Values the nodes make are matched by position (a's name -> b's): an exporter numbers them
-  // from a counter that other traces in the process have moved on.
-  std::unordered_map<std::string, std::string> made;
+  // from a counter that other traces in the process have moved on. A subgraph sees its enclosing
+  // graphs' values (`made` on entry) and its own inputs.
+  if (subgraph)
+    for (size_t i = 0; i < a.inputs.size(); ++i) made[a.inputs[i].name] = b.inputs[i].name;
   auto same_value = [&](const std::string& x, const std::string& y) {
     auto it = made.find(x);
     return it != made.end() ? it->second == y : x == y;  // inputs and initializers by name
@@ -114,7 +125,7 @@ std::string program_difference(const Graph& a, const Graph& b, const std::set<st
                 x.outputs.size() == y.outputs.size() && x.attributes.size() == y.attributes.size();
     for (size_t i = 0; same && i < x.inputs.size(); ++i) same = same_value(x.inputs[i], y.inputs[i]);
     for (auto i = x.attributes.begin(), j = y.attributes.begin(); same && i != x.attributes.end(); ++i, ++j)
-      same = i->first == j->first && same_attribute(i->second, j->second);
+      same = i->first == j->first && same_attribute(i->second, j->second, bound, made);
     if (!same) {
       std::string where = x.context();
       where = where.substr(0, where.size() - 2);  // "[Op] node 'name'" without its ": "
@@ -130,6 +141,12 @@ std::string program_difference(const Graph& a, const Graph& b, const std::set<st
       return "output " + std::to_string(i) + ": " + value_str(a.outputs[i], false) + " against " +
              value_str(b.outputs[i], false);
   return "";
+}
+
+}  // namespace
+
+std::string program_difference(const Graph& a, const Graph& b, const std::set<std::string>& bound) {
+  return difference(a, b, bound, {}, false);
 }
 
 }  // namespace onnxtrain

@@ -3,6 +3,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <utility>
@@ -281,6 +282,30 @@ Model load_model_from_bytes(const std::string& bytes, const std::string& base_di
     OT_THROW(kInvalidModel, "model ", description, ": cannot parse ", bytes.size(),
              " bytes as an ONNX ModelProto (truncated or not an ONNX file)");
   return from_proto(proto, base_dir, description);
+}
+
+std::string initializers_as_inputs(std::string_view bytes, const std::set<std::string>& names,
+                                   const std::string& description) {
+  onnx::ModelProto proto;
+  if (bytes.empty() || bytes.size() > size_t(INT_MAX) || !proto.ParseFromArray(bytes.data(), int(bytes.size())))
+    OT_THROW(kInvalidModel, "model ", description, ": cannot parse ", bytes.size(),
+             " bytes as an ONNX ModelProto (truncated or not an ONNX file)");
+  onnx::GraphProto* g = proto.mutable_graph();
+  google::protobuf::RepeatedPtrField<onnx::TensorProto> kept;
+  for (auto& init : *g->mutable_initializer()) {
+    if (!names.count(init.name())) {
+      kept.Add()->Swap(&init);
+      continue;
+    }
+    onnx::ValueInfoProto* input = g->add_input();
+    input->set_name(init.name());
+    auto* tt = input->mutable_type()->mutable_tensor_type();
+    tt->set_elem_type(init.data_type());
+    auto* shape = tt->mutable_shape();
+    for (int64_t d : init.dims()) shape->add_dim()->set_dim_value(d);
+  }
+  g->mutable_initializer()->Swap(&kept);
+  return proto.SerializeAsString();
 }
 
 Model load_model(const std::string& path) {

@@ -2,7 +2,9 @@
 // bounds) so that a malformed file is an error naming the model, never a crash.
 #pragma once
 
+#include <set>
 #include <string>
+#include <string_view>
 
 #include "ir/graph.h"
 
@@ -17,6 +19,13 @@ Model load_model_from_bytes(const std::string& bytes, const std::string& base_di
                             const std::string& description = "<bytes>");
 Model from_proto(const onnx::ModelProto& proto, const std::string& base_dir,
                  const std::string& description);
+
+// The serialized model with the named top-level initializers turned into graph inputs of their
+// dtype and shape, their data dropped (names it lacks are skipped). For a host that binds those
+// values at every run (TrainModule: the torch module's parameters and buffers): what it keeps and
+// builds from holds no second copy of them. Parses `bytes` in place.
+std::string initializers_as_inputs(std::string_view bytes, const std::set<std::string>& names,
+                                   const std::string& description = "<bytes>");
 
 onnx::ModelProto to_proto(const Model& model);
 // Throws, before copying any tensor, when the model would pass protobuf's 2 GB limit.

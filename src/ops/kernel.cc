@@ -96,6 +96,14 @@ void run_on_host(KernelContext& ctx, const std::string& why) {
   for (size_t i = 0; i < inputs.size(); ++i)
     if (ctx.has_input(i)) inputs[i] = to_device(ctx.input(i), Device::kCpu, stream);
   std::vector<Tensor> outputs = run_node_once(node, ctx.opset(), inputs);
+  // An op that writes inputs in place wrote the host copies: the device inputs take their bytes.
+  const OpSchema* schema = OpRegistry::global().find(node.domain, node.op_type, ctx.opset());
+  if (schema && schema->written_inputs)
+    for (size_t i : schema->written_inputs(node, inputs.size()))
+      if (i < inputs.size() && inputs[i].defined()) {
+        Tensor device_input = ctx.input(i);  // shares the input's storage
+        copy_into(device_input, inputs[i], stream);
+      }
   for (size_t i = 0; i < outputs.size() && i < ctx.num_outputs(); ++i) {
     if (!ctx.output_requested(i) || !outputs[i].defined()) continue;
     Tensor& out = ctx.output(i, outputs[i].dtype(), outputs[i].shape());

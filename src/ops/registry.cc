@@ -102,6 +102,10 @@ OpBuilder& OpBuilder::host_inputs(std::vector<int> inputs) {
   schema_.host_inputs = std::move(inputs);
   return *this;
 }
+OpBuilder& OpBuilder::written_inputs(WrittenInputsFn fn) {
+  schema_.written_inputs = std::move(fn);
+  return *this;
+}
 OpBuilder& OpBuilder::gradient(GradientFn fn) {
   schema_.gradient = std::move(fn);
   schema_.gradient_status = GradientStatus::kDifferentiable;

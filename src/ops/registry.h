@@ -66,6 +66,8 @@ int64_t memory_bound_work(const std::vector<const Shape*>& inputs, const std::ve
 // otherwise (an overestimate errs towards threads).
 int64_t matmul_work(const std::vector<const Shape*>& inputs, const std::vector<const Shape*>& outputs);
 
+using WrittenInputsFn = std::function<std::vector<size_t>(const Node& node, size_t num_inputs)>;
+
 struct OpSchema {
   std::string domain;
   std::string op_type;
@@ -80,6 +82,9 @@ struct OpSchema {
   // Inputs a device kernel reads on the host (shapes, axes, sizes): the executor hands them over
   // as host tensors whatever device the step runs on.
   std::vector<int> host_inputs;
+  // The inputs this node's kernel writes in place (update ops with in_place = 1); unset: none. A
+  // device executor copies those it handed the kernel as copies back into their values.
+  WrittenInputsFn written_inputs;
   GradientStatus gradient_status = GradientStatus::kUnstated;
   GradientFn gradient;
   std::string gradient_note;
@@ -128,6 +133,7 @@ class OpBuilder {
     return cuda(KernelFactory([](const Node& n) -> std::unique_ptr<Kernel> { return std::make_unique<K>(n); }));
   }
   OpBuilder& host_inputs(std::vector<int> inputs);
+  OpBuilder& written_inputs(WrittenInputsFn fn);
   OpBuilder& gradient(GradientFn fn);
   // Differentiable, but this build has no gradient rules (the minimal runtime: RuntimeOpBuilder).
   OpBuilder& gradient_rule_left_out();
@@ -166,6 +172,7 @@ class RuntimeOpBuilder {
   template <typename K>
   RuntimeOpBuilder& cuda_kernel() { builder_.cuda_kernel<K>(); return *this; }
   RuntimeOpBuilder& host_inputs(std::vector<int> inputs) { builder_.host_inputs(std::move(inputs)); return *this; }
+  RuntimeOpBuilder& written_inputs(WrittenInputsFn fn) { builder_.written_inputs(std::move(fn)); return *this; }
   template <typename Rule>
   RuntimeOpBuilder& gradient(const Rule&) { builder_.gradient_rule_left_out(); return *this; }
   RuntimeOpBuilder& not_differentiable() { builder_.not_differentiable(); return *this; }
@@ -210,6 +217,8 @@ class LeftOutOp {
   constexpr LeftOutOp& cuda_kernel() { return *this; }
   template <typename Any>
   constexpr LeftOutOp& host_inputs(const Any&) { return *this; }
+  template <typename Any>
+  constexpr LeftOutOp& written_inputs(const Any&) { return *this; }
   template <typename Any>
   constexpr LeftOutOp& gradient(const Any&) { return *this; }
   template <typename Any>

@@ -19,13 +19,15 @@ int fold_conv_scalar_affine(Graph& graph);  // Conv -> Mul/Div/Add/Sub by a scal
 int fuse_conv_hard_swish(Graph& graph);    // Conv -> y * Clip(y + 3, 0, 6) / 6 (or y * HardSigmoid(y)) -> FusedConv
 int fuse_conv_residual_add(Graph& graph);  // Conv -> Add(., Z) [-> Relu] -> FusedConv(X, W, B, Z)
 int fuse_conv_activation(Graph& graph);    // Conv -> Relu/LeakyRelu/Sigmoid/Tanh/Clip -> onnxtrain.FusedConv
-int keep_channels_last(Graph& graph);
+int keep_channels_last(Graph& graph);     // values only fp32 convs and elementwise ops touch: channels last
 // SoftmaxCrossEntropyLoss over the logits of a MatMul (through a row-keeping Reshape/Transpose) ->
 // onnxtrain.LinearSoftmaxCrossEntropy: the logits are never materialised whole. Run on a forward
 // graph before autodiff (its gradient reads the unit gradients the op computes in its forward),
 // then drop_unread_unit_gradients on the gradient graph, so the op computes only what is read.
 int fuse_linear_cross_entropy(Graph& graph);
-int drop_unread_unit_gradients(Graph& graph);      // values only fp32 convs and elementwise ops touch: channels last
+// Clears the unit-gradient outputs of LinearSoftmaxCrossEntropy nodes that nothing reads (a gradient
+// graph after the fusion above), so the op computes only the gradients its backward uses.
+int drop_unread_unit_gradients(Graph& graph);
 
 // Folding, identities, CSE, DCE to a fixed point: safe before autodiff when the values to
 // differentiate are graph inputs (folding would turn ops over trainable initializers into constants).

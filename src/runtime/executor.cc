@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <numeric>
@@ -42,7 +43,7 @@ void release_freed_heap() {
 // and the first step's peak was the heap's high-water mark: 25-34 MiB above the arena that
 // replaces it in LoRA training at batch 4 (the peak of a short fine-tuning run).
 Tensor recording_output(DType dtype, const Shape& shape) {
-#if defined(__unix__)
+#if defined(ONNXTRAIN_MAPPED_STORAGE)
   constexpr size_t kMappedFrom = size_t(1) << 16;  // below this, the heap is cheaper than a syscall
   const size_t bytes = checked_tensor_bytes(dtype, shape);
   if (bytes >= kMappedFrom) {
@@ -365,7 +366,12 @@ void Executor::compile_subgraphs(Step& step, const std::function<int(const std::
   }
 }
 
-std::vector<Value> Executor::run_subgraph(const Step& step, const Plan& plan, const std::string& attribute,
+bool profile_requested_by_environment() {
+  const char* profile = std::getenv("ONNXTRAIN_PROFILE");
+  return profile && *profile && std::string(profile) != "0";
+}
+
+std::vector<Value> Executor::run_subgraph(const Step& step, Plan& plan, const std::string& attribute,
                                           const std::vector<Value>& inputs) {
   for (const auto& sub : step.subgraphs) {
     if (sub.attribute != attribute) continue;
@@ -375,7 +381,9 @@ std::vector<Value> Executor::run_subgraph(const Step& step, const Plan& plan, co
     for (size_t i = 0; i < inputs.size(); ++i) feeds[sub.input_names[i]] = inputs[i];
     for (size_t i = 0; i < sub.outer_ids.size(); ++i) {
       size_t id = size_t(sub.outer_ids[i]);
-      feeds[sub.input_names[sub.formal_inputs + i]] = plan.others[id].is_tensor() ? Value(plan.values[id]) : plan.others[id];
+      // Subgraphs run on the host: a device executor hands them host copies of outer values.
+      feeds[sub.input_names[sub.formal_inputs + i]] =
+          plan.others[id].is_tensor() ? Value(value_on(plan, int(id), Device::kCpu)) : plan.others[id];
     }
     return sub.executor->run_values(feeds);
   }
@@ -562,14 +570,26 @@ void Executor::stage_inputs(Plan& plan, size_t s, std::vector<Tensor>& staged) c
     const auto& host = step.schema->host_inputs;
     const bool on_host = !on_device_[s] || std::find(host.begin(), host.end(), int(i)) != host.end();
     const Device want = on_host ? Device::kCpu : options_.device;
-    if (value.device() == want) continue;
-    Tensor& mirror = plan.mirrors[size_t(id)];
-    if (!mirror.defined() || mirror.device() != want || mirror.shape() != value.shape()) {
-      mirror = to_device(value, want, stream_);
-      ++plan.device_copies;
-    }
-    staged[i] = mirror;
+    if (value.device() != want) staged[i] = value_on(plan, id, want);
   }
+}
+
+const Tensor& Executor::value_on(Plan& plan, int id, Device device) const {
+  const Tensor& value = plan.values[size_t(id)];
+  if (!backend_ || !value.defined() || value.device() == device) return value;
+  Tensor& mirror = plan.mirrors[size_t(id)];
+  if (!mirror.defined() || mirror.device() != device || mirror.shape() != value.shape()) {
+    mirror = to_device(value, device, stream_);
+    ++plan.device_copies;
+  }
+  return mirror;
+}
+
+void Executor::copy_back_written_inputs(Plan& plan, size_t s, std::vector<Tensor>& staged) const {
+  const Step& step = steps_[s];
+  if (!step.schema->written_inputs) return;
+  for (size_t i : step.schema->written_inputs(*step.node, step.node->inputs.size()))
+    if (i < staged.size() && staged[i].defined()) copy_into(plan.values[size_t(step.inputs[i])], staged[i], stream_);
 }
 
 std::shared_ptr<void> Executor::allocate_arena(size_t bytes) const {
@@ -612,6 +632,7 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
       } else {
         plan.kernels[s]->compute(ctx);
       }
+      if (backend_) copy_back_written_inputs(plan, s, staged);
     } catch (const Error& e) {
       std::string msg = e.what();
       if (msg.rfind("[", 0) != 0) msg = node.context() + msg;

@@ -63,6 +63,10 @@ struct ExecutorOptions {
   Device device = Device::kCpu;
 };
 
+// ONNXTRAIN_PROFILE set and not "0": the training front ends (Module, TrainModule) then profile
+// their executors.
+bool profile_requested_by_environment();
+
 // A recorded plan (one shape signature) in a form a file can hold: what the recording run saw per
 // value id and where the arena places each planned value (runtime/compiled_model writes it into
 // pre-compiled models; adopt_plan makes it the executor's plan without a recording run).
@@ -160,7 +164,7 @@ class Executor {
   };
   struct Plan;
   void compile_subgraphs(Step& step, const std::function<int(const std::string&)>& id_of);
-  std::vector<Value> run_subgraph(const Step& step, const Plan& plan, const std::string& attribute,
+  std::vector<Value> run_subgraph(const Step& step, Plan& plan, const std::string& attribute,
                                   const std::vector<Value>& inputs);
 
   void compile();
@@ -191,6 +195,11 @@ class Executor {
   // A device executor's step: hands the kernel its inputs on the device it runs on (host_inputs
   // and host steps: the host), copying each value at most once per run (constants once).
   void stage_inputs(Plan& plan, size_t s, std::vector<Tensor>& staged) const;
+  // Value id on `device`: itself when it is there, else its copy there, made at most once per run.
+  const Tensor& value_on(Plan& plan, int id, Device device) const;
+  // After a step whose kernel writes inputs in place (OpSchema::written_inputs): the copies it
+  // was handed and wrote go back into their values (a constant's copy stays, equal to it again).
+  void copy_back_written_inputs(Plan& plan, size_t s, std::vector<Tensor>& staged) const;
   std::unique_ptr<Kernel> make_kernel(size_t s) const;
   void check_shape_rules(const Plan& plan) const;
 

@@ -235,14 +235,15 @@ std::vector<std::string> all_parameters(const Model& model) {
   return names;
 }
 
-std::vector<BufferUpdate> buffer_updates(const Model& model) {
+std::vector<BufferUpdate> buffer_updates(const Model& model, const std::set<std::string>& bound_inputs) {
   const Graph& g = model.graph;
+  auto is_state = [&](const std::string& v) { return g.is_initializer(v) || (bound_inputs.count(v) && g.is_input(v)); };
   std::vector<BufferUpdate> updates;
   for (const auto& n : g.nodes) {
     const OpSchema* schema = OpRegistry::global().find(n.domain, n.op_type, model.opset(n.domain));
     if (!schema || !schema->state_updates) continue;
     for (const StateUpdate& u : schema->state_updates(n, model.opset(n.domain)))
-      if (n.has_input(size_t(u.input)) && g.is_initializer(n.inputs[size_t(u.input)]))
+      if (n.has_input(size_t(u.input)) && is_state(n.inputs[size_t(u.input)]))
         updates.push_back({n.inputs[size_t(u.input)], n.outputs[size_t(u.output)], n.name, u});
   }
   return updates;

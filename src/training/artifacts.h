@@ -5,6 +5,7 @@
 #pragma once
 
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -56,7 +57,9 @@ struct BufferUpdate {
   std::string node;               // the node that computes it
   StateUpdate update;             // which of its inputs and outputs (ops/registry.h)
 };
-std::vector<BufferUpdate> buffer_updates(const Model& model);
+// State inputs that are initializers, or graph inputs named in `bound_inputs` (values a host binds
+// at every run, already inputs of the model it gave: TrainModule's stripped exports).
+std::vector<BufferUpdate> buffer_updates(const Model& model, const std::set<std::string>& bound_inputs = {});
 
 // The model with the Constant nodes whose outputs are named in `names` turned into initializers of
 // the same name (paddle2onnx stores weights that way; spox inside If branches, whose constants move

@@ -54,7 +54,7 @@ std::string unbiased_running_var(Model& m, const Node& bn, const StateUpdate& up
 // initializers; `unbiased` corrects running variances to torch's unbiased form.
 void add_buffer_outputs(Model& m, const std::set<std::string>& bound, bool unbiased, ForwardBackwardGraphs& fb) {
   Graph& g = m.graph;
-  for (BufferUpdate u : buffer_updates(m)) {
+  for (BufferUpdate u : buffer_updates(m, bound)) {
     if (!bound.count(u.buffer)) continue;  // a constant of the export: nothing to write back
     if (unbiased && u.update.running_variance)
       for (size_t i = 0; i < g.nodes.size(); ++i)
@@ -182,10 +182,12 @@ void split(const Model& full, ForwardBackwardGraphs& fb) {
 
 // Labels first (their row gather may reach the positions the compute optimizer takes), padding
 // last (so a head on token 0 still runs on those rows only, not on every kept token).
-void optimize_rows(Model& m, const ForwardBackwardOptions& o) {
-  if (o.label_sparsity) compute_kept_labels_only(m);
+// Returns how many losses the label pass rewrote.
+int optimize_rows(Model& m, const ForwardBackwardOptions& o) {
+  const int kept_label_losses = o.label_sparsity ? compute_kept_labels_only(m) : 0;
   if (o.compute_optimizer) move_selections_upstream(m);
   strip_padding(m, o.padding_index);
+  return kept_label_losses;
 }
 
 }  // namespace
@@ -202,11 +204,13 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
 
   std::set<std::string> bound;
   for (const auto& name : o.bind) {
-    OT_CHECK(g.is_initializer(name), kWhere, "'", name, "' is not an initializer of the model");
+    OT_CHECK(g.is_initializer(name) || g.is_input(name), kWhere, "'", name,
+             "' is neither an initializer nor an input of the model");
     OT_CHECK(bound.insert(name).second, kWhere, "'", name, "' is bound twice");
   }
   add_buffer_outputs(m, bound, o.unbiased_running_var, fb);
   for (const auto& name : o.bind) {  // host-owned values become inputs, fed without copies
+    if (!g.is_initializer(name)) continue;  // an input already (initializers_as_inputs)
     const Tensor& t = g.initializers.at(name);
     g.inputs.push_back({name, ValueInfo{t.dtype(), t.shape(), {}}});
     g.initializers.erase(name);
@@ -218,7 +222,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
 
   const DType low = mixed_precision_dtype(o.mixed_precision);
   if (o.wrt.empty()) {
-    optimize_rows(m, o);
+    fb.kept_label_losses = optimize_rows(m, o);
     if (low != DType::kUndefined) {
       fuse_for_training(m);
       convert_to_mixed_precision(m, low);
@@ -243,7 +247,7 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
     infer_shapes(g, m.opsets);  // the fusion checks operand shapes
     if (fuse_linear_cross_entropy(g)) m.opsets.emplace(kOnnxTrainDomain, 1);
   }
-  optimize_rows(m, o);
+  fb.kept_label_losses = optimize_rows(m, o);
   fuse_for_training(m);
   if (low != DType::kUndefined) convert_to_mixed_precision(m, low);  // host values stay fp32 inputs
   GradientGraphInfo info;

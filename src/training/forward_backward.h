@@ -55,6 +55,7 @@ struct ForwardBackwardGraphs {
   std::vector<std::string> saved;           // forward outputs the backward reads (may repeat `outputs`)
   std::vector<std::string> gradients;       // backward outputs, parallel to wrt
   MemoryPlan memory_plan;                   // what the memory optimizer found and applied
+  int kept_label_losses = 0;                // losses label sparsity rewrote to take the kept rows only
 };
 
 // Throws naming the value when a bound name is not an initializer, a wrt name is neither a model

@@ -57,8 +57,7 @@ void bind(BoundGraph& b, Model model, const CheckpointState& state, const char* 
   for (const auto& out : model.graph.outputs) b.outputs.push_back(out.name);
   OT_CHECK(!b.outputs.empty(), what, " model has no outputs");
   ExecutorOptions options;
-  const char* profile = std::getenv("ONNXTRAIN_PROFILE");  // Module::profile
-  options.profile = profile && *profile && std::string(profile) != "0";
+  options.profile = profile_requested_by_environment();  // Module::profile
   b.executor = std::make_unique<Executor>(std::move(model), options);
 }
 

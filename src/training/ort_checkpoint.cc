@@ -298,6 +298,7 @@ struct OpenFile {
     if (!S_ISREG(st.st_mode)) OT_THROW(kInvalidModel, what, " '", path, "' is not a regular file");
     size = uint64_t(st.st_size);
   }
+  explicit OpenFile(ort_checkpoint::ExternalData&& checked) : fd(std::move(checked.fd)), size(checked.size) {}
 };
 
 }  // namespace
@@ -399,7 +400,14 @@ CheckpointState read(const std::string& path) {
   std::string external_path = path + ".data";
   const bool any_external =
       std::any_of(all.begin(), all.end(), [](const TensorRef* r) { return r->where == TensorRef::Where::kExternal; });
-  if (trailer && any_external) external_path = matching_external_data(path, *trailer);
+  // With a trailer the data file is opened once, by its check: the tensors are read through the
+  // descriptor whose bytes matched the CRC, whatever a concurrent save renames over the path.
+  if (trailer && any_external) {
+    ExternalData checked = matching_external_data(path, *trailer);
+    external_path = checked.path;
+    external.emplace(std::move(checked));
+    if (debug_after_external_check) debug_after_external_check(external_path);
+  }
   for (TensorRef* r : all) {
     if (r->where != TensorRef::Where::kExternal) continue;
     if (!external_byte)

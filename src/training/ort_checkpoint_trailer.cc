@@ -21,20 +21,22 @@ template <typename T> T load_le(const uint8_t* p) {
   return v;
 }
 
-// Size and CRC-32C of a file's bytes; nullopt when it cannot be opened.
-struct FileSum {
+// A file opened for reading, with the size and CRC-32C of the bytes read through its descriptor;
+// nullopt when it cannot be opened.
+struct SummedFile {
+  file_io::Fd fd;
   uint64_t bytes = 0;
   uint32_t crc = 0;
 };
-std::optional<FileSum> sum_file(const std::string& path) {
-  file_io::Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return std::nullopt;
+std::optional<SummedFile> open_and_sum(const std::string& path) {
+  SummedFile s;
+  s.fd.adopt(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (s.fd.get() < 0) return std::nullopt;
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
-  FileSum s;
+  if (::fstat(s.fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
   std::vector<uint8_t> chunk(size_t(1) << 20);
   for (;;) {
-    ssize_t r = ::read(fd.get(), chunk.data(), chunk.size());
+    ssize_t r = ::read(s.fd.get(), chunk.data(), chunk.size());
     if (r < 0 && errno == EINTR) continue;
     if (r < 0) OT_THROW(kRuntime, "cannot read '", path, "': ", file_io::errno_text(errno));
     if (r == 0) return s;
@@ -43,7 +45,7 @@ std::optional<FileSum> sum_file(const std::string& path) {
   }
 }
 
-bool matches(const std::optional<FileSum>& s, const Trailer& t) {
+bool matches(const std::optional<SummedFile>& s, const Trailer& t) {
   return s && s->bytes == t.data_bytes && s->crc == t.data_crc;
 }
 
@@ -83,16 +85,18 @@ std::optional<Trailer> check_trailer(const uint8_t* file, uint64_t size) {
   return Trailer{load_le<uint64_t>(t), load_le<uint32_t>(t + 8)};
 }
 
-std::string matching_external_data(const std::string& path, const Trailer& t) {
+void (*debug_after_external_check)(const std::string& data_path) = nullptr;
+
+ExternalData matching_external_data(const std::string& path, const Trailer& t) {
   const std::string data = path + ".data", pending = data + ".new";
-  const std::optional<FileSum> current = sum_file(data);
-  if (matches(current, t)) return data;
-  if (matches(sum_file(pending), t)) {
+  std::optional<SummedFile> current = open_and_sum(data);
+  if (matches(current, t)) return {data, std::move(current->fd), current->bytes};
+  if (std::optional<SummedFile> next = open_and_sum(pending); matches(next, t)) {
     try {
-      file_io::rename_durably(pending, data);  // finish the interrupted commit
-      return data;
+      file_io::rename_durably(pending, data);  // finish the interrupted commit (the descriptor stays valid)
+      return {data, std::move(next->fd), next->bytes};
     } catch (const Error&) {
-      return pending;  // a read-only folder: read it where it is
+      return {pending, std::move(next->fd), next->bytes};  // a read-only folder: read it where it is
     }
   }
   if (!current) OT_THROW(kInvalidModel, "external data: cannot open '", data, "'");

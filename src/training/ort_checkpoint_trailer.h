@@ -47,10 +47,23 @@ std::array<uint8_t, kTrailerBytes> encode_trailer(uint32_t main_crc, const Trail
 // CRC does not match the bytes (the file is corrupt).
 std::optional<Trailer> check_trailer(const uint8_t* file, uint64_t size);
 
+// An external data file opened once: the CRC was computed through this descriptor, so reads from
+// it see the checked bytes even when a concurrent save renames another file over its path (saves
+// never write a data file in place).
+struct ExternalData {
+  std::string path;
+  file_io::Fd fd;
+  uint64_t size = 0;
+};
+
 // The external data file that belongs to a main file with trailer t: "<path>.data" when its size
 // and CRC match; else "<path>.data.new" when that one matches (an interrupted commit, renamed into
 // place when the folder is writable). Throws Error(kInvalidModel) when neither matches.
-std::string matching_external_data(const std::string& path, const Trailer& t);
+ExternalData matching_external_data(const std::string& path, const Trailer& t);
+
+// Test seam: called by read() between the external data file's check and the read of its tensors
+// (tests/cpp/ort_checkpoint_test.cc replaces the file there, as a concurrent save would). Empty: no-op.
+extern void (*debug_after_external_check)(const std::string& data_path);
 
 // Steps 1-3 above. write_external null: no external data (a stale "<path>.data" stays; the new
 // main file does not name it). A pending step 3 of an earlier, interrupted commit is finished first.

@@ -79,6 +79,17 @@ void scale_device(KernelContext& ctx) {
 ONNXTRAIN_OP(TestDeviceScale, kOnnxTrainDomain, 1).inputs(1).outputs(1).cpu(scale_cpu).cuda(scale_device)
     .inplace(0, 0);
 
+// onnxtrain.TestDeviceBump(W) -> W: adds 1 to W in place (as update ops with in_place = 1 do),
+// on either device.
+void bump(KernelContext& ctx) {
+  Tensor w = ctx.input(0);  // shares the input's storage
+  OT_CHECK(w.device() == ctx.device(), "kernel given a ", device_name(w.device()), " input");
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] += 1;
+  ctx.set_output(0, w);
+}
+ONNXTRAIN_OP(TestDeviceBump, kOnnxTrainDomain, 1).inputs(1).outputs(1).cpu(bump).cuda(bump)
+    .written_inputs([](const Node&, size_t) { return std::vector<size_t>{0}; });
+
 // y = scale(cos(scale(scale(x)))): Cos has no device kernel in any build, so it runs on the host
 // between device steps.
 Model mixed_model() {
@@ -154,6 +165,102 @@ TEST_F(HostDeviceTest, TensorsCrossBetweenDevicesByCopy) {
   Tensor back = to_device(twin, Device::kCpu);
   EXPECT_EQ(back.device(), Device::kCpu);
   EXPECT_EQ(back.item_as_double(2), 3.0);
+}
+
+// An op that writes its inputs in place, given device copies of host values (an initializer, a
+// host feed) or host copies of device values (a host step): the values themselves change, on
+// every run, whether or not the op's outputs are requested; nothing reverts on the next run.
+TEST_F(HostDeviceTest, InPlaceUpdatesOfCopiedInputsReachTheirValues) {
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{4})};
+  g.initializers["w"] = Tensor::from_vector<float>({0, 10, 20, 30}, {4});
+  g.outputs = {value("y", DType::kFloat32, std::nullopt), value("w_new", DType::kFloat32, std::nullopt)};
+  Node scale = make_node("TestDeviceScale", {"x"}, {"y"}), update = make_node("TestDeviceBump", {"w"}, {"w_new"});
+  scale.domain = update.domain = kOnnxTrainDomain;
+  g.nodes = {scale, update};
+  Model m = make_model(std::move(g));
+  m.opsets[kOnnxTrainDomain] = 1;
+  const Tensor w = m.graph.initializers.at("w");  // shares the storage the executor updates
+  ExecutorOptions options;
+  options.device = Device::kCuda;
+  Executor dev(m, options);
+  const std::map<std::string, Tensor> feeds{{"x", Tensor::from_vector<float>({1, 2, 3, 4}, {4})}};
+  for (int run = 1; run <= 3; ++run) {
+    dev.run(feeds, {"y"});  // the update's output not requested
+    EXPECT_EQ(w.item_as_double(1), 10.0 + run) << "run " << run;
+  }
+  EXPECT_EQ(dev.run(feeds, {"w_new"})[0].item_as_double(3), 34.0);
+  EXPECT_EQ(w.item_as_double(3), 34.0);
+
+  // AdamW (in_place = 1) on device-resident float64 state, which runs on the host in every build
+  // (a host step without CUDA; run_on_host with it, its device kernel being float32 only): the
+  // host copies it wrote go back into the device tensors fed.
+  Graph a;
+  for (const char* name : {"lr", "step"}) a.inputs.push_back(value(name, DType::kFloat32, Shape{}));
+  a.inputs[1] = value("step", DType::kInt64, Shape{});
+  for (const char* name : {"p", "g", "m", "v"}) a.inputs.push_back(value(name, DType::kFloat64, Shape{3}));
+  a.outputs = {value("p_new", DType::kFloat64, std::nullopt)};
+  Node adamw = make_node("AdamW", {"lr", "step", "p", "g", "m", "v"}, {"p_new", "m_new", "v_new"});
+  adamw.domain = kOnnxTrainDomain;
+  adamw.attributes["in_place"] = Attribute::of(int64_t{1});
+  a.nodes = {adamw};
+  Model am = make_model(std::move(a));
+  am.opsets[kOnnxTrainDomain] = 1;
+  auto state = [] {
+    return std::map<std::string, Tensor>{{"p", Tensor::from_vector<double>({1, -2, 3}, {3})},
+                                         {"g", Tensor::from_vector<double>({0.5, 0.25, -1}, {3})},
+                                         {"m", Tensor::zeros(DType::kFloat64, {3})},
+                                         {"v", Tensor::zeros(DType::kFloat64, {3})}};
+  };
+  std::map<std::string, Tensor> host = state(), on_device;
+  for (const auto& [name, t] : state()) on_device[name] = to_device(t, Device::kCuda);
+  Executor cpu_update(am), dev_update(am, options);
+  for (int64_t step = 1; step <= 2; ++step)
+    for (auto* fed : {&host, &on_device}) {
+      std::map<std::string, Tensor> f = *fed;
+      f["lr"] = Tensor::scalar(0.1f);
+      f["step"] = Tensor::scalar(step);
+      (fed == &host ? cpu_update : dev_update).run(f, {"p_new"});
+    }
+  for (const char* name : {"p", "m", "v"}) {
+    const Tensor got = to_device(on_device[name], Device::kCpu);
+    for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(got.item_as_double(i), host[name].item_as_double(i)) << name << i;
+  }
+  EXPECT_NE(host["p"].item_as_double(0), 1.0);  // the reference did move
+}
+
+// If's branches run on the host: a branch that reads a value of the outer graph made on the
+// device is handed a host copy of it (the host kernel in the branch checks it gets one).
+TEST_F(HostDeviceTest, ControlFlowBodiesReadOuterDeviceValuesOnTheHost) {
+  auto branch = [](const char* op) {
+    auto body = std::make_shared<Graph>();
+    Node n = make_node(op, {"a"}, {"branch_out"});  // "a": the outer graph's
+    if (std::string(op) == "TestDeviceScale") n.domain = kOnnxTrainDomain;
+    body->nodes = {n};
+    body->outputs = {value("branch_out", DType::kFloat32, std::nullopt)};
+    Attribute attr;
+    attr.kind = Attribute::Kind::kGraph;
+    attr.g = body;
+    return attr;
+  };
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{4}), value("cond", DType::kBool, Shape{})};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt)};
+  Node scale = make_node("TestDeviceScale", {"x"}, {"a"}), choose = make_node("If", {"cond"}, {"y"});
+  scale.domain = kOnnxTrainDomain;
+  choose.attributes["then_branch"] = branch("TestDeviceScale");
+  choose.attributes["else_branch"] = branch("Neg");
+  g.nodes = {scale, choose};
+  Model m = make_model(std::move(g));
+  m.opsets[kOnnxTrainDomain] = 1;
+  ExecutorOptions options;
+  options.device = Device::kCuda;
+  Executor dev(m, options);
+  const Tensor x = Tensor::from_vector<float>({1, 2, 3, 4}, {4});
+  for (bool cond : {true, false, true}) {
+    const Tensor y = dev.run({{"x", x}, {"cond", Tensor::scalar(cond)}})[0];
+    EXPECT_EQ(to_device(y, Device::kCpu).item_as_double(3), cond ? 16.0 : -8.0) << "cond " << cond;
+  }
 }
 
 }  // namespace onnxtrain

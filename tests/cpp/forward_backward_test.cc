@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "onnx/model_io.h"
 #include "runtime/executor.h"
 #include "test_util.h"
 #include "training/forward_backward.h"
@@ -124,31 +125,39 @@ TEST(ForwardBackward, BatchNormStatisticsFollowTorch) {
   ForwardBackwardOptions o;
   o.bind = {"scale", "bias", "mean", "var"};
   o.wrt = {"scale", "bias"};
-  ForwardBackwardGraphs fb = build_forward_backward(make_model(std::move(g)), o);
-  ASSERT_EQ(fb.buffers, (std::vector<std::string>{"mean", "var"}));
+  const Model model = make_model(std::move(g));
+  // The bound values as initializers, and as the inputs TrainModule's stripped exports make them.
+  const Model stripped = load_model_from_bytes(
+      initializers_as_inputs(save_model_to_bytes(model), {"scale", "bias", "mean", "var"}));
+  ASSERT_TRUE(stripped.graph.initializers.empty());
+  ASSERT_EQ(stripped.graph.inputs.size(), 5u);
+  for (const Model* form : {&model, &stripped}) {
+    ForwardBackwardGraphs fb = build_forward_backward(*form, o);
+    ASSERT_EQ(fb.buffers, (std::vector<std::string>{"mean", "var"}));
 
-  std::vector<float> xs = {1, 10, 2, 20, 4, 30, 7, 40};
-  Executor forward(fb.forward);
-  std::map<std::string, Tensor> feeds{{"x", Tensor::from_vector(xs, {4, 2})}};
-  feeds["scale"] = Tensor::from_vector<float>({1, 1}, {2});
-  feeds["bias"] = Tensor::from_vector<float>({0, 0}, {2});
-  feeds["mean"] = Tensor::from_vector<float>({0.5f, -0.5f}, {2});
-  feeds["var"] = Tensor::from_vector<float>({2.0f, 3.0f}, {2});
-  std::map<std::string, Tensor> used;
-  for (const auto& name : fb.forward_feeds) used[name] = feeds.at(name);
-  auto outs = forward.run(used);
-  const float old_mean[2] = {0.5f, -0.5f}, old_var[2] = {2.0f, 3.0f};
-  for (int c = 0; c < 2; ++c) {
-    float mu = 0, ss = 0;
-    for (int n = 0; n < 4; ++n) mu += xs[size_t(n * 2 + c)] / 4;
-    for (int n = 0; n < 4; ++n) ss += (xs[size_t(n * 2 + c)] - mu) * (xs[size_t(n * 2 + c)] - mu);
-    size_t mean_out = 0, var_out = 0;
-    for (size_t k = 0; k < fb.forward.graph.outputs.size(); ++k) {
-      if (fb.forward.graph.outputs[k].name == fb.buffer_outputs[0]) mean_out = k;
-      if (fb.forward.graph.outputs[k].name == fb.buffer_outputs[1]) var_out = k;
+    std::vector<float> xs = {1, 10, 2, 20, 4, 30, 7, 40};
+    Executor forward(fb.forward);
+    std::map<std::string, Tensor> feeds{{"x", Tensor::from_vector(xs, {4, 2})}};
+    feeds["scale"] = Tensor::from_vector<float>({1, 1}, {2});
+    feeds["bias"] = Tensor::from_vector<float>({0, 0}, {2});
+    feeds["mean"] = Tensor::from_vector<float>({0.5f, -0.5f}, {2});
+    feeds["var"] = Tensor::from_vector<float>({2.0f, 3.0f}, {2});
+    std::map<std::string, Tensor> used;
+    for (const auto& name : fb.forward_feeds) used[name] = feeds.at(name);
+    auto outs = forward.run(used);
+    const float old_mean[2] = {0.5f, -0.5f}, old_var[2] = {2.0f, 3.0f};
+    for (int c = 0; c < 2; ++c) {
+      float mu = 0, ss = 0;
+      for (int n = 0; n < 4; ++n) mu += xs[size_t(n * 2 + c)] / 4;
+      for (int n = 0; n < 4; ++n) ss += (xs[size_t(n * 2 + c)] - mu) * (xs[size_t(n * 2 + c)] - mu);
+      size_t mean_out = 0, var_out = 0;
+      for (size_t k = 0; k < fb.forward.graph.outputs.size(); ++k) {
+        if (fb.forward.graph.outputs[k].name == fb.buffer_outputs[0]) mean_out = k;
+        if (fb.forward.graph.outputs[k].name == fb.buffer_outputs[1]) var_out = k;
+      }
+      EXPECT_NEAR(outs[mean_out].data<float>()[c], 0.9f * old_mean[c] + 0.1f * mu, 1e-4);
+      EXPECT_NEAR(outs[var_out].data<float>()[c], 0.9f * old_var[c] + 0.1f * ss / 3, 1e-3) << "unbiased: / (n - 1)";
     }
-    EXPECT_NEAR(outs[mean_out].data<float>()[c], 0.9f * old_mean[c] + 0.1f * mu, 1e-4);
-    EXPECT_NEAR(outs[var_out].data<float>()[c], 0.9f * old_var[c] + 0.1f * ss / 3, 1e-3) << "unbiased: / (n - 1)";
   }
 }
 
@@ -160,7 +169,7 @@ TEST(ForwardBackward, BadNamesAreErrors) {
         try {
           build_forward_backward(dense_model(), o);
         } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("'nope' is not an initializer"), std::string::npos) << e.what();
+          EXPECT_NE(std::string(e.what()).find("'nope' is neither an initializer nor an input"), std::string::npos) << e.what();
           throw;
         }
       },

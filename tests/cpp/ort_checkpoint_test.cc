@@ -228,6 +228,32 @@ TEST_F(OrtCheckpointTest, ExternalDataCommitIsAtomic) {
   EXPECT_TRUE(contains(e, "trailer expects") && contains(e, "ckpt.data")) << e;
 }
 
+// A save that renames its data file into place while a load is between the data file's check and
+// the read of its tensors: the load still reads the checked file (the old checkpoint, whole), not
+// the old main file's offsets into the new data.
+TEST_F(OrtCheckpointTest, LoadReadsTheDataFileItChecked) {
+  CheckpointState a = sample_state(), b = sample_state();
+  std::mt19937 rng(7);
+  b.set_parameter("big", random_tensor(DType::kFloat32, {8, 8}, rng));
+  ort_checkpoint::write(a, path("ckpt"), true, {2, 0});
+  ort_checkpoint::write(b, path("next"), true, {2, 0});
+  static std::string replacement;
+  replacement = path("next.data");
+  ort_checkpoint::debug_after_external_check = [](const std::string& data_path) {
+    fs::rename(replacement, data_path);
+  };
+  CheckpointState loaded;
+  try {
+    loaded = CheckpointState::load(path("ckpt"));
+  } catch (...) {
+    ort_checkpoint::debug_after_external_check = nullptr;
+    throw;
+  }
+  ort_checkpoint::debug_after_external_check = nullptr;
+  ASSERT_FALSE(fs::exists(path("next.data")));  // the hook ran
+  expect_same(a, loaded);
+}
+
 TEST_F(OrtCheckpointTest, NominalStatesHaveNoShapesInOrtsFormat) {
   CheckpointState s;
   s.add_nominal_parameter("w", DType::kFloat32, {2, 3}, true);

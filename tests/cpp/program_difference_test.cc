@@ -94,5 +94,33 @@ TEST(ProgramDifference, SubgraphsAreComparedAsPrograms) {
   EXPECT_NE(program_difference(with_branch(8), with_branch(6)).find("[If] node"), std::string::npos);
 }
 
+// A Loop body that reads a value the outer graph made and has its own inputs, both numbered by the
+// exporter's counter: two exports that number them otherwise are the same program (each was a
+// difference, so every model with If or Loop exported again per shape).
+TEST(ProgramDifference, SubgraphsReadingOuterValuesMatchThemByPosition) {
+  auto with_loop = [](const std::string& outer, const std::string& iteration, const std::string& carried) {
+    Graph g = traced(8, 4);
+    g.nodes[1].outputs[0] = g.nodes[2].inputs[0] = outer;  // "flat", as the exporter numbered it
+    auto body = std::make_shared<Graph>();
+    body->inputs = {test::value(iteration, DType::kInt64, Shape{}), test::value("cond_in", DType::kBool, Shape{}),
+                    test::value(carried, DType::kFloat32, std::nullopt)};
+    body->nodes = {make_node("Add", {carried, outer}, {carried + "_next"}),
+                   make_node("Identity", {"cond_in"}, {"cond_out"})};
+    body->outputs = {test::value("cond_out", DType::kBool, std::nullopt),
+                     test::value(carried + "_next", DType::kFloat32, std::nullopt)};
+    Node loop = make_node("Loop", {"", "", "y"}, {"looped"});
+    loop.attributes["body"].kind = Attribute::Kind::kGraph;
+    loop.attributes["body"].g = body;
+    g.nodes.push_back(loop);
+    return g;
+  };
+  const Graph a = with_loop("flat", "i", "acc"), b = with_loop("317", "i.7", "acc.3");
+  EXPECT_EQ(program_difference(a, b), "");
+  // The body reading another outer value is another program.
+  Graph c = b;
+  c.nodes.back().attributes["body"].g->nodes[0].inputs[1] = "ids";
+  EXPECT_NE(program_difference(a, c).find("[Loop] node"), std::string::npos) << program_difference(a, c);
+}
+
 }  // namespace
 }  // namespace onnxtrain

@@ -39,6 +39,10 @@ Tensor random(DType dt, const Shape& shape, std::mt19937& rng, float lo = -1.0f,
       std::vector<bfloat16> h(v.begin(), v.end());
       return Tensor::from_vector(h, shape);
     }
+    case DType::kFloat64: {
+      std::vector<double> h(v.begin(), v.end());
+      return Tensor::from_vector(h, shape);
+    }
     case DType::kInt64: {
       std::vector<int64_t> h(v.size());
       for (size_t i = 0; i < v.size(); ++i) h[i] = int64_t(std::lround(v[i]));
@@ -160,7 +164,10 @@ TEST(CudaKernels, MatMulAgreesWithTheCpu) {
   std::mt19937 rng(1);
   const std::vector<std::pair<Shape, Shape>> shapes = {
       {{64, 48}, {48, 40}}, {{2, 3, 33, 17}, {17, 29}}, {{2, 5, 7}, {2, 7, 9}}, {{2, 1, 4, 5}, {1, 3, 5, 6}},
-      {{7}, {7, 5}}, {{4, 7}, {7}}, {{6, 7}, {3, 7, 5}}, {{3, 0}, {0, 4}}};
+      {{7}, {7, 5}}, {{4, 7}, {7}}, {{6, 7}, {3, 7, 5}}, {{3, 0}, {0, 4}},
+      // Strided batches whose matrices after the first are less aligned than the first (odd
+      // strides): cuBLASLt must not be told the first's alignment holds for all.
+      {{4, 33, 65}, {4, 65, 31}}, {{3, 64, 63}, {3, 63, 64}}};
   for (DType dt : kFloatTypes)
     for (const auto& [a, b] : shapes)
       expect_same_on_cuda({node("MatMul", 1), {random(dt, a, rng), random(dt, b, rng)}});
@@ -309,6 +316,80 @@ TEST(CudaKernels, MultiTensorAdamWAgreesWithTheCpu) {
       for (const Shape& s : shapes) c.inputs.push_back(random(DType::kFloat32, s, rng, 0.0f, 0.1f));
       expect_same_on_cuda(c);
     }
+}
+
+// AdamW with in_place = 1 on parameters and state held as initializers (host values the executor
+// copies to the device): float32 runs the device kernel, float64 the CPU kernel on host copies.
+// Either way the initializers themselves take each step's update, outputs requested or not, as
+// on the CPU; nothing reverts to stale host values on the next run.
+TEST(CudaKernels, InPlaceAdamWUpdatesTheInitializersItWasGivenCopiesOf) {
+  SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::kFloat32, DType::kFloat64}) {
+    SCOPED_TRACE(dtype_name(dt));
+    std::mt19937 rng(12);
+    auto model = [&](std::mt19937 r) {
+      Graph g;
+      g.inputs = {value("lr", DType::kFloat32, Shape{}), value("step", DType::kInt64, Shape{}),
+                  value("g", dt, Shape{5, 3})};
+      for (const char* name : {"p", "m", "v"}) {
+        g.initializers[name] = random(dt, {5, 3}, r, name[0] == 'v' ? 0.0f : -1.0f, 1.0f);
+      }
+      Node n = make_node("AdamW", {"lr", "step", "p", "g", "m", "v"}, {"p_new", "m_new", "v_new"});
+      n.domain = kOnnxTrainDomain;
+      n.attributes = {{"in_place", I(1)}, {"weight_decay", F(0.1f)}};
+      g.nodes = {n};
+      g.outputs = {value("p_new", dt, std::nullopt)};
+      Model m = test::make_model(std::move(g), 17);
+      m.opsets[kOnnxTrainDomain] = 1;
+      return m;
+    };
+    Model on_cpu = model(rng), on_gpu = model(rng);  // the same draws: rng is copied
+    std::mt19937 grad_rng(14);
+    const Tensor grad = random(dt, {5, 3}, grad_rng);
+    ExecutorOptions options;
+    options.device = Device::kCuda;
+    Executor cpu(on_cpu), gpu(on_gpu, options);
+    for (int64_t step = 1; step <= 3; ++step) {
+      const std::map<std::string, Tensor> feeds{{"lr", Tensor::scalar(0.05f)}, {"step", Tensor::scalar(step)}, {"g", grad}};
+      cpu.run(feeds);
+      gpu.run(feeds, step == 2 ? std::vector<std::string>{"p_new"} : std::vector<std::string>{});
+      for (const char* name : {"p", "m", "v"})
+        EXPECT_LE(difference(on_gpu.graph.initializers.at(name), on_cpu.graph.initializers.at(name)), 1e-6)
+            << name << " after step " << step;
+    }
+  }
+}
+
+// If's branches run on the host: one reading a value the device made in the outer graph gets a
+// host copy of it.
+TEST(CudaKernels, AnIfBranchReadsAnOuterDeviceValue) {
+  SKIP_WITHOUT_CUDA();
+  auto branch = [](const char* op) {
+    auto body = std::make_shared<Graph>();
+    body->nodes = {make_node(op, {"h"}, {"branch_out"})};  // "h": the outer graph's
+    body->outputs = {value("branch_out", DType::kFloat32, std::nullopt)};
+    Attribute a;
+    a.kind = Attribute::Kind::kGraph;
+    a.g = body;
+    return a;
+  };
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{8}), value("cond", DType::kBool, Shape{})};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt)};
+  Node relu = make_node("Relu", {"x"}, {"h"}), choose = make_node("If", {"cond"}, {"y"});
+  choose.attributes["then_branch"] = branch("Neg");
+  choose.attributes["else_branch"] = branch("Abs");
+  g.nodes = {relu, choose};
+  Model m = test::make_model(std::move(g), 17);
+  std::mt19937 rng(13);
+  const Tensor x = random(DType::kFloat32, {8}, rng);
+  ExecutorOptions options;
+  options.device = Device::kCuda;
+  Executor cpu(m), gpu(m, options);
+  for (bool cond : {true, false, true}) {
+    const std::map<std::string, Tensor> feeds{{"x", x}, {"cond", Tensor::scalar(cond)}};
+    EXPECT_EQ(difference(to_device(gpu.run(feeds)[0], Device::kCpu), cpu.run(feeds)[0]), 0.0) << "cond " << cond;
+  }
 }
 
 // x -> Gemm -> Relu -> Gemm -> softmax cross-entropy, its backward written out, and AdamW: the

@@ -8,6 +8,7 @@ and under onnxtrain.hf.Trainer as under transformers' Trainer."""
 import io
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -126,6 +127,15 @@ def test_peft_adapters_import_into_lora_artifacts(tmp_path):
     with pytest.raises(onnxtrain.Error, match=r"has no 'base_model\.model\.bert\.encoder\.layer\.0\.attention\.self"
                                               r"\.value\.lora_A\.weight'"):
         module.import_adapters(str(tmp_path / "query"))
+    # Per-module alphas or ranks (one adapter scaled otherwise): refused, not imported at the wrong scale.
+    for key, pattern in [("alpha_pattern", {"value": 2 * ALPHA}), ("rank_pattern", {"value": RANK})]:
+        shutil.copytree(tmp_path / "peft", tmp_path / key)
+        config_path = tmp_path / key / "adapter_config.json"
+        config = json.loads(config_path.read_text())
+        config[key] = pattern
+        config_path.write_text(json.dumps(config))
+        with pytest.raises(onnxtrain.Error, match=f"{key} is .*per-module ranks and alphas are not supported"):
+            module.import_adapters(str(tmp_path / key))
     np.testing.assert_array_equal(onnxtrain_logits(module, ids, labels), imported)
 
 

@@ -98,3 +98,19 @@ def test_malformed_environment_values_are_errors_naming_the_variable():
     out = run_with_env(SCRIPT, ONNXTRAIN_MAX_ALLOC="lots")
     assert "ONNXTRAIN_MAX_ALLOC='lots': expected a number of bytes, optionally with K, M, G or T" in \
         out.stdout + out.stderr, out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("var,value", [("ONNXTRAIN_MAX_ALLOC", " -1"), ("ONNXTRAIN_MAX_ALLOC", "+1M"),
+                                       ("ONNXTRAIN_MAX_ALLOC", " 1M"), ("ONNXTRAIN_MAX_LOOP_ITERATIONS", " 20"),
+                                       ("ONNXTRAIN_MAX_LOOP_ITERATIONS", "-5")])
+def test_signs_and_leading_spaces_are_errors_not_no_limit(var, value):
+    """strtoull reads " -1" as 2^64 - 1 (no limit): every value must begin with a digit."""
+    out = run_with_env(SCRIPT, **{var: value})
+    assert f"{var}='{value}': expected a" in out.stdout + out.stderr, out.stdout + out.stderr
+
+
+def test_a_negative_loop_limit_is_an_error_not_no_limit():
+    saved = onnxtrain.resource_limits()
+    with pytest.raises(onnxtrain.Error, match=r"max_loop_iterations: expected a count >= 0 \(0: no limit\), got -1"):
+        onnxtrain.set_resource_limits(max_loop_iterations=-1)
+    assert onnxtrain.resource_limits() == saved

@@ -50,44 +50,73 @@ def batches(ignored=0.0, padding=0.0, seed=3, batch=4, seq=12, classes=None):
     return out
 
 
-def train(base, data, monkeypatch, **env):
-    """20 SGD steps through TrainModule with the given settings: (losses, state, build stats, forward ops)."""
+class WithLossAndLogits(models.WithCrossEntropy):
+    """The loss and the logits both returned: logits something besides the loss reads, which the
+    fused output layer (LinearSoftmaxCrossEntropy) cannot take, so the label row pass skips the
+    ignored rows instead."""
+
+    def forward(self, x, target):
+        logits = self.model(x)
+        return self.loss(logits.reshape(-1, logits.shape[-1]), target.reshape(-1)), logits
+
+
+def train(base, data, monkeypatch, wrapper=models.WithCrossEntropy, eager=False, **env):
+    """20 SGD steps through TrainModule with the given settings (eager: in PyTorch itself):
+    (losses, state, build stats, forward ops)."""
     for name in ("ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION", "ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION"):
         monkeypatch.setenv(name, env.get(name, "0"))
     model = copy.deepcopy(base)
-    wrapped = TrainModule(models.WithCrossEntropy(model))
+    wrapped = wrapper(model) if eager else TrainModule(wrapper(model))
     opt = torch.optim.SGD(model.parameters(), lr=0.2)
     losses = []
     for x, y in data:
         loss = wrapped(x, y)
+        loss = loss[0] if isinstance(loss, tuple) else loss
         loss.backward()
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
+    if eager:
+        return losses, model.state_dict(), None, None
     forward = onnx.load_from_string(next(iter(wrapped._graphs.values())).runner.forward_model())
     return losses, model.state_dict(), wrapped.build_stats[0], [n.op_type for n in forward.graph.node]
 
 
-def assert_same_training(sparse, dense):
-    np.testing.assert_allclose(sparse[0], dense[0], rtol=1e-5)
+def assert_same_training(sparse, dense, rtol=1e-5, atol=1e-6):
+    np.testing.assert_allclose(sparse[0], dense[0], rtol=rtol)
     for k, v in dense[1].items():
-        torch.testing.assert_close(sparse[1][k], v, rtol=1e-5, atol=1e-6, msg=k)
+        torch.testing.assert_close(sparse[1][k], v, rtol=rtol, atol=atol, msg=k)
+
+
+def assert_same_as_eager(trained, eager):
+    """float32 against PyTorch's own kernels: the order of sums differs, so 1e-4."""
+    assert_same_training(trained, eager, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", ["gpt", "encoder"])
-def test_label_sparsity_trains_as_dense(kind, monkeypatch):
+def test_label_sparsity_trains_as_eager(kind, monkeypatch):
+    """70% of labels ignored. A head whose logits only the loss reads becomes the fused output
+    layer, which skips ignored rows itself: the row pass finds no loss and says so. A head whose
+    logits are returned too keeps its loss, which the row pass rewrites to take the kept rows.
+    Either way, 20 steps give PyTorch's losses and parameters."""
     torch.manual_seed(0)
     base = models.GPTDecoder(CFG) if kind == "gpt" else MaskedLM(CFG)
     data = batches(ignored=0.7)
-    sparse = train(base, data, monkeypatch, ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION="1")
-    dense = train(base, data, monkeypatch)
+    on = {"ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION": "1"}
+    eager = train(base, data, monkeypatch, eager=True)
+
+    fused = train(base, data, monkeypatch, **on)
+    assert not fused[2]["label_sparsity"]
+    assert "LinearSoftmaxCrossEntropy" in fused[3] and "SoftmaxCrossEntropyLoss" not in fused[3], fused[3]
+    assert_same_as_eager(fused, eager)
+
+    sparse = train(base, data, monkeypatch, wrapper=WithLossAndLogits, **on)
+    dense = train(base, data, monkeypatch, wrapper=WithLossAndLogits)
     assert sparse[2]["label_sparsity"] and not dense[2]["label_sparsity"]
-    # Both heads end in a vocabulary projection whose logits only the loss reads: the fused output
-    # layer (LinearSoftmaxCrossEntropy) skips the ignored rows itself, and the row pass has no loss
-    # left to gather rows for.
-    for ops in (sparse[3], dense[3]):
-        assert "LinearSoftmaxCrossEntropy" in ops and "SoftmaxCrossEntropyLoss" not in ops, ops
-    assert_same_training(sparse, dense)
+    # The kept rows: NonZero of the labels' mask, and the loss's operands gathered by it.
+    assert "LinearSoftmaxCrossEntropy" not in sparse[3] and "NonZero" in sparse[3] and "NonZero" not in dense[3]
+    assert_same_as_eager(sparse, eager)
+    assert_same_as_eager(dense, eager)
 
 
 def test_padding_sparsity_trains_as_dense_encoder(monkeypatch):
@@ -104,15 +133,17 @@ def test_padding_sparsity_trains_as_dense_encoder(monkeypatch):
 
 
 def test_padding_and_label_sparsity_train_as_dense_gpt(monkeypatch):
-    """The causal decoder, half its tokens padding at the ends of rows (their labels ignored)."""
+    """The causal decoder, half its tokens padding at the ends of rows (their labels ignored), its
+    logits returned too (so the row pass, not the fused output layer, takes the loss)."""
     torch.manual_seed(0)
     base = models.GPTDecoder(CFG)
     data = batches(padding=0.5)
     both = {"ONNXTRAIN_ENABLE_LABEL_SPARSITY_OPTIMIZATION": "1", "ONNXTRAIN_ENABLE_EMBEDDING_SPARSITY_OPTIMIZATION": "1"}
-    sparse = train(base, data, monkeypatch, **both)
-    dense = train(base, data, monkeypatch)
+    sparse = train(base, data, monkeypatch, wrapper=WithLossAndLogits, **both)
+    dense = train(base, data, monkeypatch, wrapper=WithLossAndLogits)
     assert sparse[2]["label_sparsity"] and sparse[2]["padding_sparsity"] == {"module.model.tokens.weight": 0}
     assert_same_training(sparse, dense)
+    assert_same_as_eager(sparse, train(base, data, monkeypatch, wrapper=WithLossAndLogits, eager=True))
 
 
 def test_dense_batches_leave_graphs_untouched(monkeypatch):

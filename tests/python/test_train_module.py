@@ -3,6 +3,7 @@
 The reference is always the same module run by PyTorch from a deep copy: same initial weights,
 batches and torch optimizer.
 """
+import collections
 import copy
 import os
 import re
@@ -14,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+import torch.optim.optimizer as torch_optimizer_module
 from torch import nn
 
 import onnxtrain
@@ -151,6 +153,45 @@ def test_new_batch_size_and_sequence_length(monkeypatch, dynamic):
     assert_close_state(model.state_dict(), reference.state_dict(), 1e-4)
 
 
+@torch.jit.script
+def _refine(h: torch.Tensor) -> torch.Tensor:
+    scale = h.abs().mean(0)  # made outside the branches, read in them
+    if bool(h.sum() > 0):
+        return torch.tanh(h * scale) + h
+    return h - scale
+
+
+class WithIf(nn.Module):
+    """A scripted branch inside a traced module: the export holds an ONNX If whose branches read
+    values of the outer graph (on the input's path, which takes no gradient)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return (self.fc(x) * _refine(x)).pow(2).mean()
+
+
+def test_a_model_with_an_if_exports_once_for_every_batch_size():
+    """The branches' reads of outer values are numbered by the exporter's counter, which moves
+    between exports: they are matched by position, so the check export at a second batch size
+    finds the same program and later sizes reuse the graphs."""
+    torch.manual_seed(0)
+    model = WithIf()
+    reference = copy.deepcopy(model)
+    wrapped = TrainModule(model)
+    g = torch.Generator().manual_seed(1)
+    for batch in (2, 3, 5, 2, 7):
+        x = torch.randn(batch, 4, generator=g)
+        ours, theirs = wrapped(x), reference(x)
+        torch.testing.assert_close(ours, theirs)
+        ours.backward()
+        theirs.backward()
+    torch.testing.assert_close(model.fc.weight.grad, reference.fc.weight.grad)
+    assert (wrapped.export_count, len(wrapped.build_stats)) == (2, 1)
+
+
 def test_batchnorm_statistics_follow_torch_at_every_batch_size():
     """One graph for batch sizes 4, 6 and 3: BatchNorm's unbiased running variance takes its count
     of values per channel from the input's shape at run time."""
@@ -230,6 +271,47 @@ def test_nested_inputs_and_outputs_and_input_gradients():
     for (n, p), (_, q) in zip(model.named_parameters(), reference.named_parameters()):
         torch.testing.assert_close(p.grad, q.grad, msg=n)
     assert len(wrapped.build_stats) == 3  # (use_b, scale) are constants of the schema
+
+
+class Tagged(dict):
+    """A dict subclass whose constructor takes something else than the items."""
+
+    def __init__(self, tag):
+        super().__init__()
+        self.tag = tag
+
+
+class DictSubclassOutputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, inputs):
+        h = self.fc(inputs["x"])
+        counts = collections.defaultdict(list)
+        counts["h"].append(h)
+        tagged = Tagged("out")
+        tagged["relu"] = h.relu()
+        return collections.OrderedDict(counts=counts, tagged=tagged)
+
+
+def test_dict_subclass_inputs_and_outputs_keep_their_types_and_contents():
+    """A defaultdict (constructor: its factory first) and a subclass with another constructor come
+    back as themselves, factory and attributes included (they were rebuilt by cls(items))."""
+    torch.manual_seed(0)
+    model = DictSubclassOutputs()
+    reference = copy.deepcopy(model)
+    x = torch.randn(4, 3)
+    inputs = collections.defaultdict(lambda: None, x=x)
+    ours, theirs = TrainModule(model)(inputs), reference(inputs)
+    assert type(ours) is collections.OrderedDict and list(ours) == ["counts", "tagged"]
+    assert type(ours["counts"]) is collections.defaultdict and ours["counts"].default_factory is list
+    assert type(ours["tagged"]) is Tagged and ours["tagged"].tag == "out" and list(ours["tagged"]) == ["relu"]
+    torch.testing.assert_close(ours["counts"]["h"][0], theirs["counts"]["h"][0])
+    torch.testing.assert_close(ours["tagged"]["relu"], theirs["tagged"]["relu"])
+    ours["tagged"]["relu"].sum().backward()
+    theirs["tagged"]["relu"].sum().backward()
+    torch.testing.assert_close(model.fc.weight.grad, reference.fc.weight.grad)
 
 
 class Twice(nn.Module):
@@ -516,6 +598,46 @@ def _reuses(report: str, what: str):
     m = re.search(what + r": [^;]*, (\d+) of (\d+) in the memory of the block before", report)
     assert m, f"no '{what}' reuse count in: {report}"
     return int(m.group(1)), int(m.group(2))
+
+
+def test_the_kept_export_holds_no_copy_of_the_parameters_and_buffers():
+    # They are bound from torch at every run: a copy in the export TrainModule keeps (to compare
+    # later exports, to rebuild) would double the model's memory. BatchNorm's running statistics,
+    # inputs of the stripped export, are still updated in place.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.BatchNorm1d(1024), nn.ReLU(), nn.Linear(1024, 10)).train()
+    reference = copy.deepcopy(model)
+    wrapped = TrainModule(model)
+    x, y = torch.randn(8, 256), torch.randint(0, 10, (8,))
+    nn.functional.cross_entropy(wrapped(x), y).backward()
+    nn.functional.cross_entropy(reference(x), y).backward()
+    state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    (graph,) = wrapped._graphs.values()
+    assert len(graph.export.data) < state_bytes / 50, (len(graph.export.data), state_bytes)
+    for name, want in reference.state_dict().items():
+        assert torch.allclose(model.state_dict()[name].float(), want.float(), rtol=1e-5, atol=1e-6), name
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not hasattr(torch_optimizer_module, "register_optimizer_step_pre_hook"),
+                    reason="torch 1.13 has no global optimizer step hook: the saved values' memory is kept to the next forward")
+def test_an_optimizer_step_gives_back_the_memory_kept_for_the_next_saved_values():
+    # Kept through the optimizer's step, the dead block would add itself to the loop's peak; kept
+    # across micro-steps without an optimizer step (gradient accumulation), it is reused.
+    model, batches = model_and_batches("gpt", 6)
+    wrapped = TrainModule(model)
+    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-4)
+    for x, y in batches[:4]:  # a step each: the spare is given back before each optimizer step
+        cross_entropy(wrapped(x), y).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    reused, blocks = _reuses(wrapped.build_stats[0]["memory"], "saved values")
+    assert reused == 0 and blocks >= 2, wrapped.build_stats[0]["memory"]
+    for x, y in batches[4:]:  # accumulation: no optimizer step between the two
+        cross_entropy(wrapped(x), y).backward()
+    reused, blocks_after = _reuses(wrapped.build_stats[0]["memory"], "saved values")
+    assert blocks_after == blocks + 2 and reused == 1, wrapped.build_stats[0]["memory"]
 
 
 def steps_with_blocks(model, batches, loss_of):

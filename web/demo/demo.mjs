@@ -1,13 +1,14 @@
 // The demo page (make web-demo): trains the digits CNN with web/onnxtrain.mjs, draws the loss and the
 // held-out accuracy as it goes, and offers the trained checkpoint and the exported inference model
-// as downloads. ?epochs=N&auto=1 starts N epochs at once (the browser test does); ?threads=N tries
-// the threaded module. The state is in window.onnxtrainDemo for tests.
+// as downloads. ?epochs=N&auto=1 starts N epochs at once (the browser test does); ?threads=N asks for
+// N threads (default 0: the machine's cores, at most 4; the threaded module needs a cross-origin
+// isolated page, which web/demo/serve.py serves, and one thread is used otherwise). The state is in
+// window.onnxtrainDemo for tests.
 import { TrainingSession, Tensor, env } from "../onnxtrain.mjs";
 
 env.wasm.wasmPaths = new URL("../wasm/", import.meta.url).href;
 const params = new URLSearchParams(location.search);
-// ?threads=N (N > 1, or 0 for the cores) tries the experimental threaded module; its train steps deadlock today.
-env.wasm.numThreads = Number(params.get("threads") ?? 1);
+env.wasm.numThreads = Number(params.get("threads") ?? 0);
 const EPOCHS = Number(params.get("epochs") ?? 12), BATCH = 64, LR = 3e-3;
 const $ = (id) => document.getElementById(id);
 const demo = (window.onnxtrainDemo = { state: "idle", losses: [], accuracies: [], threads: 0, stepsPerSecond: 0 });

@@ -5,6 +5,8 @@
 // (__kmpc_fork_call, __kmpc_push_num_threads, __kmpc_for_static_init_*, __kmpc_barrier), run by a
 // team of pthreads created once (emscripten's pthread pool, sized before the module starts: a
 // browser's main thread cannot wait for a new Worker to start). Nested regions run on one thread.
+// Tensor storage comes from the heap in this build, never mmap (src/core/memory.h says why: a
+// partial munmap in emscripten's libc left a lock held, and the first train step hung on it).
 #include "omp.h"
 
 #include <cstdarg>
@@ -15,6 +17,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
+#include <cmath>
 #include <emscripten/threading.h>
 #endif
 
@@ -110,6 +114,28 @@ void invoke(const Region& r, int32_t tid) {
   }
 }
 
+// Waits until done(word's value): spins a while (a region's threads usually finish close together),
+// then sleeps on the word's futex, woken by whoever changes it. A waiter that only spins keeps the
+// core from the thread it waits for when the machine has more runnable threads than cores: so a
+// join or barrier costs a scheduling round instead of microseconds (libgomp also spins, then sleeps).
+// On a browser's main thread, which may not sleep, emscripten_futex_wait spins instead; and on the
+// main thread it serves the calls that workers' syscalls (a write to stderr, the file system) proxy
+// to it, which would otherwise wait for the main thread while it waits for them.
+constexpr int kSpinsBeforeSleep = 1 << 14;
+
+template <typename Done>
+void wait_until(std::atomic<int32_t>& word, Done done) {
+  static_assert(sizeof(std::atomic<int32_t>) == sizeof(int32_t), "a futex is one 32-bit word");
+  for (int spins = 0;;) {
+    const int32_t seen = word.load(std::memory_order_acquire);
+    if (done(seen)) return;
+    if (spins < kSpinsBeforeSleep) ++spins;
+    else emscripten_futex_wait(&word, uint32_t(seen), INFINITY);  // at once if the word no longer holds `seen`
+  }
+}
+
+void wake_all(std::atomic<int32_t>& word) { emscripten_futex_wake(&word, INT32_MAX); }
+
 // The team: workers spin briefly, then sleep on a futex (emscripten's Atomics.wait), between regions.
 // A region is published as one 64-bit ticket, (sequence number << 32) | team size, after its
 // Region: a worker that wakes late and reads a newer ticket than the one it slept on sees that
@@ -126,19 +152,20 @@ class Team {
     wake_.fetch_add(1, std::memory_order_release);
     emscripten_futex_wake(&wake_word_, INT32_MAX);
     run_member(r, 0);
-    while (pending_.load(std::memory_order_acquire) != 0) {}  // the main thread may not block
+    wait_until(pending_, [](int32_t left) { return left == 0; });
   }
 
   // A barrier among the current region's members.
   void barrier() {
     const int team = t_team_size;
     if (team <= 1) return;
-    const int phase = barrier_phase_.load(std::memory_order_acquire);
+    const int32_t phase = barrier_phase_.load(std::memory_order_acquire);
     if (barrier_count_.fetch_add(1, std::memory_order_acq_rel) == team - 1) {
       barrier_count_.store(0, std::memory_order_relaxed);
       barrier_phase_.fetch_add(1, std::memory_order_release);
+      wake_all(barrier_phase_);
     } else {
-      while (barrier_phase_.load(std::memory_order_acquire) == phase) {}
+      wait_until(barrier_phase_, [phase](int32_t now) { return now != phase; });
     }
   }
 
@@ -153,7 +180,7 @@ class Team {
       seen = ticket;
       if (index < int(uint32_t(ticket))) {
         run_member(*region_, index);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
+        if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) wake_all(pending_);  // the last: the caller may sleep
       }
     }
   }
@@ -185,14 +212,14 @@ class Team {
 
   const Region* region_ = nullptr;
   int started_ = 0;
-  std::atomic<int> pending_{0};
+  std::atomic<int32_t> pending_{0};
   std::atomic<uint64_t> ticket_{0};
   union {  // the futex word the workers sleep on: bumped with every ticket
     std::atomic<int32_t> wake_{0};
     int32_t wake_word_;
   };
   std::atomic<int> barrier_count_{0};
-  std::atomic<int> barrier_phase_{0};
+  std::atomic<int32_t> barrier_phase_{0};
 };
 
 Team& team() {

@@ -9,7 +9,7 @@ import { TrainingSession, Tensor, env } from "../onnxtrain.mjs";
 import { artifactFiles, batch, wasmPaths } from "./fixtures.mjs";
 
 env.wasm.wasmPaths = wasmPaths;
-env.wasm.numThreads = 1;
+env.wasm.numThreads = Number(process.env.ONNXTRAIN_WEB_THREADS ?? 1);  // >1: the threaded module
 const BATCH = 16;
 
 async function session(files = artifactFiles()) {
@@ -128,6 +128,13 @@ test("bad input is an Error naming the problem, and the instance stays usable", 
                        isError(/labels of shape \[4\] do not match/));
   assert.throws(() => new Tensor("float32", new Float32Array(3), [2, 2]), RangeError);
   assert.throws(() => new Tensor("int64", new Int32Array(4), [4]), TypeError);
+  // A Tensor's fields changed after construction: the run checks them again, never reading past the data.
+  const shrunk = new Tensor("float32", feeds.input.data.slice(), feeds.input.dims);
+  shrunk.data = shrunk.data.subarray(0, 4);
+  await assert.rejects(s.runTrainStep({ ...feeds, input: shrunk }), isError(/input 'input'.*dims \[.*\] hold \d+ elements, the data has 4/));
+  const regrown = new Tensor("float32", feeds.input.data.slice(), feeds.input.dims);
+  regrown.dims = [2 * BATCH, ...feeds.input.dims.slice(1)];
+  await assert.rejects(s.runTrainStep({ ...feeds, input: regrown }), isError(/input 'input'.*hold \d+ elements/));
   await assert.rejects(s.runTrainStep({ ...feeds, target: new Tensor("int64", feeds.target.data.map(() => 10n), [BATCH]) }),
                        isError(/10/));
   await assert.rejects(s.loadParametersBuffer(new Uint8Array(12)), isError(/3|12/));

@@ -11,7 +11,10 @@ import { TrainingSession, Tensor, env } from "../onnxtrain.mjs";
 import { artifactFiles, artifacts, assertClose, nativeRun, wasmRun, wasmPaths } from "./fixtures.mjs";
 
 env.wasm.wasmPaths = wasmPaths;
-env.wasm.numThreads = Number(process.env.ONNXTRAIN_WEB_THREADS ?? 1);  // >1: the (experimental) threaded module
+// ONNXTRAIN_WEB_THREADS > 1: the threaded module, compared with the native build on as many threads
+// (both split every parallel loop into the same static blocks, so they sum alike).
+env.wasm.numThreads = Number(process.env.ONNXTRAIN_WEB_THREADS ?? 1);
+const THREADS = env.wasm.numThreads;
 // At AdamW's lr 3e-3 (the artifacts') the digits run is too sensitive to compare builds step by step:
 // rounding differences of 1e-7 (another summation order) flip a max-pooling choice within a few
 // dozen steps, and even the native build for the baseline ISA and the -march=native one then part by
@@ -27,8 +30,13 @@ test(`${STEPS} digits steps in WebAssembly (${env.wasm.numThreads} thread(s)) fo
   assert.equal(session.numThreads, env.wasm.numThreads);
   await session.setLearningRate(LR);
   const wasm = await wasmRun(Tensor, session, STEPS, BATCH);
-  const native = nativeRun(path.join(artifacts, "checkpoint"), STEPS, BATCH, LR);
+  const native = nativeRun(path.join(artifacts, "checkpoint"), STEPS, BATCH, LR, THREADS);
   assert.ok(native.losses[0] > 2 && native.losses[STEPS - 1] < 1, `the run trains: ${native.losses[0]} -> ${native.losses[STEPS - 1]}`);
+  if (THREADS > 1) {
+    // The team starts its workers at its first region of more than one thread: the steps ran some.
+    const started = session._api.m.PThread.runningWorkers.length;
+    assert.equal(started, THREADS - 1, `kernel threads started besides the caller: ${started}`);
+  }
   const worst = assertClose(assert, wasm.losses, native.losses, TOLERANCE, "train losses");
   assertClose(assert, [wasm.eval_loss], [native.eval_loss], TOLERANCE, "eval loss");
   // The logits after 50 steps carry each build's fp32 summation order (SIMD128 against SSE2 lanes,
@@ -42,13 +50,13 @@ test(`${STEPS} digits steps in WebAssembly (${env.wasm.numThreads} thread(s)) fo
   try {
     const saved = path.join(dir, "checkpoint");
     writeFileSync(saved, await session.saveCheckpoint());
-    const resumedNative = nativeRun(saved, 5, BATCH, LR);
+    const resumedNative = nativeRun(saved, 5, BATCH, LR, THREADS);
     const resumedWasm = await wasmRun(Tensor, session, 5, BATCH);
     assertClose(assert, resumedWasm.losses, resumedNative.losses, TOLERANCE, "losses resumed natively from the saved checkpoint");
     // The same checkpoint in a new WebAssembly session: its eval equals the first session's.
     const again = await TrainingSession.create({ ...artifactFiles(), checkpointState: saved });
     const evalAgain = await again.runEvalStep((await import("./fixtures.mjs")).batch(Tensor, 0, BATCH));
-    const nativeEval = nativeRun(saved, 0, BATCH);
+    const nativeEval = nativeRun(saved, 0, BATCH, undefined, THREADS);
     assertClose(assert, [evalAgain.loss.data[0]], [nativeEval.eval_loss], TOLERANCE, "eval loss of the saved checkpoint");
     await again.release();
   } finally {

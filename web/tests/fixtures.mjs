@@ -43,11 +43,12 @@ export function batch(Tensor, i, size) {
 }
 
 // The native build's losses of `steps` train steps from `checkpoint` (at learning rate `lr`, or the
-// optimizer model's), its eval loss and first logits.
-export function nativeRun(checkpoint, steps, size, lr) {
+// optimizer model's) on `threads` threads, its eval loss and first logits.
+export function nativeRun(checkpoint, steps, size, lr, threads = 1) {
   const args = [artifacts, checkpoint, path.join(fixtures, "digits_raw"), String(steps), String(size)];
   if (lr !== undefined) args.push(String(lr));
-  const out = execFileSync(nativeSteps, args, { encoding: "utf8" });
+  const env = { ...process.env, ONNXTRAIN_WEB_NATIVE_THREADS: String(threads) };
+  const out = execFileSync(nativeSteps, args, { encoding: "utf8", env });
   return JSON.parse(out);
 }
 

@@ -7,7 +7,8 @@
  * (each followed by an optimizer step and lazy_reset_grad) on batch i = training rows
  * [(i mod floor(N / BATCH)) * BATCH, + BATCH) of DATA_DIR's x_train.f32 / y_train.i64, then one eval
  * step on batch 0, and prints {"losses": [...], "eval_loss": x, "logits0": [...]}. LEARNING_RATE
- * replaces the optimizer model's. */
+ * replaces the optimizer model's. The kernels run on ONNXTRAIN_WEB_NATIVE_THREADS threads (default 1): the
+ * threaded WebAssembly module's tests compare with the same thread count, so both split the work alike. */
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
   float* x;
   long long* y;
   long n, batches, steps, batch, i;
+  const char* threads;
   OtCheckpoint* checkpoint;
   OtModule* module;
   OtOptimizer* optimizer;
@@ -74,7 +76,8 @@ int main(int argc, char** argv) {
   snprintf(train_path, sizeof train_path, "%s/training_model.onnx", argv[1]);
   snprintf(eval_path, sizeof eval_path, "%s/eval_model.onnx", argv[1]);
   snprintf(opt_path, sizeof opt_path, "%s/optimizer_model.onnx", argv[1]);
-  CHECK(ot_set_num_threads(1));
+  threads = getenv("ONNXTRAIN_WEB_NATIVE_THREADS");
+  CHECK(ot_set_num_threads(threads ? atoi(threads) : 1));
   CHECK(ot_checkpoint_load(argv[2], &checkpoint));
   CHECK(ot_module_create(train_path, checkpoint, eval_path, &module));
   CHECK(ot_optimizer_create(opt_path, module, &optimizer));

@@ -1,9 +1,8 @@
 """The demo page in headless chromium (chromium-driver, python3-selenium): served with the COOP/COEP
 headers (the page is cross-origin isolated, as the threaded module needs), it trains on the
-single-threaded module (the threaded one deadlocks in its train steps today); it must reach 97%
-held-out accuracy, draw a chart (the screenshot is not blank), and its downloads must hold what it
-trained: the exported inference model gives the page's logits in onnxtrain natively, and the
-checkpoint loads natively.
+threaded module with 2 threads; it must reach 97% held-out accuracy, draw a chart (the screenshot
+is not blank), and its downloads must hold what it trained: the exported inference model gives the
+page's logits in onnxtrain natively, and the checkpoint loads natively.
 
     PYTHONPATH=build/python /usr/bin/python3 -m pytest -q web/tests/test_demo_browser.py
 
@@ -27,6 +26,7 @@ import serve  # noqa: E402  (web/demo/serve.py)
 WEB_BUILD = os.path.join(ROOT, os.environ.get("ONNXTRAIN_WEB_DIR", "build-web"))
 FIXTURES = os.path.join(ROOT, os.environ.get("ONNXTRAIN_WEB_FIXTURES", os.path.join(WEB_BUILD, "fixtures")))
 EPOCHS = 12
+THREADS = 2
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +55,17 @@ def browser():
 def test_demo_page_trains_to_97_percent_and_its_downloads_run_natively(page_url, browser, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser.get(f"{page_url}?epochs={EPOCHS}&auto=1")
+    browser.get(f"{page_url}?epochs={EPOCHS}&threads={THREADS}&auto=1")
     state = lambda: browser.execute_script("return window.onnxtrainDemo && window.onnxtrainDemo.state")  # noqa: E731
     WebDriverWait(browser, 300, poll_frequency=0.5).until(lambda _: state() in ("done", "error"))
     demo = browser.execute_script("const d = window.onnxtrainDemo; return {state: d.state, error: d.error, "
                                   "accuracy: d.accuracy, threads: d.threads, isolated: crossOriginIsolated, "
-                                  "rate: d.stepsPerSecond, steps: d.losses.length};")
+                                  "rate: d.stepsPerSecond, steps: d.losses.length, "
+                                  "workers: d.session._api.m.PThread ? d.session._api.m.PThread.runningWorkers.length : 0};")
     assert demo["state"] == "done", demo.get("error")
-    assert demo["isolated"] and demo["threads"] == 1, f"a cross-origin isolated page on one thread: {demo}"
+    assert demo["isolated"] and demo["threads"] == THREADS, f"a cross-origin isolated page on {THREADS} threads: {demo}"
+    # The team starts its workers at its first region of more than one thread: the steps ran some.
+    assert demo["workers"] == THREADS - 1, f"kernel threads started besides the page's: {demo}"
     assert demo["accuracy"] >= 0.97, demo
     print(f"demo page: {demo['accuracy']:.4f} held-out accuracy, {demo['steps']} steps at {demo['rate']:.1f} steps/s "
           f"on {demo['threads']} threads")

@@ -27,7 +27,8 @@ def flatten(obj: Any, tensors: List[torch.Tensor]) -> tuple:
     if isinstance(obj, (tuple, list)):
         return (type(obj).__name__, tuple(flatten(v, tensors) for v in obj))
     if isinstance(obj, dict) and type(obj) is not dict:
-        return ("mapping", type(obj), tuple(obj.keys()), tuple(flatten(v, tensors) for v in obj.values()))
+        return ("mapping", type(obj), tuple(obj.keys()), tuple(flatten(v, tensors) for v in obj.values()),
+                _empty_recipe(obj))
     if isinstance(obj, dict):
         return ("dict", tuple(obj.keys()), tuple(flatten(v, tensors) for v in obj.values()))
     return ("const", obj)
@@ -45,10 +46,32 @@ def unflatten(structure: tuple, tensors: Iterator[torch.Tensor]) -> Any:
         return {k: unflatten(s, tensors) for k, s in zip(structure[1], structure[2])}
     if kind == "mapping":
         cls, items = structure[1], {k: unflatten(s, tensors) for k, s in zip(structure[2], structure[3])}
-        # A dataclass mapping (ModelOutput) takes its present fields by name; others take the pairs.
-        return cls(**items) if dataclasses.is_dataclass(cls) else cls(items)
+        # A dataclass mapping (ModelOutput) takes its present fields by name; others are rebuilt as
+        # pickle does (a defaultdict's constructor takes its factory first, a subclass's may take anything).
+        return cls(**items) if dataclasses.is_dataclass(cls) else _rebuild(structure[4], items)
     values = [unflatten(s, tensors) for s in structure[1]]
     return tuple(values) if kind == "tuple" else values
+
+
+def _empty_recipe(obj: dict) -> tuple:
+    """How pickle would make ``obj`` before its items: (callable, args, state); None for dataclasses."""
+    if dataclasses.is_dataclass(obj):
+        return None
+    made = obj.__reduce_ex__(2)
+    return made[0], made[1], made[2] if len(made) > 2 else None
+
+
+def _rebuild(recipe: tuple, items: dict) -> dict:
+    make, args, state = recipe
+    obj = make(*args)
+    if state:
+        if hasattr(obj, "__setstate__"):
+            obj.__setstate__(state)
+        else:
+            obj.__dict__.update(state)
+    for k, v in items.items():
+        obj[k] = v
+    return obj
 
 
 def key(structure: tuple) -> Hashable:

@@ -99,7 +99,8 @@ class DebugOptions:
 
     log_level: messages below it are dropped (INFO reports export and build times per input schema).
     save_onnx: write ``<onnx_prefix>_<schema>_{exported,forward,backward}.onnx`` for each input
-        schema, into ONNXTRAIN_SAVE_ONNX_PATH (default: the working directory).
+        schema, into ONNXTRAIN_SAVE_ONNX_PATH (default: the working directory). In all three the
+        module's parameters and buffers are graph inputs (bound from torch at each run), not data.
     onnx_prefix: the files' name prefix (required with save_onnx).
     """
 

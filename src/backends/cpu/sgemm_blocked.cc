@@ -178,6 +178,8 @@ void sgemm_serial(const SgemmArgs& g) {
 // product instead, kDotRows x kDotCols of them at once in vector partial sums over k; each partial
 // sum vector then adds up its lanes in order and the scalar tail of k after it.
 constexpr int kDotRows = 4, kDotCols = vec::kRegisters == 32 ? 4 : 2;
+// sgemm_dots and sgemm_rows finish the last rows with cases 3, 2 and 1: exactly kDotRows - 1 of them.
+static_assert(kDotRows == 4, "the remainder switches in sgemm_dots and sgemm_rows handle 1 to 3 rows");
 
 bool narrow_dots(const SgemmArgs& g) { return g.a_col == 1 && g.b_row == 1 && g.n * 2 < kNR && g.k >= kLanes; }
 

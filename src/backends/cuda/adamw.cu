@@ -8,6 +8,8 @@
 // with g scaled by the clip coefficient min(1, max_norm / (norm + 1e-6)) (negated to maximize).
 #include <cmath>
 
+#include <optional>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 
@@ -99,9 +101,10 @@ void adamw(const AdamWConfig& cfg, const std::vector<float*>& params, const std:
            const std::vector<int64_t>& sizes, void* stream) {
   const cudaStream_t s = as_stream(stream);
   const unsigned grid = unsigned(multiprocessor_count() * 4);
+  std::optional<StreamBuffer<double>> sum_squares_buffer;
   double* sum_squares = nullptr;
   if (cfg.max_grad_norm > 0) {
-    check(cudaMallocAsync(reinterpret_cast<void**>(&sum_squares), sizeof(double), s), "cudaMallocAsync");
+    sum_squares = sum_squares_buffer.emplace(1, s).get();
     check(cudaMemsetAsync(sum_squares, 0, sizeof(double), s), "cudaMemsetAsync");
     for_lists(params, grads, exp_avg, exp_avg_sq, sizes,
               [&](const TensorList& l) { sum_squares_kernel<<<grid, 256, 0, s>>>(l, sum_squares); });
@@ -124,7 +127,6 @@ void adamw(const AdamWConfig& cfg, const std::vector<float*>& params, const std:
   for_lists(params, grads, exp_avg, exp_avg_sq, sizes,
             [&](const TensorList& l) { adamw_kernel<<<grid, 256, 0, s>>>(l, sc, sum_squares); });
   check_launch("adamw_kernel");
-  if (sum_squares) check(cudaFreeAsync(sum_squares, s), "cudaFreeAsync");
 }
 
 }  // namespace onnxtrain::cuda

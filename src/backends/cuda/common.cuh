@@ -31,6 +31,24 @@ void dispatch_floating(DType dtype, const char* what, Fn&& fn) {
 }
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// A kernel's temporary: `count` T from cudaMallocAsync on `stream`, freed on it when the owner
+// goes, also when a launch check between throws (nothing then reports a failed free).
+template <typename T>
+class StreamBuffer {
+ public:
+  StreamBuffer(size_t count, cudaStream_t stream) : stream_(stream) {
+    check(cudaMallocAsync(reinterpret_cast<void**>(&p_), count * sizeof(T), stream), "cudaMallocAsync");
+  }
+  ~StreamBuffer() { (void)cudaFreeAsync(p_, stream_); }
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+  T* get() const { return p_; }
+
+ private:
+  T* p_ = nullptr;
+  cudaStream_t stream_;
+};
 inline unsigned blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return unsigned(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);  // grid-stride loops cover the rest

@@ -3,6 +3,8 @@
 //   loss[t] = -log_prob[t, label[t]]  (0 where label == ignore_index), reduced by none/sum/mean
 //   dx[t, k] = (exp(log_prob[t, k]) - [k == label[t]]) * dloss'  (0 for ignored targets)
 // Sums over targets run in one block, so the order of additions is fixed from run to run.
+#include <optional>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 
@@ -33,11 +35,15 @@ __global__ void nll_none_kernel(const T* logp, const int64_t* labels, T* loss, i
 }
 
 // One block: the summed loss (mean: over the targets kept) into loss[0]; the count into *kept.
+// The count is an integer (a float count stops at 2^24 targets).
 template <typename T>
-__global__ void nll_reduce_kernel(const T* logp, const int64_t* labels, T* loss, float* kept_out, int64_t targets,
-                                  int64_t c, int64_t d, int64_t ignore, int mean, int* bad) {
+__global__ void nll_reduce_kernel(const T* logp, const int64_t* labels, T* loss, unsigned long long* kept_out,
+                                  int64_t targets, int64_t c, int64_t d, int64_t ignore, int mean, int* bad) {
   __shared__ float shared[32];
-  float sum = 0, kept = 0;
+  __shared__ unsigned long long kept_total;
+  if (threadIdx.x == 0) kept_total = 0;
+  float sum = 0;
+  unsigned long long kept = 0;
   for (int64_t t = threadIdx.x; t < targets; t += blockDim.x) {
     const int64_t l = label_of(labels, t, c, ignore, bad);
     if (l < 0) continue;
@@ -45,19 +51,21 @@ __global__ void nll_reduce_kernel(const T* logp, const int64_t* labels, T* loss,
     sum -= to_float(logp[(n * c + l) * d + j]);
     kept += 1;
   }
-  sum = block_reduce<false>(sum, shared);
-  kept = block_reduce<false>(kept, shared);
+  sum = block_reduce<false>(sum, shared);  // its __syncthreads orders kept_total's reset before the adds
+  atomicAdd(&kept_total, kept);
+  __syncthreads();
   if (threadIdx.x == 0) {
-    if (loss) loss[0] = from_float<T>(mean ? sum / kept : sum);
-    if (kept_out) *kept_out = kept;
+    if (loss) loss[0] = from_float<T>(mean ? sum / float(kept_total) : sum);
+    if (kept_out) *kept_out = kept_total;
   }
 }
 
 template <typename T>
-__global__ void nll_grad_kernel(const T* dloss, const T* logp, const int64_t* labels, T* dx, const float* kept,
-                                int64_t n, int64_t c, int64_t d, int64_t ignore, int reduction, int* bad) {
+__global__ void nll_grad_kernel(const T* dloss, const T* logp, const int64_t* labels, T* dx,
+                                const unsigned long long* kept, int64_t n, int64_t c, int64_t d, int64_t ignore,
+                                int reduction, int* bad) {
   const int64_t total = n * c * d;
-  const float scale = reduction == 0 ? 1.0f : to_float(dloss[0]) / (reduction == 2 ? *kept : 1.0f);
+  const float scale = reduction == 0 ? 1.0f : to_float(dloss[0]) / (reduction == 2 ? float(*kept) : 1.0f);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t j = i % d, k = (i / d) % c, b = i / (c * d), t = b * d + j;
     const int64_t l = label_of(labels, t, c, ignore, bad);
@@ -87,8 +95,8 @@ void nll_loss(DType dtype, const void* log_prob, const int64_t* labels, void* lo
 void nll_loss_grad(DType dtype, const void* dloss, const void* log_prob, const int64_t* labels, void* dx, int64_t n,
                    int64_t c, int64_t d, int64_t ignore, int reduction, int* bad_label, void* stream) {
   const cudaStream_t s = as_stream(stream);
-  float* kept = nullptr;
-  if (reduction == 2) check(cudaMallocAsync(reinterpret_cast<void**>(&kept), sizeof(float), s), "cudaMallocAsync");
+  std::optional<StreamBuffer<unsigned long long>> kept_buffer;
+  unsigned long long* kept = reduction == 2 ? kept_buffer.emplace(1, s).get() : nullptr;
   dispatch_floating(dtype, "CUDA SoftmaxCrossEntropyLossGrad", [&]<typename T>() {
     auto lp = static_cast<const T*>(log_prob);
     if (kept) nll_reduce_kernel<T><<<1, kThreads, 0, s>>>(lp, labels, nullptr, kept, n * d, c, d, ignore, 1, bad_label);
@@ -98,7 +106,6 @@ void nll_loss_grad(DType dtype, const void* dloss, const void* log_prob, const i
                                                                    reduction, bad_label);
   });
   check_launch("nll_loss_grad");
-  if (kept) check(cudaFreeAsync(kept, s), "cudaFreeAsync");
 }
 
 }  // namespace onnxtrain::cuda

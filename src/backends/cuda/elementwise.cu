@@ -42,13 +42,28 @@ template <typename T, typename C> __device__ __forceinline__ T store(C v) {
   if constexpr (std::is_integral_v<T>) return T(v); else return from_float<T>(float(v));
 }
 
+// Integer +, - and * wrap (two's complement) as the CPU's binary.cc wrap_t does: computed in the
+// unsigned type, where overflow is defined, not in the signed one, where it is undefined.
+template <typename C> __device__ __forceinline__ C add(C x, C y) {
+  if constexpr (std::is_integral_v<C>) return C(std::make_unsigned_t<C>(x) + std::make_unsigned_t<C>(y));
+  else return x + y;
+}
+template <typename C> __device__ __forceinline__ C sub(C x, C y) {
+  if constexpr (std::is_integral_v<C>) return C(std::make_unsigned_t<C>(x) - std::make_unsigned_t<C>(y));
+  else return x - y;
+}
+template <typename C> __device__ __forceinline__ C mul(C x, C y) {
+  if constexpr (std::is_integral_v<C>) return C(std::make_unsigned_t<C>(x) * std::make_unsigned_t<C>(y));
+  else return x * y;
+}
+
 template <Binary kOp, typename C>
 __device__ __forceinline__ C apply_binary(C x, C y) {
-  if constexpr (kOp == Binary::kAdd) return x + y;
-  if constexpr (kOp == Binary::kSub) return x - y;
-  if constexpr (kOp == Binary::kMul) return x * y;
-  if constexpr (kOp == Binary::kDiv) {
-    if constexpr (std::is_integral_v<C>) return y == 0 ? C(0) : (y == C(-1) ? C(0) - x : x / y);
+  if constexpr (kOp == Binary::kAdd) return add(x, y);
+  if constexpr (kOp == Binary::kSub) return sub(x, y);
+  if constexpr (kOp == Binary::kMul) return mul(x, y);
+  if constexpr (kOp == Binary::kDiv) {  // x / -1 as 0 - x: INT_MIN / -1 wraps to INT_MIN
+    if constexpr (std::is_integral_v<C>) return y == 0 ? C(0) : (y == C(-1) ? sub(C(0), x) : x / y);
     else return x / y;
   }
   if constexpr (kOp == Binary::kReluGrad) return y > C(0) ? x : C(0);
@@ -57,8 +72,8 @@ __device__ __forceinline__ C apply_binary(C x, C y) {
 template <Unary kOp, typename C>
 __device__ __forceinline__ C apply_unary(C x) {
   if constexpr (kOp == Unary::kCopy) return x;
-  if constexpr (kOp == Unary::kNeg) return C(0) - x;
-  if constexpr (kOp == Unary::kAbs) return x < C(0) ? C(0) - x : x;
+  if constexpr (kOp == Unary::kNeg) return sub(C(0), x);
+  if constexpr (kOp == Unary::kAbs) return x < C(0) ? sub(C(0), x) : x;
   if constexpr (kOp == Unary::kRelu) return x > C(0) ? x : C(0);
   if constexpr (!std::is_integral_v<C>) {
     if constexpr (kOp == Unary::kExp) return expf(x);

@@ -55,9 +55,11 @@ cublasLtMatrixLayout_t layout(cudaDataType_t type, int64_t rows, int64_t cols, i
   return l;
 }
 
-// The largest power of two up to 256 that divides the address.
-uint32_t alignment_of(const void* p) {
-  const auto at = reinterpret_cast<uintptr_t>(p);
+// The largest power of two up to 256 that divides the address of every matrix of a batch: the
+// first one's and, with more than one, their distance apart (stride elements of elem_bytes each).
+uint32_t alignment_of(const void* p, int64_t batch = 1, int64_t stride = 0, size_t elem_bytes = 0) {
+  uintptr_t at = reinterpret_cast<uintptr_t>(p);
+  if (batch > 1) at |= uintptr_t(stride) * elem_bytes;  // a stride of 0 (broadcast) adds nothing
   uint32_t a = 256;
   while (a > 1 && at % a != 0) a /= 2;
   return a;
@@ -96,11 +98,14 @@ void gemm(const GemmDesc& d, const void* a, const void* b, void* c, void* stream
                                                 sizeof workspace_bytes), "workspace preference");
   // cuBLASLt assumes 256-byte aligned operands unless told otherwise: arena views are 64-byte
   // aligned and the per-product pointers of a broadcast batch may be less.
-  const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> operands[] = {
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, b}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, a},
-      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, c}, {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, c}};
-  for (const auto& [attribute, pointer] : operands) {
-    const uint32_t alignment = alignment_of(pointer);
+  // A strided batch's later matrices lie stride elements on: the stride bounds their alignment too.
+  const size_t elem = dtype_size(d.dtype);
+  const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> operands[] = {
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(b, d.batch, d.stride_b, elem)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(a, d.batch, d.stride_a, elem)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(c, d.batch, d.stride_c, elem)},
+      {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(c, d.batch, d.stride_c, elem)}};
+  for (const auto& [attribute, alignment] : operands) {
     check_lt(cublasLtMatmulPreferenceSetAttribute(desc.pref, attribute, &alignment, sizeof alignment), "alignment");
   }
   cublasLtMatmulHeuristicResult_t heuristic{};

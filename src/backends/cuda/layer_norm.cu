@@ -3,6 +3,8 @@
 //   y = (x - mean) * inv_std * scale + bias,  inv_std = 1 / sqrt(var + eps)
 //   dx = inv_std * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * scale
 //   dscale = sum_rows(dy * xhat),  dbias = sum_rows(dy)
+#include <optional>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 
@@ -114,9 +116,10 @@ void layer_norm_grad(DType dtype, const void* dy, const void* x, const void* sca
   if (rows == 0) return;
   OT_CHECK(rows < (int64_t(1) << 31) && d > 0, "CUDA LayerNormalizationGrad: ", rows, " rows of ", d, " elements");
   const cudaStream_t s = as_stream(stream);
+  std::optional<StreamBuffer<float>> stats_buffer;
   float* stats = nullptr;  // the statistics, when the forward's were not given
   if (!mean || !inv_std) {
-    check(cudaMallocAsync(reinterpret_cast<void**>(&stats), size_t(2 * rows) * sizeof(float), s), "cudaMallocAsync");
+    stats = stats_buffer.emplace(size_t(2 * rows), s).get();
     mean = stats;
     inv_std = stats + rows;
   }
@@ -133,7 +136,6 @@ void layer_norm_grad(DType dtype, const void* dy, const void* x, const void* sca
                                                                 static_cast<T*>(dx), d);
   });
   check_launch("layer_norm_grad");
-  if (stats) check(cudaFreeAsync(stats, s), "cudaFreeAsync");
 }
 
 }  // namespace onnxtrain::cuda

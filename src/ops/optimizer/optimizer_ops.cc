@@ -234,6 +234,24 @@ void adamw_cuda(KernelContext& ctx) {
 }
 #endif
 
+// With in_place = 1 (the default) the kernels write the parameters and the state lists: every
+// input an output stands for.
+std::vector<size_t> update_written_inputs(const Node& node, size_t num_inputs) {
+  if (node.attr_int("in_place", 1) == 0) return {};
+  size_t k = 0;
+  try {
+    k = config_from_update_node(node).state_names().size();
+  } catch (const Error&) {
+    return {};  // the kernel reports bad attributes before it writes anything
+  }
+  const int64_t rest = int64_t(num_inputs) - 2, groups = 2 + int64_t(k);
+  if (rest <= 0 || rest % groups != 0) return {};  // the kernel reports the bad arity
+  const int64_t n = rest / groups;
+  std::vector<size_t> written;
+  for (size_t j = 0; j < size_t(n * int64_t(1 + k)); ++j) written.push_back(source_input(n, j));
+  return written;
+}
+
 void update_shape(ShapeContext& ctx) {
   OptimizerConfig cfg;
   try {
@@ -255,14 +273,15 @@ void update_shape(ShapeContext& ctx) {
 
 // Updates run after the gradient graph and produce no gradient of their own.
 ONNXTRAIN_OP(AdamW, kOnnxTrainDomain, 1).inputs(6, INT_MAX).outputs(1, INT_MAX).shape(update_shape)
-    .not_differentiable().cpu(update_kernel).cuda(OT_CUDA(adamw_cuda)).host_inputs(std::vector<int>{0, 1});
+    .not_differentiable().cpu(update_kernel).cuda(OT_CUDA(adamw_cuda)).host_inputs(std::vector<int>{0, 1})
+    .written_inputs(update_written_inputs);
 ONNXTRAIN_OP(Adam, kOnnxTrainDomain, 1).inputs(6, INT_MAX).outputs(1, INT_MAX).shape(update_shape)
-    .not_differentiable().cpu(update_kernel);
+    .not_differentiable().cpu(update_kernel).written_inputs(update_written_inputs);
 ONNXTRAIN_OP(SGD, kOnnxTrainDomain, 1).inputs(4, INT_MAX).outputs(1, INT_MAX).shape(update_shape)
-    .not_differentiable().cpu(update_kernel);
+    .not_differentiable().cpu(update_kernel).written_inputs(update_written_inputs);
 ONNXTRAIN_OP(Lamb, kOnnxTrainDomain, 1).inputs(6, INT_MAX).outputs(1, INT_MAX).shape(update_shape)
-    .not_differentiable().cpu(update_kernel);
+    .not_differentiable().cpu(update_kernel).written_inputs(update_written_inputs);
 ONNXTRAIN_OP(Adagrad, kOnnxTrainDomain, 1).inputs(5, INT_MAX).outputs(1, INT_MAX).shape(update_shape)
-    .not_differentiable().cpu(update_kernel);
+    .not_differentiable().cpu(update_kernel).written_inputs(update_written_inputs);
 
 }  // namespace onnxtrain::optim
