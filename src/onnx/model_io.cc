@@ -291,12 +291,15 @@ std::string initializers_as_inputs(std::string_view bytes, const std::set<std::s
     OT_THROW(kInvalidModel, "model ", description, ": cannot parse ", bytes.size(),
              " bytes as an ONNX ModelProto (truncated or not an ONNX file)");
   onnx::GraphProto* g = proto.mutable_graph();
+  std::set<std::string> inputs;  // an initializer may be listed as an input already (IR < 4 exports)
+  for (const auto& in : g->input()) inputs.insert(in.name());
   google::protobuf::RepeatedPtrField<onnx::TensorProto> kept;
   for (auto& init : *g->mutable_initializer()) {
     if (!names.count(init.name())) {
       kept.Add()->Swap(&init);
       continue;
     }
+    if (inputs.count(init.name())) continue;
     onnx::ValueInfoProto* input = g->add_input();
     input->set_name(init.name());
     auto* tt = input->mutable_type()->mutable_tensor_type();
