@@ -161,7 +161,7 @@ $(WEB_DIR)/build.ninja:
 # 2 threads (web/tests/test_demo_browser.py).
 WEB_FIXTURES ?= $(WEB_DIR)/fixtures
 test-web: web minimal-baseline build
-	$(PYTHON) web/tests/make_fixtures.py $(WEB_FIXTURES)
+	$(PYTHON) web/tests/make_fixtures.py $(WEB_FIXTURES) --ort
 	tsc --noEmit --strict --target es2020 --module node16 --moduleResolution node16 web/tests/types_check.mts
 	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) node --test web/tests/*.test.mjs
 	ONNXTRAIN_WEB_DIR=$(WEB_DIR) ONNXTRAIN_WEB_FIXTURES=$(WEB_FIXTURES) ONNXTRAIN_WEB_THREADS=2 node --test web/tests/*.test.mjs
