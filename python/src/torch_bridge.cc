@@ -703,10 +703,6 @@ void bind_torch_bridge(py::module_& m) {
     return py::bytes(stripped);
   }, py::arg("model"), py::arg("names"));
 
-  // Gives back the memory kept for the next step's saved values (TrainModule calls it before an
-  // optimizer step: the step's peak, which that memory would raise).
-  t.def("release_spare_blocks", [] { SpareBlock::saved_values().release(); });
-
   // Two exports of one module at different input sizes: "" when they are the same program (the
   // trace baked none of the sizes that differ), else the first difference (ir/program_difference.h).
   // `bound`: the initializers the host binds at each run (the module's parameters and buffers),

@@ -15,7 +15,6 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.optim.optimizer as torch_optimizer_module
 from torch import nn
 
 import onnxtrain
@@ -618,26 +617,6 @@ def test_the_kept_export_holds_no_copy_of_the_parameters_and_buffers():
         assert torch.allclose(model.state_dict()[name].float(), want.float(), rtol=1e-5, atol=1e-6), name
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
-
-
-@pytest.mark.skipif(not hasattr(torch_optimizer_module, "register_optimizer_step_pre_hook"),
-                    reason="torch 1.13 has no global optimizer step hook: the saved values' memory is kept to the next forward")
-def test_an_optimizer_step_gives_back_the_memory_kept_for_the_next_saved_values():
-    # Kept through the optimizer's step, the dead block would add itself to the loop's peak; kept
-    # across micro-steps without an optimizer step (gradient accumulation), it is reused.
-    model, batches = model_and_batches("gpt", 6)
-    wrapped = TrainModule(model)
-    optimizer = torch.optim.AdamW(wrapped.parameters(), lr=1e-4)
-    for x, y in batches[:4]:  # a step each: the spare is given back before each optimizer step
-        cross_entropy(wrapped(x), y).backward()
-        optimizer.step()
-        optimizer.zero_grad()
-    reused, blocks = _reuses(wrapped.build_stats[0]["memory"], "saved values")
-    assert reused == 0 and blocks >= 2, wrapped.build_stats[0]["memory"]
-    for x, y in batches[4:]:  # accumulation: no optimizer step between the two
-        cross_entropy(wrapped(x), y).backward()
-    reused, blocks_after = _reuses(wrapped.build_stats[0]["memory"], "saved values")
-    assert blocks_after == blocks + 2 and reused == 1, wrapped.build_stats[0]["memory"]
 
 
 def steps_with_blocks(model, batches, loss_of):

@@ -66,23 +66,6 @@ _PREFIX = "module."  # the exported wrapper's attribute: initializers are named 
 DENSITY_THRESHOLD = 0.9
 
 
-def _release_spares_before_optimizer_steps() -> None:
-    """From the first TrainModule on, every torch optimizer's step first gives back the memory the
-    bridge keeps for the next step's saved values (torch >= 2.0's global step pre-hook). Kept
-    through the step, that block would add itself to the step's peak, which in a plain loop is the
-    optimizer's (its moments, and the gradients it reads): GPT-2 small's peak was 13% above eager
-    PyTorch's with it kept, 2% with it given back. Gradient-accumulation micro-steps still reuse it.
-    torch 1.13 has no global hook: there the block is kept until the next forward takes it."""
-    global _SPARE_HOOK
-    import torch.optim.optimizer as optimizer_module
-    register = getattr(optimizer_module, "register_optimizer_step_pre_hook", None)
-    if _SPARE_HOOK is None and register is not None:
-        _SPARE_HOOK = register(lambda optimizer, args, kwargs: _C.torch_bridge.release_spare_blocks())
-
-
-_SPARE_HOOK = None
-
-
 class TrainModuleError(RuntimeError):
     """The module cannot run through onnxtrain: the export or the graph build failed (the message
     names the op or construct), or an input is not supported."""
@@ -274,7 +257,6 @@ class TrainModule(nn.Module):
         for shared in ("_parameters", "_buffers", "_non_persistent_buffers_set", "_modules"):
             self.__dict__[shared] = module.__dict__[shared]
         self.training = module.training
-        _release_spares_before_optimizer_steps()
         self._settings = Settings.load(debug_options)
         if dynamic_shapes is not None:
             self._settings.dynamic_shapes = bool(dynamic_shapes)
