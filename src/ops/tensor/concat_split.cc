@@ -147,6 +147,7 @@ std::vector<int64_t> split_sizes(const Node& node, int64_t dim, size_t outputs,
 void split_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
   const Tensor& x = ctx.input(0);
+  OT_CHECK(x.rank() >= 1, node.context(), "Split needs an input of rank >= 1, got a scalar");
   int64_t axis = normalize_axis(node, node.attr_int("axis", 0), x.rank());
   size_t nout = ctx.num_outputs();
   auto sizes = split_sizes(node, x.dim(int(axis)), nout, attr_or_input_ints(ctx, "split", 1));
@@ -168,6 +169,7 @@ void split_rule(ShapeContext& ctx) {
     for (size_t i = 0; i < nout; ++i) ctx.set_output(i, dt, in ? std::optional<Shape>(Shape(in->size(), -1)) : std::nullopt);
     return;
   }
+  OT_CHECK(!in->empty(), ctx.node().context(), "Split needs an input of rank >= 1, got a scalar");
   int64_t axis = normalize_axis(ctx.node(), ctx.node().attr_int("axis", 0), int64_t(in->size()));
   auto sizes = split_sizes(ctx.node(), (*in)[size_t(axis)], nout, given.value);
   for (size_t i = 0; i < nout; ++i) {
