@@ -4,9 +4,11 @@
 // TFLOP/s or GB/s (bytes read plus written once). scripts/gpu_check.sh runs it beside
 // bench/cuda_kernels_torch.py, which times PyTorch on the same shapes.
 //   build-gpu/bench/cuda_kernels_bench
+#include <cuda.h>
+
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <random>
 #include <string>
@@ -35,22 +37,44 @@ Tensor random_on_device(DType dt, const Shape& shape, uint32_t seed) {
   return to_device(host, Device::kCuda, g_stream);
 }
 
+// Timed with CUDA events on the stream, as the PyTorch side is: launch overhead stays out. The
+// driver's events: the library holds its own (static) CUDA runtime, and the driver is the one
+// both share.
+void check_driver(CUresult status, const char* what) {
+  if (status == CUDA_SUCCESS) return;
+  const char* message = nullptr;
+  cuGetErrorString(status, &message);
+  std::fprintf(stderr, "%s failed: %s\n", what, message ? message : "unknown error");
+  std::exit(1);
+}
+
 double median_ms(const std::function<void()>& fn, int reps = 20) {
   for (int i = 0; i < 3; ++i) fn();
   g_backend->synchronize(g_stream);
+  const CUstream s = static_cast<CUstream>(g_stream.get());
+  CUevent start, end;
+  check_driver(cuEventCreate(&start, CU_EVENT_DEFAULT), "cuEventCreate");
+  check_driver(cuEventCreate(&end, CU_EVENT_DEFAULT), "cuEventCreate");
   std::vector<double> ms;
   for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
+    check_driver(cuEventRecord(start, s), "cuEventRecord");
     fn();
-    g_backend->synchronize(g_stream);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    check_driver(cuEventRecord(end, s), "cuEventRecord");
+    check_driver(cuEventSynchronize(end), "cuEventSynchronize");
+    float elapsed = 0;
+    check_driver(cuEventElapsedTime(&elapsed, start, end), "cuEventElapsedTime");
+    ms.push_back(elapsed);
   }
+  cuEventDestroy(start);
+  cuEventDestroy(end);
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
 }
 
+// work: FLOPs (unit TFLOP/s) or bytes (unit GB/s).
 void report(const char* name, double ms, double work, const char* unit) {
-  std::printf("%-34s %9.3f ms  %9.1f %s\n", name, ms, work / ms / 1e9, unit);  // work per ms / 1e9: T or G per s
+  const double per_second = work / (ms * 1e-3);
+  std::printf("%-34s %9.3f ms  %9.1f %s\n", name, ms, per_second / (unit[0] == 'T' ? 1e12 : 1e9), unit);
 }
 
 }  // namespace
@@ -74,27 +98,27 @@ int main() {
     d.dtype = DType::kBFloat16;
     d.m = d.n = d.k = n;
     const double ms = median_ms([&] { cuda::gemm(d, a.data(), b.data(), c.data(), s); });
-    report(("gemm bf16 " + std::to_string(n) + "^3").c_str(), ms, 2.0 * double(n) * n * n / 1e3, "TFLOP/s");
+    report(("gemm bf16 " + std::to_string(n) + "^3").c_str(), ms, 2.0 * double(n) * n * n, "TFLOP/s");
     d.dtype = DType::kFloat32;
     const int64_t m = 4096;
     Tensor a32 = random_on_device(DType::kFloat32, {m, m}, 3), b32 = random_on_device(DType::kFloat32, {m, m}, 4);
     Tensor c32 = empty_on(Device::kCuda, DType::kFloat32, {m, m});
     d.m = d.n = d.k = m;
     const double ms32 = median_ms([&] { cuda::gemm(d, a32.data(), b32.data(), c32.data(), s); });
-    report("gemm fp32 4096^3 (no TF32)", ms32, 2.0 * double(m) * m * m / 1e3, "TFLOP/s");
+    report("gemm fp32 4096^3 (no TF32)", ms32, 2.0 * double(m) * m * m, "TFLOP/s");
   }
   {  // the bandwidth ceiling: a device-to-device copy
     const int64_t elems = int64_t(256) << 20;
     Tensor a = random_on_device(DType::kFloat32, {elems}, 5), b = empty_on(Device::kCuda, DType::kFloat32, {elems});
     const double ms = median_ms([&] { g_backend->copy(b.data(), Device::kCuda, a.data(), Device::kCuda, a.nbytes(), g_stream); });
-    report("copy d2d fp32", ms, 2.0 * double(a.nbytes()) / 1e6, "GB/s");
+    report("copy d2d fp32", ms, 2.0 * double(a.nbytes()), "GB/s");
     Tensor c = empty_on(Device::kCuda, DType::kFloat32, {elems});
     const double add = median_ms([&] { cuda::binary(cuda::Binary::kAdd, DType::kFloat32, a.data(), a.shape(), b.data(), b.shape(), c.data(), c.shape(), s); });
-    report("add fp32 (same shapes)", add, 3.0 * double(a.nbytes()) / 1e6, "GB/s");
+    report("add fp32 (same shapes)", add, 3.0 * double(a.nbytes()), "GB/s");
     Tensor row = random_on_device(DType::kFloat32, {1024}, 6);
     const Shape m2{elems / 1024, 1024};
     const double badd = median_ms([&] { cuda::binary(cuda::Binary::kAdd, DType::kFloat32, a.data(), m2, row.data(), {1024}, c.data(), m2, s); });
-    report("add fp32 (bias row broadcast)", badd, 2.0 * double(a.nbytes()) / 1e6, "GB/s");
+    report("add fp32 (bias row broadcast)", badd, 2.0 * double(a.nbytes()), "GB/s");
   }
   for (DType dt : {DType::kFloat32, DType::kBFloat16}) {
     const std::string tag = dt == DType::kFloat32 ? " fp32" : " bf16";
@@ -105,16 +129,16 @@ int main() {
     const double bytes = 2.0 * double(x.nbytes());
     report(("layernorm fwd [16384, 768]" + tag).c_str(),
            median_ms([&] { cuda::layer_norm(dt, x.data(), scale.data(), bias.data(), y.data(), mean.data<float>(), inv.data<float>(), rows, d, 1e-5f, s); }),
-           bytes / 1e6, "GB/s");
+           bytes, "GB/s");
     Tensor dx = empty_on(Device::kCuda, dt, {rows, d}), ds = empty_on(Device::kCuda, dt, {d}), db = empty_on(Device::kCuda, dt, {d});
     report(("layernorm bwd [16384, 768]" + tag).c_str(),
            median_ms([&] { cuda::layer_norm_grad(dt, y.data(), x.data(), scale.data(), mean.data<float>(), inv.data<float>(), dx.data(), ds.data(), db.data(), rows, d, 1e-5f, s); }),
-           3.0 * double(x.nbytes()) / 1e6, "GB/s");
+           3.0 * double(x.nbytes()), "GB/s");
     const int64_t vocab = 50257, tokens = 4096;
     Tensor logits = random_on_device(dt, {tokens, vocab}, 10), probs = empty_on(Device::kCuda, dt, {tokens, vocab});
     report(("softmax [4096, 50257]" + tag).c_str(),
            median_ms([&] { cuda::softmax(false, dt, logits.data(), probs.data(), tokens, vocab, 1, s); }),
-           2.0 * double(logits.nbytes()) / 1e6, "GB/s");
+           2.0 * double(logits.nbytes()), "GB/s");
   }
   return 0;
 }

@@ -48,7 +48,7 @@ message(STATUS "onnxtrain: CUDA backend for sm_${CMAKE_CUDA_ARCHITECTURES} (${CU
 # The kernels against the card's ceilings (bench/cuda_kernels.cc; scripts/gpu_check.sh runs it).
 add_executable(cuda_kernels_bench ${CMAKE_CURRENT_LIST_DIR}/../bench/cuda_kernels.cc)
 target_include_directories(cuda_kernels_bench PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src)
-target_link_libraries(cuda_kernels_bench PRIVATE onnxtrain)
+target_link_libraries(cuda_kernels_bench PRIVATE onnxtrain CUDA::cuda_driver)  # the driver: its events time it
 set_target_properties(cuda_kernels_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
 
 if(ONNXTRAIN_BUILD_TESTS)

@@ -54,7 +54,7 @@ GTEST_SRC=$PWD/$CARRY/googletest
 [ -d "$GTEST_SRC" ] || GTEST_SRC=/usr/src/googletest
 # The minimal runtime (no external libraries) with the ops the GPU tests use; every CUDA kernel.
 OPS="MatMul;Gemm;FusedMatMul;Add;Sub;Mul;Div;Relu;Neg;Abs;Exp;Log;Sqrt;Reciprocal;Tanh;Sigmoid;ReluGrad"
-OPS="$OPS;ReduceSum;ReduceMean;Softmax;LogSoftmax;SoftmaxGrad;LogSoftmaxGrad;SoftmaxGrad_13;LogSoftmaxGrad_13"
+OPS="$OPS;ReduceSum;ReduceMean;Softmax;LogSoftmax;SoftmaxGrad;LogSoftmaxGrad;SoftmaxGrad_13;LogSoftmaxGrad_13;If"
 OPS="$OPS;LayerNormalization;LayerNormalizationGrad;SoftmaxCrossEntropyLoss;SoftmaxCrossEntropyLossGrad;AdamW;Cos"
 phase configure 120 configure.log cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DONNXTRAIN_MINIMAL=ON \
   -DONNXTRAIN_CUDA=ON -DONNXTRAIN_BUILD_EXAMPLES=OFF -DONNXTRAIN_GTEST_SOURCE="$GTEST_SRC" "-DONNXTRAIN_OPS=$OPS" &&
@@ -96,7 +96,9 @@ def rows(path):
 ours, torch = rows(sys.argv[1]), rows(sys.argv[2])
 for name, (rate, unit) in ours.items():
     t = torch.get(name)
-    print(f"{name:<34} {rate:8.1f} {unit:<8} {t[0] if t else float('nan'):8.1f}   {rate / t[0] if t else float('nan'):6.2f}")
+    torch_rate = t[0] if t else float("nan")
+    ratio = rate / torch_rate if torch_rate else float("nan")
+    print(f"{name:<34} {rate:8.1f} {unit:<8} {torch_rate:8.1f}   {ratio:6.2f}")
 PY
 fi
 

@@ -1,6 +1,10 @@
 // One broadcasting elementwise family: every binary and unary op is a functor over float (or the
-// integer type itself), and two kernels (same shapes: a flat loop; broadcast: index arithmetic
-// over at most kMaxRank dims) serve them all.
+// integer type itself), and two kernels serve them all. Same shapes: a flat loop over 16-byte
+// packs (one vector load per input, where the pointers allow). Broadcast: index arithmetic over
+// the output's dims after merging the ones every input walks contiguously (or not at all), in
+// 32-bit integers where the output allows: 64-bit division is many times slower on the GPU.
+#include <limits>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 
@@ -10,12 +14,14 @@ namespace {
 constexpr int kMaxRank = 8;
 constexpr int kThreads = 256;
 
-// The output's dims and each input's element strides over them (0 where the input broadcasts).
+// The output's dims and each input's element strides over them (0 where the input broadcasts),
+// in index type I.
+template <typename I>
 struct Broadcast {
   int rank = 0;
-  int64_t dims[kMaxRank] = {};
-  int64_t stride_a[kMaxRank] = {};
-  int64_t stride_b[kMaxRank] = {};
+  I dims[kMaxRank] = {};
+  I stride_a[kMaxRank] = {};
+  I stride_b[kMaxRank] = {};
 };
 
 void fill_strides(const Shape& in, const Shape& out, int64_t* strides, const char* what) {
@@ -86,30 +92,71 @@ __device__ __forceinline__ C apply_unary(C x) {
   return x;
 }
 
-__device__ __forceinline__ void offsets(const Broadcast& bc, int64_t i, int64_t& oa, int64_t& ob) {
+template <typename I>
+__device__ __forceinline__ void offsets(const Broadcast<I>& bc, I i, I& oa, I& ob) {
   oa = 0;
   ob = 0;
   for (int d = bc.rank - 1; d >= 0; --d) {
-    const int64_t coord = i % bc.dims[d];
+    const I coord = i % bc.dims[d];
     i /= bc.dims[d];
     oa += coord * bc.stride_a[d];
     ob += coord * bc.stride_b[d];
   }
 }
 
-template <Binary kOp, typename T, bool kSame>
-__global__ void binary_kernel(const T* a, const T* b, T* out, int64_t n, Broadcast bc) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t oa = i, ob = i;
+// kPack elements of T in one 16-byte load or store.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+bool pack_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Same shapes, every pointer 16-byte aligned: whole packs, then the last n % kSize elements.
+template <Binary kOp, typename T>
+__global__ void binary_packed_kernel(const T* a, const T* b, T* out, int64_t n) {
+  constexpr int kSize = Pack<T>::kSize;
+  const int64_t packs = n / kSize, first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+                step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t p = first; p < packs; p += step) {
+    const Pack<T> pa = reinterpret_cast<const Pack<T>*>(a)[p], pb = reinterpret_cast<const Pack<T>*>(b)[p];
+    Pack<T> po;
+#pragma unroll
+    for (int k = 0; k < kSize; ++k) po.v[k] = store<T>(apply_binary<kOp>(load(pa.v[k]), load(pb.v[k])));
+    reinterpret_cast<Pack<T>*>(out)[p] = po;
+  }
+  for (int64_t i = packs * kSize + first; i < n; i += step) out[i] = store<T>(apply_binary<kOp>(load(a[i]), load(b[i])));
+}
+
+template <Unary kOp, typename T>
+__global__ void unary_packed_kernel(const T* x, T* out, int64_t n) {
+  constexpr int kSize = Pack<T>::kSize;
+  const int64_t packs = n / kSize, first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x,
+                step = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t p = first; p < packs; p += step) {
+    const Pack<T> px = reinterpret_cast<const Pack<T>*>(x)[p];
+    Pack<T> po;
+#pragma unroll
+    for (int k = 0; k < kSize; ++k) po.v[k] = store<T>(apply_unary<kOp>(load(px.v[k])));
+    reinterpret_cast<Pack<T>*>(out)[p] = po;
+  }
+  for (int64_t i = packs * kSize + first; i < n; i += step) out[i] = store<T>(apply_unary<kOp>(load(x[i])));
+}
+
+// kSame: same shapes, a flat loop (pointers not 16-byte aligned); else broadcast offsets.
+template <Binary kOp, typename T, typename I, bool kSame>
+__global__ void binary_kernel(const T* a, const T* b, T* out, I n, Broadcast<I> bc) {
+  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < n; i += I(gridDim.x) * blockDim.x) {
+    I oa = i, ob = i;
     if constexpr (!kSame) offsets(bc, i, oa, ob);
     out[i] = store<T>(apply_binary<kOp>(load(a[oa]), load(b[ob])));
   }
 }
 
-template <Unary kOp, typename T, bool kSame>
-__global__ void unary_kernel(const T* x, T* out, int64_t n, Broadcast bc) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    int64_t ox = i, unused;
+template <Unary kOp, typename T, typename I, bool kSame>
+__global__ void unary_kernel(const T* x, T* out, I n, Broadcast<I> bc) {
+  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < n; i += I(gridDim.x) * blockDim.x) {
+    I ox = i, unused;
     if constexpr (!kSame) offsets(bc, i, ox, unused);
     out[i] = store<T>(apply_unary<kOp>(load(x[ox])));
   }
@@ -125,15 +172,48 @@ void dispatch_elementwise(DType dtype, const char* what, Fn&& fn) {
   }
 }
 
-Broadcast make_broadcast(const Shape& a, const Shape& b, const Shape& out, const char* what) {
-  Broadcast bc;
+// The output's dims and the inputs' strides (b: none for a unary op), size-1 dims dropped and
+// neighbours merged where each input's stride carries across them (both walk them contiguously,
+// or neither does): [262144, 1024] + [1024] stays rank 2, [8, 128, 768] + itself becomes rank 1.
+struct Walk {
+  int rank = 0;
+  int64_t dims[kMaxRank], stride_a[kMaxRank], stride_b[kMaxRank];
+};
+Walk make_walk(const Shape& a, const Shape* b, const Shape& out, const char* what) {
   OT_CHECK(out.size() <= size_t(kMaxRank), what, ": rank ", out.size(), " is above the CUDA kernel's ", kMaxRank);
-  bc.rank = int(out.size());
-  for (int d = 0; d < bc.rank; ++d) bc.dims[d] = out[size_t(d)];
-  fill_strides(a, out, bc.stride_a, what);
-  fill_strides(b, out, bc.stride_b, what);
+  int64_t sa[kMaxRank], sb[kMaxRank] = {};
+  fill_strides(a, out, sa, what);
+  if (b) fill_strides(*b, out, sb, what);
+  Walk w;
+  for (size_t d = 0; d < out.size(); ++d) {
+    if (out[d] == 1) continue;
+    const int last = w.rank - 1;
+    if (last >= 0 && w.stride_a[last] == sa[d] * out[d] && w.stride_b[last] == sb[d] * out[d]) {
+      w.dims[last] *= out[d];
+      w.stride_a[last] = sa[d];
+      w.stride_b[last] = sb[d];
+      continue;
+    }
+    w.dims[w.rank] = out[d];
+    w.stride_a[w.rank] = sa[d];
+    w.stride_b[w.rank] = sb[d];
+    ++w.rank;
+  }
+  return w;
+}
+template <typename I>
+Broadcast<I> broadcast_in(const Walk& w) {
+  Broadcast<I> bc;
+  bc.rank = w.rank;
+  for (int d = 0; d < w.rank; ++d) {
+    bc.dims[d] = I(w.dims[d]);
+    bc.stride_a[d] = I(w.stride_a[d]);
+    bc.stride_b[d] = I(w.stride_b[d]);
+  }
   return bc;
 }
+// 32-bit offsets when every index fits (an input is never larger than the output it broadcasts to).
+bool fits_32_bits(int64_t n) { return n <= std::numeric_limits<int32_t>::max(); }
 
 template <Binary kOp>
 void launch_binary(DType dtype, const void* a, const Shape& as, const void* b, const Shape& bs, void* out,
@@ -141,13 +221,21 @@ void launch_binary(DType dtype, const void* a, const Shape& as, const void* b, c
   const int64_t n = numel(os);
   if (n == 0) return;
   const bool same = as == os && bs == os;
-  const Broadcast bc = same ? Broadcast{} : make_broadcast(as, bs, os, "CUDA binary elementwise");
+  const Walk walk = same ? Walk{} : make_walk(as, &bs, os, "CUDA binary elementwise");
   dispatch_elementwise(dtype, "CUDA binary elementwise", [&]<typename T>() {
     auto pa = static_cast<const T*>(a);
     auto pb = static_cast<const T*>(b);
     auto po = static_cast<T*>(out);
-    if (same) binary_kernel<kOp, T, true><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(pa, pb, po, n, bc);
-    else binary_kernel<kOp, T, false><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(pa, pb, po, n, bc);
+    if (same && pack_aligned(a) && pack_aligned(b) && pack_aligned(out))
+      binary_packed_kernel<kOp, T><<<blocks_for(n / Pack<T>::kSize + 1, kThreads), kThreads, 0, stream>>>(pa, pb, po, n);
+    else if (same)
+      binary_kernel<kOp, T, int64_t, true><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(pa, pb, po, n, {});
+    else if (fits_32_bits(n))
+      binary_kernel<kOp, T, uint32_t, false><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
+          pa, pb, po, uint32_t(n), broadcast_in<uint32_t>(walk));
+    else
+      binary_kernel<kOp, T, int64_t, false><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
+          pa, pb, po, n, broadcast_in<int64_t>(walk));
   });
   check_launch("binary_kernel");
 }
@@ -157,12 +245,20 @@ void launch_unary(DType dtype, const void* x, const Shape& xs, void* out, const 
   const int64_t n = numel(os);
   if (n == 0) return;
   const bool same = xs == os;
-  const Broadcast bc = same ? Broadcast{} : make_broadcast(xs, Shape{}, os, "CUDA unary elementwise");
+  const Walk walk = same ? Walk{} : make_walk(xs, nullptr, os, "CUDA unary elementwise");
   dispatch_elementwise(dtype, "CUDA unary elementwise", [&]<typename T>() {
     auto px = static_cast<const T*>(x);
     auto po = static_cast<T*>(out);
-    if (same) unary_kernel<kOp, T, true><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(px, po, n, bc);
-    else unary_kernel<kOp, T, false><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(px, po, n, bc);
+    if (same && pack_aligned(x) && pack_aligned(out))
+      unary_packed_kernel<kOp, T><<<blocks_for(n / Pack<T>::kSize + 1, kThreads), kThreads, 0, stream>>>(px, po, n);
+    else if (same)
+      unary_kernel<kOp, T, int64_t, true><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(px, po, n, {});
+    else if (fits_32_bits(n))
+      unary_kernel<kOp, T, uint32_t, false><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
+          px, po, uint32_t(n), broadcast_in<uint32_t>(walk));
+    else
+      unary_kernel<kOp, T, int64_t, false><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
+          px, po, n, broadcast_in<int64_t>(walk));
   });
   check_launch("unary_kernel");
 }

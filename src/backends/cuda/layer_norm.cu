@@ -1,8 +1,10 @@
 // LayerNormalization over rows of d elements, forward and backward (llm.c's layernorm kernels in
-// spirit: a block per row for the statistics and dx; the parameter gradients as column sums).
+// spirit: a block per row for the statistics and dx; the parameter gradients as column sums over
+// chunks of rows, then over the chunks).
 //   y = (x - mean) * inv_std * scale + bias,  inv_std = 1 / sqrt(var + eps)
 //   dx = inv_std * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * scale
 //   dscale = sum_rows(dy * xhat),  dbias = sum_rows(dy)
+#include <algorithm>
 #include <optional>
 
 #include "backends/cuda/common.cuh"
@@ -80,16 +82,43 @@ __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* scale, co
   }
 }
 
-// dscale[j] and dbias[j]: a thread per column, down the rows (coalesced across the warp).
+// dscale[j] and dbias[j] in two steps, in a fixed order (the sums are the same from run to run).
+// First, blocks of kColumns x kRowLanes threads sum a chunk of rows each: a warp reads 32
+// neighbouring columns of one row (coalesced), its lanes down the chunk; the block's row lanes
+// are added in shared memory into partial[chunk][0 or 1][j]. Then a thread per column adds the
+// chunks. One thread per column down all the rows left the card idle: 768 columns are 3 blocks.
+constexpr int kColumns = 32, kRowLanes = 8;
+
 template <typename T>
-__global__ void layer_norm_params_kernel(const T* dy, const T* x, const float* mean, const float* inv, T* dscale,
-                                         T* dbias, int64_t rows, int64_t d) {
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < d; j += int64_t(gridDim.x) * blockDim.x) {
-    float ds = 0, db = 0;
-    for (int64_t r = 0; r < rows; ++r) {
+__global__ void layer_norm_params_partial_kernel(const T* dy, const T* x, const float* mean, const float* inv,
+                                                 float* partial, int64_t rows, int64_t d, int64_t rows_per_chunk) {
+  __shared__ float sums[2][kRowLanes][kColumns + 1];  // +1: no bank conflicts down a column
+  const int64_t j = blockIdx.x * int64_t(kColumns) + threadIdx.x;
+  const int64_t begin = blockIdx.y * rows_per_chunk, end = min(rows, begin + rows_per_chunk);
+  float ds = 0, db = 0;
+  if (j < d)
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowLanes) {
       const float g = to_float(dy[r * d + j]);
       ds += g * (to_float(x[r * d + j]) - mean[r]) * inv[r];
       db += g;
+    }
+  sums[0][threadIdx.y][threadIdx.x] = ds;
+  sums[1][threadIdx.y][threadIdx.x] = db;
+  __syncthreads();
+  if (threadIdx.y < 2 && j < d) {
+    float total = 0;
+    for (int lane = 0; lane < kRowLanes; ++lane) total += sums[threadIdx.y][lane][threadIdx.x];
+    partial[(blockIdx.y * 2 + threadIdx.y) * d + j] = total;
+  }
+}
+
+template <typename T>
+__global__ void layer_norm_params_finish_kernel(const float* partial, int64_t chunks, T* dscale, T* dbias, int64_t d) {
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < d; j += int64_t(gridDim.x) * blockDim.x) {
+    float ds = 0, db = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      ds += partial[(c * 2) * d + j];
+      db += partial[(c * 2 + 1) * d + j];
     }
     if (dscale) dscale[j] = from_float<T>(ds);
     if (dbias) dbias[j] = from_float<T>(db);
@@ -129,9 +158,18 @@ void layer_norm_grad(DType dtype, const void* dy, const void* x, const void* sca
     if (stats)
       layer_norm_stats_kernel<T><<<unsigned(rows), kThreads, 0, s>>>(px, stats, stats + rows, d, eps);
     // The parameter gradients first: dx may overwrite dy.
-    if (dscale || dbias)
-      layer_norm_params_kernel<T><<<blocks_for(d, kThreads), kThreads, 0, s>>>(
-          pdy, px, mean, inv_std, static_cast<T*>(dscale), static_cast<T*>(dbias), rows, d);
+    if (dscale || dbias) {
+      // About 1024 blocks in all (several waves on 132 multiprocessors), a chunk at least kRowLanes rows.
+      const int64_t column_blocks = (d + kColumns - 1) / kColumns;
+      const int64_t wanted = std::clamp<int64_t>(1024 / column_blocks, 1, (rows + kRowLanes - 1) / kRowLanes);
+      const int64_t rows_per_chunk = (rows + wanted - 1) / wanted, chunks = (rows + rows_per_chunk - 1) / rows_per_chunk;
+      OT_CHECK(column_blocks < (int64_t(1) << 31), "CUDA LayerNormalizationGrad: ", d, " elements a row");
+      StreamBuffer<float> partial(size_t(chunks * 2 * d), s);
+      layer_norm_params_partial_kernel<T><<<dim3(unsigned(column_blocks), unsigned(chunks)), dim3(kColumns, kRowLanes),
+                                            0, s>>>(pdy, px, mean, inv_std, partial.get(), rows, d, rows_per_chunk);
+      layer_norm_params_finish_kernel<T><<<blocks_for(d, kThreads), kThreads, 0, s>>>(
+          partial.get(), chunks, static_cast<T*>(dscale), static_cast<T*>(dbias), d);
+    }
     layer_norm_dx_kernel<T><<<unsigned(rows), kThreads, 0, s>>>(pdy, px, static_cast<const T*>(scale), mean, inv_std,
                                                                 static_cast<T*>(dx), d);
   });

@@ -1,6 +1,7 @@
 // Softmax and log-softmax along n of [outer, n, inner], forward and backward: a block per
-// (outer, inner) line; three passes over the line (max, sum of exponentials, output) read it from
-// L2 after the first.
+// (outer, inner) line. The forward passes over the line twice: the running max and the sum of
+// exponentials scaled to it (online softmax: sum' = sum * exp(max - max') + exp(x - max')), then
+// the output. A line of a large vocabulary does not stay in L2, so each pass is a read from memory.
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/kernels.h"
 
@@ -9,19 +10,50 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// The running (max, sum of exp(x - max)) of one thread, and the merge of two.
+struct MaxSum {
+  float max = -INFINITY, sum = 0;
+  __device__ void add(float x) {
+    if (x > max) {  // exp(-inf) is 0: the first finite x starts the sum at 1
+      sum = sum * expf(max - x) + 1.0f;
+      max = x;
+    } else if (!(x == -INFINITY && max == -INFINITY)) {  // a NaN x makes the sum NaN, as in two passes
+      sum += expf(x - max);
+    }
+  }
+  __device__ void merge(float other_max, float other_sum) {
+    const float m = fmaxf(max, other_max);
+    if (m == -INFINITY) return;  // both empty so far
+    sum = (max == -INFINITY ? 0.0f : sum * expf(max - m)) + (other_max == -INFINITY ? 0.0f : other_sum * expf(other_max - m));
+    max = m;
+  }
+};
+
+// The line's MaxSum, to every thread of the block; `shared` holds 64 floats.
+__device__ MaxSum block_max_sum(MaxSum v, float* shared) {
+  for (int o = 16; o > 0; o >>= 1) v.merge(__shfl_xor_sync(0xffffffffu, v.max, o), __shfl_xor_sync(0xffffffffu, v.sum, o));
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  if (lane == 0) {
+    shared[warp] = v.max;
+    shared[32 + warp] = v.sum;
+  }
+  __syncthreads();
+  MaxSum w;
+  if (lane < warps) w = MaxSum{shared[lane], shared[32 + lane]};
+  for (int o = 16; o > 0; o >>= 1) w.merge(__shfl_xor_sync(0xffffffffu, w.max, o), __shfl_xor_sync(0xffffffffu, w.sum, o));
+  return w;
+}
+
 template <bool kLog, typename T>
 __global__ void softmax_kernel(const T* x, T* y, int64_t n, int64_t inner) {
-  __shared__ float shared[32];
+  __shared__ float shared[64];
   const int64_t o = blockIdx.x / inner, j = blockIdx.x % inner;
   const T* xl = x + o * n * inner + j;
   T* yl = y + o * n * inner + j;
-  float mx = -INFINITY;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) mx = fmaxf(mx, to_float(xl[i * inner]));
-  mx = block_reduce<true>(mx, shared);
-  float sum = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum += expf(to_float(xl[i * inner]) - mx);
-  sum = block_reduce<false>(sum, shared);
-  const float log_sum = logf(sum), inv = 1.0f / sum;
+  MaxSum part;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) part.add(to_float(xl[i * inner]));
+  const MaxSum line = block_max_sum(part, shared);
+  const float mx = line.max, log_sum = logf(line.sum), inv = 1.0f / line.sum;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
     const float v = to_float(xl[i * inner]) - mx;
     yl[i * inner] = from_float<T>(kLog ? v - log_sum : expf(v) * inv);

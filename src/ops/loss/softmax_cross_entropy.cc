@@ -74,7 +74,7 @@ struct LabelFlag {
   }
   void check(const KernelContext& ctx, int64_t c) const {
     const Tensor host = to_device(flag, Device::kCpu, Stream(std::shared_ptr<void>(), ctx.stream()));
-    OT_CHECK(host.data<int32_t>()[0] == 0, ctx.node().context(), "a label is outside [0, ", c, ")",
+    OT_CHECK(host.data<int32_t>()[0] == 0, ctx.node().context(), "a label is out of range [0, ", c, ")",
              ctx.node().has_attr("ignore_index") ? " and is not ignore_index" : "");
   }
 };
