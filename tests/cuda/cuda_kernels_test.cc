@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "../cpp/test_util.h"
@@ -193,8 +194,10 @@ TEST(CudaKernels, GemmAndFusedMatMulAgreeWithTheCpu) {
 TEST(CudaKernels, BroadcastingElementwiseAgreesWithTheCpu) {
   SKIP_WITHOUT_CUDA();
   std::mt19937 rng(3);
+  // The last line: rows of at least 128 elements, a block a row (inner stride 1 or 0 in either input).
   const std::vector<std::pair<Shape, Shape>> shapes = {{{4, 33}, {4, 33}}, {{2, 3, 5}, {5}}, {{2, 1, 5}, {3, 1}},
-                                                       {{1}, {6, 7}},     {{}, {3}},        {{0, 3}, {3}}};
+                                                       {{1}, {6, 7}},     {{}, {3}},        {{0, 3}, {3}},
+                                                       {{3, 200}, {200}}, {{5, 1}, {5, 300}}, {{2, 3, 160}, {3, 1}}};
   for (const char* op : {"Add", "Sub", "Mul", "Div"}) {
     for (DType dt : kFloatTypes)
       for (const auto& [a, b] : shapes) expect_same_on_cuda({node(op, 1), {random(dt, a, rng), random(dt, b, rng, 0.5f, 2.0f)}});
@@ -231,6 +234,9 @@ TEST(CudaKernels, SoftmaxForwardAndBackwardAgreeWithTheCpu) {
   for (DType dt : kFloatTypes) {
     for (const char* op : {"Softmax", "LogSoftmax"}) {
       expect_same_on_cuda({node(op, 1), {random(dt, {6, 1000}, rng, -5, 5)}});
+      // Odd lines (each starts at another alignment: the packed loads' head and tail) several
+      // packs a thread long.
+      expect_same_on_cuda({node(op, 1), {random(dt, {5, 4099}, rng, -5, 5)}});
       expect_same_on_cuda({node(op, 1, {{"axis", I(1)}}), {random(dt, {3, 7, 5}, rng, -5, 5)}});
       expect_same_on_cuda({node(op, 1, {{"axis", I(1)}}), {random(dt, {3, 7, 5}, rng, -5, 5)}, 11});  // 2-D coercion
     }
@@ -241,6 +247,11 @@ TEST(CudaKernels, SoftmaxForwardAndBackwardAgreeWithTheCpu) {
     }
     expect_same_on_cuda({node("SoftmaxGrad_13", 1, {{"axis", I(0)}}, kMsDomain), {random(dt, {9, 4}, rng), random(dt, {9, 4}, rng)}});
   }
+  // Masked positions (-inf), leading a line and inside it: the online max and sum skip them.
+  Tensor masked = random(DType::kFloat32, {4, 700}, rng, -5, 5);
+  for (int64_t i = 0; i < masked.numel(); ++i)
+    if (i % 700 < 300 || i % 7 == 0) masked.data<float>()[i] = -std::numeric_limits<float>::infinity();
+  for (const char* op : {"Softmax", "LogSoftmax"}) expect_same_on_cuda({node(op, 1), {masked}});
 }
 
 TEST(CudaKernels, LayerNormForwardAndBackwardAgreeWithTheCpu) {

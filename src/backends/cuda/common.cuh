@@ -49,6 +49,14 @@ class StreamBuffer {
   T* p_ = nullptr;
   cudaStream_t stream_;
 };
+// Pack<T>::kSize elements of T in one 16-byte load or store.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+inline bool pack_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 inline unsigned blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return unsigned(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);  // grid-stride loops cover the rest

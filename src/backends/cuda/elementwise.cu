@@ -1,8 +1,11 @@
 // One broadcasting elementwise family: every binary and unary op is a functor over float (or the
 // integer type itself), and two kernels serve them all. Same shapes: a flat loop over 16-byte
-// packs (one vector load per input, where the pointers allow). Broadcast: index arithmetic over
-// the output's dims after merging the ones every input walks contiguously (or not at all), in
-// 32-bit integers where the output allows: 64-bit division is many times slower on the GPU.
+// packs (one vector load per input, where the pointers allow). Broadcast: the output's dims after
+// merging the ones every input walks contiguously (or not at all); a block per row of the
+// innermost dim when it is long (the outer offsets by division once a row), else index
+// arithmetic per element; in 32-bit integers where the output allows (64-bit division is many
+// times slower on the GPU).
+#include <algorithm>
 #include <limits>
 
 #include "backends/cuda/common.cuh"
@@ -92,11 +95,15 @@ __device__ __forceinline__ C apply_unary(C x) {
   return x;
 }
 
+// Unrolled over kMaxRank so that every index into bc is a constant: a loop to bc.rank indexed the
+// kernel's parameters dynamically, which copied them to local memory in every thread.
 template <typename I>
 __device__ __forceinline__ void offsets(const Broadcast<I>& bc, I i, I& oa, I& ob) {
   oa = 0;
   ob = 0;
-  for (int d = bc.rank - 1; d >= 0; --d) {
+#pragma unroll
+  for (int d = kMaxRank - 1; d >= 0; --d) {
+    if (d >= bc.rank) continue;
     const I coord = i % bc.dims[d];
     i /= bc.dims[d];
     oa += coord * bc.stride_a[d];
@@ -104,13 +111,30 @@ __device__ __forceinline__ void offsets(const Broadcast<I>& bc, I i, I& oa, I& o
   }
 }
 
-// kPack elements of T in one 16-byte load or store.
-template <typename T>
-struct alignas(16) Pack {
-  static constexpr int kSize = 16 / sizeof(T);
-  T v[kSize];
-};
-bool pack_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+// Broadcast by rows: the walk's innermost dim (inner elements, strides inner_a and inner_b) along
+// a block's threads, its outer dims (outer) by division once a row.
+template <Binary kOp, typename T, typename I>
+__global__ void binary_rows_kernel(const T* a, const T* b, T* out, I rows, I inner, Broadcast<I> outer, I inner_a,
+                                   I inner_b) {
+  for (I row = blockIdx.x; row < rows; row += gridDim.x) {
+    I oa, ob;
+    offsets(outer, row, oa, ob);
+    T* out_row = out + int64_t(row) * inner;
+    for (I k = threadIdx.x; k < inner; k += blockDim.x)
+      out_row[k] = store<T>(apply_binary<kOp>(load(a[oa + k * inner_a]), load(b[ob + k * inner_b])));
+  }
+}
+
+template <Unary kOp, typename T, typename I>
+__global__ void unary_rows_kernel(const T* x, T* out, I rows, I inner, Broadcast<I> outer, I inner_x) {
+  for (I row = blockIdx.x; row < rows; row += gridDim.x) {
+    I ox, unused;
+    offsets(outer, row, ox, unused);
+    T* out_row = out + int64_t(row) * inner;
+    for (I k = threadIdx.x; k < inner; k += blockDim.x) out_row[k] = store<T>(apply_unary<kOp>(load(x[ox + k * inner_x])));
+  }
+}
+
 
 // Same shapes, every pointer 16-byte aligned: whole packs, then the last n % kSize elements.
 template <Binary kOp, typename T>
@@ -212,6 +236,17 @@ Broadcast<I> broadcast_in(const Walk& w) {
   }
   return bc;
 }
+// The walk without its innermost dim, which a rows kernel walks along its threads.
+template <typename I>
+Broadcast<I> outer_of(const Walk& w) {
+  Walk outer = w;
+  outer.rank = w.rank - 1;
+  return broadcast_in<I>(outer);
+}
+// Rows of at least this many elements go to the rows kernels (fewer would idle most of a block).
+constexpr int64_t kMinRowElements = 128;
+unsigned row_blocks(int64_t rows) { return unsigned(std::min<int64_t>(rows, std::numeric_limits<int32_t>::max())); }
+
 // 32-bit offsets when every index fits (an input is never larger than the output it broadcasts to).
 bool fits_32_bits(int64_t n) { return n <= std::numeric_limits<int32_t>::max(); }
 
@@ -230,7 +265,12 @@ void launch_binary(DType dtype, const void* a, const Shape& as, const void* b, c
       binary_packed_kernel<kOp, T><<<blocks_for(n / Pack<T>::kSize + 1, kThreads), kThreads, 0, stream>>>(pa, pb, po, n);
     else if (same)
       binary_kernel<kOp, T, int64_t, true><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(pa, pb, po, n, {});
-    else if (fits_32_bits(n))
+    else if (walk.rank > 0 && walk.dims[walk.rank - 1] >= kMinRowElements && fits_32_bits(n)) {
+      const int64_t inner = walk.dims[walk.rank - 1];
+      binary_rows_kernel<kOp, T, uint32_t><<<row_blocks(n / inner), kThreads, 0, stream>>>(
+          pa, pb, po, uint32_t(n / inner), uint32_t(inner), outer_of<uint32_t>(walk),
+          uint32_t(walk.stride_a[walk.rank - 1]), uint32_t(walk.stride_b[walk.rank - 1]));
+    } else if (fits_32_bits(n))
       binary_kernel<kOp, T, uint32_t, false><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
           pa, pb, po, uint32_t(n), broadcast_in<uint32_t>(walk));
     else
@@ -253,7 +293,11 @@ void launch_unary(DType dtype, const void* x, const Shape& xs, void* out, const 
       unary_packed_kernel<kOp, T><<<blocks_for(n / Pack<T>::kSize + 1, kThreads), kThreads, 0, stream>>>(px, po, n);
     else if (same)
       unary_kernel<kOp, T, int64_t, true><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(px, po, n, {});
-    else if (fits_32_bits(n))
+    else if (walk.rank > 0 && walk.dims[walk.rank - 1] >= kMinRowElements && fits_32_bits(n)) {
+      const int64_t inner = walk.dims[walk.rank - 1];
+      unary_rows_kernel<kOp, T, uint32_t><<<row_blocks(n / inner), kThreads, 0, stream>>>(
+          px, po, uint32_t(n / inner), uint32_t(inner), outer_of<uint32_t>(walk), uint32_t(walk.stride_a[walk.rank - 1]));
+    } else if (fits_32_bits(n))
       unary_kernel<kOp, T, uint32_t, false><<<blocks_for(n, kThreads), kThreads, 0, stream>>>(
           px, po, uint32_t(n), broadcast_in<uint32_t>(walk));
     else
