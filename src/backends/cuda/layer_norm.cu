@@ -1,10 +1,12 @@
 // LayerNormalization over rows of d elements, forward and backward (llm.c's layernorm kernels in
-// spirit: a block per row for the statistics and dx; the parameter gradients as column sums over
-// chunks of rows, then over the chunks).
+// spirit: a warp per row, or a block for long rows, for the statistics and dx, in 16-byte packs
+// where the row allows; the parameter gradients as column sums over chunks of rows, then over the
+// chunks).
 //   y = (x - mean) * inv_std * scale + bias,  inv_std = 1 / sqrt(var + eps)
 //   dx = inv_std * (g - mean(g) - xhat * mean(g * xhat)),  g = dy * scale
 //   dscale = sum_rows(dy * xhat),  dbias = sum_rows(dy)
 #include <algorithm>
+#include <initializer_list>
 #include <optional>
 
 #include "backends/cuda/common.cuh"
@@ -14,72 +16,167 @@ namespace onnxtrain::cuda {
 namespace {
 
 constexpr int kThreads = 256;
+// Rows up to this long get a warp each (kThreads / 32 rows a block): their reductions are warp
+// shuffles, with no block barrier, and a 768-element row keeps all 32 lanes busy. Longer rows get a
+// block each.
+constexpr int64_t kWarpRowMax = 4096;
+
+// The threads that work on one row: a warp or the whole block.
+template <bool kWarp>
+struct RowTeam {
+  int64_t row;
+  int first, stride;
+  __device__ RowTeam()
+      : row(kWarp ? blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32 : int64_t(blockIdx.x)),
+        first(kWarp ? int(threadIdx.x % 32) : int(threadIdx.x)),
+        stride(kWarp ? 32 : int(blockDim.x)) {}
+  // The team's sum, to each of its threads; `shared` (32 floats) is used by a block team only.
+  __device__ float sum(float v, float* shared) const { return kWarp ? warp_sum(v) : block_reduce<false>(v, shared); }
+};
+
+// fn(i, pack of T at i) over a row of d elements in 16-byte packs (kPacked: the row, and every
+// other array indexed the same way, 16-byte aligned and d a whole number of packs), else fn(i, one
+// T) element by element.
+template <bool kWarp, bool kPacked, typename T, typename Fn>
+__device__ __forceinline__ void for_each_in_row(const RowTeam<kWarp>& team, int64_t d, Fn&& fn) {
+  if constexpr (kPacked) {
+    for (int64_t q = team.first; q < d / Pack<T>::kSize; q += team.stride) fn(q * Pack<T>::kSize);
+  } else {
+    for (int64_t i = team.first; i < d; i += team.stride) fn(i);
+  }
+}
+// The elements of a pack (or the one element) at i, in float.
+template <bool kPacked, typename T>
+struct Elements {
+  static constexpr int kCount = kPacked ? Pack<T>::kSize : 1;
+  float v[kCount];
+  __device__ explicit Elements(const T* p) {
+    if constexpr (kPacked) {
+      const Pack<T> pack = *reinterpret_cast<const Pack<T>*>(p);
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) v[k] = to_float(pack.v[k]);
+    } else {
+      v[0] = to_float(*p);
+    }
+  }
+  __device__ Elements() = default;
+  __device__ void store(T* p) const {
+    if constexpr (kPacked) {
+      Pack<T> pack;
+#pragma unroll
+      for (int k = 0; k < kCount; ++k) pack.v[k] = from_float<T>(v[k]);
+      *reinterpret_cast<Pack<T>*>(p) = pack;
+    } else {
+      *p = from_float<T>(v[0]);
+    }
+  }
+};
 
 // The row's mean and inverse standard deviation (variance about the mean: two passes, as the CPU
-// kernel does), to every thread of the block.
-template <typename T>
-__device__ void row_stats(const T* xr, int64_t d, float eps, float* shared, float& mean, float& inv) {
+// kernel does), to every thread of the team.
+template <bool kWarp, bool kPacked, typename T>
+__device__ void row_stats(const RowTeam<kWarp>& team, const T* xr, int64_t d, float eps, float* shared, float& mean,
+                          float& inv) {
+  using E = Elements<kPacked, T>;
   float sum = 0;
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) sum += to_float(xr[i]);
-  mean = block_reduce<false>(sum, shared) / float(d);
+  for_each_in_row<kWarp, kPacked, T>(team, d, [&](int64_t i) {
+    const E e(xr + i);
+#pragma unroll
+    for (int k = 0; k < E::kCount; ++k) sum += e.v[k];
+  });
+  mean = team.sum(sum, shared) / float(d);
   float sq = 0;
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-    const float c = to_float(xr[i]) - mean;
-    sq += c * c;
-  }
-  inv = rsqrtf(block_reduce<false>(sq, shared) / float(d) + eps);
+  for_each_in_row<kWarp, kPacked, T>(team, d, [&](int64_t i) {
+    const E e(xr + i);
+#pragma unroll
+    for (int k = 0; k < E::kCount; ++k) sq += (e.v[k] - mean) * (e.v[k] - mean);
+  });
+  inv = rsqrtf(team.sum(sq, shared) / float(d) + eps);
 }
 
-template <typename T>
+template <bool kWarp, bool kPacked, typename T>
 __global__ void layer_norm_kernel(const T* x, const T* scale, const T* bias, T* y, float* mean_out, float* inv_out,
-                                  int64_t d, float eps) {
+                                  int64_t rows, int64_t d, float eps) {
   __shared__ float shared[32];
-  const int64_t r = blockIdx.x;
-  const T* xr = x + r * d;
+  using E = Elements<kPacked, T>;
+  const RowTeam<kWarp> team;
+  if (team.row >= rows) return;  // a whole warp (block teams: rows == blocks)
+  const T* xr = x + team.row * d;
+  T* yr = y + team.row * d;
   float mean, inv;
-  row_stats(xr, d, eps, shared, mean, inv);
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-    const float v = (to_float(xr[i]) - mean) * inv * to_float(scale[i]) + (bias ? to_float(bias[i]) : 0.0f);
-    y[r * d + i] = from_float<T>(v);
-  }
-  if (threadIdx.x == 0) {
-    if (mean_out) mean_out[r] = mean;
-    if (inv_out) inv_out[r] = inv;
+  row_stats<kWarp, kPacked>(team, xr, d, eps, shared, mean, inv);
+  for_each_in_row<kWarp, kPacked, T>(team, d, [&](int64_t i) {
+    const E xe(xr + i), se(scale + i);
+    E be, out;
+    if (bias) be = E(bias + i);
+#pragma unroll
+    for (int k = 0; k < E::kCount; ++k) out.v[k] = (xe.v[k] - mean) * inv * se.v[k] + (bias ? be.v[k] : 0.0f);
+    out.store(yr + i);
+  });
+  if (team.first == 0) {
+    if (mean_out) mean_out[team.row] = mean;
+    if (inv_out) inv_out[team.row] = inv;
   }
 }
 
-template <typename T>
-__global__ void layer_norm_stats_kernel(const T* x, float* mean, float* inv, int64_t d, float eps) {
+template <bool kWarp, bool kPacked, typename T>
+__global__ void layer_norm_stats_kernel(const T* x, float* mean, float* inv, int64_t rows, int64_t d, float eps) {
   __shared__ float shared[32];
+  const RowTeam<kWarp> team;
+  if (team.row >= rows) return;
   float m, r;
-  row_stats(x + blockIdx.x * d, d, eps, shared, m, r);
-  if (threadIdx.x == 0) {
-    mean[blockIdx.x] = m;
-    inv[blockIdx.x] = r;
+  row_stats<kWarp, kPacked>(team, x + team.row * d, d, eps, shared, m, r);
+  if (team.first == 0) {
+    mean[team.row] = m;
+    inv[team.row] = r;
   }
 }
 
 // dx may be dy's buffer (the op's in-place pair): each thread reads its elements before writing them.
-template <typename T>
+template <bool kWarp, bool kPacked, typename T>
 __global__ void layer_norm_dx_kernel(const T* dy, const T* x, const T* scale, const float* mean_in,
-                                     const float* inv_in, T* dx, int64_t d) {
+                                     const float* inv_in, T* dx, int64_t rows, int64_t d) {
   __shared__ float shared[32];
-  const int64_t r = blockIdx.x;
-  const T* xr = x + r * d;
-  const T* dr = dy + r * d;
-  const float mean = mean_in[r], inv = inv_in[r];
+  using E = Elements<kPacked, T>;
+  const RowTeam<kWarp> team;
+  if (team.row >= rows) return;
+  const T* xr = x + team.row * d;
+  const T* dr = dy + team.row * d;
+  const float mean = mean_in[team.row], inv = inv_in[team.row];
   float sg = 0, sgx = 0;
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-    const float g = to_float(dr[i]) * to_float(scale[i]);
-    sg += g;
-    sgx += g * (to_float(xr[i]) - mean) * inv;
-  }
-  const float mg = block_reduce<false>(sg, shared) / float(d);
-  const float mgx = block_reduce<false>(sgx, shared) / float(d);
-  for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
-    const float xh = (to_float(xr[i]) - mean) * inv;
-    dx[r * d + i] = from_float<T>(inv * (to_float(dr[i]) * to_float(scale[i]) - mg - xh * mgx));
-  }
+  for_each_in_row<kWarp, kPacked, T>(team, d, [&](int64_t i) {
+    const E ge(dr + i), xe(xr + i), se(scale + i);
+#pragma unroll
+    for (int k = 0; k < E::kCount; ++k) {
+      const float g = ge.v[k] * se.v[k];
+      sg += g;
+      sgx += g * (xe.v[k] - mean) * inv;
+    }
+  });
+  const float mg = team.sum(sg, shared) / float(d);
+  const float mgx = team.sum(sgx, shared) / float(d);
+  for_each_in_row<kWarp, kPacked, T>(team, d, [&](int64_t i) {
+    const E ge(dr + i), xe(xr + i), se(scale + i);
+    E out;
+#pragma unroll
+    for (int k = 0; k < E::kCount; ++k) out.v[k] = inv * (ge.v[k] * se.v[k] - mg - (xe.v[k] - mean) * inv * mgx);
+    out.store(dx + team.row * d + i);
+  });
+}
+
+// Launches kernel<kWarp, kPacked, T> over `rows`: a warp a row or a block a row by d; in packs when
+// d is a whole number of them and every pointer given is 16-byte aligned (null ones aside).
+template <typename T, typename Launch>
+void launch_rows(int64_t rows, int64_t d, std::initializer_list<const void*> pointers, Launch&& launch) {
+  bool packed = d % Pack<T>::kSize == 0;
+  for (const void* p : pointers) packed = packed && (p == nullptr || pack_aligned(p));
+  const bool warp = d <= kWarpRowMax;
+  const int64_t rows_a_block = kThreads / 32;
+  const unsigned blocks = unsigned(warp ? (rows + rows_a_block - 1) / rows_a_block : rows);
+  if (warp && packed) launch.template operator()<true, true>(blocks);
+  else if (warp) launch.template operator()<true, false>(blocks);
+  else if (packed) launch.template operator()<false, true>(blocks);
+  else launch.template operator()<false, false>(blocks);
 }
 
 // dscale[j] and dbias[j] in two steps, in a fixed order (the sums are the same from run to run).
@@ -132,9 +229,11 @@ void layer_norm(DType dtype, const void* x, const void* scale, const void* bias,
   if (rows == 0) return;
   OT_CHECK(rows < (int64_t(1) << 31) && d > 0, "CUDA LayerNormalization: ", rows, " rows of ", d, " elements");
   dispatch_floating(dtype, "CUDA LayerNormalization", [&]<typename T>() {
-    layer_norm_kernel<T><<<unsigned(rows), kThreads, 0, as_stream(stream)>>>(
-        static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(bias), static_cast<T*>(y), mean,
-        inv_std, d, eps);
+    launch_rows<T>(rows, d, {x, scale, bias, y}, [&]<bool kWarp, bool kPacked>(unsigned blocks) {
+      layer_norm_kernel<kWarp, kPacked, T><<<blocks, kThreads, 0, as_stream(stream)>>>(
+          static_cast<const T*>(x), static_cast<const T*>(scale), static_cast<const T*>(bias), static_cast<T*>(y),
+          mean, inv_std, rows, d, eps);
+    });
   });
   check_launch("layer_norm_kernel");
 }
@@ -156,7 +255,9 @@ void layer_norm_grad(DType dtype, const void* dy, const void* x, const void* sca
     auto px = static_cast<const T*>(x);
     auto pdy = static_cast<const T*>(dy);
     if (stats)
-      layer_norm_stats_kernel<T><<<unsigned(rows), kThreads, 0, s>>>(px, stats, stats + rows, d, eps);
+      launch_rows<T>(rows, d, {x}, [&]<bool kWarp, bool kPacked>(unsigned blocks) {
+        layer_norm_stats_kernel<kWarp, kPacked, T><<<blocks, kThreads, 0, s>>>(px, stats, stats + rows, rows, d, eps);
+      });
     // The parameter gradients first: dx may overwrite dy.
     if (dscale || dbias) {
       // About 1024 blocks in all (several waves on 132 multiprocessors), a chunk at least kRowLanes rows.
@@ -170,8 +271,10 @@ void layer_norm_grad(DType dtype, const void* dy, const void* x, const void* sca
       layer_norm_params_finish_kernel<T><<<blocks_for(d, kThreads), kThreads, 0, s>>>(
           partial.get(), chunks, static_cast<T*>(dscale), static_cast<T*>(dbias), d);
     }
-    layer_norm_dx_kernel<T><<<unsigned(rows), kThreads, 0, s>>>(pdy, px, static_cast<const T*>(scale), mean, inv_std,
-                                                                static_cast<T*>(dx), d);
+    launch_rows<T>(rows, d, {dy, x, scale, dx}, [&]<bool kWarp, bool kPacked>(unsigned blocks) {
+      layer_norm_dx_kernel<kWarp, kPacked, T><<<blocks, kThreads, 0, s>>>(
+          pdy, px, static_cast<const T*>(scale), mean, inv_std, static_cast<T*>(dx), rows, d);
+    });
   });
   check_launch("layer_norm_grad");
 }
