@@ -2,12 +2,14 @@
 # The one prepared command for a lent GPU machine (see /work/.library/device/README.md where this
 # workplace has one). On the lent machine, in under 8 minutes: builds the minimal runtime with the
 # CUDA backend (no protobuf or oneDNN there; GoogleTest from carried sources), runs the GPU tests
-# (every CUDA kernel against its CPU kernel, an MLP training step against CPU training),
-# compute-sanitizer memcheck over the kernel tests, and the kernel benchmark beside PyTorch's;
+# (every CUDA kernel against its CPU kernel, an MLP training step against CPU training, and
+# BERT-, GPT- and ResNet-style models trained 50 steps by a Module on each device, from artifacts
+# made here), compute-sanitizer memcheck over them, and the kernel benchmark beside PyTorch's;
 # every failure is collected, none stops the rest. Writes a compact report.txt plus the logs to
 # $OUT (or ./gpu_check_out), and exits non-zero when anything failed.
 #
-#   here, once:   scripts/gpu_check.sh --prepare          (copies GoogleTest's sources to .gpu_carry/)
+#   here, once:   scripts/gpu_check.sh --prepare          (GoogleTest's sources and the training
+#                                                          artifacts into .gpu_carry/; needs `make build`)
 #   device tool:  run(command="scripts/gpu_check.sh", carry=[".gpu_carry"], timeout_s=540)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -16,6 +18,9 @@ CARRY=.gpu_carry
 if [ "${1:-}" = "--prepare" ]; then
   mkdir -p "$CARRY"
   rm -rf "$CARRY/googletest" && cp -r /usr/src/googletest "$CARRY/googletest"  # .gitignore ignores $CARRY
+  # The training test's artifacts and batches, and their op list (the minimal build's ops).
+  rm -rf "$CARRY/training"
+  PYTHONPATH=build/python /usr/bin/python3 tests/cuda/make_training_artifacts.py "$CARRY/training" || exit 1
   du -sh "$CARRY"
   exit 0
 fi
@@ -56,22 +61,28 @@ GTEST_SRC=$PWD/$CARRY/googletest
 OPS="MatMul;Gemm;FusedMatMul;Add;Sub;Mul;Div;Relu;Neg;Abs;Exp;Log;Sqrt;Reciprocal;Tanh;Sigmoid;ReluGrad"
 OPS="$OPS;ReduceSum;ReduceMean;Softmax;LogSoftmax;SoftmaxGrad;LogSoftmaxGrad;SoftmaxGrad_13;LogSoftmaxGrad_13;If"
 OPS="$OPS;LayerNormalization;LayerNormalizationGrad;SoftmaxCrossEntropyLoss;SoftmaxCrossEntropyLossGrad;AdamW;Cos"
+# The training test's models: their ops, and where the test finds them.
+TRAINING=$PWD/$CARRY/training
+[ -f "$TRAINING/ops.txt" ] || { note "no $TRAINING/ops.txt: run scripts/gpu_check.sh --prepare here first"; failures+=("training artifacts missing"); }
+export ONNXTRAIN_GPU_TRAINING=$TRAINING
 phase configure 120 configure.log cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DONNXTRAIN_MINIMAL=ON \
-  -DONNXTRAIN_CUDA=ON -DONNXTRAIN_BUILD_EXAMPLES=OFF -DONNXTRAIN_GTEST_SOURCE="$GTEST_SRC" "-DONNXTRAIN_OPS=$OPS" &&
+  -DONNXTRAIN_CUDA=ON -DONNXTRAIN_BUILD_EXAMPLES=OFF -DONNXTRAIN_GTEST_SOURCE="$GTEST_SRC" "-DONNXTRAIN_OPS=$OPS" \
+  "-DONNXTRAIN_OPS_FILE=$([ -f "$TRAINING/ops.txt" ] && echo "$TRAINING/ops.txt")" &&
 phase build 300 build.log cmake --build $BUILD -j "$(nproc)" --target onnxtrain_cuda_tests cuda_kernels_bench
 built=$?
 
 if [ $built -eq 0 ]; then
   phase gpu-tests 120 gpu_tests.log $BUILD/onnxtrain_cuda_tests --gtest_output=xml:"$OUT/gpu_tests.xml"
-  # One line per failed or skipped test; a skip here means the GPU was not found: a failure too.
-  grep -E '^\[  (FAILED|SKIPPED)  ?\] [A-Za-z0-9_]+\.[A-Za-z0-9_]+$' "$OUT/gpu_tests.log" | sort -u | tee -a "$REPORT"
+  # One line per failed or skipped test (parameterized ones: Models/Suite.Test/0, where ...); a
+  # skip here means the GPU or the training artifacts were not found: a failure too.
+  grep -E '^\[  (FAILED|SKIPPED)  ?\] [A-Za-z0-9_/]+\.[A-Za-z0-9_/]+(,|$)' "$OUT/gpu_tests.log" | sort -u | tee -a "$REPORT"
   grep -E '^\[  PASSED  \]' "$OUT/gpu_tests.log" | tee -a "$REPORT"
-  if grep -qE '^\[  SKIPPED \] [A-Za-z0-9_]+\.' "$OUT/gpu_tests.log"; then
+  if grep -qE '^\[  SKIPPED \] [A-Za-z0-9_/]+\.' "$OUT/gpu_tests.log"; then
     failures+=("gpu-tests skipped: $(grep -m1 -A1 ': Skipped$' "$OUT/gpu_tests.log" | tail -1)")
   fi
-  # Memcheck over the kernel tests (the MLP test too: its steps reuse the arena across runs).
+  # Memcheck over the GPU tests (the training ones too: their steps reuse the arena across runs).
   if command -v compute-sanitizer > /dev/null; then
-    phase memcheck 150 memcheck.log compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+    phase memcheck 200 memcheck.log compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
       $BUILD/onnxtrain_cuda_tests
     grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1 | tee -a "$REPORT"
   else

@@ -51,12 +51,17 @@ std::vector<std::string> compile_artifacts(const std::string& artifact_dir,
 
 class Module {
  public:
-  Module(const std::string& training_model_path, CheckpointState& state, const std::string& eval_model_path = "");
+  // `device`: where the graphs run. Device::kCuda runs every op with a CUDA kernel on the GPU (the
+  // others on the CPU, named once on stderr); the parameters stay in the checkpoint, on the host,
+  // and are copied in each step, the outputs and gradients copied out, and Optimizer updates on the
+  // CPU: correct, not yet fast. Throws "no CUDA device" where there is none.
+  Module(const std::string& training_model_path, CheckpointState& state, const std::string& eval_model_path = "",
+         Device device = Device::kCpu);
   // From graphs in memory, for callers inside the library (the torch wrapper, tests).
-  Module(Model training_model, CheckpointState& state, std::optional<Model> eval_model);
+  Module(Model training_model, CheckpointState& state, std::optional<Model> eval_model, Device device = Device::kCpu);
   // From graphs loaded with load_model_for_runtime (src/training/module.h), whose pre-compiled
   // plans, if any, are adopted; for callers inside the library (the CLI's trainer).
-  Module(std::unique_ptr<CompiledGraphs> graphs, CheckpointState& state);
+  Module(std::unique_ptr<CompiledGraphs> graphs, CheckpointState& state, Device device = Device::kCpu);
   ~Module();
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
@@ -104,6 +109,7 @@ class Module {
   // fp16 artifacts: the training graph takes a loss scale, which Module feeds from the
   // checkpoint (CheckpointState::kLossScaleProperty; Optimizer::step moves it).
   bool has_loss_scaler() const;
+  Device device() const { return device_; }
 
  private:
   struct Graphs;
@@ -118,6 +124,7 @@ class Module {
   std::vector<Tensor> gradient_buffers();
 
   CheckpointState& state_;
+  Device device_ = Device::kCpu;
   std::unique_ptr<Graphs> graphs_;
   std::vector<std::string> trainable_;
   bool training_ = true;

@@ -22,7 +22,7 @@ from ._C import Error, InvalidArgument, InvalidModel, NotImplemented, SessionOpt
 
 __all__ = [
     "InferenceSession", "SessionOptions", "NodeArg", "Error", "InvalidArgument", "InvalidModel",
-    "NotImplemented", "set_num_threads", "registered_ops", "cpu_features", "resource_limits",
+    "NotImplemented", "set_num_threads", "registered_ops", "cpu_features", "gpu_features", "resource_limits",
     "set_resource_limits",
 ]
 
@@ -144,6 +144,13 @@ def cpu_features() -> Dict[str, Any]:
     GEMMs faster than fp32 ones: where False, bf16 mixed precision saves memory but slows steps,
     and asking for it prints a note once)."""
     return _C.cpu_features()
+
+
+def gpu_features() -> Dict[str, Any]:
+    """The GPU a ``device="cuda"`` Module would use: ``available``, and ``description`` (name,
+    compute capability, multiprocessors, memory) where there is one, or ``reason`` where not (a build
+    without CUDA, no driver, no device)."""
+    return _C.gpu_features()
 
 
 # Imported last: they use the helpers above (_model_arg).

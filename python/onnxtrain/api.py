@@ -324,18 +324,22 @@ class Module:
 
     Mirrors ``onnxruntime.training.api.Module``. Parameters stay in ``state`` and are read in place.
     A valid pre-compiled model next to an ONNX file (:func:`compile_artifacts`) is loaded instead.
+    ``device="cuda"`` (a build with CUDA, on a machine with a GPU) runs the graphs on the GPU; the
+    parameters stay on the host and are copied in each step, and the optimizer updates on the CPU.
     """
 
     def __init__(self, train_model_uri: PathLike, state: CheckpointState,
                  eval_model_uri: Optional[PathLike] = None, device: str = "cpu"):
-        if device != "cpu":
-            raise ValueError(f"device {device!r} is not supported yet (only 'cpu')")
+        # ORT spells the first GPU "cuda" or "cuda:0"; one GPU is all a Module uses.
+        if device not in ("cpu", "cuda", "cuda:0"):
+            raise ValueError(f"device should be 'cpu' or 'cuda', got {device!r}")
         if not isinstance(state, CheckpointState):
             raise TypeError(f"expected a CheckpointState, got {type(state).__name__}")
         self._state = state
         self._train_model_uri = _path(train_model_uri)
         self._module = _C.Module(_path(train_model_uri), state._state,
-                                 _path(eval_model_uri) if eval_model_uri is not None else "")
+                                 _path(eval_model_uri) if eval_model_uri is not None else "",
+                                 "cpu" if device == "cpu" else "cuda")
         self._training = True
 
     def __call__(self, *user_inputs: Any) -> Union[np.ndarray, List[np.ndarray]]:

@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "core/device.h"
 #include "onnx/model_io.h"
 #include "onnxtrain/cpu_features.h"
 #include "passes/passes.h"
@@ -24,6 +25,15 @@ void bind_tools(py::module_& m) {
     infer_shapes(mdl.graph, mdl.opsets);
     return py::bytes(save_model_to_bytes(mdl));
   }, "Annotates value_info with onnxtrain's own shape rules.");
+  m.def("gpu_features", []() {
+    py::dict d;
+    std::string why;
+    const bool available = device_available(Device::kCuda, &why);
+    d["available"] = available;
+    if (available) d["description"] = device_backend(Device::kCuda).description();
+    else d["reason"] = why;
+    return d;
+  });
   m.def("cpu_features", []() {
     const CpuFeatures& f = cpu_features();
     py::dict d;

@@ -108,11 +108,14 @@ void bind_training(py::module_& m) {
       py::arg("artifact_directory"), py::arg("input_shapes") = std::map<std::string, std::vector<int64_t>>{});
 
   py::class_<Module>(m, "Module")
-      .def(py::init([](const std::string& training, std::shared_ptr<CheckpointState> state, const std::string& eval) {
+      .def(py::init([](const std::string& training, std::shared_ptr<CheckpointState> state, const std::string& eval,
+                       const std::string& device) {
+             OT_CHECK(device == "cpu" || device == "cuda", "Module: device should be 'cpu' or 'cuda', got '", device, "'");
              py::gil_scoped_release release;
-             return std::make_unique<Module>(training, *state, eval);
+             return std::make_unique<Module>(training, *state, eval, device == "cuda" ? Device::kCuda : Device::kCpu);
            }),
-           py::arg("training_model"), py::arg("state"), py::arg("eval_model") = "", py::keep_alive<1, 3>())
+           py::arg("training_model"), py::arg("state"), py::arg("eval_model") = "", py::arg("device") = "cpu",
+           py::keep_alive<1, 3>())
       .def("train_step", [](Module& mod, const py::sequence& inputs) {
         auto ts = tensors_from(inputs);
         std::vector<Tensor> out;

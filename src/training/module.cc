@@ -37,7 +37,7 @@ struct BoundGraph {
 // The executor takes the model over: one copy of the graph, not two (copying BERT h256's training
 // graph took 3-8 ms of its Module's 25-40 ms on the loaded machine, mostly first touches of fresh
 // heap pages).
-void bind(BoundGraph& b, Model model, const CheckpointState& state, const char* what) {
+void bind(BoundGraph& b, Model model, const CheckpointState& state, const char* what, Device device) {
   for (const auto& in : model.graph.inputs) {
     (state.has_parameter(in.name) ? b.param_inputs : b.user_inputs).push_back(in.name);
     if (!state.has_parameter(in.name)) continue;
@@ -58,6 +58,7 @@ void bind(BoundGraph& b, Model model, const CheckpointState& state, const char* 
   OT_CHECK(!b.outputs.empty(), what, " model has no outputs");
   ExecutorOptions options;
   options.profile = profile_requested_by_environment();  // Module::profile
+  options.device = device;
   b.executor = std::make_unique<Executor>(std::move(model), options);
 }
 
@@ -134,18 +135,19 @@ void adopt_plans(BoundGraph& b, const CompiledModel& c) {
 
 }  // namespace
 
-Module::Module(const std::string& training_model_path, CheckpointState& state, const std::string& eval_model_path)
-    : Module(load_graphs(training_model_path, eval_model_path), state) {}
+Module::Module(const std::string& training_model_path, CheckpointState& state, const std::string& eval_model_path,
+               Device device)
+    : Module(load_graphs(training_model_path, eval_model_path), state, device) {}
 
-Module::Module(std::unique_ptr<CompiledGraphs> loaded, CheckpointState& state)
+Module::Module(std::unique_ptr<CompiledGraphs> loaded, CheckpointState& state, Device device)
     : Module(std::move(loaded->training.model), state,
-             loaded->eval ? std::optional<Model>(std::move(loaded->eval->model)) : std::nullopt) {
+             loaded->eval ? std::optional<Model>(std::move(loaded->eval->model)) : std::nullopt, device) {
   adopt_plans(graphs_->training, loaded->training);
   if (loaded->eval) adopt_plans(*graphs_->eval, *loaded->eval);
 }
 
-Module::Module(Model training_model, CheckpointState& state, std::optional<Model> eval_model)
-    : state_(state), graphs_(std::make_unique<Graphs>()) {
+Module::Module(Model training_model, CheckpointState& state, std::optional<Model> eval_model, Device device)
+    : state_(state), device_(device), graphs_(std::make_unique<Graphs>()) {
   OT_CHECK(!state.is_nominal(), "Module: the checkpoint is nominal (shapes only); fill its parameters first");
   {  // a checkpoint saved in one precision mode must not silently train graphs of another
     auto mode = training_model.metadata.find(kMetaMixedPrecision);
@@ -174,7 +176,7 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
     adapt_ort_training_model(training_model, state);
     if (eval_model) adapt_ort_eval_model(*eval_model, state);
   }
-  bind(graphs_->training, std::move(training_model), state, "training");
+  bind(graphs_->training, std::move(training_model), state, "training", device);
   if (auto it = graphs_->training.model().metadata.find(kMetaLossScaleInput);
       it != graphs_->training.model().metadata.end()) {
     std::vector<std::string>& user = graphs_->training.user_inputs;
@@ -211,7 +213,7 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
   }
   if (eval_model) {
     graphs_->eval.emplace();
-    bind(*graphs_->eval, std::move(*eval_model), state, "eval");
+    bind(*graphs_->eval, std::move(*eval_model), state, "eval", device);
   }
   // The training run's random stream continues from the checkpoint (a fresh seed when it has none).
   auto int_property = [&](const char* name) -> std::optional<int64_t> {

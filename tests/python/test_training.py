@@ -276,3 +276,19 @@ def test_a_model_output_of_unknown_rank_still_gets_a_scalar_loss(tmp_path):
     xs, target = np.ones((2, 3), np.float32), np.zeros((2, 3), np.float32)
     assert float(module(xs, target)) == pytest.approx(4.0)  # mean((2 * 1 - 0)^2)
     np.testing.assert_allclose(state.parameters["w"].grad, [4.0])  # d/dw mean((w x)^2) = 2 w x^2
+
+
+def test_module_device_is_checked_and_cuda_is_loud_without_a_gpu(tmp_path):
+    """device="cuda" runs on a GPU (tests/cuda/training_test.cc, on a lent one); this build (no CUDA,
+    or no GPU) says why it cannot, and a device name other than cpu/cuda is refused."""
+    paths, state, module, _ = build(tmp_path, make_mlp(), artifacts.AdamW())
+    with pytest.raises(ValueError, match="'cpu' or 'cuda', got 'tpu'"):
+        Module(paths[0], state, paths[1], device="tpu")
+    gpu = onnxtrain.gpu_features()
+    if gpu["available"]:
+        pytest.skip(f"this machine has a GPU ({gpu['description']}): tests/cuda covers device='cuda'")
+    assert "CUDA" in gpu["reason"]
+    with pytest.raises(onnxtrain.Error, match="CUDA"):
+        Module(paths[0], state, paths[1], device="cuda")
+    x, t = batches(1)[0]
+    assert np.isfinite(module(x.numpy(), t.numpy()))  # the CPU Module on the same state still trains
