@@ -11,6 +11,7 @@
 #   here, once:   scripts/gpu_check.sh --prepare          (GoogleTest's sources and the training
 #                                                          artifacts into .gpu_carry/; needs `make build`)
 #   device tool:  run(command="scripts/gpu_check.sh", carry=[".gpu_carry"], timeout_s=540)
+#   --no-bench:   everything but the two benchmarks (a rerun after changes that touch no kernel)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.gpu_carry
@@ -25,6 +26,8 @@ if [ "${1:-}" = "--prepare" ]; then
   exit 0
 fi
 
+BENCH=1
+[ "${1:-}" = "--no-bench" ] && BENCH=0
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 REPORT=$OUT/report.txt
@@ -82,15 +85,15 @@ if [ $built -eq 0 ]; then
   fi
   # Memcheck over the GPU tests (the training ones too: their steps reuse the arena across runs).
   if command -v compute-sanitizer > /dev/null; then
-    phase memcheck 200 memcheck.log compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
+    phase memcheck 150 memcheck.log compute-sanitizer --tool memcheck --leak-check no --error-exitcode 3 \
       $BUILD/onnxtrain_cuda_tests
     grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1 | tee -a "$REPORT"
   else
     note "memcheck     not run: compute-sanitizer is not on the PATH"; failures+=("memcheck (no compute-sanitizer)")
   fi
-  phase bench 90 bench.log $BUILD/bench/cuda_kernels_bench
+  [ $BENCH -eq 1 ] && phase bench 90 bench.log $BUILD/bench/cuda_kernels_bench
 fi
-phase bench-torch 90 bench_torch.log python3 bench/cuda_kernels_torch.py
+[ $BENCH -eq 1 ] && phase bench-torch 90 bench_torch.log python3 bench/cuda_kernels_torch.py
 
 # The benchmark: ours and PyTorch's, line by line, with the ratio of rates (>1: ours faster).
 if [ -s "$OUT/bench.log" ] && [ -s "$OUT/bench_torch.log" ]; then
