@@ -1,13 +1,24 @@
 // Whole models trained on the GPU against the same training on the CPU: a Module on each device
-// from one checkpoint, the same batches (four, cycled), 50 AdamW steps; the loss curves and the parameters must
-// agree (fp32: within 1e-4 relative). The artifacts (small BERT-style, GPT-style and ResNet-style
-// models, tests/cuda/make_training_artifacts.py) come from the full build; `scripts/gpu_check.sh
+// from one checkpoint, the same batches (four, cycled), 50 AdamW steps; the loss curves, the
+// parameters and the eval outputs must agree within 1e-4 relative (fp32). How closely two fp32
+// trainings can agree depends on the model, so a third Module, on the CPU, starts from the
+// parameters perturbed by 1e-7 (rounding level) and measures it: where that run differs by more
+// than 1e-5, the bound is 10x its difference instead. That is the case of attention's key bias,
+// whose gradient is zero but for rounding (softmax ignores what it adds to a row): AdamW moves it
+// by normalised noise, 1e-3 apart between any two runs. The loss curves stay within 3e-6 of the
+// CPU's under the perturbation for all three models (the ResNet trains at lr 3e-4, where it is
+// not chaotic: make_training_artifacts.py), so a wrong kernel misses from the first step.
+//
+// The artifacts (small BERT-style, GPT-style and ResNet-style models,
+// tests/cuda/make_training_artifacts.py) come from the full build; `scripts/gpu_check.sh
 // --prepare` writes them and the check points ONNXTRAIN_GPU_TRAINING at them. Without a GPU the
 // tests skip; on a GPU without the artifacts they skip too, which the check counts as a failure.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -32,6 +43,25 @@ double relative_difference(const Tensor& a, const Tensor& b) {
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
+// The checkpoint's float32 parameters each times (1 + 1e-7 u), u uniform in [-1, 1].
+void perturb(CheckpointState& state) {
+  std::mt19937 rng(42);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (const std::string& name : state.parameter_names()) {
+    const Tensor& original = state.parameter(name).data();
+    if (original.dtype() != DType::kFloat32) continue;
+    Tensor t = original.clone();
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] *= 1.0f + 1e-7f * u(rng);
+    state.set_parameter(name, t);
+  }
+}
+
+// The tolerance of a difference from the CPU: 1e-4 relative to `reference`, or 10x what the
+// perturbed CPU run's difference was, whichever is larger.
+double tolerance(double reference, double perturbed_difference) {
+  return std::max(1e-4 * std::abs(reference), 10 * perturbed_difference);
+}
+
 class GpuTraining : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(GpuTraining, FollowsTheCpuLossCurve) {
@@ -43,25 +73,33 @@ TEST_P(GpuTraining, FollowsTheCpuLossCurve) {
 
   CheckpointState cpu_state = CheckpointState::load(dir + "checkpoint");
   CheckpointState gpu_state = CheckpointState::load(dir + "checkpoint");
+  CheckpointState nudged_state = CheckpointState::load(dir + "checkpoint");
+  perturb(nudged_state);
   Module cpu(dir + "training_model.onnx", cpu_state, dir + "eval_model.onnx", Device::kCpu);
   Module gpu(dir + "training_model.onnx", gpu_state, dir + "eval_model.onnx", Device::kCuda);
+  Module nudged(dir + "training_model.onnx", nudged_state, dir + "eval_model.onnx", Device::kCpu);
   Optimizer cpu_opt(dir + "optimizer_model.onnx", cpu);
   Optimizer gpu_opt(dir + "optimizer_model.onnx", gpu);
+  Optimizer nudged_opt(dir + "optimizer_model.onnx", nudged);
 
   const std::vector<NamedArray> arrays = load_npz(dir + "batches.npz");
   ASSERT_TRUE(!arrays.empty() && arrays.size() % 2 == 0) << dir << "batches.npz: (input, target) pairs expected";
   const size_t batches = arrays.size() / 2, steps = 50;
-  std::vector<double> cpu_losses, gpu_losses;
+  std::vector<double> cpu_losses, gpu_losses, nudged_losses;
+  double nudged_worst = 0;  // the largest loss difference of the perturbed run so far
   for (size_t s = 0; s < steps; ++s) {
     const std::vector<Tensor> batch = {arrays[2 * (s % batches)].value, arrays[2 * (s % batches) + 1].value};
-    for (auto [module, opt, losses] : {std::tuple{&cpu, &cpu_opt, &cpu_losses}, std::tuple{&gpu, &gpu_opt, &gpu_losses}}) {
+    for (auto [module, opt, losses] : {std::tuple{&cpu, &cpu_opt, &cpu_losses}, std::tuple{&gpu, &gpu_opt, &gpu_losses},
+                                       std::tuple{&nudged, &nudged_opt, &nudged_losses}}) {
       const std::vector<Tensor> out = module->train_step(batch);
       ASSERT_EQ(out[0].device(), Device::kCpu);
       losses->push_back(out[0].data<float>()[0]);
       opt->step();
       module->lazy_reset_grad();
     }
-    EXPECT_NEAR(gpu_losses[s], cpu_losses[s], 1e-4 * std::abs(cpu_losses[s])) << GetParam() << " step " << s;
+    nudged_worst = std::max(nudged_worst, std::abs(nudged_losses[s] - cpu_losses[s]));
+    EXPECT_NEAR(gpu_losses[s], cpu_losses[s], tolerance(cpu_losses[s], nudged_worst))
+        << GetParam() << " step " << s << " (the perturbed CPU run differs by " << nudged_worst << " so far)";
   }
   // Training happened: the last pass over the batches has a lower mean loss than the first (the
   // curve is not flat, so agreeing on it says something).
@@ -72,22 +110,28 @@ TEST_P(GpuTraining, FollowsTheCpuLossCurve) {
   }
   EXPECT_LT(last, 0.9 * first) << GetParam() << ": the CPU's loss did not fall";
 
+  // Parameters: a bias whose gradient is zero but for rounding (attention's key bias: softmax
+  // ignores what it adds to a row) moves by AdamW's normalised noise, differently on each run; the
+  // perturbed run's difference bounds that too.
   for (const std::string& name : cpu_state.parameter_names()) {
     const Tensor& want = cpu_state.parameter(name).data();
     if (want.dtype() != DType::kFloat32) continue;
-    EXPECT_LE(relative_difference(gpu_state.parameter(name).data(), want), 1e-4) << GetParam() << " parameter " << name;
+    const double nudged_difference = relative_difference(nudged_state.parameter(name).data(), want);
+    EXPECT_LE(relative_difference(gpu_state.parameter(name).data(), want), tolerance(1, nudged_difference))
+        << GetParam() << " parameter " << name << " (the perturbed CPU run's differs by " << nudged_difference << ")";
   }
-  // The eval graph on both devices, from the trained parameters.
+  // The eval graph on each device, from each device's trained parameters.
   cpu.eval();
   gpu.eval();
+  nudged.eval();
   std::vector<Tensor> batch = {arrays[0].value, arrays[1].value};
   batch.resize(cpu.input_names(false).size());  // the eval graph may take the target (its loss) or not
-  const std::vector<Tensor> want = cpu.eval_step(batch), got = gpu.eval_step(batch);
+  const std::vector<Tensor> want = cpu.eval_step(batch), got = gpu.eval_step(batch), nudged_got = nudged.eval_step(batch);
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < want.size(); ++i) {
-    if (want[i].dtype() == DType::kFloat32) {
-      EXPECT_LE(relative_difference(got[i], want[i]), 1e-4) << "eval output " << i;
-    }
+    if (want[i].dtype() != DType::kFloat32) continue;
+    const double nudged_difference = relative_difference(nudged_got[i], want[i]);
+    EXPECT_LE(relative_difference(got[i], want[i]), tolerance(1, nudged_difference)) << "eval output " << i;
   }
 }
 
