@@ -64,6 +64,8 @@ GTEST_SRC=$PWD/$CARRY/googletest
 OPS="MatMul;Gemm;FusedMatMul;Add;Sub;Mul;Div;Relu;Neg;Abs;Exp;Log;Sqrt;Reciprocal;Tanh;Sigmoid;ReluGrad"
 OPS="$OPS;ReduceSum;ReduceMean;Softmax;LogSoftmax;SoftmaxGrad;LogSoftmaxGrad;SoftmaxGrad_13;LogSoftmaxGrad_13;If"
 OPS="$OPS;LayerNormalization;LayerNormalizationGrad;SoftmaxCrossEntropyLoss;SoftmaxCrossEntropyLossGrad;AdamW;Cos"
+OPS="$OPS;Transpose;Reshape;Flatten;Squeeze;Unsqueeze;Identity;Expand;Concat;Slice;SliceGrad;Sum;SumTo"
+OPS="$OPS;Gather;GatherGrad;Gelu;GeluGrad;Erf"
 # The training test's models: their ops, and where the test finds them.
 TRAINING=$PWD/$CARRY/training
 [ -f "$TRAINING/ops.txt" ] || { note "no $TRAINING/ops.txt: run scripts/gpu_check.sh --prepare here first"; failures+=("training artifacts missing"); }

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -319,6 +320,260 @@ TEST(CudaKernels, AnOutOfRangeLabelIsAnErrorOnTheGpuToo) {
   options.device = Device::kCuda;
   Executor gpu(m, options);
   EXPECT_NE(error_of([&] { gpu.run(feeds_of(c)); }).find("out of range [0, 4)"), std::string::npos);
+}
+
+// Copies must agree bit for bit: a tolerance below every nonzero difference.
+constexpr double kExact = std::numeric_limits<double>::min();
+
+// The copy kernel's paths: a contiguous whole (cudaMemcpyAsync), 16-, 8- and 4-byte units
+// (float32 rows of 64 and 1024, float16 of 4), element by element (odd rows: 5, 129), a block per
+// row (rows of at least 128 units), the inner dim moving (read at a stride), size-1 dims and
+// empty tensors; every element size (bool 1, float16 2, float32 4, int64 8).
+TEST(CudaKernels, TransposeAgreesWithTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(15);
+  const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {
+      {{2, 16, 4, 64}, {0, 2, 1, 3}},  // attention's [B, S, H, D] -> [B, H, S, D]
+      {{2, 3, 2, 1024}, {0, 2, 1, 3}}, {{2, 3, 2, 129}, {0, 2, 1, 3}}, {{2, 3, 4, 5}, {0, 2, 1, 3}},
+      {{2, 4, 3, 8}, {0, 2, 3, 1}},    // the key transpose [B, H, S, D] -> [B, H, D, S]
+      {{33, 65}, {1, 0}},              {{3, 1, 4}, {2, 1, 0}}, {{3, 4, 5}, {-1, 0, -2}},
+      {{4, 5}, {0, 1}},                {{0, 3}, {1, 0}},       {{7}, {0}}, {{2, 3, 2, 3, 2, 3, 2, 3}, {7, 6, 5, 4, 3, 2, 1, 0}}};
+  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt64})
+    for (const auto& [shape, perm] : cases)
+      expect_same_on_cuda({node("Transpose", 1, {{"perm", Attribute::of(perm)}}), {random(dt, shape, rng, -9, 9)}},
+                          kExact);
+  expect_same_on_cuda({node("Transpose", 1), {random(DType::kFloat32, {3, 4, 5}, rng)}}, kExact);  // reversed
+  Tensor flags = Tensor::empty(DType::kBool, {6, 7});
+  for (int64_t i = 0; i < flags.numel(); ++i) flags.data<bool>()[i] = rng() % 2;
+  expect_same_on_cuda({node("Transpose", 1, {{"perm", Attribute::of(std::vector<int64_t>{1, 0})}}), {flags}}, kExact);
+}
+
+// Views on the device: the output shares the input's device storage, and the shape or axes input
+// stays on the host.
+TEST(CudaKernels, ViewOpsAgreeWithTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(16);
+  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt64}) {
+    Tensor x = random(dt, {2, 3, 4}, rng, -9, 9);
+    expect_same_on_cuda({node("Reshape", 1), {x, ints({4, -1})}}, kExact);
+    expect_same_on_cuda({node("Reshape", 1), {x, ints({0, -1})}}, kExact);
+    expect_same_on_cuda({node("Flatten", 1, {{"axis", I(2)}}), {x}}, kExact);
+    expect_same_on_cuda({node("Flatten", 1, {{"axis", I(-3)}}), {x}}, kExact);
+    expect_same_on_cuda({node("Unsqueeze", 1), {x, ints({0, -1})}}, kExact);
+    expect_same_on_cuda({node("Squeeze", 1), {random(dt, {3, 1, 4, 1}, rng, -9, 9), ints({-1, 1})}}, kExact);
+    expect_same_on_cuda({node("Squeeze", 1), {random(dt, {1, 5, 1}, rng, -9, 9)}}, kExact);
+    expect_same_on_cuda({node("Identity", 1), {x}}, kExact);
+    expect_same_on_cuda({node("Reshape", 1), {random(dt, {0, 3}, rng), ints({3, -1})}}, kExact);
+  }
+}
+
+TEST(CudaKernels, ExpandAndConcatAgreeWithTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(17);
+  const std::vector<std::pair<Shape, Shape>> expands = {{{3, 1}, {2, 3, 5}}, {{1}, {4, 4}},   {{5}, {2, 5}},
+                                                        {{2, 1, 130}, {2, 3, 130}}, {{1, 64}, {8, 64}}, {{3, 1}, {0, 3, 4}},
+                                                        {{4, 5}, {1, 1}},     {{}, {3}}};
+  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt64})
+    for (const auto& [in, shape] : expands)
+      expect_same_on_cuda({node("Expand", 1), {random(dt, in, rng, -9, 9), ints(shape)}}, kExact);
+  const std::vector<std::pair<std::vector<Shape>, int64_t>> concats = {
+      {{{2, 64}, {2, 128}}, 1}, {{{2, 3}, {2, 5}}, 1},          {{{2, 3}, {4, 3}, {1, 3}}, 0},
+      {{{2, 3, 4}, {2, 1, 4}}, -2}, {{{2, 0}, {2, 3}}, -1},     {{{3, 2, 130}, {3, 2, 7}}, 2}};
+  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt64})
+    for (const auto& [shapes, axis] : concats) {
+      Case c{node("Concat", 1, {{"axis", I(axis)}}), {}};
+      for (const Shape& s : shapes) c.inputs.push_back(random(dt, s, rng, -9, 9));
+      expect_same_on_cuda(c, kExact);
+    }
+  // A shape computation's concat of int64 dims.
+  expect_same_on_cuda({node("Concat", 1, {{"axis", I(0)}}), {ints({2}), ints({-1}), ints({4, 64})}}, kExact);
+}
+
+// Slice's views: steps, a reversal (negative strides), negative axes, clamped ends, an empty
+// slice, and aligned wide rows (16-byte units); SliceGrad writes dY into zeros at the same views.
+TEST(CudaKernels, SliceAndSliceGradAgreeWithTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(18);
+  const int64_t kEnd = std::numeric_limits<int64_t>::max();
+  struct SliceCase {
+    Shape shape;
+    std::vector<int64_t> starts, ends, axes, steps;
+  };
+  const std::vector<SliceCase> cases = {
+      {{10, 20}, {2, 1}, {8, 19}, {0, 1}, {1, 3}},  {{10, 20}, {-1}, {-kEnd}, {1}, {-1}},
+      {{4, 6, 8}, {1}, {kEnd}, {-2}, {2}},          {{4, 1024}, {256}, {768}, {1}, {1}},
+      {{4, 6}, {3}, {3}, {0}, {1}},                 {{3, 5, 7}, {6, 0}, {0, 4}, {2, 1}, {-2, 1}},
+      {{2, 16, 4, 64}, {0, 32}, {2, 64}, {0, 3}, {1, 1}}};
+  for (DType dt : kFloatTypes)
+    for (const SliceCase& sc : cases) {
+      Tensor x = random(dt, sc.shape, rng);
+      expect_same_on_cuda({node("Slice", 1), {x, ints(sc.starts), ints(sc.ends), ints(sc.axes), ints(sc.steps)}}, kExact);
+      Case fwd{node("Slice", 1), {x, ints(sc.starts), ints(sc.ends), ints(sc.axes), ints(sc.steps)}};
+      Model m = one_node_model(fwd);
+      const Tensor y = Executor(m).run(feeds_of(fwd))[0];
+      const Tensor dy = random(dt, y.shape(), rng);
+      for (const std::string& domain : {kOnnxTrainDomain, kMsDomain})
+        expect_same_on_cuda({node("SliceGrad", 1, {}, domain),
+                             {dy, ints(sc.shape), ints(sc.starts), ints(sc.ends), ints(sc.axes), ints(sc.steps)}},
+                            kExact);
+    }
+  expect_same_on_cuda({node("Slice", 1), {random(DType::kInt64, {5, 3}, rng, -9, 9), ints({1}), ints({4})}}, kExact);
+  expect_same_on_cuda({node("SliceGrad", 1, {}, kOnnxTrainDomain),
+                       {random(DType::kFloat32, {3, 3}, rng), ints({5, 3}), ints({1}), ints({4})}}, kExact);
+}
+
+// Sum folds input by input as the CPU kernel does; SumTo sums adjacent dims on the device (the
+// leading ones: bias gradients; a middle one; all of them) and others on the host.
+TEST(CudaKernels, SumAndSumToAgreeWithTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(19);
+  const std::vector<std::vector<Shape>> sums = {{{3, 4}}, {{3, 4}, {3, 4}}, {{3, 4}, {4}, {1, 4}}, {{4}, {3, 4}},
+                                                {{3, 1}, {1, 4}, {3, 4}}, {{2, 300}, {2, 300}, {300}}, {{0, 3}, {3}}};
+  for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kInt64})
+    for (const auto& shapes : sums) {
+      Case c{node("Sum", 1), {}};
+      for (const Shape& s : shapes) c.inputs.push_back(random(dt, s, rng, -9, 9));
+      expect_same_on_cuda(c);
+    }
+  const std::vector<std::pair<Shape, Shape>> sum_tos = {
+      {{4, 5, 6}, {6}},     {{4, 5, 6}, {1, 6}}, {{64, 768}, {768}}, {{4, 5, 6}, {4, 1, 6}}, {{4, 5, 6}, {}},
+      {{4, 5, 6}, {4, 5, 6}}, {{4, 5, 6}, {5, 1}}, {{0, 6}, {6}},       {{4, 1, 6}, {1, 1}}};
+  for (DType dt : kFloatTypes)
+    for (const auto& [x, target] : sum_tos)
+      expect_same_on_cuda({node("SumTo", 1, {}, kOnnxTrainDomain), {random(dt, x, rng), ints(target)}});
+}
+
+// Gather along axis 0 (embedding rows, 16-byte units), a middle axis with odd rows, the last
+// axis, negative and repeated indices, int32 indices, a scalar index, no indices, int64 data;
+// GatherGrad sums repeated indices (a padding token many times over) in both argument orders.
+TEST(CudaKernels, GatherAndGatherGradAgreeWithTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(20);
+  auto indices = [&](const Shape& shape, int64_t dim) {
+    std::vector<int64_t> v(size_t(numel(shape)));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = i % 5 == 0 ? 0 : int64_t(rng() % uint32_t(2 * dim)) - dim;
+    return Tensor::from_vector(v, shape);
+  };
+  struct GatherCase {
+    Shape data;
+    int64_t axis;
+    Shape idx;
+  };
+  const std::vector<GatherCase> cases = {{{100, 768}, 0, {2, 16}}, {{10, 8}, 0, {4}},  {{7, 5, 3}, 1, {2, 2}},
+                                         {{7, 5, 3}, -1, {6}},     {{6, 4}, 0, {}},    {{6, 4}, 1, {0}},
+                                         {{50, 130}, 0, {40}},     {{3, 9, 2}, 1, {3, 4}}};
+  for (DType dt : kFloatTypes)
+    for (const GatherCase& gc : cases) {
+      const int64_t dim = gc.data[size_t(gc.axis < 0 ? gc.axis + int64_t(gc.data.size()) : gc.axis)];
+      Tensor x = random(dt, gc.data, rng), idx = indices(gc.idx, dim);
+      expect_same_on_cuda({node("Gather", 1, {{"axis", I(gc.axis)}}), {x, idx}}, kExact);
+      Case fwd{node("Gather", 1, {{"axis", I(gc.axis)}}), {x, idx}};
+      Model m = one_node_model(fwd);
+      const Tensor dy = random(dt, Executor(m).run(feeds_of(fwd))[0].shape(), rng);
+      expect_same_on_cuda({node("GatherGrad", 1, {{"axis", I(gc.axis)}}, kOnnxTrainDomain), {dy, ints(gc.data), idx}});
+      expect_same_on_cuda({node("GatherGrad", 1, {{"axis", I(gc.axis)}}, kMsDomain), {ints(gc.data), idx, dy}});
+    }
+  expect_same_on_cuda({node("Gather", 1), {random(DType::kInt64, {4, 3}, rng, -9, 9), ints({3, -4, 1})}}, kExact);
+  std::vector<int32_t> i32{2, 0, -1};
+  expect_same_on_cuda({node("Gather", 1), {random(DType::kFloat32, {4, 3}, rng), Tensor::from_vector(i32, {3})}}, kExact);
+}
+
+// GatherGrad adds without atomics: the same bits on every run, however often an index repeats.
+TEST(CudaKernels, GatherGradIsDeterministic) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(21);
+  std::vector<int64_t> v(4096);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = i % 2 ? 0 : int64_t(rng() % 30);  // half of them the padding id
+  Case c{node("GatherGrad", 1, {}, kOnnxTrainDomain),
+         {random(DType::kFloat32, {4096, 256}, rng), ints({30, 256}), Tensor::from_vector(v, {4096})}};
+  Model m = one_node_model(c);
+  ExecutorOptions options;
+  options.device = Device::kCuda;
+  Executor gpu(m, options);
+  const Tensor first = gpu.run(feeds_of(c))[0];
+  for (int run = 0; run < 3; ++run) {
+    const Tensor again = gpu.run(feeds_of(c))[0];
+    ASSERT_EQ(std::memcmp(again.data(), first.data(), first.nbytes()), 0) << "run " << run;
+  }
+  expect_same_on_cuda(c);
+}
+
+TEST(CudaKernels, AnOutOfRangeGatherIndexIsAnErrorOnTheGpuToo) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(22);
+  for (Case c : {Case{node("Gather", 1), {random(DType::kFloat32, {4, 3}, rng), ints({0, 4})}},
+                 Case{node("GatherGrad", 1, {}, kOnnxTrainDomain), {random(DType::kFloat32, {2, 3}, rng), ints({4, 3}), ints({-5, 1})}}}) {
+    Model m = one_node_model(c);
+    ExecutorOptions options;
+    options.device = Device::kCuda;
+    Executor gpu(m, options);
+    EXPECT_NE(error_of([&] { gpu.run(feeds_of(c)); }).find("is out of range for a dimension of size 4"), std::string::npos)
+        << c.node.op_type;
+  }
+}
+
+// Gelu in both forms and their gradients, on lines that are and are not whole 16-byte packs; Erf
+// in the unary family.
+TEST(CudaKernels, GeluAndErfAgreeWithTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(23);
+  for (DType dt : kFloatTypes)
+    for (const Shape& shape : {Shape{3, 50}, Shape{4, 768}, Shape{7, 129}, Shape{0, 3}}) {
+      Tensor x = random(dt, shape, rng, -5, 5), dy = random(dt, shape, rng);
+      for (const char* form : {"none", "tanh"}) {
+        const std::map<std::string, Attribute> attrs{{"approximate", Attribute::of(std::string(form))}};
+        expect_same_on_cuda({node("Gelu", 1, attrs, kOnnxTrainDomain), {x}});
+        expect_same_on_cuda({node("GeluGrad", 1, attrs, kOnnxTrainDomain), {dy, x}});
+      }
+      expect_same_on_cuda({node("Gelu", 1, {}, kMsDomain), {x}});
+      expect_same_on_cuda({node("GeluGrad", 1, {}, kMsDomain), {dy, x}});
+      expect_same_on_cuda({node("Gelu", 1), {x}, 20});
+      expect_same_on_cuda({node("Erf", 1), {x}});
+    }
+  // float64 runs on the host, with the same result.
+  expect_same_on_cuda({node("Gelu", 1, {}, kOnnxTrainDomain), {random(DType::kFloat64, {9}, rng)}});
+}
+
+// The fused output layer: loss and unit gradients, mean and sum, ignored rows, transB, with and
+// without a bias, only the loss requested, every row ignored (mean: NaN as on the CPU), int32
+// labels, and a vocabulary large enough for two chunks of rows.
+TEST(CudaKernels, LinearSoftmaxCrossEntropyAgreesWithTheCpu) {
+  SKIP_WITHOUT_CUDA();
+  std::mt19937 rng(24);
+  struct LceCase {
+    Shape a;
+    int64_t classes;
+    bool trans_b, bias;
+  };
+  for (const LceCase& lc : {LceCase{{2, 5, 16}, 40, false, true}, LceCase{{7, 33}, 50, true, false},
+                            LceCase{{600, 16}, 30000, true, true}})
+    for (const char* reduction : {"mean", "sum"})
+      for (int64_t ignore : {int64_t(-1), int64_t(3)}) {
+        const int64_t k = lc.a.back();
+        Shape lshape(lc.a.begin(), lc.a.end() - 1);
+        std::map<std::string, Attribute> attrs{{"reduction", Attribute::of(std::string(reduction))},
+                                               {"transB", I(lc.trans_b)}};
+        if (ignore >= 0) attrs["ignore_index"] = I(ignore);
+        Case c{node("LinearSoftmaxCrossEntropy", lc.bias ? 4 : 3, attrs, kOnnxTrainDomain),
+               {random(DType::kFloat32, lc.a, rng),
+                random(DType::kFloat32, lc.trans_b ? Shape{lc.classes, k} : Shape{k, lc.classes}, rng),
+                labels(lshape, lc.classes, rng)}};
+        if (lc.bias) c.inputs.push_back(random(DType::kFloat32, {lc.classes}, rng));
+        expect_same_on_cuda(c);
+        Case loss_only = c;
+        loss_only.node.outputs.resize(1);
+        expect_same_on_cuda(loss_only);
+      }
+  std::map<std::string, Attribute> attrs{{"ignore_index", I(0)}};
+  Case all_ignored{node("LinearSoftmaxCrossEntropy", 3, attrs, kOnnxTrainDomain),
+                   {random(DType::kFloat32, {4, 8}, rng), random(DType::kFloat32, {8, 6}, rng), ints({0, 0, 0, 0})}};
+  expect_same_on_cuda(all_ignored);
+  std::vector<int32_t> l32{1, 5, 0, 2};
+  expect_same_on_cuda({node("LinearSoftmaxCrossEntropy", 3, {}, kOnnxTrainDomain),
+                       {random(DType::kFloat32, {4, 8}, rng), random(DType::kFloat32, {8, 6}, rng), Tensor::from_vector(l32, {4})}});
+  // float64 runs on the host, with the same result.
+  expect_same_on_cuda({node("LinearSoftmaxCrossEntropy", 3, {}, kOnnxTrainDomain),
+                       {random(DType::kFloat64, {4, 8}, rng), random(DType::kFloat64, {8, 6}, rng), ints({1, 5, 0, 2})}});
 }
 
 TEST(CudaKernels, MultiTensorAdamWAgreesWithTheCpu) {

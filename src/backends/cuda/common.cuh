@@ -1,5 +1,5 @@
 // What the backend's .cu files share: element types, loads and stores in float, the dtype switch
-// (one place, not one per kernel), block reductions and launch helpers.
+// (one place, not one per kernel), the broadcast walk, block reductions and launch helpers.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -60,6 +60,34 @@ inline bool pack_aligned(const void* p) { return reinterpret_cast<uintptr_t>(p) 
 inline unsigned blocks_for(int64_t n, int threads) {
   const int64_t b = (n + threads - 1) / threads;
   return unsigned(b < 65535 * 32 ? (b > 0 ? b : 1) : 65535 * 32);  // grid-stride loops cover the rest
+}
+
+// A walk over the dims of an index space (the output's) and two operands' element strides over
+// them, in index type I: the elementwise family's inputs (0 where one broadcasts), the strided
+// copy's source and destination.
+constexpr int kMaxRank = 8;
+template <typename I>
+struct Broadcast {
+  int rank = 0;
+  I dims[kMaxRank] = {};
+  I stride_a[kMaxRank] = {};
+  I stride_b[kMaxRank] = {};
+};
+// The two operands' offsets of index i. Unrolled over kMaxRank so that every index into bc is a
+// constant: a loop to bc.rank indexed the kernel's parameters dynamically, which copied them to
+// local memory in every thread.
+template <typename I>
+__device__ __forceinline__ void offsets(const Broadcast<I>& bc, I i, I& oa, I& ob) {
+  oa = 0;
+  ob = 0;
+#pragma unroll
+  for (int d = kMaxRank - 1; d >= 0; --d) {
+    if (d >= bc.rank) continue;
+    const I coord = i % bc.dims[d];
+    i /= bc.dims[d];
+    oa += coord * bc.stride_a[d];
+    ob += coord * bc.stride_b[d];
+  }
 }
 
 __device__ __forceinline__ float warp_sum(float v) {

@@ -2,7 +2,10 @@
 // along c) and labels [n, d], without class weights:
 //   loss[t] = -log_prob[t, label[t]]  (0 where label == ignore_index), reduced by none/sum/mean
 //   dx[t, k] = (exp(log_prob[t, k]) - [k == label[t]]) * dloss'  (0 for ignored targets)
-// Sums over targets run in one block, so the order of additions is fixed from run to run.
+// Sums over targets run in one block, so the order of additions is fixed from run to run. And the
+// fused output layer's per-row step (LinearSoftmaxCrossEntropy): each row's loss and dz from its
+// float32 logits, in place.
+#include <limits>
 #include <optional>
 
 #include "backends/cuda/common.cuh"
@@ -75,7 +78,37 @@ __global__ void nll_grad_kernel(const T* dloss, const T* logp, const int64_t* la
   }
 }
 
+// A block per row of z [m, c]: row_loss[i] = logsumexp(z_i) - z_i[l], l = labels[i]; with want_dz,
+// z_i = f (softmax(z_i) - onehot(l)).
+__global__ void softmax_cross_entropy_rows_kernel(float* z, const int64_t* labels, float* row_loss, int64_t c, float f,
+                                                  int want_dz) {
+  __shared__ float shared[32];
+  float* zi = z + int64_t(blockIdx.x) * c;
+  const int64_t l = labels[blockIdx.x];
+  const float zl = zi[l];  // read before any thread overwrites z_i (the reductions below synchronise)
+  float mx = -INFINITY;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) mx = fmaxf(mx, zi[j]);
+  mx = block_reduce<true>(mx, shared);
+  float sum = 0;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) sum += expf(zi[j] - mx);
+  sum = block_reduce<false>(sum, shared);
+  if (threadIdx.x == 0) row_loss[blockIdx.x] = mx + logf(sum) - zl;
+  if (!want_dz) return;
+  const float scale = f / sum;
+  for (int64_t j = threadIdx.x; j < c; j += blockDim.x) zi[j] = expf(zi[j] - mx) * scale;
+  __syncthreads();
+  if (threadIdx.x == 0) zi[l] -= f;
+}
+
 }  // namespace
+
+void softmax_cross_entropy_rows(float* z, const int64_t* labels, float* row_loss, int64_t m, int64_t c, float f,
+                                bool want_dz, void* stream) {
+  if (m == 0) return;
+  OT_CHECK(m <= std::numeric_limits<int32_t>::max(), "CUDA softmax cross-entropy rows: ", m, " rows in one call");
+  softmax_cross_entropy_rows_kernel<<<unsigned(m), kThreads, 0, as_stream(stream)>>>(z, labels, row_loss, c, f, want_dz);
+  check_launch("softmax_cross_entropy_rows");
+}
 
 void nll_loss(DType dtype, const void* log_prob, const int64_t* labels, void* loss, int64_t n, int64_t c, int64_t d,
               int64_t ignore, int reduction, int* bad_label, void* stream) {

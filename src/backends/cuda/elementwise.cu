@@ -14,18 +14,7 @@
 namespace onnxtrain::cuda {
 namespace {
 
-constexpr int kMaxRank = 8;
 constexpr int kThreads = 256;
-
-// The output's dims and each input's element strides over them (0 where the input broadcasts),
-// in index type I.
-template <typename I>
-struct Broadcast {
-  int rank = 0;
-  I dims[kMaxRank] = {};
-  I stride_a[kMaxRank] = {};
-  I stride_b[kMaxRank] = {};
-};
 
 void fill_strides(const Shape& in, const Shape& out, int64_t* strides, const char* what) {
   const int rank = int(out.size()), offset = rank - int(in.size());
@@ -66,6 +55,10 @@ template <typename C> __device__ __forceinline__ C mul(C x, C y) {
   else return x * y;
 }
 
+// Gelu's constants (ops/fused/gelu.cc defines the forms).
+constexpr float kInvSqrt2 = 0.70710678118654752440f, kInvSqrt2Pi = 0.39894228040143267794f,
+                kSqrt2OverPi = 0.79788456080286535588f, kGeluCoef = 0.044715f;
+
 template <Binary kOp, typename C>
 __device__ __forceinline__ C apply_binary(C x, C y) {
   if constexpr (kOp == Binary::kAdd) return add(x, y);
@@ -76,6 +69,17 @@ __device__ __forceinline__ C apply_binary(C x, C y) {
     else return x / y;
   }
   if constexpr (kOp == Binary::kReluGrad) return y > C(0) ? x : C(0);
+  if constexpr (!std::is_integral_v<C>) {
+    // d gelu / dx = Phi(x) + x phi(x), Phi(x) = 0.5 (1 + erf(x / sqrt 2)), phi(x) = exp(-x^2 / 2) / sqrt(2 pi)
+    if constexpr (kOp == Binary::kGeluGrad)
+      return x * (0.5f * (1.0f + erff(y * kInvSqrt2)) + y * kInvSqrt2Pi * expf(-0.5f * y * y));
+    // d/dx: 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2), t = tanh u
+    if constexpr (kOp == Binary::kGeluTanhGrad) {
+      const float t = tanhf(kSqrt2OverPi * (y + kGeluCoef * y * y * y));
+      return x * (0.5f * (1.0f + t) + 0.5f * y * (1.0f - t * t) * kSqrt2OverPi * (1.0f + 3.0f * kGeluCoef * y * y));
+    }
+  }
+  return x;
 }
 
 template <Unary kOp, typename C>
@@ -91,25 +95,14 @@ __device__ __forceinline__ C apply_unary(C x) {
     if constexpr (kOp == Unary::kReciprocal) return 1.0f / x;
     if constexpr (kOp == Unary::kTanh) return tanhf(x);
     if constexpr (kOp == Unary::kSigmoid) return 1.0f / (1.0f + expf(-x));
+    if constexpr (kOp == Unary::kErf) return erff(x);
+    if constexpr (kOp == Unary::kGelu) return 0.5f * x * (1.0f + erff(x * kInvSqrt2));
+    // 0.5 x (1 + tanh u) = x sigmoid(2u), u = sqrt(2/pi) (x + 0.044715 x^3)
+    if constexpr (kOp == Unary::kGeluTanh) return x / (1.0f + expf(-2.0f * kSqrt2OverPi * (x + kGeluCoef * x * x * x)));
   }
   return x;
 }
 
-// Unrolled over kMaxRank so that every index into bc is a constant: a loop to bc.rank indexed the
-// kernel's parameters dynamically, which copied them to local memory in every thread.
-template <typename I>
-__device__ __forceinline__ void offsets(const Broadcast<I>& bc, I i, I& oa, I& ob) {
-  oa = 0;
-  ob = 0;
-#pragma unroll
-  for (int d = kMaxRank - 1; d >= 0; --d) {
-    if (d >= bc.rank) continue;
-    const I coord = i % bc.dims[d];
-    i /= bc.dims[d];
-    oa += coord * bc.stride_a[d];
-    ob += coord * bc.stride_b[d];
-  }
-}
 
 // Broadcast by rows: the walk's innermost dim (inner elements, strides inner_a and inner_b) along
 // a block's threads, its outer dims (outer) by division once a row.
@@ -327,6 +320,9 @@ void binary(Binary op, DType dtype, const void* a, const Shape& a_shape, const v
     case Binary::kMul: return launch_binary<Binary::kMul>(dtype, a, a_shape, b, b_shape, out, out_shape, s);
     case Binary::kDiv: return launch_binary<Binary::kDiv>(dtype, a, a_shape, b, b_shape, out, out_shape, s);
     case Binary::kReluGrad: return launch_binary<Binary::kReluGrad>(dtype, a, a_shape, b, b_shape, out, out_shape, s);
+    case Binary::kGeluGrad: return launch_binary<Binary::kGeluGrad>(dtype, a, a_shape, b, b_shape, out, out_shape, s);
+    case Binary::kGeluTanhGrad:
+      return launch_binary<Binary::kGeluTanhGrad>(dtype, a, a_shape, b, b_shape, out, out_shape, s);
   }
 }
 
@@ -336,6 +332,7 @@ void unary(Unary op, DType dtype, const void* x, const Shape& x_shape, void* out
 #define OT_UNARY_CASE(OP) case Unary::OP: return launch_unary<Unary::OP>(dtype, x, x_shape, out, out_shape, s);
     OT_UNARY_CASE(kCopy) OT_UNARY_CASE(kNeg) OT_UNARY_CASE(kAbs) OT_UNARY_CASE(kRelu) OT_UNARY_CASE(kExp)
     OT_UNARY_CASE(kLog) OT_UNARY_CASE(kSqrt) OT_UNARY_CASE(kReciprocal) OT_UNARY_CASE(kTanh) OT_UNARY_CASE(kSigmoid)
+    OT_UNARY_CASE(kErf) OT_UNARY_CASE(kGelu) OT_UNARY_CASE(kGeluTanh)
 #undef OT_UNARY_CASE
   }
 }

@@ -2,8 +2,8 @@
 // cudaStream_t passed as void*). Op files (src/ops/*) wrap them as their ops' CUDA kernels inside
 // `#if ONNXTRAIN_CUDA`; this header needs no CUDA header, so the host compiler reads it.
 // Matrix products go through cuBLASLt (gemm.cc); the rest are the few kernel families no library
-// provides, one file each: elementwise.cu, reduce.cu, softmax.cu, layer_norm.cu,
-// cross_entropy.cu, adamw.cu. Floating-point kernels take float32, float16 and bfloat16 and
+// provides, one file each: elementwise.cu, copy.cu, gather.cu, reduce.cu, softmax.cu,
+// layer_norm.cu, cross_entropy.cu, adamw.cu. Floating-point kernels take float32, float16 and bfloat16 and
 // compute in float.
 #pragma once
 
@@ -28,8 +28,10 @@ void gemm(const GemmDesc& d, const void* a, const void* b, void* c, void* stream
 
 // ---- elementwise.cu: one broadcasting kernel family. Shapes follow numpy's broadcasting: each
 // input's shape is right-aligned against the output's, and dims of 1 repeat.
-enum class Binary { kAdd, kSub, kMul, kDiv, kReluGrad };  // kReluGrad(dy, y) = y > 0 ? dy : 0
-enum class Unary { kCopy, kNeg, kAbs, kRelu, kExp, kLog, kSqrt, kReciprocal, kTanh, kSigmoid };
+// kReluGrad(dy, y) = y > 0 ? dy : 0; kGeluGrad(dy, x) = dy gelu'(x), kGeluTanhGrad its tanh form.
+enum class Binary { kAdd, kSub, kMul, kDiv, kReluGrad, kGeluGrad, kGeluTanhGrad };
+// kGelu: 0.5 x (1 + erf(x / sqrt 2)); kGeluTanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+enum class Unary { kCopy, kNeg, kAbs, kRelu, kExp, kLog, kSqrt, kReciprocal, kTanh, kSigmoid, kErf, kGelu, kGeluTanh };
 // Whether the family computes `dtype` (floating types, int32 and int64; kDiv of integers by 0
 // gives 0 as the CPU kernel does).
 bool elementwise_supports(DType dtype);
@@ -39,6 +41,27 @@ void binary(Binary op, DType dtype, const void* a, const Shape& a_shape, const v
 void memset_zero(void* p, size_t bytes, void* stream);
 // out = op(x) with x broadcast to out_shape (kCopy: a broadcasting copy).
 void unary(Unary op, DType dtype, const void* x, const Shape& x_shape, void* out, const Shape& out_shape, void* stream);
+
+// ---- copy.cu: for every index c of `shape`, dst[dst_offset + sum_d c_d dst_strides_d] =
+// src[src_offset + sum_d c_d src_strides_d], in elements of element_size bytes (any dtype). Strides
+// may be 0 (a broadcast read) or negative (a reversed Slice); every offset reached must lie in its
+// tensor. Rank at most kCopyMaxRank.
+constexpr int kCopyMaxRank = 8;
+struct StridedCopy {
+  Shape shape;
+  std::vector<int64_t> src_strides, dst_strides;
+  int64_t src_offset = 0, dst_offset = 0;
+};
+void strided_copy(size_t element_size, const void* src, void* dst, const StridedCopy& c, void* stream);
+
+// ---- gather.cu, data viewed as [outer, dim, inner]; `indices` are n host values in [0, dim).
+// out [outer, n, inner] = data[:, indices, :] (any dtype: element_size bytes).
+void gather(size_t element_size, const void* data, const int64_t* indices, void* out, int64_t n, int64_t outer,
+            int64_t dim, int64_t inner, void* stream);
+// dx [outer, dim, inner] = zeros, then dx[:, indices[j], :] += dy[:, j, :] (dy [outer, n, inner]),
+// repeated indices summed in ascending j, in float, without atomics: deterministic.
+void gather_grad(DType dtype, const void* dy, const int64_t* indices, void* dx, int64_t n, int64_t outer, int64_t dim,
+                 int64_t inner, void* stream);
 
 // ---- reduce.cu: out[o, i] = scale * sum_r x[o, r, i], x viewed as [outer, reduced, inner].
 void reduce_sum(DType dtype, const void* x, void* out, int64_t outer, int64_t reduced, int64_t inner, float scale,
@@ -70,6 +93,12 @@ void nll_loss(DType dtype, const void* log_prob, const int64_t* labels, void* lo
 // reduction none, dloss for sum, dloss / (targets kept) for mean. dloss is on the device.
 void nll_loss_grad(DType dtype, const void* dloss, const void* log_prob, const int64_t* labels, void* dx, int64_t n,
                    int64_t c, int64_t d, int64_t ignore, int reduction, int* bad_label, void* stream);
+
+// The fused output layer's rows (LinearSoftmaxCrossEntropy): z [m, c] float32 logits, labels [m]
+// on the device, each in [0, c). row_loss[i] = logsumexp(z_i) - z_i[label_i]; with want_dz, z_i is
+// overwritten with f (softmax(z_i) - onehot(label_i)).
+void softmax_cross_entropy_rows(float* z, const int64_t* labels, float* row_loss, int64_t m, int64_t c, float f,
+                                bool want_dz, void* stream);
 
 // ---- adamw.cu: one multi-tensor AdamW update of float32 tensors in place (torch.optim.AdamW,
 // or transformers' AdamW when hf), with gradient clipping to max_grad_norm over all gradients

@@ -249,7 +249,7 @@ OT_FLOAT_UNARY(Atanh, 9, AtanhFn).gradient([](GradientBuilder& g) {
   g.set(0, g.div(g.dy(0), g.sub(grad::c(g, 1.0, g.x(0)), grad::square(g, g.x(0)))));
 });
 // y = erf(x).  dx = dy * 2 / sqrt(pi) * exp(-x^2)
-OT_FLOAT_UNARY(Erf, 9, ErfFn).gradient([](GradientBuilder& g) {
+OT_FLOAT_UNARY_CUDA(Erf, 9, ErfFn).gradient([](GradientBuilder& g) {
   grad::set_unary(g, g.mul(grad::c(g, 1.1283791670955125739, g.x(0)), g.emit("Exp", {g.neg(grad::square(g, g.x(0)))})));
 });
 // y = 1 / x.  dx = -dy * y^2

@@ -44,8 +44,8 @@ void broadcast_copy(const Tensor& in, Tensor& out) {
   });
 }
 
-template <typename Fn, bool kMean>
-void variadic_kernel(KernelContext& ctx) {
+// The inputs' broadcast shape, checking that they share a dtype.
+Shape variadic_shape(const KernelContext& ctx) {
   size_t n = ctx.num_inputs();
   OT_CHECK(n >= 1, ctx.node().context(), "expected at least one input, got none");
   const Tensor& first = ctx.input(0);
@@ -56,6 +56,14 @@ void variadic_kernel(KernelContext& ctx) {
              dtype_name(first.dtype()), " for input 0 and ", dtype_name(t.dtype()), " for input ", i);
     shape = broadcast_shapes(ctx.node(), shape, t.shape());
   }
+  return shape;
+}
+
+template <typename Fn, bool kMean>
+void variadic_kernel(KernelContext& ctx) {
+  const size_t n = ctx.num_inputs();
+  const Shape shape = variadic_shape(ctx);
+  const Tensor& first = ctx.input(0);
   Tensor& out = ctx.output(0, first.dtype(), shape);
   auto body = [&]<typename T>() {
     using C = compute_t<T>;
@@ -78,6 +86,33 @@ void variadic_kernel(KernelContext& ctx) {
   if constexpr (kMean) dispatch_float(first.dtype(), body);
   else dispatch_numeric(first.dtype(), body);
 }
+
+#if ONNXTRAIN_CUDA
+// Sum on CUDA tensors: the broadcasting family's kAdd folded into the output input by input, in the
+// CPU kernel's order (half types round at the same steps).
+void sum_cuda(KernelContext& ctx) {
+  const size_t n = ctx.num_inputs();
+  const Shape shape = variadic_shape(ctx);
+  const Tensor& first = ctx.input(0);
+  const DType dt = first.dtype();
+  if (!cuda::elementwise_supports(dt)) return run_on_host(ctx, "dtype " + dtype_name(dt));
+  Tensor& out = ctx.output(0, dt, shape);
+  size_t next = 1;
+  if (n >= 2 && (first.shape() == shape || ctx.input(1).shape() == shape)) {  // one operand spans the output
+    const Tensor& second = ctx.input(1);
+    cuda::binary(cuda::Binary::kAdd, dt, first.data(), first.shape(), second.data(), second.shape(), out.data(), shape,
+                 ctx.stream());
+    next = 2;
+  } else if (out.data() != first.data()) {
+    cuda::unary(cuda::Unary::kCopy, dt, first.data(), first.shape(), out.data(), shape, ctx.stream());
+  }
+  // out has the full shape now, so adding the rest into it in place is elementwise-safe.
+  for (size_t i = next; i < n; ++i) {
+    const Tensor& t = ctx.input(i);
+    cuda::binary(cuda::Binary::kAdd, dt, out.data(), shape, t.data(), t.shape(), out.data(), shape, ctx.stream());
+  }
+}
+#endif
 
 // Max / Min: dy goes to every input equal to the output.
 void select_gradient(GradientBuilder& g) {
@@ -103,7 +138,7 @@ ONNXTRAIN_OP(Min, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(shape_broa
 // y = sum(x_i).  dx_i = sum_to(dy, x_i)
 ONNXTRAIN_OP(Sum, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(shape_broadcast_inputs).inplace(0, 0)
     .work(memory_bound_work)
-    .cpu(variadic_kernel<SumFn, false>).gradient([](GradientBuilder& g) {
+    .cpu(variadic_kernel<SumFn, false>).cuda(OT_CUDA(sum_cuda)).gradient([](GradientBuilder& g) {
       for (size_t i = 0; i < g.num_inputs(); ++i)
         if (g.needs(i)) g.set(i, g.sum_to(g.dy(0), g.x(i)));
     });

@@ -10,6 +10,9 @@
 #include "ops/common.h"
 #include "ops/half_round.h"
 #include "ops/registry.h"
+#if ONNXTRAIN_CUDA
+#include "backends/cuda/kernels.h"
+#endif
 
 namespace onnxtrain {
 namespace {
@@ -88,11 +91,16 @@ void gelu_kernel(KernelContext& ctx) {
   });
 }
 
+// GeluGrad's dY and X, which must match.
+void check_gelu_grad_inputs(const KernelContext& ctx, const Tensor& dy, const Tensor& x) {
+  OT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), ctx.node().context(),
+           "dY and X must match, got ", shape_str(dy.shape()), " and ", shape_str(x.shape()));
+}
+
 void gelu_grad_kernel(KernelContext& ctx) {
   const Tensor& dy = ctx.input(0);
   const Tensor& x = ctx.input(1);
-  OT_CHECK(dy.shape() == x.shape() && dy.dtype() == x.dtype(), ctx.node().context(),
-           "dY and X must match, got ", shape_str(dy.shape()), " and ", shape_str(x.shape()));
+  check_gelu_grad_inputs(ctx, dy, x);
   const bool tanh = tanh_form(ctx);
   Tensor& dx = ctx.output(0, x.dtype(), x.shape());
   dispatch_float(x.dtype(), [&]<typename T>() {
@@ -107,6 +115,32 @@ void gelu_grad_kernel(KernelContext& ctx) {
   });
 }
 
+#if ONNXTRAIN_CUDA
+// On CUDA tensors: the elementwise family's kGelu / kGeluTanh and their gradients (erff, expf and
+// tanhf in float); float64 runs on the host.
+bool gelu_on_device(DType dt) { return dt == DType::kFloat32 || dt == DType::kFloat16 || dt == DType::kBFloat16; }
+
+void gelu_cuda(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const bool tanh = tanh_form(ctx);
+  if (!gelu_on_device(x.dtype())) return run_on_host(ctx, "dtype " + dtype_name(x.dtype()));
+  Tensor& y = ctx.output(0, x.dtype(), x.shape());
+  cuda::unary(tanh ? cuda::Unary::kGeluTanh : cuda::Unary::kGelu, x.dtype(), x.data(), x.shape(), y.data(), y.shape(),
+              ctx.stream());
+}
+
+void gelu_grad_cuda(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const Tensor& x = ctx.input(1);
+  check_gelu_grad_inputs(ctx, dy, x);
+  const bool tanh = tanh_form(ctx);
+  if (!gelu_on_device(x.dtype())) return run_on_host(ctx, "dtype " + dtype_name(x.dtype()));
+  Tensor& dx = ctx.output(0, x.dtype(), x.shape());
+  cuda::binary(tanh ? cuda::Binary::kGeluTanhGrad : cuda::Binary::kGeluGrad, x.dtype(), dy.data(), dy.shape(), x.data(),
+               x.shape(), dx.data(), dx.shape(), ctx.stream());
+}
+#endif
+
 void gelu_gradient(GradientBuilder& g) {
   // y = gelu(x).  dx = dy * (Phi(x) + x phi(x))                                  (approximate none)
   //              dx = dy * (s + x s (1 - s) v'), s = sigmoid(v), v = 2u         (approximate tanh)
@@ -119,19 +153,19 @@ void gelu_gradient(GradientBuilder& g) {
 }  // namespace
 
 ONNXTRAIN_OP(Gelu, kOnnxTrainDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(gelu_kernel).gradient(gelu_gradient);
+    .cpu(gelu_kernel).cuda(OT_CUDA(gelu_cuda)).gradient(gelu_gradient);
 // ai.onnx added Gelu in opset 20; models of that opset run the same kernel.
 ONNXTRAIN_OP(Gelu, kOnnxDomain, 20).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(gelu_kernel).gradient(gelu_gradient);
+    .cpu(gelu_kernel).cuda(OT_CUDA(gelu_cuda)).gradient(gelu_gradient);
 // dX = GeluGrad(dY, X) is itself differentiable in principle; second derivatives are not needed yet.
 ONNXTRAIN_OP(GeluGrad, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape([](ShapeContext& ctx) {
   ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
-}).inplace(0, 0).cpu(gelu_grad_kernel).gradient_not_implemented("second derivatives of Gelu are not needed for training");
+}).inplace(0, 0).cpu(gelu_grad_kernel).cuda(OT_CUDA(gelu_grad_cuda)).gradient_not_implemented("second derivatives of Gelu are not needed for training");
 // ONNX Runtime's names (its contrib op and its training artifacts' backward): the erf form, no attributes.
 ONNXTRAIN_OP(Gelu, kMsDomain, 1).inputs(1).outputs(1).shape(shape_same_as_input).inplace(0, 0)
-    .cpu(gelu_kernel).gradient(gelu_gradient);
+    .cpu(gelu_kernel).cuda(OT_CUDA(gelu_cuda)).gradient(gelu_gradient);
 ONNXTRAIN_OP(GeluGrad, kMsDomain, 1).inputs(2).outputs(1).shape([](ShapeContext& ctx) {
   ctx.set_output(0, ctx.input_dtype(1), ctx.input_shape(1));
-}).inplace(0, 0).cpu(gelu_grad_kernel).gradient_not_implemented("second derivatives of Gelu are not needed for training");
+}).inplace(0, 0).cpu(gelu_grad_kernel).cuda(OT_CUDA(gelu_grad_cuda)).gradient_not_implemented("second derivatives of Gelu are not needed for training");
 
 }  // namespace onnxtrain

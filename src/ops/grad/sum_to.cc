@@ -6,12 +6,16 @@
 #include "ops/gradient_builder.h"
 #include "ops/common.h"
 #include "ops/registry.h"
+#if ONNXTRAIN_CUDA
+#include "backends/cuda/kernels.h"
+#endif
 
 namespace onnxtrain {
 namespace {
 
-void sum_to_kernel(KernelContext& ctx) {
-  const Tensor& x = ctx.input(0);
+// The target shape (input 1), checked against x's, and the target padded with leading 1s to x's
+// rank: every x element adds into out[its index with the dims of 1 set to 0].
+std::pair<Shape, Shape> sum_to_target(const KernelContext& ctx, const Tensor& x) {
   Shape target = int_list_input(ctx, 1);
   const Node& node = ctx.node();
   OT_CHECK(target.size() <= size_t(x.rank()), node.context(), "cannot sum ", shape_str(x.shape()), " to ",
@@ -20,14 +24,20 @@ void sum_to_kernel(KernelContext& ctx) {
   for (size_t d = 0; d < target.size(); ++d)
     OT_CHECK(target[d] == x.shape()[lead + d] || target[d] == 1, node.context(), "cannot sum ",
              shape_str(x.shape()), " to ", shape_str(target));
+  Shape full(size_t(x.rank()), 1);
+  for (size_t d = 0; d < target.size(); ++d) full[lead + d] = target[d];
+  return {target, full};
+}
+
+void sum_to_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const auto shapes = sum_to_target(ctx, x);
+  const Shape &target = shapes.first, &full = shapes.second;
   if (x.shape() == target) {
     ctx.set_output(0, x);
     return;
   }
   Tensor& out = ctx.output(0, x.dtype(), target);
-  // View the target as broadcast to x: every x element adds into out[broadcast index].
-  Shape full(size_t(x.rank()), 1);
-  for (size_t d = 0; d < target.size(); ++d) full[lead + d] = target[d];
   // Fast path: only leading dims are reduced, so X is [rows, n_out] and out sums its rows
   // (bias gradients). Rows are added in order, vectorised along the row.
   size_t first_kept = 0;
@@ -89,6 +99,37 @@ void sum_to_kernel(KernelContext& ctx) {
   });
 }
 
+#if ONNXTRAIN_CUDA
+// On CUDA tensors: reduce.cu's sum over [outer, reduced, inner] where the summed dims (size-1
+// dims aside) are adjacent (bias gradients: the leading dims; a broadcast middle dim); other
+// layouts and dtypes run on the host.
+void sum_to_cuda(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const auto [target, full] = sum_to_target(ctx, x);
+  if (x.shape() == target) return ctx.set_output(0, x);
+  int64_t outer = 1, reduced = 1, inner = 1;
+  int phase = 0;  // 0: before the summed dims, 1: in them, 2: after
+  bool adjacent = true;
+  for (size_t d = 0; d < full.size(); ++d) {
+    const int64_t n = x.shape()[d];
+    if (n == 1) continue;
+    if (full[d] == 1) {
+      if (phase == 2) adjacent = false;
+      phase = 1;
+      reduced *= n;
+    } else {
+      if (phase == 1) phase = 2;
+      (phase == 0 ? outer : inner) *= n;
+    }
+  }
+  const DType dt = x.dtype();
+  if (!adjacent || !(dt == DType::kFloat32 || dt == DType::kFloat16 || dt == DType::kBFloat16))
+    return run_on_host(ctx, adjacent ? "dtype " + dtype_name(dt) : "summed dims apart");
+  Tensor& out = ctx.output(0, dt, target);
+  cuda::reduce_sum(dt, x.data(), out.data(), outer, reduced, inner, 1.0f, ctx.stream());
+}
+#endif
+
 void sum_to_shape(ShapeContext& ctx) {
   std::optional<Shape> shape;
   if (const Tensor* t = ctx.input_value(1)) shape = t->to_int_vector();
@@ -123,6 +164,7 @@ ONNXTRAIN_OP(BroadcastGradientArgs, kMsDomain, 1).inputs(2).outputs(1, 2).not_di
 
 // Y = sum_to(X, shape).  dX = expand(dY, shape(X))
 ONNXTRAIN_OP(SumTo, kOnnxTrainDomain, 1).inputs(2).outputs(1).shape(sum_to_shape).cpu(sum_to_kernel)
+    .cuda(OT_CUDA(sum_to_cuda)).host_inputs(std::vector<int>{1})
     .gradient([](GradientBuilder& g) { g.set(0, g.emit("Expand", {g.dy(0), g.shape(g.x(0))})); });
 
 }  // namespace onnxtrain

@@ -32,6 +32,10 @@
 #include "ops/gradient_builder.h"
 #include "ops/loss/loss_common.h"
 #include "ops/registry.h"
+#if ONNXTRAIN_CUDA
+#include "backends/cuda/kernels.h"
+#include "core/device.h"
+#endif
 
 namespace onnxtrain {
 namespace {
@@ -50,40 +54,75 @@ void shape_linear_ce(ShapeContext& ctx) {
   if (ctx.node().has_input(3)) ctx.set_output(3, ctx.input_dtype(3), ctx.input_shape(3));
 }
 
+struct LinearCeDims {
+  int64_t rows = 0, k = 0, c = 0;
+};
+// A [rows, K] (leading dims flattened), B [K, C] or [C, K], labels (rows of them) and bias [C]
+// checked against each other.
+LinearCeDims check_linear_ce(const KernelContext& ctx, bool trans_b) {
+  const Node& node = ctx.node();
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  const Tensor& labels = ctx.input(2);
+  OT_CHECK(a.dtype() == b.dtype() && is_floating(a.dtype()), node.context(),
+           "A and B must share a floating-point dtype, got ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+  if (a.dtype() != DType::kFloat32 && a.dtype() != DType::kFloat64)  // the fusion runs in fp32 graphs only
+    OT_THROW(kNotImplemented, node.context(), "no ", dtype_name(a.dtype()), " kernel (float and double only)");
+  OT_CHECK(a.rank() >= 1 && b.rank() == 2, node.context(), "expected A [..., K] and a 2-D B, got ",
+           shape_str(a.shape()), " and ", shape_str(b.shape()));
+  LinearCeDims d;
+  d.k = a.dim(-1);
+  d.c = trans_b ? b.dim(0) : b.dim(1);
+  OT_CHECK((trans_b ? b.dim(1) : b.dim(0)) == d.k, node.context(), "B of shape ", shape_str(b.shape()),
+           trans_b ? " (transB: [C, K])" : " ([K, C])", " does not match A's last dim ", d.k);
+  d.rows = d.k == 0 ? 0 : a.numel() / d.k;
+  OT_CHECK(labels.dtype() == DType::kInt64 || labels.dtype() == DType::kInt32, node.context(),
+           "expected int32 or int64 labels, got ", dtype_name(labels.dtype()));
+  OT_CHECK(labels.numel() == d.rows, node.context(), "labels of shape ", shape_str(labels.shape()), " hold ",
+           labels.numel(), " values for ", d.rows, " rows of A ", shape_str(a.shape()));
+  if (ctx.has_input(3)) {
+    const Tensor& bias = ctx.input(3);
+    OT_CHECK(bias.dtype() == a.dtype() && bias.numel() == d.c, node.context(), "bias must be a [", d.c, "] tensor of ",
+             dtype_name(a.dtype()), ", got ", dtype_name(bias.dtype()), " ", shape_str(bias.shape()));
+  }
+  return d;
+}
+
+int64_t label_at(const Tensor& labels, int64_t i) {
+  return labels.dtype() == DType::kInt64 ? labels.data<int64_t>()[i] : int64_t(labels.data<int32_t>()[i]);
+}
+
+// The kept rows, in order (labels on the host); a label outside [0, C) that is not ignore_index is
+// an error.
+std::vector<int64_t> kept_rows(const KernelContext& ctx, int64_t rows, int64_t c) {
+  const Node& node = ctx.node();
+  const bool has_ignore = node.has_attr("ignore_index");
+  const int64_t ignore = node.attr_int("ignore_index", 0);
+  const Tensor& labels = ctx.input(2);
+  std::vector<int64_t> kept;
+  kept.reserve(size_t(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t l = label_at(labels, r);
+    if (has_ignore && l == ignore) continue;
+    OT_CHECK(l >= 0 && l < c, node.context(), "label ", l, " at row ", r, " is out of range [0, ", c, ")",
+             has_ignore ? " and is not ignore_index" : "");
+    kept.push_back(r);
+  }
+  return kept;
+}
+
 class LinearCrossEntropyKernel final : public Kernel {
  public:
   explicit LinearCrossEntropyKernel(const Node& node)
-      : trans_b_(node.attr_int("transB", 0) != 0), reduction_(loss_reduction(node)),
-        has_ignore_(node.has_attr("ignore_index")), ignore_(node.attr_int("ignore_index", 0)) {
+      : trans_b_(node.attr_int("transB", 0) != 0), reduction_(loss_reduction(node)) {
     OT_CHECK(reduction_ != LossReduction::kNone, node.context(), "reduction must be mean or sum (the fused loss is a scalar)");
   }
 
   void compute(KernelContext& ctx) override {
-    const Node& node = ctx.node();
-    const Tensor& a = ctx.input(0);
-    const Tensor& b = ctx.input(1);
-    const Tensor& labels = ctx.input(2);
-    OT_CHECK(a.dtype() == b.dtype() && is_floating(a.dtype()), node.context(),
-             "A and B must share a floating-point dtype, got ", dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
-    if (a.dtype() != DType::kFloat32 && a.dtype() != DType::kFloat64)  // the fusion runs in fp32 graphs only
-      OT_THROW(kNotImplemented, node.context(), "no ", dtype_name(a.dtype()), " kernel (float and double only)");
-    OT_CHECK(a.rank() >= 1 && b.rank() == 2, node.context(), "expected A [..., K] and a 2-D B, got ",
-             shape_str(a.shape()), " and ", shape_str(b.shape()));
-    const int64_t k = a.dim(-1);
-    const int64_t c = trans_b_ ? b.dim(0) : b.dim(1);
-    OT_CHECK((trans_b_ ? b.dim(1) : b.dim(0)) == k, node.context(), "B of shape ", shape_str(b.shape()),
-             trans_b_ ? " (transB: [C, K])" : " ([K, C])", " does not match A's last dim ", k);
-    const int64_t rows = k == 0 ? 0 : a.numel() / k;
-    OT_CHECK(labels.dtype() == DType::kInt64 || labels.dtype() == DType::kInt32, node.context(),
-             "expected int32 or int64 labels, got ", dtype_name(labels.dtype()));
-    OT_CHECK(labels.numel() == rows, node.context(), "labels of shape ", shape_str(labels.shape()), " hold ",
-             labels.numel(), " values for ", rows, " rows of A ", shape_str(a.shape()));
+    const LinearCeDims dims = check_linear_ce(ctx, trans_b_);
     const Tensor* bias = ctx.has_input(3) ? &ctx.input(3) : nullptr;
-    if (bias)
-      OT_CHECK(bias->dtype() == a.dtype() && bias->numel() == c, node.context(), "bias must be a [", c, "] tensor of ",
-               dtype_name(a.dtype()), ", got ", dtype_name(bias->dtype()), " ", shape_str(bias->shape()));
-    dispatch_float(a.dtype(), [&]<typename T>() {
-      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) run<T>(ctx, rows, k, c, bias);
+    dispatch_float(ctx.input(0).dtype(), [&]<typename T>() {
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) run<T>(ctx, dims.rows, dims.k, dims.c, bias);
     });
   }
 
@@ -108,19 +147,7 @@ class LinearCrossEntropyKernel final : public Kernel {
     const Node& node = ctx.node();
     const std::string where = node.context();
     const Tensor& labels = ctx.input(2);
-    auto label_at = [&](int64_t i) -> int64_t {
-      return labels.dtype() == DType::kInt64 ? labels.data<int64_t>()[i] : int64_t(labels.data<int32_t>()[i]);
-    };
-    // The kept rows, in order; a label outside [0, C) that is not ignore_index is an error.
-    std::vector<int64_t> kept;
-    kept.reserve(size_t(rows));
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t l = label_at(r);
-      if (has_ignore_ && l == ignore_) continue;
-      OT_CHECK(l >= 0 && l < c, where, "label ", l, " at row ", r, " is out of range [0, ", c, ")",
-               has_ignore_ ? " and is not ignore_index" : "");
-      kept.push_back(r);
-    }
+    const std::vector<int64_t> kept = kept_rows(ctx, rows, c);
     const int64_t n_kept = int64_t(kept.size());
     const double f = reduction_ == LossReduction::kMean ? 1.0 / double(n_kept) : 1.0;
 
@@ -155,7 +182,7 @@ class LinearCrossEntropyKernel final : public Kernel {
       parallel_for(m, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(c, 1)), [&](int64_t lo, int64_t hi) {
         for (int64_t i = lo; i < hi; ++i) {
           T* zi = z.data() + i * c;
-          const int64_t l = label_at(kept[size_t(start + i)]);
+          const int64_t l = label_at(labels, kept[size_t(start + i)]);
           T mx = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : mx)
           for (int64_t j = 0; j < c; ++j) mx = zi[j] > mx ? zi[j] : mx;
@@ -192,16 +219,85 @@ class LinearCrossEntropyKernel final : public Kernel {
 
   bool trans_b_;
   LossReduction reduction_;
-  bool has_ignore_;
-  int64_t ignore_;
   cpu::MatmulCache cache_;
 };
+
+#if ONNXTRAIN_CUDA
+// On CUDA tensors, float32 (float64 runs on the host): the CPU kernel's pass over chunks of kept
+// rows, each chunk's A rows gathered (gather.cu), its logits and the unit gradients' products
+// through cuBLASLt (the bias by its epilogue), each row's loss and dz by softmax_cross_entropy_rows.
+// The labels are a host input: the kept rows are chosen and checked there, with the CPU kernel's
+// errors. dA1's rows are scattered back once at the end; the loss is one ordered sum of the rows'.
+constexpr int64_t kCudaChunkBytes = int64_t(64) << 20;
+
+void linear_ce_cuda(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  const bool trans_b = node.attr_int("transB", 0) != 0;
+  const LossReduction reduction = loss_reduction(node);
+  OT_CHECK(reduction != LossReduction::kNone, node.context(), "reduction must be mean or sum (the fused loss is a scalar)");
+  const auto [rows, k, c] = check_linear_ce(ctx, trans_b);
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  if (a.dtype() != DType::kFloat32) return run_on_host(ctx, "dtype " + dtype_name(a.dtype()));
+  const Tensor* bias = ctx.has_input(3) ? &ctx.input(3) : nullptr;
+  const std::vector<int64_t> kept = kept_rows(ctx, rows, c);
+  const int64_t n_kept = int64_t(kept.size());
+  const float f = reduction == LossReduction::kMean ? float(1.0 / double(n_kept)) : 1.0f;
+  const Device dev = ctx.device();
+  void* stream = ctx.stream();
+  const DType f32 = DType::kFloat32;
+  Tensor* da = ctx.output_requested(1) ? &ctx.output(1, f32, a.shape()) : nullptr;
+  Tensor* db = ctx.output_requested(2) ? &ctx.output(2, f32, b.shape()) : nullptr;
+  Tensor* dbias = bias && ctx.output_requested(3) ? &ctx.output(3, f32, bias->shape()) : nullptr;
+  const bool want_dz = da || db || dbias;
+  for (Tensor* t : {db, dbias})  // dA1 is written whole at the end
+    if (t) cuda::memset_zero(t->data(), t->nbytes(), stream);
+
+  std::vector<int64_t> kept_labels(kept.size());
+  for (size_t i = 0; i < kept.size(); ++i) kept_labels[i] = label_at(ctx.input(2), kept[i]);
+  const Tensor labels = to_device(Tensor::from_vector(kept_labels, {n_kept}), dev, Stream(std::shared_ptr<void>(), stream));
+  Tensor row_loss = empty_on(dev, f32, {n_kept});
+  const int64_t chunk = std::min(n_kept, std::max(kMinChunkRows, kCudaChunkBytes / std::max<int64_t>(1, c * 4)));
+  Tensor a_rows = empty_on(dev, f32, {chunk, k}), z = empty_on(dev, f32, {chunk, c});
+  Tensor da_rows = da ? empty_on(dev, f32, {n_kept, k}) : Tensor();
+  Tensor dbias_chunk = dbias ? empty_on(dev, f32, {c}) : Tensor();
+  auto product = [&](int64_t m, int64_t n, int64_t kk, bool ta, bool tb, float beta, const void* pa, const void* pb,
+                     void* pc, const void* with_bias) {
+    cuda::GemmDesc g;
+    g.m = m, g.n = n, g.k = kk, g.trans_a = ta, g.trans_b = tb, g.beta = beta, g.bias = with_bias;
+    cuda::gemm(g, pa, pb, pc, stream);
+  };
+  for (int64_t start = 0; start < n_kept; start += chunk) {
+    const int64_t m = std::min(chunk, n_kept - start);
+    cuda::gather(sizeof(float), a.data(), kept.data() + start, a_rows.data(), m, 1, rows, k, stream);
+    // z = A_rows op(B) + bias: [m, C]; then each row's loss, and z overwritten with dz.
+    product(m, c, k, false, trans_b, 0.0f, a_rows.data(), b.data(), z.data(), bias ? bias->data() : nullptr);
+    cuda::softmax_cross_entropy_rows(z.data<float>(), labels.data<int64_t>() + start, row_loss.data<float>() + start, m,
+                                     c, f, want_dz, stream);
+    if (da)  // dA1 rows = dz op(B)^T: [m, K]
+      product(m, k, c, false, !trans_b, 0.0f, z.data(), b.data(), da_rows.data<float>() + start * k, nullptr);
+    if (db) {  // transB: dB1 [C, K] += dz^T A_rows; else dB1 [K, C] += A_rows^T dz
+      if (trans_b) product(c, k, m, true, false, 1.0f, z.data(), a_rows.data(), db->data(), nullptr);
+      else product(k, c, m, true, false, 1.0f, a_rows.data(), z.data(), db->data(), nullptr);
+    }
+    if (dbias) {  // dbias1 += the column sums of dz
+      cuda::reduce_sum(f32, z.data(), dbias_chunk.data(), 1, m, c, 1.0f, stream);
+      cuda::binary(cuda::Binary::kAdd, f32, dbias->data(), bias->shape(), dbias_chunk.data(), bias->shape(), dbias->data(),
+                   bias->shape(), stream);
+    }
+  }
+  // The kept rows are distinct: GatherGrad's scatter writes each one's dA1 row, zeros elsewhere.
+  if (da) cuda::gather_grad(f32, da_rows.data(), kept.data(), da->data(), n_kept, 1, rows, k, stream);
+  Tensor& loss = ctx.output(0, f32, Shape{});
+  cuda::reduce_sum(f32, row_loss.data(), loss.data(), 1, n_kept, 1, reduction == LossReduction::kMean ? f : 1.0f, stream);
+}
+#endif
 
 }  // namespace
 
 // The loss is a scalar: each input's gradient is dLoss times its unit gradient (output i + 1).
 ONNXTRAIN_OP(LinearSoftmaxCrossEntropy, kOnnxTrainDomain, 1).inputs(3, 4).outputs(1, 4).shape(shape_linear_ce)
-    .cpu_kernel<LinearCrossEntropyKernel>()
+    .cpu_kernel<LinearCrossEntropyKernel>().cuda(OT_CUDA(linear_ce_cuda)).host_inputs(std::vector<int>{2})
     .gradient([](GradientBuilder& g) {
       if (!g.has_dy(0)) return;  // nothing flows into the loss: no gradients
       for (size_t i : {size_t(0), size_t(1), size_t(3)}) {

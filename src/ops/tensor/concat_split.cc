@@ -1,4 +1,5 @@
-// Concat and Split: rows of [outer, axis * inner] are copied with one memcpy per input/output.
+// Concat and Split: rows of [outer, axis * inner] are copied with one memcpy per input/output
+// (Concat on CUDA tensors: one strided copy per input, copy.cu).
 #include <algorithm>
 
 #include "ops/gradient_builder.h"
@@ -7,13 +8,11 @@
 namespace onnxtrain {
 namespace tensor_ops {
 
-Tensor& concat_tensors(KernelContext& ctx, const std::vector<const Tensor*>& inputs, int64_t axis_attr,
-                       size_t output) {
-  const Node& node = ctx.node();
-  OT_CHECK(!inputs.empty(), node.context(), "has nothing to concatenate");
+namespace {
+// The shape of inputs concatenated along `axis` (in range), checking dtypes and the other dims.
+Shape concat_shape(const Node& node, const std::vector<const Tensor*>& inputs, int64_t axis) {
   const Tensor& first = *inputs[0];
-  int64_t rank = first.rank();
-  int64_t axis = normalize_axis(node, axis_attr, rank);
+  const int64_t rank = first.rank();
   Shape out_shape = first.shape();
   out_shape[size_t(axis)] = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -27,6 +26,18 @@ Tensor& concat_tensors(KernelContext& ctx, const std::vector<const Tensor*>& inp
                shape_str(t.shape()), ", which differs from ", shape_str(first.shape()), " off axis ", axis);
     out_shape[size_t(axis)] += t.dim(int(axis));
   }
+  return out_shape;
+}
+}  // namespace
+
+Tensor& concat_tensors(KernelContext& ctx, const std::vector<const Tensor*>& inputs, int64_t axis_attr,
+                       size_t output) {
+  const Node& node = ctx.node();
+  OT_CHECK(!inputs.empty(), node.context(), "has nothing to concatenate");
+  const Tensor& first = *inputs[0];
+  const int64_t rank = first.rank();
+  const int64_t axis = normalize_axis(node, axis_attr, rank);
+  const Shape out_shape = concat_shape(node, inputs, axis);
   Tensor& out = ctx.output(output, first.dtype(), out_shape);
   if (out.numel() == 0) return out;
   const size_t es = dtype_size(first.dtype());
@@ -88,6 +99,32 @@ void concat_kernel(KernelContext& ctx) {
   for (size_t i = 0; i < ctx.num_inputs(); ++i) parts.push_back(&ctx.input(i));
   concat_tensors(ctx, parts, ctx.node().attr_int("axis", 1), 0);
 }
+
+#if ONNXTRAIN_CUDA
+// Each input is a [outer, its rows] block copied into the output's [outer, row] at its offset: one
+// strided copy per input.
+void concat_cuda(KernelContext& ctx) {
+  const Node& node = ctx.node();
+  std::vector<const Tensor*> parts;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) parts.push_back(&ctx.input(i));
+  OT_CHECK(!parts.empty(), node.context(), "has nothing to concatenate");
+  const int64_t axis = normalize_axis(node, node.attr_int("axis", 1), parts[0]->rank());
+  const Shape out_shape = concat_shape(node, parts, axis);
+  Tensor& out = ctx.output(0, parts[0]->dtype(), out_shape);
+  int64_t outer = 1, inner = 1;
+  for (int64_t d = 0; d < int64_t(out_shape.size()); ++d) {
+    if (d < axis) outer *= out_shape[size_t(d)];
+    else if (d > axis) inner *= out_shape[size_t(d)];
+  }
+  const int64_t row = out_shape[size_t(axis)] * inner;
+  int64_t offset = 0;
+  for (const Tensor* t : parts) {
+    const int64_t n = t->dim(int(axis)) * inner;
+    strided_copy_cuda(ctx, *t, out, {{outer, n}, {n, 1}, {row, 1}, 0, offset});
+    offset += n;
+  }
+}
+#endif
 
 void concat_rule(ShapeContext& ctx) {
   DType dt = ctx.input_dtype(0);
@@ -201,6 +238,7 @@ void split_gradient(GradientBuilder& g) {
 
 // y = concat(x_0..x_n, axis).  dx_i = split(dy, [dim(x_0, axis), ..., dim(x_n, axis)], axis)_i
 ONNXTRAIN_OP(Concat, kOnnxDomain, 1).inputs(1, INT_MAX).outputs(1).shape(concat_rule).cpu(concat_kernel).work(memory_bound_work)
+    .cuda(OT_CUDA(concat_cuda))
     .gradient(concat_gradient);
 // y_i = split(x, axis)_i.  dx = concat(dy_0..dy_n, axis), zeros_like(y_i) for an output without dy_i
 // y = concat(x_i, axis).  dx_i = the i-th piece of dy along axis

@@ -1,4 +1,4 @@
-// Expand and Tile: both are one strided_copy with stride-0 dims (Tile views its output as
+// Expand and Tile: both are one strided_copy with stride-0 dims (Expand on CUDA tensors: copy.cu's) (Tile views its output as
 // [r0, d0, r1, d1, ...] over input strides [0, s0, 0, s1, ...]).
 #include "ops/gradient_builder.h"
 #include "ops/tensor/tensor_ops.h"
@@ -7,19 +7,35 @@ namespace onnxtrain {
 namespace {
 using namespace tensor_ops;
 
-void expand_kernel(KernelContext& ctx) {
-  const Tensor& x = ctx.input(0);
+// Expand's output shape and x's element strides over it (0 where x repeats).
+std::pair<Shape, std::vector<int64_t>> expand_view(const KernelContext& ctx, const Tensor& x) {
   Shape target = int_list_input(ctx, 1);
   OT_CHECK(ctx.input(1).rank() == 1, ctx.node().context(), "shape should be 1-D, got shape ",
            shape_str(ctx.input(1).shape()));
   Shape out_shape = broadcast_shapes(ctx.node(), x.shape(), target);
-  Tensor& out = ctx.output(0, x.dtype(), out_shape);
-  if (out.numel() == 0) return;
   std::vector<int64_t> xs = strides_of(x.shape()), st(out_shape.size(), 0);
   size_t off = out_shape.size() - x.shape().size();
   for (size_t d = 0; d < x.shape().size(); ++d) st[off + d] = x.shape()[d] == 1 ? 0 : xs[d];
+  return {out_shape, st};
+}
+
+void expand_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const auto [out_shape, st] = expand_view(ctx, x);
+  Tensor& out = ctx.output(0, x.dtype(), out_shape);
+  if (out.numel() == 0) return;
   strided_copy(x, out, out_shape, st, 0);
 }
+
+#if ONNXTRAIN_CUDA
+void expand_cuda(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  auto [out_shape, st] = expand_view(ctx, x);
+  if (!copy_rank_fits(out_shape.size())) return run_on_host(ctx, rank_too_high());
+  Tensor& out = ctx.output(0, x.dtype(), out_shape);
+  strided_copy_cuda(ctx, x, out, {out_shape, std::move(st), {}, 0, 0});
+}
+#endif
 
 void expand_rule(ShapeContext& ctx) {
   DType dt = ctx.input_dtype(0);
@@ -88,7 +104,7 @@ void tile_gradient(GradientBuilder& g) {
 
 // y = expand(x, shape).  dx = sum_to(dy, x)
 ONNXTRAIN_OP(Expand, kOnnxDomain, 8).inputs(2).outputs(1).shape(expand_rule).cpu(expand_kernel)
-    .gradient([](GradientBuilder& g) { g.set(0, g.sum_to(g.dy(0), g.x(0))); });
+    .cuda(OT_CUDA(expand_cuda)).host_inputs(std::vector<int>{1}).gradient([](GradientBuilder& g) { g.set(0, g.sum_to(g.dy(0), g.x(0))); });
 // y = tile(x, r).  dx = reduce_sum(reshape(dy, [r0, d0, r1, d1, ...]), axes = [0, 2, 4, ...])
 ONNXTRAIN_OP(Tile, kOnnxDomain, 6).inputs(2).outputs(1).shape(tile_rule).cpu(tile_kernel).gradient(tile_gradient);
 

@@ -4,7 +4,8 @@
 //
 // Their backward ops live here too (onnxtrain domain): GatherGrad, GatherElementsGrad and
 // GatherNDGrad add dY into zeros at the gathered positions (repeated indices accumulate), and
-// ScatterElementsGrad splits dY between data and updates for reduction "none".
+// ScatterElementsGrad splits dY between data and updates for reduction "none". Gather and
+// GatherGrad have CUDA kernels too (backends/cuda/gather.cu).
 #include <algorithm>
 
 #include "ops/gradient_builder.h"
@@ -23,19 +24,30 @@ Shape gather_shape(const Shape& data, const Shape& idx, int64_t axis) {
   return out;
 }
 
+// A shape of rank >= 1 viewed as [outer, dim, inner] around the node's axis.
+struct GatherAxis {
+  int64_t axis = 0, outer = 1, dim = 0, inner = 1;
+};
+GatherAxis gather_axis(const Node& node, const Shape& shape, const char* what) {
+  OT_CHECK(!shape.empty(), node.context(), what, " should have rank >= 1, got a scalar");
+  GatherAxis g;
+  g.axis = normalize_axis(node, node.attr_int("axis", 0), int64_t(shape.size()));
+  g.dim = shape[size_t(g.axis)];
+  for (int64_t d = 0; d < int64_t(shape.size()); ++d) {
+    if (d < g.axis) g.outer *= shape[size_t(d)];
+    else if (d > g.axis) g.inner *= shape[size_t(d)];
+  }
+  return g;
+}
+
 void gather_kernel(KernelContext& ctx) {
   const Node& node = ctx.node();
   const Tensor& data = ctx.input(0);
   const Tensor& idx = ctx.input(1);
   check_index_dtype(ctx, idx, "indices");
-  OT_CHECK(data.rank() >= 1, node.context(), "data should have rank >= 1, got a scalar");
-  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), data.rank());
+  const GatherAxis g = gather_axis(node, data.shape(), "data");
+  const int64_t axis = g.axis, outer = g.outer, dim = g.dim, inner = g.inner, n = idx.numel();
   Tensor& out = ctx.output(0, data.dtype(), gather_shape(data.shape(), idx.shape(), axis));
-  int64_t outer = 1, inner = 1, dim = data.dim(int(axis)), n = idx.numel();
-  for (int64_t d = 0; d < data.rank(); ++d) {
-    if (d < axis) outer *= data.dim(int(d));
-    else if (d > axis) inner *= data.dim(int(d));
-  }
   if (out.numel() == 0) return;
   dispatch_index(idx.dtype(), [&]<typename I>() {
     const I* ip = idx.data<I>();
@@ -312,6 +324,15 @@ Tensor& zero_output(KernelContext& ctx, size_t i, DType dt) {
   return out;
 }
 
+// GatherGrad's dX shape viewed around the axis, checked against dY.
+GatherAxis gather_grad_axis(const KernelContext& ctx, const Tensor& dy, const Tensor& idx, const Shape& dx) {
+  const GatherAxis g = gather_axis(ctx.node(), dx, "shape");
+  const Shape want = gather_shape(dx, idx.shape(), g.axis);
+  OT_CHECK(dy.shape() == want, ctx.node().context(), "dY has shape ", shape_str(dy.shape()), ", expected ",
+           shape_str(want));
+  return g;
+}
+
 // dst[slice_at(g, j) + i] += src[(g * per_group + j) * slice + i] for every group g, j < per_group
 // and i < slice: the scatter-add of the Gather family's gradients. Work is split over (g, i); the
 // groups' destinations never overlap, and within a group each i walks every j in order (repeated
@@ -343,15 +364,8 @@ void gather_grad_kernel(KernelContext& ctx) {
   const Tensor& idx = ctx.input(kIdx);
   check_index_dtype(ctx, idx, "indices");
   Tensor& dx = zero_output(ctx, kShape, dy.dtype());
-  OT_CHECK(dx.rank() >= 1, node.context(), "shape should have rank >= 1, got a scalar");
-  int64_t axis = normalize_axis(node, node.attr_int("axis", 0), dx.rank());
-  OT_CHECK(dy.shape() == gather_shape(dx.shape(), idx.shape(), axis), node.context(), "dY has shape ",
-           shape_str(dy.shape()), ", expected ", shape_str(gather_shape(dx.shape(), idx.shape(), axis)));
-  int64_t outer = 1, inner = 1, dim = dx.dim(int(axis)), n = idx.numel();
-  for (int64_t d = 0; d < dx.rank(); ++d) {
-    if (d < axis) outer *= dx.dim(int(d));
-    else if (d > axis) inner *= dx.dim(int(d));
-  }
+  const GatherAxis g = gather_grad_axis(ctx, dy, idx, dx.shape());
+  const int64_t outer = g.outer, dim = g.dim, inner = g.inner, n = idx.numel();
   if (dy.numel() == 0) return;
   dispatch_index(idx.dtype(), [&]<typename I>() {
     const I* ip = idx.data<I>();
@@ -523,6 +537,48 @@ void scatter_nd_gradient(GradientBuilder& g) {
   if (g.needs(2)) g.set(2, g.emit("GatherND", {g.dy(0), g.x(1)}));
 }
 
+#if ONNXTRAIN_CUDA
+// Gather and GatherGrad on CUDA tensors (gather.cu). Their indices are host inputs: checked and
+// normalised here as the CPU kernels do, then uploaded with the launch; GatherGrad sorts them on
+// the host too, so that it sums without atomics, the same bits every run.
+std::vector<int64_t> checked_indices(const KernelContext& ctx, const Tensor& idx, int64_t dim) {
+  std::vector<int64_t> k(size_t(idx.numel()));
+  dispatch_index(idx.dtype(), [&]<typename I>() {
+    const I* ip = idx.data<I>();
+    for (size_t j = 0; j < k.size(); ++j) k[j] = checked_index(ctx.node(), int64_t(ip[j]), dim, "gather");
+  });
+  return k;
+}
+
+void gather_cuda(KernelContext& ctx) {
+  const Tensor& data = ctx.input(0);
+  const Tensor& idx = ctx.input(1);
+  check_index_dtype(ctx, idx, "indices");
+  const auto [axis, outer, dim, inner] = gather_axis(ctx.node(), data.shape(), "data");
+  Tensor& out = ctx.output(0, data.dtype(), gather_shape(data.shape(), idx.shape(), axis));
+  if (out.numel() == 0) return;
+  const std::vector<int64_t> k = checked_indices(ctx, idx, dim);
+  cuda::gather(dtype_size(data.dtype()), data.data(), k.data(), out.data(), idx.numel(), outer, dim, inner, ctx.stream());
+}
+
+template <size_t kDy = 0, size_t kShape = 1, size_t kIdx = 2>
+void gather_grad_cuda(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(kDy);
+  const Tensor& idx = ctx.input(kIdx);
+  check_index_dtype(ctx, idx, "indices");
+  const DType dt = dy.dtype();
+  if (!(dt == DType::kFloat32 || dt == DType::kFloat16 || dt == DType::kBFloat16))
+    return run_on_host(ctx, "dtype " + dtype_name(dt));
+  const Shape shape = int_list_input(ctx, kShape);
+  for (int64_t d : shape)
+    OT_CHECK(d >= 0, ctx.node().context(), "shape entries must be >= 0, got ", shape_str(shape));
+  const auto [axis, outer, dim, inner] = gather_grad_axis(ctx, dy, idx, shape);
+  Tensor& dx = ctx.output(0, dt, shape);
+  const std::vector<int64_t> k = dy.numel() ? checked_indices(ctx, idx, dim) : std::vector<int64_t>{};
+  cuda::gather_grad(dt, dy.data(), k.data(), dx.data(), int64_t(k.size()), outer, dim, inner, ctx.stream());
+}
+#endif
+
 GraphBuilder::Attrs copy_attr(const Node& node, const char* name) {
   GraphBuilder::Attrs a;
   if (const Attribute* v = node.attr(name)) a[name] = *v;
@@ -533,6 +589,7 @@ GraphBuilder::Attrs copy_attr(const Node& node, const char* name) {
 
 // y = gather(x, idx, axis).  dx = gather_grad(dy, shape(x), idx, axis): dy added into zeros at idx
 ONNXTRAIN_OP(Gather, kOnnxDomain, 1).inputs(2).outputs(1).shape(gather_rule).cpu(gather_kernel)
+    .cuda(OT_CUDA(gather_cuda)).host_inputs(std::vector<int>{1})
     .gradient([](GradientBuilder& g) {
       g.set(0, g.emit("GatherGrad", {g.dy(0), g.shape(g.x(0)), g.x(1)}, copy_attr(g.node(), "axis"), kOnnxTrainDomain));
     });
@@ -563,13 +620,15 @@ ONNXTRAIN_OP(ScatterND, kOnnxDomain, 11).inputs(3).outputs(1).shape(shape_same_a
 // Backward ops. Each is linear in dY, so its own gradient is the forward op it is the adjoint of.
 // dX = gather_grad(dY, shape, idx, axis).  d(dY) = gather(d(dX), idx, axis)
 ONNXTRAIN_OP(GatherGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape(shape_from_input1).cpu(gather_grad_kernel<>)
+    .cuda(OT_CUDA(gather_grad_cuda<>)).host_inputs(std::vector<int>{1, 2})
     .gradient([](GradientBuilder& g) { g.set(0, g.emit("Gather", {g.dy(0), g.x(2)}, copy_attr(g.node(), "axis"))); });
 // ONNX Runtime's training artifacts: GatherGrad(shape, indices, dY; axis), the same op.
 ONNXTRAIN_OP(GatherGrad, kMsDomain, 1).inputs(3).outputs(1).shape([](ShapeContext& ctx) {
   DType dt = ctx.input_dtype(2);
   if (const Tensor* s = ctx.input_value(0)) return ctx.set_output(0, dt, s->to_int_vector());
   ctx.set_output(0, dt);
-}).cpu(gather_grad_kernel<2, 0, 1>).gradient_not_implemented("second derivatives through ONNX Runtime's GatherGrad are not needed");
+}).cpu(gather_grad_kernel<2, 0, 1>).cuda(OT_CUDA((gather_grad_cuda<2, 0, 1>))).host_inputs(std::vector<int>{0, 1})
+    .gradient_not_implemented("second derivatives through ONNX Runtime's GatherGrad are not needed");
 // dX = gather_elements_grad(dY, shape, idx, axis).  d(dY) = gather_elements(d(dX), idx, axis)
 ONNXTRAIN_OP(GatherElementsGrad, kOnnxTrainDomain, 1).inputs(3).outputs(1).shape(shape_from_input1)
     .cpu(gather_elements_grad_kernel).gradient([](GradientBuilder& g) {

@@ -1,5 +1,7 @@
 // Shape queries and zero-copy views: Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze, Identity.
-// The view ops hand back the input's storage with a new shape (ctx.set_output), never a copy.
+// The view ops hand back the input's storage with a new shape (ctx.set_output), never a copy. The
+// same kernels serve CUDA tensors (a view of device storage is a device tensor; the executor plans
+// aliases on either device alike); only their shape and axes inputs stay on the host.
 #include <algorithm>
 
 #include "ops/gradient_builder.h"
@@ -220,18 +222,18 @@ ONNXTRAIN_OP(Size, kOnnxDomain, 1).inputs(1).outputs(1)
     .not_differentiable().cpu(size_kernel);
 // y = reshape(x, s).  dx = reshape(dy, shape(x))
 ONNXTRAIN_OP(Reshape, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(reshape_rule).cpu(reshape_kernel)
-    .gradient(view_gradient);
+    .cuda(OT_CUDA(reshape_kernel)).host_inputs(std::vector<int>{1}).gradient(view_gradient);
 // y = flatten(x, axis).  dx = reshape(dy, shape(x))
 ONNXTRAIN_OP(Flatten, kOnnxDomain, 1).inputs(1).outputs(1).shape(flatten_rule).cpu(flatten_kernel)
-    .gradient(view_gradient);
+    .cuda(OT_CUDA(flatten_kernel)).gradient(view_gradient);
 // y = squeeze(x, axes).  dx = reshape(dy, shape(x))
 ONNXTRAIN_OP(Squeeze, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(squeeze_rule).cpu(squeeze_kernel)
-    .gradient(view_gradient);
+    .cuda(OT_CUDA(squeeze_kernel)).host_inputs(std::vector<int>{1}).gradient(view_gradient);
 // y = unsqueeze(x, axes).  dx = reshape(dy, shape(x))
 ONNXTRAIN_OP(Unsqueeze, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(unsqueeze_rule).cpu(unsqueeze_kernel)
-    .gradient(view_gradient);
+    .cuda(OT_CUDA(unsqueeze_kernel)).host_inputs(std::vector<int>{1}).gradient(view_gradient);
 // y = x.  dx = dy
 ONNXTRAIN_OP(Identity, kOnnxDomain, 1).inputs(1).outputs(1).shape(identity_rule).cpu(identity_kernel)
-    .gradient([](GradientBuilder& g) { g.set(0, g.dy(0)); });
+    .cuda(OT_CUDA(identity_kernel)).gradient([](GradientBuilder& g) { g.set(0, g.dy(0)); });
 
 }  // namespace onnxtrain

@@ -1,6 +1,6 @@
 // Slice and its fused backward onnxtrain.SliceGrad. Slice: starts/ends/axes as attributes (opset 1) or inputs (opset 10+), with steps, negative steps
 // and clamping as the spec defines. The copy is one strided_copy (memcpy runs when the innermost
-// step is 1).
+// step is 1); on CUDA tensors the same view goes to copy.cu's strided copy.
 #include <algorithm>
 
 #include "ops/gradient_builder.h"
@@ -62,26 +62,40 @@ std::vector<SliceAxis> plan_slice(const Node& node, const Shape& in, const std::
   return plan;
 }
 
-void slice_kernel(KernelContext& ctx) {
+// The sliced positions of a tensor of shape `full`: their counts per dim, and the element strides
+// and offset at which they lie in it.
+struct SliceView {
+  Shape counts;
+  std::vector<int64_t> strides;
+  int64_t base = 0;
+};
+SliceView slice_view(const std::vector<SliceAxis>& plan, const Shape& full) {
+  std::vector<int64_t> is = strides_of(full);
+  SliceView v;
+  for (size_t d = 0; d < plan.size(); ++d) {
+    v.counts.push_back(plan[d].count);
+    v.strides.push_back(is[d] * plan[d].step);
+    v.base += is[d] * plan[d].start;
+  }
+  return v;
+}
+
+// Slice's view of its input x: starts, ends, axes and steps from attributes or inputs 1-4.
+SliceView slice_of_input(const KernelContext& ctx, const Shape& x) {
   const Node& node = ctx.node();
-  const Tensor& x = ctx.input(0);
   auto starts = attr_or_input_ints(ctx, "starts", 1);
   auto ends = attr_or_input_ints(ctx, "ends", 2);
   OT_CHECK(starts && ends, node.context(), "starts and ends are required");
-  auto plan = plan_slice(node, x.shape(), *starts, *ends, attr_or_input_ints(ctx, "axes", 3),
-                         attr_or_input_ints(ctx, nullptr, 4));
-  std::vector<int64_t> is = strides_of(x.shape());
-  Shape out_shape(plan.size());
-  std::vector<int64_t> st(plan.size());
-  int64_t base = 0;
-  for (size_t d = 0; d < plan.size(); ++d) {
-    out_shape[d] = plan[d].count;
-    st[d] = is[d] * plan[d].step;
-    base += is[d] * plan[d].start;
-  }
-  Tensor& out = ctx.output(0, x.dtype(), out_shape);
+  return slice_view(plan_slice(node, x, *starts, *ends, attr_or_input_ints(ctx, "axes", 3),
+                               attr_or_input_ints(ctx, nullptr, 4)), x);
+}
+
+void slice_kernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  const SliceView v = slice_of_input(ctx, x.shape());
+  Tensor& out = ctx.output(0, x.dtype(), v.counts);
   if (out.numel() == 0) return;
-  strided_copy(x, out, out_shape, st, base);
+  strided_copy(x, out, v.counts, v.strides, v.base);
 }
 
 void slice_rule(ShapeContext& ctx) {
@@ -126,31 +140,50 @@ void strided_scatter(const T* in, T* out, const Shape& shape, const std::vector<
   });
 }
 
-void slice_grad_kernel(KernelContext& ctx) {
+// SliceGrad's output shape (input 1) and the view of it that dY fills (inputs 2-5), checked against dY.
+std::pair<Shape, SliceView> slice_grad_view(const KernelContext& ctx, const Tensor& dy) {
   const Node& node = ctx.node();
-  const Tensor& dy = ctx.input(0);
   Shape shape = int_list_input(ctx, 1);
   for (int64_t d : shape) OT_CHECK(d >= 0, node.context(), "shape entries must be >= 0, got ", shape_str(shape));
-  auto plan = plan_slice(node, shape, int_list_input(ctx, 2), int_list_input(ctx, 3), attr_or_input_ints(ctx, nullptr, 4),
-                         attr_or_input_ints(ctx, nullptr, 5));
-  std::vector<int64_t> is = strides_of(shape);
-  Shape counts(plan.size());
-  std::vector<int64_t> st(plan.size());
-  int64_t base = 0;
-  for (size_t d = 0; d < plan.size(); ++d) {
-    counts[d] = plan[d].count;
-    st[d] = is[d] * plan[d].step;
-    base += is[d] * plan[d].start;
-  }
-  OT_CHECK(dy.shape() == counts, node.context(), "dY has shape ", shape_str(dy.shape()), ", but slicing ",
-           shape_str(shape), " gives ", shape_str(counts));
-  Tensor& dx = ctx.output(0, dy.dtype(), shape);
+  SliceView v = slice_view(plan_slice(node, shape, int_list_input(ctx, 2), int_list_input(ctx, 3),
+                                      attr_or_input_ints(ctx, nullptr, 4), attr_or_input_ints(ctx, nullptr, 5)),
+                           shape);
+  OT_CHECK(dy.shape() == v.counts, node.context(), "dY has shape ", shape_str(dy.shape()), ", but slicing ",
+           shape_str(shape), " gives ", shape_str(v.counts));
+  return {shape, v};
+}
+
+void slice_grad_kernel(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  const auto view = slice_grad_view(ctx, dy);
+  const SliceView& v = view.second;
+  Tensor& dx = ctx.output(0, dy.dtype(), view.first);
   if (dx.numel() == 0) return;
   std::memset(dx.data(), 0, dx.nbytes());  // all-zero bytes are zero for every dtype
   dispatch_by_size(dy.dtype(), [&]<typename T>() {
-    strided_scatter<T>(static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()), counts, st, base);
+    strided_scatter<T>(static_cast<const T*>(dy.data()), static_cast<T*>(dx.data()), v.counts, v.strides, v.base);
   });
 }
+
+#if ONNXTRAIN_CUDA
+// Slice: one strided copy from x at the view's strides. SliceGrad: zeros, then dY written at them.
+void slice_cuda(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  if (!copy_rank_fits(size_t(x.rank()))) return run_on_host(ctx, rank_too_high());
+  SliceView v = slice_of_input(ctx, x.shape());
+  Tensor& out = ctx.output(0, x.dtype(), v.counts);
+  strided_copy_cuda(ctx, x, out, {v.counts, std::move(v.strides), {}, v.base, 0});
+}
+
+void slice_grad_cuda(KernelContext& ctx) {
+  const Tensor& dy = ctx.input(0);
+  if (!copy_rank_fits(size_t(dy.rank()))) return run_on_host(ctx, rank_too_high());
+  auto [shape, v] = slice_grad_view(ctx, dy);
+  Tensor& dx = ctx.output(0, dy.dtype(), shape);
+  cuda::memset_zero(dx.data(), dx.nbytes(), ctx.stream());  // all-zero bytes are zero for every dtype
+  strided_copy_cuda(ctx, dy, dx, {v.counts, strides_of(v.counts), std::move(v.strides), 0, v.base});
+}
+#endif
 
 void slice_gradient(GradientBuilder& g) {
   std::string starts = ints_attr_or_input(g, "starts", 1), ends = ints_attr_or_input(g, "ends", 2);
@@ -164,10 +197,10 @@ void slice_gradient(GradientBuilder& g) {
 
 // y = x[starts:ends:steps].  dx = zeros_like(x) with dy written at the sliced positions (SliceGrad)
 ONNXTRAIN_OP(Slice, kOnnxDomain, 1).inputs(1, 5).outputs(1).shape(slice_rule).cpu(slice_kernel).work(memory_bound_work)
-    .gradient(slice_gradient);
+    .cuda(OT_CUDA(slice_cuda)).host_inputs(std::vector<int>{1, 2, 3, 4}).gradient(slice_gradient);
 // dX = slice_grad(dY, shape, starts, ends, axes, steps): the adjoint of Slice.  d(dY) = slice(d(dX), ...)
 ONNXTRAIN_OP(SliceGrad, kOnnxTrainDomain, 1).inputs(4, 6).outputs(1).shape(shape_from_input1).cpu(slice_grad_kernel)
-    .gradient([](GradientBuilder& g) {
+    .cuda(OT_CUDA(slice_grad_cuda)).host_inputs(std::vector<int>{1, 2, 3, 4, 5}).gradient([](GradientBuilder& g) {
       std::vector<std::string> in{g.dy(0), g.x(2), g.x(3)};
       if (g.has_input(4) || g.has_input(5)) in.push_back(g.has_input(4) ? g.x(4) : "");
       if (g.has_input(5)) in.push_back(g.x(5));
@@ -175,6 +208,6 @@ ONNXTRAIN_OP(SliceGrad, kOnnxTrainDomain, 1).inputs(4, 6).outputs(1).shape(shape
     });
 // ONNX Runtime's training artifacts: the same inputs (dY, shape, starts, ends, axes?, steps?).
 ONNXTRAIN_OP(SliceGrad, kMsDomain, 1).inputs(4, 6).outputs(1).shape(shape_from_input1).cpu(slice_grad_kernel)
-    .gradient_not_implemented("second derivatives through ONNX Runtime's SliceGrad are not needed");
+    .cuda(OT_CUDA(slice_grad_cuda)).host_inputs(std::vector<int>{1, 2, 3, 4, 5}).gradient_not_implemented("second derivatives through ONNX Runtime's SliceGrad are not needed");
 
 }  // namespace onnxtrain

@@ -10,6 +10,9 @@
 
 #include "ops/common.h"
 #include "ops/registry.h"
+#if ONNXTRAIN_CUDA
+#include "backends/cuda/kernels.h"
+#endif
 
 namespace onnxtrain {
 class GradientBuilder;
@@ -61,6 +64,18 @@ void strided_copy(const T* in, T* out, const Shape& out_shape, const std::vector
 // The same dispatched by element size over tensors.
 void strided_copy(const Tensor& in, Tensor& out, const Shape& out_shape, const std::vector<int64_t>& in_strides,
                   int64_t base);
+
+#if ONNXTRAIN_CUDA
+// The CUDA form of the copies above, on the step's stream (backends/cuda/copy.cu): dst's elements
+// from src's as `c` walks them (dst_strides empty: dst is contiguous over c.shape).
+inline void strided_copy_cuda(const KernelContext& ctx, const Tensor& src, Tensor& dst, cuda::StridedCopy c) {
+  if (c.dst_strides.empty()) c.dst_strides = strides_of(c.shape);
+  cuda::strided_copy(dtype_size(src.dtype()), src.data(), dst.data(), c, ctx.stream());
+}
+// Whether a walk of this rank fits the CUDA copy; the reason to run on the host where not.
+inline bool copy_rank_fits(size_t rank) { return rank <= size_t(cuda::kCopyMaxRank); }
+inline std::string rank_too_high() { return "rank above " + std::to_string(cuda::kCopyMaxRank); }
+#endif
 
 // out = transpose(in viewed as in_shape, perm): out dim k is in dim perm[k]. `out` must hold
 // numel(in_shape) elements of in's dtype; the output is written row-major.

@@ -138,6 +138,23 @@ void transpose_kernel(KernelContext& ctx) {
   permute(x, x.shape(), perm, out);
 }
 
+#if ONNXTRAIN_CUDA
+// out dim k walks x's dim perm[k]: one strided copy, its reads at x's strides permuted.
+void transpose_cuda(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  if (!copy_rank_fits(size_t(x.rank()))) return run_on_host(ctx, rank_too_high());
+  auto perm = transpose_perm(ctx.node(), size_t(x.rank()));
+  const std::vector<int64_t> in_strides = strides_of(x.shape());
+  cuda::StridedCopy c;
+  for (int64_t p : perm) {
+    c.shape.push_back(x.shape()[size_t(p)]);
+    c.src_strides.push_back(in_strides[size_t(p)]);
+  }
+  Tensor& out = ctx.output(0, x.dtype(), c.shape);
+  strided_copy_cuda(ctx, x, out, std::move(c));
+}
+#endif
+
 void transpose_rule(ShapeContext& ctx) {
   const auto& in = ctx.input_shape(0);
   if (!in) return ctx.set_output(0, ctx.input_dtype(0));
@@ -226,7 +243,7 @@ void depth_to_space_gradient(GradientBuilder& g) {
 
 // y = transpose(x, p).  dx = transpose(dy, inverse(p))
 ONNXTRAIN_OP(Transpose, kOnnxDomain, 1).inputs(1).outputs(1).shape(transpose_rule).cpu(transpose_kernel).work(memory_bound_work)
-    .gradient(transpose_gradient);
+    .cuda(OT_CUDA(transpose_cuda)).gradient(transpose_gradient);
 // y = depth_to_space(x, b).  DCR: dx = space_to_depth(dy, b); CRD: dx = reshape(transpose(view6(dy), [0,1,3,5,2,4]))
 ONNXTRAIN_OP(DepthToSpace, kOnnxDomain, 1).inputs(1).outputs(1).shape(block_rule<depth_to_space_shape>)
     .cpu(depth_to_space_kernel).gradient(depth_to_space_gradient);
