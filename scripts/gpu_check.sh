@@ -65,7 +65,7 @@ OPS="MatMul;Gemm;FusedMatMul;Add;Sub;Mul;Div;Relu;Neg;Abs;Exp;Log;Sqrt;Reciproca
 OPS="$OPS;ReduceSum;ReduceMean;Softmax;LogSoftmax;SoftmaxGrad;LogSoftmaxGrad;SoftmaxGrad_13;LogSoftmaxGrad_13;If"
 OPS="$OPS;LayerNormalization;LayerNormalizationGrad;SoftmaxCrossEntropyLoss;SoftmaxCrossEntropyLossGrad;AdamW;Cos"
 OPS="$OPS;Transpose;Reshape;Flatten;Squeeze;Unsqueeze;Identity;Expand;Concat;Slice;SliceGrad;Sum;SumTo"
-OPS="$OPS;Gather;GatherGrad;Gelu;GeluGrad;Erf"
+OPS="$OPS;Gather;GatherGrad;Gelu;GeluGrad;Erf;LinearSoftmaxCrossEntropy"
 # The training test's models: their ops, and where the test finds them.
 TRAINING=$PWD/$CARRY/training
 [ -f "$TRAINING/ops.txt" ] || { note "no $TRAINING/ops.txt: run scripts/gpu_check.sh --prepare here first"; failures+=("training artifacts missing"); }

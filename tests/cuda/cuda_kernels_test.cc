@@ -365,6 +365,24 @@ TEST(CudaKernels, ViewOpsAgreeWithTheCpu) {
     expect_same_on_cuda({node("Identity", 1), {x}}, kExact);
     expect_same_on_cuda({node("Reshape", 1), {random(dt, {0, 3}, rng), ints({3, -1})}}, kExact);
   }
+  // x -> Relu -> Reshape -> Transpose -> Relu: the view aliases Relu's device output, the shape
+  // stays a host constant, so the only copy in is x's.
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{4, 6})};
+  g.initializers["shape"] = ints({3, 8});
+  g.nodes = {make_node("Relu", {"x"}, {"r"}), make_node("Reshape", {"r", "shape"}, {"v"}),
+             make_node("Transpose", {"v"}, {"t"}), make_node("Relu", {"t"}, {"y"})};
+  g.outputs = {value("y", DType::kFloat32, std::nullopt)};
+  Model m = test::make_model(std::move(g), 17);
+  ExecutorOptions options;
+  options.device = Device::kCuda;
+  Executor cpu(m), gpu(m, options);
+  const std::map<std::string, Tensor> feeds{{"x", random(DType::kFloat32, {4, 6}, rng)}};
+  for (int run = 0; run < 2; ++run) {
+    EXPECT_EQ(difference(to_device(gpu.run(feeds)[0], Device::kCpu), cpu.run(feeds)[0]), 0.0) << "run " << run;
+    EXPECT_EQ(gpu.memory_report().device_copies, 1u) << "run " << run;
+    EXPECT_EQ(gpu.memory_report().views, 1u) << "run " << run;
+  }
 }
 
 TEST(CudaKernels, ExpandAndConcatAgreeWithTheCpu) {
