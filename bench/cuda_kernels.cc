@@ -140,5 +140,35 @@ int main() {
            median_ms([&] { cuda::softmax(false, dt, logits.data(), probs.data(), tokens, vocab, 1, s); }),
            2.0 * double(logits.nbytes()), "GB/s");
   }
+  for (DType dt : {DType::kFloat32, DType::kBFloat16}) {  // the layout ops' copy, and the embedding's gather
+    const std::string tag = dt == DType::kFloat32 ? " fp32" : " bf16";
+    const int64_t b = 32, seq = 512, heads = 12, hd = 64;
+    Tensor x = random_on_device(dt, {b, seq, heads, hd}, 11), y = empty_on(Device::kCuda, dt, {b, heads, seq, hd});
+    const size_t es = dtype_size(dt);
+    // [B, S, H, D] -> [B, H, S, D]: contiguous rows of D, and [B, H, S, D] -> [B, H, D, S]: the inner dim moves.
+    const cuda::StridedCopy heads_first{{b, heads, seq, hd}, {seq * heads * hd, hd, heads * hd, 1}, {}, 0, 0};
+    const cuda::StridedCopy keys_last{{b, heads, hd, seq}, {heads * seq * hd, seq * hd, 1, hd}, {}, 0, 0};
+    auto contiguous = [](cuda::StridedCopy c) {
+      c.dst_strides = {c.shape[1] * c.shape[2] * c.shape[3], c.shape[2] * c.shape[3], c.shape[3], 1};
+      return c;
+    };
+    report(("transpose [32,512,12,64] 0213" + tag).c_str(),
+           median_ms([&] { cuda::strided_copy(es, x.data(), y.data(), contiguous(heads_first), s); }), 2.0 * double(x.nbytes()),
+           "GB/s");
+    report(("transpose [32,12,512,64] 0132" + tag).c_str(),
+           median_ms([&] { cuda::strided_copy(es, y.data(), x.data(), contiguous(keys_last), s); }), 2.0 * double(x.nbytes()),
+           "GB/s");
+    const int64_t vocab = 30522, d = 768, tokens = 16384;
+    Tensor table = random_on_device(dt, {vocab, d}, 12), rows = empty_on(Device::kCuda, dt, {tokens, d});
+    std::vector<int64_t> ids(static_cast<size_t>(tokens));
+    std::mt19937 rng(13);
+    for (int64_t& id : ids) id = rng() % 4 == 0 ? 0 : int64_t(rng() % uint32_t(vocab));  // a quarter padding
+    report(("gather [30522,768] x 16384" + tag).c_str(),
+           median_ms([&] { cuda::gather(es, table.data(), ids.data(), rows.data(), tokens, 1, vocab, d, s); }),
+           2.0 * double(rows.nbytes()), "GB/s");
+    report(("gather grad [30522,768] x 16384" + tag).c_str(),
+           median_ms([&] { cuda::gather_grad(dt, rows.data(), ids.data(), table.data(), tokens, 1, vocab, d, s); }),
+           double(rows.nbytes() + table.nbytes()), "GB/s");
+  }
   return 0;
 }

@@ -55,6 +55,23 @@ def main():
         tokens = 4096
         logits = torch.randn(tokens, 50257, device="cuda", dtype=dt)
         report("softmax [4096, 50257]" + tag, median_ms(lambda: torch.softmax(logits, -1)), 2.0 * logits.nbytes, "GB/s")
+    for dt, tag in ((torch.float32, " fp32"), (torch.bfloat16, " bf16")):
+        x = torch.randn(32, 512, 12, 64, device="cuda", dtype=dt)
+        report("transpose [32,512,12,64] 0213" + tag, median_ms(lambda: x.permute(0, 2, 1, 3).contiguous()),
+               2.0 * x.nbytes, "GB/s")
+        y = x.permute(0, 2, 1, 3).contiguous()
+        report("transpose [32,12,512,64] 0132" + tag, median_ms(lambda: y.permute(0, 1, 3, 2).contiguous()),
+               2.0 * y.nbytes, "GB/s")
+        vocab, d, tokens = 30522, 768, 16384
+        table = torch.randn(vocab, d, device="cuda", dtype=dt)
+        ids = torch.randint(0, vocab, (tokens,), device="cuda")
+        ids[torch.rand(tokens, device="cuda") < 0.25] = 0  # a quarter padding
+        rows = table.index_select(0, ids)
+        report("gather [30522,768] x 16384" + tag, median_ms(lambda: table.index_select(0, ids)), 2.0 * rows.nbytes,
+               "GB/s")
+        report("gather grad [30522,768] x 16384" + tag,
+               median_ms(lambda: torch.ops.aten.embedding_dense_backward(rows, ids, vocab, -1, False)),
+               rows.nbytes + table.nbytes, "GB/s")
 
 
 if __name__ == "__main__":
