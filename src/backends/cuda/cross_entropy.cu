@@ -3,8 +3,9 @@
 //   loss[t] = -log_prob[t, label[t]]  (0 where label == ignore_index), reduced by none/sum/mean
 //   dx[t, k] = (exp(log_prob[t, k]) - [k == label[t]]) * dloss'  (0 for ignored targets)
 // Sums over targets run in one block, so the order of additions is fixed from run to run. And the
-// fused output layer's per-row step (LinearSoftmaxCrossEntropy): each row's loss and dz from its
-// float32 logits, in place.
+// fused output layer (LinearSoftmaxCrossEntropy): chunks of rows gathered, their logits and
+// products through cuBLASLt, each row's loss and dz from its float32 logits by a block, in place.
+#include <algorithm>
 #include <limits>
 #include <optional>
 
@@ -102,12 +103,54 @@ __global__ void softmax_cross_entropy_rows_kernel(float* z, const int64_t* label
 
 }  // namespace
 
-void softmax_cross_entropy_rows(float* z, const int64_t* labels, float* row_loss, int64_t m, int64_t c, float f,
-                                bool want_dz, void* stream) {
-  if (m == 0) return;
-  OT_CHECK(m <= std::numeric_limits<int32_t>::max(), "CUDA softmax cross-entropy rows: ", m, " rows in one call");
-  softmax_cross_entropy_rows_kernel<<<unsigned(m), kThreads, 0, as_stream(stream)>>>(z, labels, row_loss, c, f, want_dz);
-  check_launch("softmax_cross_entropy_rows");
+// The logits of a chunk take about this many bytes (the chunk is at least 32 rows).
+constexpr int64_t kChunkBytes = int64_t(64) << 20;
+
+void linear_cross_entropy(const LinearCrossEntropyDesc& d, const float* a, const float* b, const float* bias,
+                          const std::vector<int64_t>& kept, const std::vector<int64_t>& labels, float* loss, float* da,
+                          float* db, float* dbias, void* stream) {
+  const cudaStream_t s = as_stream(stream);
+  const int64_t n = int64_t(kept.size()), k = d.k, c = d.c;
+  const bool want_dz = da || db || dbias;
+  if (db) memset_zero(db, size_t(k * c) * sizeof(float), stream);  // summed into chunk by chunk
+  if (dbias) memset_zero(dbias, size_t(c) * sizeof(float), stream);
+  const int64_t chunk = std::min(n, std::max<int64_t>(32, kChunkBytes / std::max<int64_t>(1, c * int64_t(sizeof(float)))));
+  OT_CHECK(chunk <= std::numeric_limits<int32_t>::max(), "CUDA LinearSoftmaxCrossEntropy: ", chunk, " rows in a chunk");
+  StreamBuffer<int64_t> d_labels(size_t(std::max<int64_t>(n, 1)), s);
+  if (n) check(cudaMemcpyAsync(d_labels.get(), labels.data(), size_t(n) * sizeof(int64_t), cudaMemcpyHostToDevice, s),
+               "cudaMemcpyAsync (labels)");  // pageable: returns once staged, so `labels` may go
+  StreamBuffer<float> row_loss(size_t(std::max<int64_t>(n, 1)), s), a_rows(size_t(std::max<int64_t>(chunk * k, 1)), s),
+      z(size_t(std::max<int64_t>(chunk * c, 1)), s), da_rows(da ? size_t(std::max<int64_t>(n * k, 1)) : 1, s),
+      dbias_chunk(dbias ? size_t(c) : 1, s);
+  auto product = [&](int64_t m, int64_t cols, int64_t inner, bool ta, bool tb, float beta, const float* pa,
+                     const float* pb, float* pc, const float* with_bias) {
+    GemmDesc g;
+    g.m = m, g.n = cols, g.k = inner, g.trans_a = ta, g.trans_b = tb, g.beta = beta, g.bias = with_bias;
+    gemm(g, pa, pb, pc, stream);
+  };
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t m = std::min(chunk, n - start);
+    gather(sizeof(float), a, kept.data() + start, a_rows.get(), m, 1, d.rows, k, stream);
+    // z = A_rows op(B) + bias: [m, C]; then each row's loss, and z overwritten with dz.
+    product(m, c, k, false, d.trans_b, 0.0f, a_rows.get(), b, z.get(), bias);
+    softmax_cross_entropy_rows_kernel<<<unsigned(m), kThreads, 0, s>>>(z.get(), d_labels.get() + start,
+                                                                       row_loss.get() + start, c, d.scale, want_dz);
+    check_launch("softmax_cross_entropy_rows");
+    if (da)  // dA1 rows = dz op(B)^T: [m, K]
+      product(m, k, c, false, !d.trans_b, 0.0f, z.get(), b, da_rows.get() + start * k, nullptr);
+    if (db) {  // transB: dB1 [C, K] += dz^T A_rows; else dB1 [K, C] += A_rows^T dz
+      if (d.trans_b) product(c, k, m, true, false, 1.0f, z.get(), a_rows.get(), db, nullptr);
+      else product(k, c, m, true, false, 1.0f, a_rows.get(), z.get(), db, nullptr);
+    }
+    if (dbias) {  // dbias1 += the column sums of dz
+      reduce_sum(DType::kFloat32, z.get(), dbias_chunk.get(), 1, m, c, 1.0f, stream);
+      const Shape cs{c};
+      binary(Binary::kAdd, DType::kFloat32, dbias, cs, dbias_chunk.get(), cs, dbias, cs, stream);
+    }
+  }
+  // The kept rows are distinct: GatherGrad's scatter writes each one's dA1 row, zeros elsewhere.
+  if (da) gather_grad(DType::kFloat32, da_rows.get(), kept.data(), da, n, 1, d.rows, k, stream);
+  reduce_sum(DType::kFloat32, row_loss.get(), loss, 1, n, 1, d.scale, stream);  // one ordered sum
 }
 
 void nll_loss(DType dtype, const void* log_prob, const int64_t* labels, void* loss, int64_t n, int64_t c, int64_t d,

@@ -94,11 +94,19 @@ void nll_loss(DType dtype, const void* log_prob, const int64_t* labels, void* lo
 void nll_loss_grad(DType dtype, const void* dloss, const void* log_prob, const int64_t* labels, void* dx, int64_t n,
                    int64_t c, int64_t d, int64_t ignore, int reduction, int* bad_label, void* stream);
 
-// The fused output layer's rows (LinearSoftmaxCrossEntropy): z [m, c] float32 logits, labels [m]
-// on the device, each in [0, c). row_loss[i] = logsumexp(z_i) - z_i[label_i]; with want_dz, z_i is
-// overwritten with f (softmax(z_i) - onehot(label_i)).
-void softmax_cross_entropy_rows(float* z, const int64_t* labels, float* row_loss, int64_t m, int64_t c, float f,
-                                bool want_dz, void* stream);
+// The fused output layer (LinearSoftmaxCrossEntropy), float32: A [rows, k], B [k, c] ([c, k] with
+// trans_b), bias [c] or null; `kept` the rows that count (host, ascending), `labels` theirs (host,
+// in [0, c)). loss = scale * sum over kept r of (logsumexp(z_r) - z_r[label_r]), z_r = A_r op(B) +
+// bias, and, each where not null, the unit gradients for dz_r = scale (softmax(z_r) - onehot):
+// da [rows, k] = dz op(B)^T (0 for rows not kept), db (B's shape), dbias [c] = sum_r dz_r.
+struct LinearCrossEntropyDesc {
+  int64_t rows = 0, k = 0, c = 0;
+  bool trans_b = false;
+  float scale = 1;
+};
+void linear_cross_entropy(const LinearCrossEntropyDesc& d, const float* a, const float* b, const float* bias,
+                          const std::vector<int64_t>& kept, const std::vector<int64_t>& labels, float* loss, float* da,
+                          float* db, float* dbias, void* stream);
 
 // ---- adamw.cu: one multi-tensor AdamW update of float32 tensors in place (torch.optim.AdamW,
 // or transformers' AdamW when hf), with gradient clipping to max_grad_norm over all gradients

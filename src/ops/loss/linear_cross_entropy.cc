@@ -34,7 +34,6 @@
 #include "ops/registry.h"
 #if ONNXTRAIN_CUDA
 #include "backends/cuda/kernels.h"
-#include "core/device.h"
 #endif
 
 namespace onnxtrain {
@@ -223,73 +222,34 @@ class LinearCrossEntropyKernel final : public Kernel {
 };
 
 #if ONNXTRAIN_CUDA
-// On CUDA tensors, float32 (float64 runs on the host): the CPU kernel's pass over chunks of kept
-// rows, each chunk's A rows gathered (gather.cu), its logits and the unit gradients' products
-// through cuBLASLt (the bias by its epilogue), each row's loss and dz by softmax_cross_entropy_rows.
-// The labels are a host input: the kept rows are chosen and checked there, with the CPU kernel's
-// errors. dA1's rows are scattered back once at the end; the loss is one ordered sum of the rows'.
-constexpr int64_t kCudaChunkBytes = int64_t(64) << 20;
-
+// On CUDA tensors, float32 (float64 runs on the host): cross_entropy.cu runs the CPU kernel's pass
+// over chunks of kept rows, with cuBLASLt products. The labels are a host input: the kept rows
+// are chosen and checked here, with the CPU kernel's errors.
 void linear_ce_cuda(KernelContext& ctx) {
   const Node& node = ctx.node();
-  const bool trans_b = node.attr_int("transB", 0) != 0;
+  cuda::LinearCrossEntropyDesc d;
+  d.trans_b = node.attr_int("transB", 0) != 0;
   const LossReduction reduction = loss_reduction(node);
   OT_CHECK(reduction != LossReduction::kNone, node.context(), "reduction must be mean or sum (the fused loss is a scalar)");
-  const auto [rows, k, c] = check_linear_ce(ctx, trans_b);
+  const LinearCeDims dims = check_linear_ce(ctx, d.trans_b);
+  d.rows = dims.rows, d.k = dims.k, d.c = dims.c;
   const Tensor& a = ctx.input(0);
   const Tensor& b = ctx.input(1);
   if (a.dtype() != DType::kFloat32) return run_on_host(ctx, "dtype " + dtype_name(a.dtype()));
   const Tensor* bias = ctx.has_input(3) ? &ctx.input(3) : nullptr;
-  const std::vector<int64_t> kept = kept_rows(ctx, rows, c);
-  const int64_t n_kept = int64_t(kept.size());
-  const float f = reduction == LossReduction::kMean ? float(1.0 / double(n_kept)) : 1.0f;
-  const Device dev = ctx.device();
-  void* stream = ctx.stream();
-  const DType f32 = DType::kFloat32;
-  Tensor* da = ctx.output_requested(1) ? &ctx.output(1, f32, a.shape()) : nullptr;
-  Tensor* db = ctx.output_requested(2) ? &ctx.output(2, f32, b.shape()) : nullptr;
-  Tensor* dbias = bias && ctx.output_requested(3) ? &ctx.output(3, f32, bias->shape()) : nullptr;
-  const bool want_dz = da || db || dbias;
-  for (Tensor* t : {db, dbias})  // dA1 is written whole at the end
-    if (t) cuda::memset_zero(t->data(), t->nbytes(), stream);
-
-  std::vector<int64_t> kept_labels(kept.size());
-  for (size_t i = 0; i < kept.size(); ++i) kept_labels[i] = label_at(ctx.input(2), kept[i]);
-  const Tensor labels = to_device(Tensor::from_vector(kept_labels, {n_kept}), dev, Stream(std::shared_ptr<void>(), stream));
-  Tensor row_loss = empty_on(dev, f32, {n_kept});
-  const int64_t chunk = std::min(n_kept, std::max(kMinChunkRows, kCudaChunkBytes / std::max<int64_t>(1, c * 4)));
-  Tensor a_rows = empty_on(dev, f32, {chunk, k}), z = empty_on(dev, f32, {chunk, c});
-  Tensor da_rows = da ? empty_on(dev, f32, {n_kept, k}) : Tensor();
-  Tensor dbias_chunk = dbias ? empty_on(dev, f32, {c}) : Tensor();
-  auto product = [&](int64_t m, int64_t n, int64_t kk, bool ta, bool tb, float beta, const void* pa, const void* pb,
-                     void* pc, const void* with_bias) {
-    cuda::GemmDesc g;
-    g.m = m, g.n = n, g.k = kk, g.trans_a = ta, g.trans_b = tb, g.beta = beta, g.bias = with_bias;
-    cuda::gemm(g, pa, pb, pc, stream);
+  const std::vector<int64_t> kept = kept_rows(ctx, d.rows, d.c);
+  std::vector<int64_t> labels(kept.size());
+  for (size_t i = 0; i < kept.size(); ++i) labels[i] = label_at(ctx.input(2), kept[i]);
+  d.scale = reduction == LossReduction::kMean ? float(1.0 / double(kept.size())) : 1.0f;  // 0 kept: the mean is NaN
+  auto out = [&](size_t i, const Shape& shape) {
+    return ctx.output_requested(i) ? ctx.output(i, DType::kFloat32, shape).data<float>() : nullptr;
   };
-  for (int64_t start = 0; start < n_kept; start += chunk) {
-    const int64_t m = std::min(chunk, n_kept - start);
-    cuda::gather(sizeof(float), a.data(), kept.data() + start, a_rows.data(), m, 1, rows, k, stream);
-    // z = A_rows op(B) + bias: [m, C]; then each row's loss, and z overwritten with dz.
-    product(m, c, k, false, trans_b, 0.0f, a_rows.data(), b.data(), z.data(), bias ? bias->data() : nullptr);
-    cuda::softmax_cross_entropy_rows(z.data<float>(), labels.data<int64_t>() + start, row_loss.data<float>() + start, m,
-                                     c, f, want_dz, stream);
-    if (da)  // dA1 rows = dz op(B)^T: [m, K]
-      product(m, k, c, false, !trans_b, 0.0f, z.data(), b.data(), da_rows.data<float>() + start * k, nullptr);
-    if (db) {  // transB: dB1 [C, K] += dz^T A_rows; else dB1 [K, C] += A_rows^T dz
-      if (trans_b) product(c, k, m, true, false, 1.0f, z.data(), a_rows.data(), db->data(), nullptr);
-      else product(k, c, m, true, false, 1.0f, a_rows.data(), z.data(), db->data(), nullptr);
-    }
-    if (dbias) {  // dbias1 += the column sums of dz
-      cuda::reduce_sum(f32, z.data(), dbias_chunk.data(), 1, m, c, 1.0f, stream);
-      cuda::binary(cuda::Binary::kAdd, f32, dbias->data(), bias->shape(), dbias_chunk.data(), bias->shape(), dbias->data(),
-                   bias->shape(), stream);
-    }
-  }
-  // The kept rows are distinct: GatherGrad's scatter writes each one's dA1 row, zeros elsewhere.
-  if (da) cuda::gather_grad(f32, da_rows.data(), kept.data(), da->data(), n_kept, 1, rows, k, stream);
-  Tensor& loss = ctx.output(0, f32, Shape{});
-  cuda::reduce_sum(f32, row_loss.data(), loss.data(), 1, n_kept, 1, reduction == LossReduction::kMean ? f : 1.0f, stream);
+  float* da = out(1, a.shape());
+  float* db = out(2, b.shape());
+  float* dbias = bias ? out(3, bias->shape()) : nullptr;
+  float* loss = ctx.output(0, DType::kFloat32, Shape{}).data<float>();
+  cuda::linear_cross_entropy(d, a.data<float>(), b.data<float>(), bias ? bias->data<float>() : nullptr, kept, labels, loss,
+                             da, db, dbias, ctx.stream());
 }
 #endif
 
