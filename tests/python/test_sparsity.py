@@ -295,6 +295,21 @@ def head_rows_gathered(directory):
     return False
 
 
+def forward_products_on_kept_rows(directory):
+    """The forward's matrix products (the output layer fused with its loss included) whose rows
+    come from the kept-label Gathers: values computed from those Gathers' outputs, followed down
+    the forward graph (not into the gradient nodes)."""
+    graph = onnx.load(os.path.join(directory, "training_model.onnx")).graph
+    kept = set()
+    for n in graph.node:  # topological order
+        if "/grad" in n.name:
+            continue
+        if (n.op_type == "Gather" and "kept_labels" in n.name) or any(i in kept for i in n.input):
+            kept.update(o for o in n.output if o)
+    return [n.name for n in graph.node if "/grad" not in n.name and n.input and n.input[0] in kept
+            and n.op_type in ("MatMul", "FusedMatMul", "Gemm", "LinearSoftmaxCrossEntropy")]
+
+
 @pytest.mark.parametrize("layout", ["classes_second", "token_rows"])
 def test_artifacts_label_sparsity_gives_dense_loss_and_gradients(tmp_path, layout):
     path, params = export_decoder(tmp_path, layout)
@@ -305,6 +320,10 @@ def test_artifacts_label_sparsity_gives_dense_loss_and_gradients(tmp_path, layou
                                      optimizer=artifacts.OptimType.SGD, artifact_directory=d, label_sparsity=on)
         ops = training_ops(d)
         assert ("NonZero" in ops) == on and head_rows_gathered(d) == on, (on, ops)
+        if on:  # the gather reaches into the last block: its output projection and MLP run on the kept rows
+            products = forward_products_on_kept_rows(d)
+            assert len(products) == 4 and sum("blocks.1/mlp" in p for p in products) == 2, products
+            assert sum("blocks.1/attn/out" in p for p in products) == 1, products
         # the head and its loss are one op in either layout (the logits never exist whole)
         assert "LinearSoftmaxCrossEntropy" in ops and "SoftmaxCrossEntropyLoss" not in ops, ops
         runs[on] = loss_and_gradients(d, artifact_batches(layout))
