@@ -10,7 +10,8 @@
 * On-device artifacts (``--models artifacts``): the GPT-style decoder above (logits as [B, V, S],
   the layout the artifacts' CrossEntropy takes, batch and sequence symbolic in the export) through
   generate_artifacts + Module + Optimizer (SGD), 70% of labels ignored: artifacts generated with
-  ``label_sparsity=True`` against dense ones. Target: at least 1.4x.
+  ``label_sparsity=True`` against dense ones, and the dense ones on the same ids with every label
+  kept. Target: the 70%-ignored step at least 1.4x faster than the every-label step.
 
 Both variants run in one process, steps interleaved (each leads a round in turn), on the same
 batches (the kept-row counts round up to 16 sizes, each recording an executor plan the first time
@@ -173,9 +174,13 @@ def run_artifacts(steps: int, threads: int, workdir: str, ignored: float = 0.7) 
 
 
 def gemm_bound(model, data, workdir: str) -> str:
-    """What GEMM work alone allows: the head's share of the forward's GEMM FLOPs (bench/onnx_flops.py,
-    a static export; the backward keeps the proportion) and the mean kept-row fraction after the
-    pass's rounding to 1/16 of the rows."""
+    """What GEMM work alone allows: the share of the forward's GEMM FLOPs that label sparsity runs
+    on the kept rows only (bench/onnx_flops.py, a static export; the backward keeps the proportion)
+    -- the head, and the last block's attention output projection and MLP, which the pass gathers
+    above (src/passes/sparsity.cc, keep_labels_of_region) -- and the mean kept-row fraction after
+    the pass's rounding to 1/16 of the rows."""
+    import re
+
     import onnx
     import torch
     import onnx_flops
@@ -188,14 +193,20 @@ def gemm_bound(model, data, workdir: str) -> str:
     graph = onnx.load(path)
     total = onnx_flops.count_flops(graph)["total"]
     shapes = onnx_flops._known_shapes(graph)
-    head = sum(onnx_flops._matmul_flops(shapes[n.input[0]], shapes[n.input[1]])
-               for n in graph.graph.node if n.op_type == "MatMul" and "head" in n.name)
+    matmuls = [n for n in graph.graph.node if n.op_type == "MatMul"]
+    last = max(int(m.group(1)) for n in matmuls for m in [re.search(r"blocks\.(\d+)/", n.name)] if m)
+
+    def flops(selected):
+        return sum(onnx_flops._matmul_flops(shapes[n.input[0]], shapes[n.input[1]]) for n in selected)
+    head = flops(n for n in matmuls if "head" in n.name)
+    block = flops(n for n in matmuls if f"blocks.{last}/attn/out/" in n.name or f"blocks.{last}/mlp/" in n.name)
     rows = data[0][1].numel()
     step = (rows + 15) // 16
     kept = sum(min(-(-int((y != -100).sum()) // step) * step, rows) for _, y in data) / len(data) / rows
-    share = head / total
-    return (f"head {head / 1e9:.2f} of {total / 1e9:.2f} forward GEMM GFLOP ({share:.0%}), {kept:.0%} of rows kept "
-            f"after rounding: GEMM bound {1 / (1 - share + share * kept):.2f}x")
+    share = (head + block) / total
+    return (f"head {head / 1e9:.2f} and the last block's output projection and MLP {block / 1e9:.2f} of "
+            f"{total / 1e9:.2f} forward GEMM GFLOP ({share:.0%}), {kept:.0%} of rows kept after rounding: "
+            f"GEMM bound {1 / (1 - share + share * kept):.2f}x")
 
 
 def profile(name: str, threads: int, runs: int = 7, top: int = 16) -> str:
@@ -289,8 +300,12 @@ def main(argv=None) -> int:
             title = f"GPT decoder artifacts, {args.ignored:.0%} labels ignored"
         else:
             r = run(name, args.steps, args.threads)
+        # The artifacts' target is the issue's measure: the ignored-label step against the step with
+        # every label kept (the next line); label_sparsity=0 artifacts already skip ignored rows in
+        # their fused output layer, so the first ratio is the pass's gain over that.
+        aimed = "" if "full_ms" in r else f" (target >= {target}x)"
         print(f"  {title}: {setting}=1 {r['on_ms']:7.1f} ms, =0 {r['off_ms']:7.1f} ms: "
-              f"{r['off_ms'] / r['on_ms']:.2f}x (target >= {target}x); CPU time {r['on_cpu_ms']:.1f} / "
+              f"{r['off_ms'] / r['on_ms']:.2f}x{aimed}; CPU time {r['on_cpu_ms']:.1f} / "
               f"{r['off_cpu_ms']:.1f} ms: {r['off_cpu_ms'] / r['on_cpu_ms']:.2f}x; pass applied: {r['applied']}; "
               f"losses differ by at most {r['drift']:.1e} relative", flush=True)
         if "full_ms" in r:

@@ -183,6 +183,51 @@ class SmallResNet(nn.Module):
         return self.head(torch.flatten(self.pool(self.blocks(self.stem(x))), 1))
 
 
+class Bottleneck(nn.Module):
+    """ResNet-50's bottleneck block: 1x1 conv-bn down to `width`, 3x3 conv-bn (strided), 1x1 conv-bn
+    up to 4 * width, the identity or a strided 1x1 conv-bn projection added, ReLU."""
+
+    def __init__(self, c_in: int, width: int, stride: int):
+        super().__init__()
+        c_out = 4 * width
+        self.conv1 = nn.Conv2d(c_in, width, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.conv3 = nn.Conv2d(width, c_out, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        y = torch.relu(self.bn2(self.conv2(y)))
+        return torch.relu(self.bn3(self.conv3(y)) + self.shortcut(x))
+
+
+class ResNet50(nn.Module):
+    """ResNet-50 as torchvision's resnet50 lays it out (7x7 stem, 3x3 max pool, stages of 3, 4, 6
+    and 3 bottlenecks of widths 64-512, stride in the 3x3 conv), for 224x224 images: the GPU
+    benchmark's CNN (bench/cuda_training_torch.py), here so both engines train the same network."""
+
+    def __init__(self, num_classes: int = 1000):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        blocks, c_in = [], 64
+        for i, (width, count) in enumerate(((64, 3), (128, 4), (256, 6), (512, 3))):
+            for k in range(count):
+                blocks.append(Bottleneck(c_in, width, 2 if k == 0 and i > 0 else 1))
+                c_in = 4 * width
+        self.blocks = nn.Sequential(*blocks)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.head = nn.Linear(c_in, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.flatten(self.pool(self.blocks(self.stem(x))), 1))
+
+
 def _randomize_batchnorm(model: nn.Module, generator: torch.Generator) -> None:
     """Gives BatchNorm layers non-trivial running statistics and affine parameters, so that an
     engine that skips or mis-fuses BatchNorm in eval mode is caught by the output comparison."""

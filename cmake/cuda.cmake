@@ -50,6 +50,11 @@ add_executable(cuda_kernels_bench ${CMAKE_CURRENT_LIST_DIR}/../bench/cuda_kernel
 target_include_directories(cuda_kernels_bench PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src)
 target_link_libraries(cuda_kernels_bench PRIVATE onnxtrain CUDA::cuda_driver)  # the driver: its events time it
 set_target_properties(cuda_kernels_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
+# Training steps of GPT-2 124M, BERT-base and ResNet-50 with a Module on the GPU (the GPU speed targets).
+add_executable(cuda_training_bench ${CMAKE_CURRENT_LIST_DIR}/../bench/cuda_training.cc)
+target_include_directories(cuda_training_bench PRIVATE ${CMAKE_CURRENT_LIST_DIR}/../src)
+target_link_libraries(cuda_training_bench PRIVATE onnxtrain)
+set_target_properties(cuda_training_bench PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bench)
 
 if(ONNXTRAIN_BUILD_TESTS)
   # Every CUDA kernel against the CPU kernel of its op, through an executor on each device; the

@@ -11,7 +11,9 @@
 #   here, once:   scripts/gpu_check.sh --prepare          (GoogleTest's sources and the training
 #                                                          artifacts into .gpu_carry/; needs `make build`)
 #   device tool:  run(command="scripts/gpu_check.sh", carry=[".gpu_carry"], timeout_s=540)
-#   --no-bench:   everything but the two benchmarks (a rerun after changes that touch no kernel)
+#   --no-bench:   everything but the kernel benchmarks (a rerun after changes that touch no kernel)
+#   --training-bench: also train GPT-2 124M (bf16), BERT-base and ResNet-50 steps on both engines
+#                 (bench/cuda_training.cc beside bench/cuda_training_torch.py; a few minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 CARRY=.gpu_carry
@@ -20,14 +22,23 @@ if [ "${1:-}" = "--prepare" ]; then
   mkdir -p "$CARRY"
   rm -rf "$CARRY/googletest" && cp -r /usr/src/googletest "$CARRY/googletest"  # .gitignore ignores $CARRY
   # The training test's artifacts and batches, and their op list (the minimal build's ops).
-  rm -rf "$CARRY/training"
+  rm -rf "$CARRY/training" "$CARRY/bench"
   PYTHONPATH=build/python /usr/bin/python3 tests/cuda/make_training_artifacts.py "$CARRY/training" || exit 1
+  # The training benchmark's models (GPT-2 124M, BERT-base, ResNet-50), gzipped: about 1 MB.
+  PYTHONPATH=build/python /usr/bin/python3 bench/cuda_training_models.py "$CARRY/bench" || exit 1
   du -sh "$CARRY"
   exit 0
 fi
 
 BENCH=1
-[ "${1:-}" = "--no-bench" ] && BENCH=0
+TRAINING_BENCH=0
+for arg in "$@"; do
+  case $arg in
+    --no-bench) BENCH=0 ;;
+    --training-bench) TRAINING_BENCH=1 ;;
+    *) echo "gpu_check: unknown option $arg" >&2; exit 2 ;;
+  esac
+done
 OUT=${OUT:-$PWD/gpu_check_out}
 mkdir -p "$OUT"
 REPORT=$OUT/report.txt
@@ -66,14 +77,20 @@ OPS="$OPS;ReduceSum;ReduceMean;Softmax;LogSoftmax;SoftmaxGrad;LogSoftmaxGrad;Sof
 OPS="$OPS;LayerNormalization;LayerNormalizationGrad;SoftmaxCrossEntropyLoss;SoftmaxCrossEntropyLossGrad;AdamW;Cos"
 OPS="$OPS;Transpose;Reshape;Flatten;Squeeze;Unsqueeze;Identity;Expand;Concat;Slice;SliceGrad;Sum;SumTo"
 OPS="$OPS;Gather;GatherGrad;Gelu;GeluGrad;Erf;LinearSoftmaxCrossEntropy"
-# The training test's models: their ops, and where the test finds them.
+# The training test's and the training benchmark's models: their ops, and where the test finds them.
 TRAINING=$PWD/$CARRY/training
-[ -f "$TRAINING/ops.txt" ] || { note "no $TRAINING/ops.txt: run scripts/gpu_check.sh --prepare here first"; failures+=("training artifacts missing"); }
+MODELS=$PWD/$CARRY/bench
+for f in "$TRAINING/ops.txt" "$MODELS/ops.txt"; do
+  [ -f "$f" ] || { note "no $f: run scripts/gpu_check.sh --prepare here first"; failures+=("$f missing"); }
+done
+OPS_FILE=$OUT/ops.txt
+cat "$TRAINING/ops.txt" "$MODELS/ops.txt" 2>/dev/null | sort -u > "$OPS_FILE"
 export ONNXTRAIN_GPU_TRAINING=$TRAINING
 phase configure 120 configure.log cmake -S . -B $BUILD -G Ninja -DCMAKE_BUILD_TYPE=Release -DONNXTRAIN_MINIMAL=ON \
   -DONNXTRAIN_CUDA=ON -DONNXTRAIN_BUILD_EXAMPLES=OFF -DONNXTRAIN_GTEST_SOURCE="$GTEST_SRC" "-DONNXTRAIN_OPS=$OPS" \
-  "-DONNXTRAIN_OPS_FILE=$([ -f "$TRAINING/ops.txt" ] && echo "$TRAINING/ops.txt")" &&
-phase build 300 build.log cmake --build $BUILD -j "$(nproc)" --target onnxtrain_cuda_tests cuda_kernels_bench
+  "-DONNXTRAIN_OPS_FILE=$OPS_FILE" &&
+phase build 300 build.log cmake --build $BUILD -j "$(nproc)" --target onnxtrain_cuda_tests cuda_kernels_bench \
+  cuda_training_bench
 built=$?
 
 if [ $built -eq 0 ]; then
@@ -116,6 +133,16 @@ for name, (rate, unit) in ours.items():
     ratio = rate / torch_rate if torch_rate else float("nan")
     print(f"{name:<34} {rate:8.1f} {unit:<8} {torch_rate:8.1f}   {ratio:6.2f}")
 PY
+fi
+
+# Whole training steps, ours (Module on the GPU) beside PyTorch's (eager and compiled), same card.
+if [ $TRAINING_BENCH -eq 1 ] && [ "${built:-1}" -eq 0 ]; then
+  unzipped=$(mktemp -d)
+  cp -r "$MODELS"/. "$unzipped" && gunzip -f "$unzipped"/*/*.gz
+  phase train-ours 300 training_bench.log $BUILD/bench/cuda_training_bench "$unzipped" 5
+  phase train-torch 300 training_torch.log python3 bench/cuda_training_torch.py --steps 5
+  note ""
+  grep -hE '^(gpt2|bert|resnet50) ' "$OUT/training_bench.log" "$OUT/training_torch.log" | sort -s -k1,1 | tee -a "$REPORT"
 fi
 
 note ""

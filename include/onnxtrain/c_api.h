@@ -266,6 +266,11 @@ OT_API OtStatus ot_compile_artifacts(const char* artifact_directory, const char*
  * loaded instead. */
 OT_API OtStatus ot_module_create(const char* training_model_path, OtCheckpoint* checkpoint,
                                  const char* eval_model_path, OtModule** out);
+/* ot_module_create on a device: "cpu" or "cuda" (the graphs run on the GPU; the parameters stay on
+ * the host, copied in each step, and the optimizer updates on the CPU). "cuda" fails with the reason
+ * where there is no GPU or the library was built without CUDA. */
+OT_API OtStatus ot_module_create_on_device(const char* training_model_path, OtCheckpoint* checkpoint,
+                                           const char* eval_model_path, const char* device, OtModule** out);
 OT_API void ot_module_release(OtModule* module);
 
 /* Forward, backward and gradient accumulation. inputs: the training graph's inputs in the order

@@ -85,22 +85,42 @@ OtStatus ot_compile_artifacts(const char* artifact_directory, const char* const*
 
 // ---- module
 
+namespace {
+
+void create_module(Call& c, const char* training_model_path, OtCheckpoint* checkpoint, const char* eval_model_path,
+                   Device device, OtModule** out) {
+  OtModule*& result = c.out(out, "out");
+  auto m = std::make_unique<OtModule>();
+  m->state = c.ref(checkpoint, "checkpoint").state;
+  std::string eval = eval_model_path ? eval_model_path : "";
+  m->module = std::make_shared<Module>(c.str(training_model_path, "training_model_path"), *m->state, eval, device);
+  m->train_inputs = m->module->input_names(true);
+  m->train_outputs = m->module->output_names(true);
+  m->has_eval = !eval.empty();
+  if (m->has_eval) {
+    m->eval_inputs = m->module->input_names(false);
+    m->eval_outputs = m->module->output_names(false);
+  }
+  result = m.release();
+}
+
+}  // namespace
+
 OtStatus ot_module_create(const char* training_model_path, OtCheckpoint* checkpoint, const char* eval_model_path,
                           OtModule** out) {
   return guard(__func__, [&](Call& c) {
-    OtModule*& result = c.out(out, "out");
-    auto m = std::make_unique<OtModule>();
-    m->state = c.ref(checkpoint, "checkpoint").state;
-    std::string eval = eval_model_path ? eval_model_path : "";
-    m->module = std::make_shared<Module>(c.str(training_model_path, "training_model_path"), *m->state, eval);
-    m->train_inputs = m->module->input_names(true);
-    m->train_outputs = m->module->output_names(true);
-    m->has_eval = !eval.empty();
-    if (m->has_eval) {
-      m->eval_inputs = m->module->input_names(false);
-      m->eval_outputs = m->module->output_names(false);
-    }
-    result = m.release();
+    create_module(c, training_model_path, checkpoint, eval_model_path, Device::kCpu, out);
+  });
+}
+
+OtStatus ot_module_create_on_device(const char* training_model_path, OtCheckpoint* checkpoint,
+                                    const char* eval_model_path, const char* device, OtModule** out) {
+  return guard(__func__, [&](Call& c) {
+    const std::string where = c.str(device, "device");
+    if (where != "cpu" && where != "cuda")
+      c.fail(detail::concat("device should be \"cpu\" or \"cuda\", got \"", where, "\""));
+    create_module(c, training_model_path, checkpoint, eval_model_path, where == "cuda" ? Device::kCuda : Device::kCpu,
+                  out);
   });
 }
 

@@ -1,5 +1,6 @@
 #include "passes/sparsity.h"
 
+#include <map>
 #include <optional>
 #include <set>
 #include <unordered_map>
@@ -183,70 +184,153 @@ bool flatten_classes_second(Model& model, size_t li) {
   return true;
 }
 
+// A loss whose rows label sparsity can gather: reduced ('none' keeps one loss per row), only its
+// loss read (not log_prob), [N, C] scores against [N] integer labels. Its labels' length (symbolic:
+// -1) and dtype.
+struct LabelRows {
+  int64_t count;
+  DType dtype;
+};
+std::optional<LabelRows> gatherable_loss(const Graph& g, const Node& loss, const std::unordered_map<std::string, int>& uses) {
+  if (!only_first_output_used(g, loss, uses) || loss.attr_string("reduction", "mean") == "none") return std::nullopt;
+  std::optional<Shape> scores = known_shape(g, loss.inputs[0]), labels = known_shape(g, loss.inputs[1]);
+  if (!scores || !labels || scores->size() != 2 || labels->size() != 1) return std::nullopt;
+  const DType dtype = known_dtype(g, loss.inputs[1]);
+  if (dtype != DType::kInt64 && dtype != DType::kInt32) return std::nullopt;
+  return LabelRows{(*labels)[0], dtype};
+}
+
+// For a node treating the rows of its output one by one, the inputs that carry those rows (the
+// others broadcast over them: weights, biases, scalars); nullopt otherwise. `rank` is its
+// output's rank. Unlike row_input, two operands may both carry rows (a residual Add, GELU's
+// x * Phi(x)) when their shapes are the output's.
+std::optional<std::vector<int>> row_inputs(const Graph& g, const Node& p, int64_t rank,
+                                           const std::unordered_map<std::string, int>& uses) {
+  if (rank < 2) return std::nullopt;
+  if (!is_elementwise_binary(p)) {
+    const int k = row_input(g, p, rank, uses);
+    if (k < 0) return std::nullopt;
+    return std::vector<int>{k};
+  }
+  std::optional<Shape> out = known_shape(g, p.outputs[0]);
+  if (!out) return std::nullopt;
+  std::vector<int> rows;
+  for (int k = 0; k < 2; ++k) {
+    std::optional<Shape> s = known_shape(g, p.inputs[size_t(k)]);
+    if (!s) return std::nullopt;
+    if (*s == *out) rows.push_back(k);
+    else if (s->size() > 1) return std::nullopt;  // spans leading dims: neither rows nor a broadcast
+  }
+  if (rows.empty()) return std::nullopt;
+  return rows;
+}
+
+// Label sparsity gathered above a whole region of row-wise ops: the loss's scores and every value
+// they are computed from by ops that keep rows apart, where each such value is read only inside the
+// region. A head is a chain (vocabulary projection, final LayerNorm); in a decoder the region
+// reaches past them into the last block: its MLP, its second LayerNorm, both residual Adds and the
+// attention's output projection run on the kept rows; the values entering the region (the
+// attention's context before its output projection, the residual stream before the block) are
+// gathered, each once. Returns false, changing nothing, when there is nothing to gather.
 bool keep_labels_of(Model& model, size_t li) {
   Graph& g = model.graph;
   const auto producers = g.producers();
   const auto uses = g.use_counts();
   const Node loss = g.nodes[li];
-  if (only_first_output_used(g, loss, uses) == false) return false;                 // log_prob is read
-  if (loss.attr_string("reduction", "mean") == "none") return false;                // one loss per row
-  std::optional<Shape> scores = known_shape(g, loss.inputs[0]), labels = known_shape(g, loss.inputs[1]);
-  if (!scores || !labels || scores->size() != 2 || labels->size() != 1) return false;
-  const DType label_dtype = known_dtype(g, loss.inputs[1]);
-  if (label_dtype != DType::kInt64 && label_dtype != DType::kInt32) return false;
+  const std::optional<LabelRows> labels = gatherable_loss(g, loss, uses);
+  if (!labels) return false;
 
-  // Walk up while each value is read once, by the op below it, and that op keeps rows apart.
-  std::vector<size_t> chain;  // bottom-up
-  std::string top = loss.inputs[0];
-  for (;;) {
-    auto it = producers.find(top);
-    if (it == producers.end() || uses.at(top) != 1 || g.is_output(top)) break;
+  // Candidates: every node reachable upwards from the scores through row operands of row-wise ops.
+  std::map<size_t, std::vector<int>> region;  // node index -> its row operands
+  std::vector<std::string> todo{loss.inputs[0]};
+  while (!todo.empty()) {
+    const std::string v = todo.back();
+    todo.pop_back();
+    auto it = producers.find(v);
+    if (it == producers.end() || region.count(it->second)) continue;
     const Node& p = g.nodes[it->second];
-    std::optional<Shape> s = known_shape(g, top);
-    if (!s) break;
-    const int k = row_input(g, p, int64_t(s->size()), uses);
-    if (k < 0) break;
-    chain.push_back(it->second);
-    top = p.inputs[size_t(k)];
+    std::optional<Shape> s = known_shape(g, p.outputs[0]);
+    if (!s) continue;
+    std::optional<std::vector<int>> rows = row_inputs(g, p, int64_t(s->size()), uses);
+    if (!rows) continue;
+    region[it->second] = *rows;
+    for (int k : *rows) todo.push_back(p.inputs[size_t(k)]);
   }
-  std::optional<Shape> top_shape = known_shape(g, top);
-  if (!top_shape || top_shape->size() < 2) return false;
+  // Keep only nodes whose outputs are read nowhere but in the region (or by the loss): drop the
+  // others until none is left to drop.
+  std::unordered_map<std::string, std::vector<size_t>> readers;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    for (const auto& in : g.nodes[i].inputs)
+      if (!in.empty()) readers[in].push_back(i);
+  for (bool dropped = true; dropped;) {
+    dropped = false;
+    for (auto it = region.begin(); it != region.end();) {
+      bool inside = true;
+      for (const auto& out : g.nodes[it->first].outputs) {
+        if (out.empty()) continue;
+        if (g.is_output(out)) inside = false;
+        for (size_t r : readers[out]) inside = inside && (r == li || region.count(r));
+      }
+      if (inside) {
+        ++it;
+      } else {
+        it = region.erase(it);
+        dropped = true;
+      }
+    }
+  }
+  // The scores' producer must be in it.
+  auto root = producers.find(loss.inputs[0]);
+  if (root == producers.end() || !region.count(root->second)) return false;
 
+  // Values entering the region, each with its shape (its rank known).
+  std::map<std::string, Shape> entering;
+  for (const auto& [i, rows] : region)
+    for (int k : rows) {
+      const std::string& v = g.nodes[i].inputs[size_t(k)];
+      auto producer = producers.find(v);
+      if (producer != producers.end() && region.count(producer->second)) continue;
+      std::optional<Shape> vs = known_shape(g, v);  // its rank: the width may be symbolic (a Reshape's)
+      if (!vs || vs->size() < 2) return false;
+      entering[v] = *vs;
+    }
+  // Each gathered once, as [K, D] rows.
   std::vector<Node> added;
   Emitter e{g, added, loss.name + "/kept_labels"};
-  const std::string kept = e.kept_positions(loss.inputs[1], loss.attr_int("ignore_index", 0), label_dtype, (*labels)[0]);
-  std::string rows = top;
-  if (top_shape->size() > 2)
-    rows = e.node("Flatten", {top}, {{"axis", Attribute::of(int64_t(top_shape->size()) - 1)}});
-  std::string cur = e.node("Gather", {rows, kept}, {{"axis", Attribute::of(int64_t(0))}});
-  for (auto it = chain.rbegin(); it != chain.rend(); ++it) {
-    const Node& p = g.nodes[*it];
-    if (p.domain.empty() && p.op_type == "Reshape") continue;  // rows of [K, D] already
+  const std::string kept = e.kept_positions(loss.inputs[1], loss.attr_int("ignore_index", 0), labels->dtype, labels->count);
+  std::map<std::string, std::string> kept_rows;  // a value of the dense graph -> its kept rows
+  for (const auto& [v, vs] : entering) {
+    std::string flat = vs.size() > 2 ? e.node("Flatten", {v}, {{"axis", Attribute::of(int64_t(vs.size()) - 1)}}) : v;
+    kept_rows[v] = e.node("Gather", {flat, kept}, {{"axis", Attribute::of(int64_t(0))}});
+  }
+  // The region's nodes on the kept rows, in the graph's (topological) order.
+  for (const auto& [i, rows] : region) {
+    const Node& p = g.nodes[i];
+    if (p.domain.empty() && p.op_type == "Reshape") {  // rows of [K, D] already
+      kept_rows[p.outputs[0]] = kept_rows.at(p.inputs[0]);
+      continue;
+    }
     Node moved = p;
     moved.name = g.unique_name(p.name + "/kept_rows");
-    const int64_t rank = int64_t(known_shape(g, p.outputs[0])->size());
-    const int k = row_input(g, p, rank, g.use_counts());
-    moved.inputs[size_t(k)] = cur;
+    for (int k : rows) moved.inputs[size_t(k)] = kept_rows.at(p.inputs[size_t(k)]);
     if (moved.has_attr("axis")) moved.attributes["axis"] = Attribute::of(int64_t(-1));
-    cur = g.unique_name(p.outputs[0] + "/kept_rows");
-    moved.outputs = {cur};
+    moved.outputs = {g.unique_name(p.outputs[0] + "/kept_rows")};
     for (size_t o = 1; o < p.outputs.size(); ++o) moved.outputs.push_back("");
+    kept_rows[p.outputs[0]] = moved.outputs[0];
     added.push_back(std::move(moved));
   }
   Node new_loss = loss;
   new_loss.name = g.unique_name(loss.name + "/kept_rows");
-  new_loss.inputs[0] = cur;
+  new_loss.inputs[0] = kept_rows.at(loss.inputs[0]);
   new_loss.inputs[1] = e.node("Gather", {loss.inputs[1], kept}, {{"axis", Attribute::of(int64_t(0))}});
   added.push_back(std::move(new_loss));
 
-  std::set<size_t> removed(chain.begin(), chain.end());
-  removed.insert(li);
   std::vector<Node> nodes;
   nodes.reserve(g.nodes.size() + added.size());
   for (size_t i = 0; i < g.nodes.size(); ++i) {
     if (i == li)
       for (auto& n : added) nodes.push_back(std::move(n));
-    if (!removed.count(i)) nodes.push_back(std::move(g.nodes[i]));
+    if (i != li && !region.count(i)) nodes.push_back(std::move(g.nodes[i]));
   }
   g.nodes = std::move(nodes);
   g.topological_sort();

@@ -8,6 +8,11 @@
 //   SCE(Reshape(MatMul(LN(x), W), [-1, V]), y)
 //     -> SCE(MatMul(LN(Gather(Flatten(x), kept)), W), Gather(y, kept))   kept = NonZero(y != ignore_index)
 //
+// Where the rows come from a region of row-wise ops with branches (a decoder's last block: the
+// residual Adds, the second LayerNorm, the MLP, the attention's output projection), the whole
+// region runs on the kept rows, each value entering it gathered once (the residual stream before
+// the block, the attention's context); attention itself needs every row and stays whole.
+//
 // The loss is the same number: 'mean' divides by the (weighted) count of kept labels either way,
 // 'sum' adds the same terms; 'none' (one loss per row) is left alone. Exact for any data; it pays
 // when few labels are kept, which is why its users switch it on by the measured label density

@@ -240,14 +240,14 @@ ForwardBackwardGraphs build_forward_backward(const Model& model, const ForwardBa
   // differentiating the pieces. Inference-only fusions (FusedConv, no gradient) wait until the
   // whole graph is built.
   if (o.optimize) simplify_graph(m);
-  // The output layer and its loss in one op (fp32: under mixed precision the head's GEMM is bf16),
-  // before the row passes: it skips ignored labels' rows itself, and with symbolic dims the label
-  // pass would gather the logits' rows, which leaves nothing to fuse.
+  // The row passes, then the output layer and its loss in one op (fp32: under mixed precision the
+  // head's GEMM is bf16), as generate_artifacts orders them: the label pass gathers the kept rows
+  // above the head (and the last block's row-wise ops), and the fused op then runs on those rows.
+  fb.kept_label_losses = optimize_rows(m, o);
   if (low == DType::kUndefined) {
     infer_shapes(g, m.opsets);  // the fusion checks operand shapes
     if (fuse_linear_cross_entropy(g)) m.opsets.emplace(kOnnxTrainDomain, 1);
   }
-  fb.kept_label_losses = optimize_rows(m, o);
   fuse_for_training(m);
   if (low != DType::kUndefined) convert_to_mixed_precision(m, low);  // host values stay fp32 inputs
   GradientGraphInfo info;

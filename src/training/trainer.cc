@@ -88,7 +88,7 @@ uint64_t file_checksum(const std::string& path, uint64_t seed) {
 
 }  // namespace
 
-Trainer::Trainer(const ArtifactPaths& artifacts, const std::string& checkpoint, bool resume)
+Trainer::Trainer(const ArtifactPaths& artifacts, const std::string& checkpoint, bool resume, Device device)
     : artifacts_(artifacts), state_(CheckpointState::load(checkpoint)) {
   if (resume) {
     OT_CHECK(state_.has_property(kProgressStep), "checkpoint '", checkpoint, "' holds no training progress (no '",
@@ -115,7 +115,7 @@ Trainer::Trainer(const ArtifactPaths& artifacts, const std::string& checkpoint, 
       graphs->eval->plans.clear();  // planned for the graph's own outputs
     }
   for (const auto& in : training.graph.inputs) input_dtypes_[in.name] = in.info.dtype;
-  module_ = std::make_unique<Module>(std::move(graphs), state_);
+  module_ = std::make_unique<Module>(std::move(graphs), state_, device);
   OT_CHECK(module_->input_names(true) == module_->input_names(false), "the training model takes inputs (",
            joined(module_->input_names(true)), ") but the eval model takes (", joined(module_->input_names(false)),
            ")");

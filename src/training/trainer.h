@@ -112,7 +112,9 @@ class Trainer {
   // Loads the checkpoint and the training and eval models of an artifact directory.
   // resume: keep the checkpoint's training progress and optimizer state; otherwise a new run
   // starts from its parameters (progress properties and optimizer state are dropped).
-  Trainer(const ArtifactPaths& artifacts, const std::string& checkpoint, bool resume = false);
+  // `device`: where the Module's graphs run (Module's constructor says how).
+  Trainer(const ArtifactPaths& artifacts, const std::string& checkpoint, bool resume = false,
+          Device device = Device::kCpu);
   ~Trainer();
 
   // The data for the graphs' inputs: `inputs` and `labels` name npz arrays for the model's

@@ -90,6 +90,7 @@ int main(void) {
   ot_artifact_options_release(NULL);
 
   rejects_null(ot_module_create("t.onnx", NULL, NULL, &module), "ot_module_create");
+  rejects_null(ot_module_create_on_device("t.onnx", NULL, NULL, "cpu", &module), "ot_module_create_on_device");
   rejects_null(ot_module_train_step(NULL, NULL, 0, &tensor, 1), "ot_module_train_step");
   rejects_null(ot_module_eval_step(NULL, NULL, 0, &tensor, 1), "ot_module_eval_step");
   rejects_null(ot_module_lazy_reset_grad(NULL), "ot_module_lazy_reset_grad");

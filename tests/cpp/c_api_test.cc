@@ -2,6 +2,7 @@
 // properties, schedulers and inference on the MLP of tests/models, and every kind of bad input
 // (NULL handles, wrong dtypes and shapes, missing and corrupt files): a status, a message that
 // names the problem, no crash, and the objects left as they were.
+#include "core/device.h"
 #include "onnxtrain/c_api.h"
 
 #include <gtest/gtest.h>
@@ -574,6 +575,18 @@ TEST_F(CApiTest, MissingAndCorruptFiles) {
   std::ofstream(path("garbage.onnx"), std::ios::binary) << "not a model";
   EXPECT_NE(ot_module_create(path("garbage.onnx").c_str(), ckpt, nullptr, module.out()), OT_OK);
   EXPECT_EQ(module.p, nullptr);
+  // A device other than cpu or cuda is refused by name; cuda without a GPU (or without a CUDA
+  // build) says why (tests/cuda runs it on a GPU).
+  expect_error(ot_module_create_on_device(path("training_model.onnx").c_str(), ckpt, nullptr, "tpu", module.out()),
+               OT_INVALID_ARGUMENT, "\"tpu\"");
+  EXPECT_EQ(module.p, nullptr);
+  if (!onnxtrain::device_available(onnxtrain::Device::kCuda)) {
+    EXPECT_NE(ot_module_create_on_device(path("training_model.onnx").c_str(), ckpt, nullptr, "cuda", module.out()), OT_OK);
+    EXPECT_NE(std::string(ot_last_error()).find("CUDA"), std::string::npos) << ot_last_error();
+    EXPECT_EQ(module.p, nullptr);
+  }
+  ASSERT_OK(ot_module_create_on_device(path("training_model.onnx").c_str(), ckpt, nullptr, "cpu", module.out()));
+  EXPECT_NE(module.p, nullptr);
   Session session;
   EXPECT_NE(ot_session_create(path("garbage.onnx").c_str(), session.out()), OT_OK);
   EXPECT_EQ(session.p, nullptr);

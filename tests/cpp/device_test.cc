@@ -232,24 +232,13 @@ TEST_F(HostDeviceTest, InPlaceUpdatesOfCopiedInputsReachTheirValues) {
 // If's branches run on the host: a branch that reads a value of the outer graph made on the
 // device is handed a host copy of it (the host kernel in the branch checks it gets one).
 TEST_F(HostDeviceTest, ControlFlowBodiesReadOuterDeviceValuesOnTheHost) {
-  auto branch = [](const char* op) {
-    auto body = std::make_shared<Graph>();
-    Node n = make_node(op, {"a"}, {"branch_out"});  // "a": the outer graph's
-    if (std::string(op) == "TestDeviceScale") n.domain = kOnnxTrainDomain;
-    body->nodes = {n};
-    body->outputs = {value("branch_out", DType::kFloat32, std::nullopt)};
-    Attribute attr;
-    attr.kind = Attribute::Kind::kGraph;
-    attr.g = body;
-    return attr;
-  };
   Graph g;
   g.inputs = {value("x", DType::kFloat32, Shape{4}), value("cond", DType::kBool, Shape{})};
   g.outputs = {value("y", DType::kFloat32, std::nullopt)};
   Node scale = make_node("TestDeviceScale", {"x"}, {"a"}), choose = make_node("If", {"cond"}, {"y"});
   scale.domain = kOnnxTrainDomain;
-  choose.attributes["then_branch"] = branch("TestDeviceScale");
-  choose.attributes["else_branch"] = branch("Neg");
+  choose.attributes["then_branch"] = test::one_node_branch("TestDeviceScale", "a", kOnnxTrainDomain);  // "a": the outer graph's
+  choose.attributes["else_branch"] = test::one_node_branch("Neg", "a");
   g.nodes = {scale, choose};
   Model m = make_model(std::move(g));
   m.opsets[kOnnxTrainDomain] = 1;

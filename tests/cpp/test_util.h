@@ -42,6 +42,20 @@ inline Model make_model(Graph graph, int64_t opset = 17) {
 }
 
 // A file's bytes ("" when it cannot be read), and bytes written over a file.
+// A graph attribute (an If branch, a Loop body) of one node `op` reading `input` (a value of the
+// outer graph) into its one output, "branch_out", of unknown shape.
+inline Attribute one_node_branch(std::string op, const std::string& input, std::string domain = "") {
+  auto body = std::make_shared<Graph>();
+  Node n = make_node(std::move(op), {input}, {"branch_out"});
+  n.domain = std::move(domain);
+  body->nodes = {n};
+  body->outputs = {value("branch_out", DType::kFloat32, std::nullopt)};
+  Attribute attr;
+  attr.kind = Attribute::Kind::kGraph;
+  attr.g = body;
+  return attr;
+}
+
 inline std::string read_file(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(f), {});

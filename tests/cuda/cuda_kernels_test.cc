@@ -657,21 +657,12 @@ TEST(CudaKernels, InPlaceAdamWUpdatesTheInitializersItWasGivenCopiesOf) {
 // host copy of it.
 TEST(CudaKernels, AnIfBranchReadsAnOuterDeviceValue) {
   SKIP_WITHOUT_CUDA();
-  auto branch = [](const char* op) {
-    auto body = std::make_shared<Graph>();
-    body->nodes = {make_node(op, {"h"}, {"branch_out"})};  // "h": the outer graph's
-    body->outputs = {value("branch_out", DType::kFloat32, std::nullopt)};
-    Attribute a;
-    a.kind = Attribute::Kind::kGraph;
-    a.g = body;
-    return a;
-  };
   Graph g;
   g.inputs = {value("x", DType::kFloat32, Shape{8}), value("cond", DType::kBool, Shape{})};
   g.outputs = {value("y", DType::kFloat32, std::nullopt)};
   Node relu = make_node("Relu", {"x"}, {"h"}), choose = make_node("If", {"cond"}, {"y"});
-  choose.attributes["then_branch"] = branch("Neg");
-  choose.attributes["else_branch"] = branch("Abs");
+  choose.attributes["then_branch"] = test::one_node_branch("Neg", "h");  // "h": the outer graph's
+  choose.attributes["else_branch"] = test::one_node_branch("Abs", "h");
   g.nodes = {relu, choose};
   Model m = test::make_model(std::move(g), 17);
   std::mt19937 rng(13);

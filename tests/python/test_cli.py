@@ -202,6 +202,7 @@ def test_inspect(work):
     (["train", "d", "--data", "x.npz", "--lr-schedule", "exp"], "--lr-schedule must be one of constant, linear"),
     (["train", "d", "--data", "x.npz", "--gamma", "0.5"], "--step-size and --gamma apply to --lr-schedule step"),
     (["train", "d", "--data", "x.npz", "--resume", "a", "--checkpoint", "b"], "--checkpoint or --resume, not both"),
+    (["train", "d", "--data", "x.npz", "--device", "tpu"], "--device must be one of cpu, cuda"),
     (["train", "d", "--data"], "option '--data' needs a value"),
     (["train", "d", "--data", "x", "--data", "y"], "option '--data' is given twice"),
     (["train", "d", "--frobnicate"], "unknown option '--frobnicate'"),
@@ -236,6 +237,10 @@ def test_failures_while_running_exit_1(work, tmp_path):
     r = cli("train", work / "art", "--data", work / "train.npz", *DATA, "--lr", "1e30", "--progress", "none",
             "--checkpoint-out", tmp_path / "diverged", check=False)
     assert r.returncode == 1 and "training diverged" in r.stderr, r.stderr
+    if not onnxtrain.gpu_features()["available"]:  # a GPU machine trains there (tests/cuda)
+        r = cli("train", work / "art", "--data", work / "train.npz", *DATA, "--device", "cuda", "--progress", "none",
+                "--checkpoint-out", tmp_path / "on_gpu", check=False)
+        assert r.returncode == 1 and "CUDA" in r.stderr and not (tmp_path / "on_gpu").exists(), r.stderr
 
 
 def test_help_for_every_command():

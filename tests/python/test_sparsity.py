@@ -95,10 +95,10 @@ def assert_same_as_eager(trained, eager):
 
 @pytest.mark.parametrize("kind", ["gpt", "encoder"])
 def test_label_sparsity_trains_as_eager(kind, monkeypatch):
-    """70% of labels ignored. A head whose logits only the loss reads becomes the fused output
-    layer, which skips ignored rows itself: the row pass finds no loss and says so. A head whose
-    logits are returned too keeps its loss, which the row pass rewrites to take the kept rows.
-    Either way, 20 steps give PyTorch's losses and parameters."""
+    """70% of labels ignored. The row pass gathers the kept rows above the head (and, in the
+    decoder, above the last block's row-wise ops); a head whose logits only the loss reads then
+    becomes the fused output layer on those rows. A head whose logits are returned too keeps its
+    loss, on the kept rows. Either way, 20 steps give PyTorch's losses and parameters."""
     torch.manual_seed(0)
     base = models.GPTDecoder(CFG) if kind == "gpt" else MaskedLM(CFG)
     data = batches(ignored=0.7)
@@ -106,7 +106,7 @@ def test_label_sparsity_trains_as_eager(kind, monkeypatch):
     eager = train(base, data, monkeypatch, eager=True)
 
     fused = train(base, data, monkeypatch, **on)
-    assert not fused[2]["label_sparsity"]
+    assert fused[2]["label_sparsity"] and "NonZero" in fused[3]
     assert "LinearSoftmaxCrossEntropy" in fused[3] and "SoftmaxCrossEntropyLoss" not in fused[3], fused[3]
     assert_same_as_eager(fused, eager)
 
@@ -295,6 +295,21 @@ def head_rows_gathered(directory):
     return False
 
 
+def forward_products_on_kept_rows(directory):
+    """The forward's matrix products (the output layer fused with its loss included) whose rows
+    come from the kept-label Gathers: values computed from those Gathers' outputs, followed down
+    the forward graph (not into the gradient nodes)."""
+    graph = onnx.load(os.path.join(directory, "training_model.onnx")).graph
+    kept = set()
+    for n in graph.node:  # topological order
+        if "/grad" in n.name:
+            continue
+        if (n.op_type == "Gather" and "kept_labels" in n.name) or any(i in kept for i in n.input):
+            kept.update(o for o in n.output if o)
+    return [n.name for n in graph.node if "/grad" not in n.name and n.input and n.input[0] in kept
+            and n.op_type in ("MatMul", "FusedMatMul", "Gemm", "LinearSoftmaxCrossEntropy")]
+
+
 @pytest.mark.parametrize("layout", ["classes_second", "token_rows"])
 def test_artifacts_label_sparsity_gives_dense_loss_and_gradients(tmp_path, layout):
     path, params = export_decoder(tmp_path, layout)
@@ -305,6 +320,10 @@ def test_artifacts_label_sparsity_gives_dense_loss_and_gradients(tmp_path, layou
                                      optimizer=artifacts.OptimType.SGD, artifact_directory=d, label_sparsity=on)
         ops = training_ops(d)
         assert ("NonZero" in ops) == on and head_rows_gathered(d) == on, (on, ops)
+        if on:  # the gather reaches into the last block: its output projection and MLP run on the kept rows
+            products = forward_products_on_kept_rows(d)
+            assert len(products) == 4 and sum("blocks.1/mlp" in p for p in products) == 2, products
+            assert sum("blocks.1/attn/out" in p for p in products) == 1, products
         # the head and its loss are one op in either layout (the logits never exist whole)
         assert "LinearSoftmaxCrossEntropy" in ops and "SoftmaxCrossEntropyLoss" not in ops, ops
         runs[on] = loss_and_gradients(d, artifact_batches(layout))

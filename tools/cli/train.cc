@@ -41,6 +41,7 @@ const Command kTrainCommand{
         {"--bucket-mb", "MB", "under mpirun: gradient allreduce bucket size (default 25)"},
         {"--dp-check-every", "N", "under mpirun: compare a parameter checksum across ranks every N updates"},
         {"--dp-timeout", "S", "under mpirun: seconds a rank waits for the others before failing (default 300)"},
+        {"--device", "DEV", "cpu (default) or cuda: where the graphs run (a CUDA build on a machine with a GPU)"},
     },
     "Checkpoints hold the parameters, the optimizer state and the run's progress (train.* properties),\n"
     "and are written atomically. Resuming needs the same data, --batch-size, --grad-accum, --shuffle,\n"
@@ -129,7 +130,8 @@ int train_with(const Args& a, const DistributedWorld& world) {
   const ArtifactPaths artifacts = artifact_paths(dir);
   const std::string checkpoint = resume ? a.require("--resume") : a.get("--checkpoint", artifacts.checkpoint);
 
-  Trainer trainer(artifacts, checkpoint, resume);
+  const Device device = a.get_choice("--device", {"cpu", "cuda"}, "cpu") == "cuda" ? Device::kCuda : Device::kCpu;
+  Trainer trainer(artifacts, checkpoint, resume, device);
   std::vector<std::string> notes;
   Dataset train = trainer.load_dataset(data, inputs, labels, &notes);
   std::optional<Dataset> eval;

@@ -337,8 +337,8 @@ class TrainModule(nn.Module):
     @property
     def build_stats(self) -> List[Dict[str, Any]]:
         """Per built graph: the seconds spent exporting and building it (the first-call cost);
-        ``label_sparsity``: whether a loss now takes the kept label rows only (False when the fused
-        output layer, which skips ignored rows itself, took the loss); ``padding_sparsity``: the
+        ``label_sparsity``: whether a loss now takes the kept label rows only (the fused output
+        layer, when the loss is fused with its head, runs on those rows); ``padding_sparsity``: the
         tables whose padding tokens were stripped, with their padding index."""
         return [{"schema": i, "export_s": g.export.seconds, "build_s": g.build_seconds,
                  "backward": g.runner.has_backward, "memory": g.runner.memory_report(),
