@@ -4,10 +4,13 @@
 The loop and models of bench_vs_ortmodule.py (``--models bert,gpt``: the BERT-style encoder with a
 2-class head and the GPT-style decoder with its 8192-token LM head; torch.optim.AdamW), run eager
 (``torch``) and wrapped in ``onnxtrain.torch.TrainModule`` (``trainmodule``), each variant in a
-fresh process. For every step after the warm-up it prints, per phase (forward, loss, backward,
+fresh process; ``module``: the on-device API's step (Module + Optimizer from generate_artifacts)
+on the same models. ``hf-bert``, ``hf-gpt2``, ``hf-llama``: bench_train_module.py's Hugging Face
+models with their loss inside (run the script with the torch2 peer's Python). For every step after the warm-up it prints, per phase (forward, loss, backward,
 optimizer step, zero_grad) and in all: minor page faults (getrusage ru_minflt), user and system
 CPU time, wall time; then the process's AnonHugePages and resident set (/proc/self/smaps_rollup)
-after the step, and at the end its peak RSS (ru_maxrss). Faults and system time do not depend on
+after the step, and at the end its peak RSS (ru_maxrss; with ``--phase-peaks``, the peak of each
+phase of the steady steps instead, and their largest). Faults and system time do not depend on
 the machine's load the way wall time does: on this VM a fault of a 4 KiB page cost 1.5-15 us, and
 the kernel zero-fills every fresh page, 4 KiB or 2 MiB, on its first touch.
 
@@ -35,18 +38,23 @@ PHASES = ("forward", "loss", "backward", "optimizer", "zero_grad")
 STEP_MARK = "/onnxtrain-step-mark"  # an access() of this path marks a step's start in strace's log
 
 
+PHASE_PEAKS = False  # --phase-peaks, in the worker
+
+
 def _usage():
-    """(minor faults, user s, sys s, wall s, peak RSS KiB since the last mark): the peak is the
-    process's VmHWM, which each mark then resets to the current RSS (/proc/self/clear_refs), so
-    that every phase reports its own peak."""
+    """(minor faults, user s, sys s, wall s, peak RSS KiB): the process's VmHWM; with
+    --phase-peaks each mark resets it to the current RSS (/proc/self/clear_refs), so that every
+    phase reports its own peak. That changes what the process sees as its peak (ru_maxrss), which
+    TrainModule's gradients' spare watches (python/src/torch_bridge.cc): it may stop holding."""
     r = resource.getrusage(resource.RUSAGE_SELF)
     hwm = 0
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("VmHWM:"):
                 hwm = int(line.split()[1])
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+    if PHASE_PEAKS:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
     return r.ru_minflt, r.ru_utime, r.ru_stime, time.perf_counter(), hwm
 
 
@@ -137,17 +145,26 @@ def _vmstat() -> dict:
 
 def _result(steps, vmstat_start) -> str:
     end = _vmstat()
-    return json.dumps({"steps": steps, "peak_rss_mib": max(s["step"]["peak_mib"] for s in steps),
+    return json.dumps({"steps": steps, "peak_rss_mib": max(s["step"]["peak_mib"] for s in steps) if PHASE_PEAKS
+                       else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                        "vmstat": {k: end[k] - vmstat_start[k] for k in end}})
 
 
 def worker(args) -> None:
     """One variant, one process: prints one JSON line with its per-step, per-phase figures."""
+    global PHASE_PEAKS
+    PHASE_PEAKS = args.phase_peaks
     import torch
     sys.path.insert(0, HERE)
     from models import training_loop_case
     torch.set_num_threads(args.threads)
-    model, batches = training_loop_case(args.model, args.warmup + args.steps)
+    hf = args.model.startswith("hf-")
+    if hf:  # a Hugging Face model, its loss inside: model(**batch).loss
+        from bench_train_module import hf_case
+        model, batches = hf_case(args.model, args.warmup + args.steps)
+        batches = [(b, None) for b in batches]
+    else:
+        model, batches = training_loop_case(args.model, args.warmup + args.steps)
     if args.worker == "module":
         vmstat = {}
         steps = module_worker(args, model, batches, vmstat)
@@ -166,9 +183,10 @@ def worker(args) -> None:
         if args.mark:
             os.access(f"{STEP_MARK}-{i}", os.F_OK)
         marks = [_usage()]
-        logits = model(x)
+        logits = model(**x) if hf else model(x)
         marks.append(_usage())
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        loss = logits.loss if hf else torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                                        y.reshape(-1))
         marks.append(_usage())
         loss.backward()
         marks.append(_usage())
@@ -213,6 +231,7 @@ def _strace_steps(log: str, warmup: int) -> list:
 def run_worker(variant: str, model: str, args) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", variant, "--model", model, "--threads",
            str(args.threads), "--warmup", str(args.warmup), "--steps", str(args.steps)]
+    cmd += ["--phase-peaks"] if args.phase_peaks else []
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     trace = None
     if args.strace:
@@ -246,8 +265,9 @@ def report(model: str, variant: str, result: dict, verbose: bool) -> None:
     print(f"  {model:4s} {variant:11s} faults/step {_median(steps, 'step', 'faults'):7.0f} ({cells})")
     print(f"  {'':4s} {'':11s} sys {_median(steps, 'step', 'sys_ms'):6.1f} ms  user {_median(steps, 'step', 'user_ms'):6.1f} ms"
           f"  wall {_median(steps, 'step', 'wall_ms'):6.1f} ms  AnonHugePages {steps[-1]['smaps_kib'].get('AnonHugePages', 0) / 1024:.0f} MiB"
-          f"  RSS {steps[-1]['smaps_kib']['Rss'] / 1024:.0f} MiB  steady peak RSS {result['peak_rss_mib']:.0f} MiB")
-    print(f"  {'':4s} {'':11s} peak RSS by phase (MiB): {peaks}")
+          f"  RSS {steps[-1]['smaps_kib']['Rss'] / 1024:.0f} MiB  peak RSS {result['peak_rss_mib']:.0f} MiB")
+    if any("--phase-peaks" in a for a in sys.argv):
+        print(f"  {'':4s} {'':11s} peak RSS by phase (MiB): {peaks}")
     n = len(steps)
     print(f"  {'':4s} {'':11s} system-wide per step: " + ", ".join(
         f"{k} {v / n:.1f}" for k, v in result["vmstat"].items() if k != "pgfault"))
@@ -266,6 +286,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1, help="processes per variant (interleaved)")
     ap.add_argument("--strace", action="store_true", help="count memory syscalls per step under strace")
     ap.add_argument("--verbose", action="store_true", help="every step, not only medians")
+    ap.add_argument("--phase-peaks", action="store_true", help="peak RSS of each phase (resets the process's peak)")
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--json")
     ap.add_argument("--worker", choices=VARIANTS, help=argparse.SUPPRESS)

@@ -669,15 +669,44 @@ def test_a_saved_values_block_reuses_the_memory_of_the_dead_one_before_it_and_ne
 # the module) and prints the minor page faults of the last 5 steps and the memory report:
 # - small_outputs: a classifier (8.3 MiB of gradients in one block, 10 logits a row);
 # - large_outputs: 8 MiB of outputs, a quarter of its 2 MiB of gradients' block and more;
-# - caller_allocates: small_outputs, its loss taking 32 MiB more, given back before the backward.
+# - caller_allocates: small_outputs, its loss taking 128 MiB more (above the first step's build and
+#   recording run), given back before the backward;
+# - unused_output: the loss inside the module, returned beside 40 MiB of outputs it does not use;
+# - heap_temporaries: no training; after a TrainModule is made, eight times two 8 MiB tensors alive
+#   together then freed (torch AdamW's temporaries of a 2M-value weight: sqrt, then a quotient).
 _STEP_FAULTS_CHILD = r"""
 import json, resource, sys, torch
 from torch import nn
 from onnxtrain.torch import TrainModule
 case = sys.argv[1]
 torch.manual_seed(0)
+
+
+class LossBesideLogits(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(64, 5120)
+
+    def forward(self, x):
+        logits = self.head(x)
+        return logits.square().mean(), logits
+
+
+if case == "heap_temporaries":
+    TrainModule(nn.Linear(2, 2))
+    faults = []
+    for _ in range(8):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        a = torch.ones(2 << 20)
+        b = a.sqrt() / 2
+        del a, b
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    print(json.dumps({"faults": faults[3:]}))
+    sys.exit(0)
 if case == "large_outputs":
     model, x, y = nn.Linear(64, 8192), torch.randn(256, 64), torch.randint(0, 8192, (256,))
+elif case == "unused_output":
+    model, x, y = LossBesideLogits(), torch.randn(2048, 64), None
 else:
     model = nn.Sequential(nn.Linear(256, 8192), nn.ReLU(), nn.Linear(8192, 10))
     x, y = torch.randn(16, 256), torch.randint(0, 10, (16,))
@@ -686,9 +715,9 @@ optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-3)
 faults = []
 for step in range(8):
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    loss = nn.functional.cross_entropy(wrapped(x), y)
+    loss = wrapped(x)[0] if y is None else nn.functional.cross_entropy(wrapped(x), y)
     if case == "caller_allocates":
-        loss = loss + torch.ones(8 << 20).sum() * 0  # 32 MiB, freed before the backward
+        loss = loss + torch.ones(32 << 20).sum() * 0  # 128 MiB, freed before the backward
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -727,8 +756,54 @@ def test_the_gradients_block_is_not_held_through_a_loss_over_large_outputs():
 
 
 def test_the_gradients_block_is_no_longer_held_once_holding_it_raised_the_peak():
-    # A loss that takes more than its outputs tell (32 MiB, given back before the backward): the
+    # A loss that takes more than its outputs tell (128 MiB, given back before the backward): the
     # first step that held the block peaked higher, and the block is given back from then on.
     result = _step_faults("caller_allocates")
     reused, blocks = _reuses(result["memory"], "gradients")
     assert blocks == 7 and reused <= 2, result["memory"]
+
+
+def test_an_output_the_loss_does_not_use_costs_its_backward_no_fresh_pages():
+    # torch would seed its backward with a fresh zero tensor of its size every step (a Hugging Face
+    # GPT-2's 51 MiB of logits beside its loss: 12,600 faults); the stand-in reads the zero page.
+    result = _step_faults("unused_output")
+    # Per step: the 40 MiB output mapped afresh (20 huge pages) and the seed's reads; torch's own
+    # zeros were 10,240 faults a step.
+    assert sum(result["faults"]) <= 1000, result["faults"]
+
+
+def test_the_gradients_of_a_module_whose_second_output_is_unused_are_torchs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh())
+
+    class LossAndLogits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = model
+
+        def forward(self, x):
+            logits = self.body(x)
+            return logits.square().mean(), logits
+
+    reference, ours = LossAndLogits(), TrainModule(copy.deepcopy(LossAndLogits()))
+    ours.load_state_dict(reference.state_dict())
+    x = torch.randn(4, 8)
+    for module in (reference, ours):
+        loss, logits = module(x)
+        loss.backward()
+    for (name, p), q in zip(reference.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
+    # And with both outputs in the loss: torch's gradient for the second one is taken as given.
+    for module in (reference, ours):
+        module.zero_grad()
+        loss, logits = module(x)
+        (loss + logits.sum()).backward()
+    for (name, p), q in zip(reference.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_torchs_temporaries_below_32_mib_stay_on_the_heap_once_a_train_module_is_made():
+    # glibc's own thresholds moved with what was freed: two 8 MiB temporaries freed together
+    # reached the trim threshold they had set, and every pair was faulted in afresh (4,096 faults).
+    result = _step_faults("heap_temporaries")
+    assert sum(result["faults"]) <= 100, result["faults"]
