@@ -120,7 +120,7 @@ def module_worker(args, model, batches, vmstat: dict) -> list:
 def _row(marks, phases) -> dict:
     row = {"smaps_kib": _smaps_kib()}
     for name in PHASES:
-        row[name] = {"faults": 0, "user_ms": 0.0, "sys_ms": 0.0, "wall_ms": 0.0}
+        row[name] = {"faults": 0, "user_ms": 0.0, "sys_ms": 0.0, "wall_ms": 0.0, "peak_mib": 0.0}
     for name, a, b in zip(tuple(phases) + ("step",), marks[:-1] + [marks[0]], marks[1:] + [marks[-1]]):
         row[name] = {"faults": b[0] - a[0], "user_ms": (b[1] - a[1]) * 1e3, "sys_ms": (b[2] - a[2]) * 1e3,
                      "wall_ms": (b[3] - a[3]) * 1e3, "peak_mib": b[4] / 1024}
@@ -261,12 +261,12 @@ def report(model: str, variant: str, result: dict, verbose: bool) -> None:
                 f"{p} {s[p]['faults']:6d}f {s[p]['sys_ms']:5.1f}s {s[p]['wall_ms']:6.1f}w" for p in PHASES + ("step",))
                 + f"  AnonHuge {s['smaps_kib'].get('AnonHugePages', 0) // 1024} MiB")
     cells = "  ".join(f"{p} {_median(steps, p, 'faults'):7.0f}" for p in PHASES)
-    peaks = "  ".join(f"{p} {_median(steps, p, 'peak_mib'):5.0f}" for p in PHASES)
     print(f"  {model:4s} {variant:11s} faults/step {_median(steps, 'step', 'faults'):7.0f} ({cells})")
     print(f"  {'':4s} {'':11s} sys {_median(steps, 'step', 'sys_ms'):6.1f} ms  user {_median(steps, 'step', 'user_ms'):6.1f} ms"
           f"  wall {_median(steps, 'step', 'wall_ms'):6.1f} ms  AnonHugePages {steps[-1]['smaps_kib'].get('AnonHugePages', 0) / 1024:.0f} MiB"
           f"  RSS {steps[-1]['smaps_kib']['Rss'] / 1024:.0f} MiB  peak RSS {result['peak_rss_mib']:.0f} MiB")
     if any("--phase-peaks" in a for a in sys.argv):
+        peaks = "  ".join(f"{p} {_median(steps, p, 'peak_mib'):5.0f}" for p in PHASES)
         print(f"  {'':4s} {'':11s} peak RSS by phase (MiB): {peaks}")
     n = len(steps)
     print(f"  {'':4s} {'':11s} system-wide per step: " + ", ".join(

@@ -225,7 +225,8 @@ class SpareBlock {
     return memory_ ? bytes_ : 0;
   }
 
-  // Held through the optimizer step only, which allocates no more than the backward before it.
+  // The saved values' spare is held through the optimizer's step only, unguarded: given back
+  // there, the next forward's fresh pages made GPT-2's step 1.4-1.6x slower (docs/DESIGN.md).
   static SpareBlock& saved_values() { static SpareBlock* spare = new SpareBlock(false); return *spare; }
   static SpareBlock& gradients() { static SpareBlock* spare = new SpareBlock(true); return *spare; }
 
