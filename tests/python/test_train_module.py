@@ -808,4 +808,4 @@ def test_torchs_temporaries_below_32_mib_stay_on_the_heap_once_a_train_module_is
     # glibc's own thresholds moved with what was freed: two 8 MiB temporaries freed together
     # reached the trim threshold they had set, and every pair was faulted in afresh (4,096 faults).
     result = _step_faults("heap_temporaries")
-    assert sum(result["faults"]) <= 100, result["faults"]
+    assert sum(result["faults"][1:]) <= 100, result["faults"]  # after a first growth of the heap
