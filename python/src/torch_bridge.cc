@@ -6,9 +6,15 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <numeric>
 #include <set>
+
+#include <sys/resource.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #include "bindings.h"
 #include "core/memory.h"
@@ -163,15 +169,22 @@ std::vector<int> all_positions(size_t n) {
 
 // The memory of the last block of one kind (saved values, gradients) to die in this process, kept
 // for the next block of that kind. In this VM fresh pages are the cost: the kernel zero-fills
-// every page of a new mapping when it is first written (a BERT-style step's two blocks, 81 MiB,
-// cost 4-20 ms of a 100 ms step), while the heap, which reused freed memory, fragmented (below).
+// every page of a new mapping when it is first written, may compact memory to find a free huge
+// page (transparent huge pages' "defrag" is "madvise" here: the fault waits for it), and the
+// host backs again the huge pages the guest reported free (virtio-balloon free page reporting):
+// a BERT-style step's 20 MiB gradient block, mapped afresh every step, cost 0-38 ms of system
+// time per step by process and by step (bench/bench_step_faults.py), the 1.5x spread of its
+// step times between processes. The heap, which reused freed memory, fragmented (below).
 // A block's memory becomes the spare only once its last tensor has died, so a block in use is
 // never handed out, and a request that does not fit gives the spare back before allocating, so
 // the process never holds two blocks' memory where it held one. When it is kept follows from a
 // step's timeline: the saved values die at the end of the backward and only the accumulation,
 // the optimizer and zero_grad come before the next forward takes their memory; the gradients die
-// once torch has accumulated them, but the next backward comes after the forward, torch's loss
-// and that loss's backward (TorchRunner::forward gives their spare back).
+// once torch has accumulated them (or at zero_grad), and the next backward comes after the
+// optimizer, the forward, and the caller's loss and its backward: the runner gives their spare
+// back at the end of a forward whose outputs could make the caller's part of the step the peak
+// (TorchRunner::forward), and the spare stops holding blocks of a size once the process's peak
+// grew while one was held (a caller's part that allocates more than its outputs tell).
 class SpareBlock {
  public:
   // Memory of `bytes` (64-byte aligned) for a new block: the spare when it fits (at least `bytes`,
@@ -182,6 +195,8 @@ class SpareBlock {
     size_t memory_bytes = bytes;
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      // Holding it was not free: the process peaked higher than before while it lay unused.
+      if (guarded_ && memory_ && peak_kib() > peak_at_keep_kib_ + long(bytes_ / 8 / 1024)) gave_up_bytes_ = bytes_;
       if (memory_ && bytes_ >= bytes && bytes_ - bytes <= bytes / 8) {
         memory = std::move(memory_), memory_bytes = bytes_;
       } else {
@@ -204,28 +219,41 @@ class SpareBlock {
     bytes_ = 0;
   }
 
-  static SpareBlock& saved_values() { static SpareBlock* spare = new SpareBlock(true); return *spare; }
-  // The gradients die once torch has accumulated them (or at zero_grad), and the next backward
-  // comes after a forward that must not hold their memory through torch's peak after it (a
-  // GPT-style step's logits and their gradients: 32 MiB each, its peak 28 MiB higher): their
-  // memory is given back when they die, never kept.
-  static SpareBlock& gradients() { static SpareBlock* spare = new SpareBlock(false); return *spare; }
+  // The bytes of the spare held now (0: none).
+  size_t held_bytes() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return memory_ ? bytes_ : 0;
+  }
+
+  // The saved values' spare is held through the optimizer's step only, unguarded: given back
+  // there, the next forward's fresh pages made GPT-2's step 1.4-1.6x slower (docs/DESIGN.md).
+  static SpareBlock& saved_values() { static SpareBlock* spare = new SpareBlock(false); return *spare; }
+  static SpareBlock& gradients() { static SpareBlock* spare = new SpareBlock(true); return *spare; }
 
  private:
   // process-wide (above): a block's release may come from any thread, at any time
-  explicit SpareBlock(bool keeps) : keeps_(keeps) {}
+  explicit SpareBlock(bool guarded) : guarded_(guarded) {}
 
-  void keep(std::shared_ptr<void> memory, size_t bytes) {
-    if (!keeps_) return;
-    std::lock_guard<std::mutex> lock(mutex_);
-    std::swap(memory_, memory);  // the spare it replaces is given back after the lock
-    bytes_ = bytes;
+  // The process's peak resident size so far (KiB): what holding a spare must not raise.
+  static long peak_kib() {
+    rusage usage{};
+    return getrusage(RUSAGE_SELF, &usage) == 0 ? usage.ru_maxrss : 0;
   }
 
-  const bool keeps_;
+  void keep(std::shared_ptr<void> memory, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (bytes == gave_up_bytes_) return;  // the step that made it peaks higher with it held
+    std::swap(memory_, memory);  // the spare it replaces is given back after the lock
+    bytes_ = bytes;
+    peak_at_keep_kib_ = peak_kib();
+  }
+
+  const bool guarded_;  // gives up holding once the process peaked higher while it was held
   std::mutex mutex_;
   std::shared_ptr<void> memory_;
   size_t bytes_ = 0;
+  long peak_at_keep_kib_ = 0;
+  size_t gave_up_bytes_ = 0;  // blocks of this size are not held (their step peaked higher)
 };
 
 // Whether two tensors share bytes (one views the other, or both view a third).
@@ -394,13 +422,6 @@ class TorchRunner {
     if (layout_ && stash_.stable()) {
       bool reused = false;
       shared = SpareBlock::saved_values().take(layout_->bytes, &reused);
-      // The part only gradients use, written by the last backward, is not needed before this
-      // forward's backward: held, it would lie resident through the forward and, with the loss
-      // outside the module, through torch's loss and its backward (GPT: 32 MiB logits and their
-      // gradients), which is where such a step peaks. Its pages are faulted afresh in the backward.
-      if (reused && layout_->bytes >= kHugePageBytes)
-        release_huge_pages(static_cast<char*>(shared.get()) + layout_->saved_bytes_placed,
-                           layout_->bytes - layout_->saved_bytes_placed);
       stash = stash_.place(forward_outputs_.size(), shared, layout_->saved, reused);
     } else {
       stash = stash_.buffers(forward_outputs_.size(), SpareBlock::saved_values());
@@ -416,12 +437,20 @@ class TorchRunner {
     find_pinned(outs);
     std::erase_if(shared_blocks_, [](const SharedBlock& b) { return b.storage.expired(); });
     if (shared) {
+      // The part only gradients use, written by the last backward, is not needed before this
+      // forward's backward; held through the caller's part of the step, it may raise the peak
+      // (caller_may_peak): its pages are then faulted afresh in the backward.
+      const size_t gradients_only = layout_->bytes - layout_->saved_bytes_placed;
+      if (caller_may_peak(outs, gradients_only))
+        release_huge_pages(static_cast<char*>(shared.get()) + layout_->saved_bytes_placed, gradients_only);
       // Usable by this forward's backward only if no saved value it lays gradients over is (or
       // shares memory with) an output the caller holds.
       const bool usable = layout_->pinned == pinned_;
       shared_blocks_.push_back({shared.get(), shared, layout_, usable, false});
       if (!usable) layout_.reset();
     }
+    SpareBlock& gradients = SpareBlock::gradients();
+    if (caller_may_peak(outs, gradients.held_bytes())) gradients.release();
     return to_capsules(outs);
   }
 
@@ -540,6 +569,20 @@ class TorchRunner {
     py::list out;
     for (const auto& t : tensors) out.append(tensor_to_dlpack(t));
     return out;
+  }
+
+  // Whether memory held from this forward to its backward, unused (`held` bytes: the gradients'
+  // spare, the gradients' part of a step block), may raise the process's peak. Between them the
+  // caller works on the outputs handed to it: a loss over a GPT-style model's 32 MiB logits takes
+  // log-softmax, its gradient and the logits' gradient, 32 MiB each, the step's peak (28 MiB higher
+  // with the gradients' spare held); a classifier's few logits take nothing. Outputs of an eighth
+  // of `held` or more are taken for the first kind. What the caller's part allocates beyond
+  // what its outputs tell, the spare's own guard catches (SpareBlock).
+  bool caller_may_peak(const std::vector<Tensor>& outs, size_t held) const {
+    size_t handed = 0;
+    for (size_t i = 0; i < handed_outputs_ && i < outs.size(); ++i)
+      if (outs[i].defined()) handed += outs[i].nbytes();
+    return held > 0 && handed >= held / 8;
   }
 
   // The saved values' slots a caller-held output shares memory with (or is): they live on after
@@ -676,6 +719,32 @@ class TorchRunner {
   bool random_ = false;
 };
 
+// glibc's malloc maps a block of M_MMAP_THRESHOLD or more afresh and unmaps it when freed, and
+// gives the top of its heap back to the system once that is M_TRIM_THRESHOLD or more; left to
+// itself it moves both (the first to the size of the largest mapped block freed so far, up to
+// 32 MiB; the second to twice that). A training step's temporaries then come and go in fresh
+// pages: torch's AdamW frees two per parameter together (sqrt, then its quotient), just enough to
+// reach the trim threshold, so each of GPT-2 small's 9 MiB weights had its 18 MiB faulted in again
+// (Hugging Face GPT-2 small: 185,000 faults in the optimizer's step, 110,000 of them this; BERT-base
+// 118,500 and 63,000), at 1.5-15 us each here. Fixed once, at 32 MiB for both (glibc's most for the
+// first, which is also where Tensor::empty maps its own pages, kLargeTensorBytes), blocks below
+// 32 MiB stay on the heap and up to 32 MiB of free top stays with the process (64 MiB, glibc's own
+// end value, kept 10,000 more faults away from BERT-base for up to 67 MiB more peak): Hugging
+// Face peaks moved by -3% to +1.5%, within run-to-run noise. Not where the user chose thresholds.
+void fix_heap_thresholds() {
+#if defined(__GLIBC__)
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const char* chosen : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
+      if (std::getenv(chosen)) return;
+    if (const char* tunables = std::getenv("GLIBC_TUNABLES"); tunables && std::strstr(tunables, "glibc.malloc."))
+      return;
+    mallopt(M_MMAP_THRESHOLD, int(kLargeTensorBytes));
+    mallopt(M_TRIM_THRESHOLD, int(kLargeTensorBytes));
+  });
+#endif
+}
+
 }  // namespace
 
 void bind_torch_bridge(py::module_& m) {
@@ -712,6 +781,16 @@ void bind_torch_bridge(py::module_& m) {
     Model second = load_model_from_bytes(std::string(b), "", "TrainModule export");
     return program_difference(first.graph, second.graph, bound);
   }, py::arg("a"), py::arg("b"), py::arg("bound"));
+
+  t.def("fix_heap_thresholds", &fix_heap_thresholds, "glibc's mmap and trim thresholds fixed (once per process)");
+
+  // `nbytes` zero bytes (uint8) handed over: TrainModule's seed for an output the loss did not use.
+  // From 2 MiB on a mapping of its own, whose pages read as zeros without being faulted in.
+  t.def("zeros", [](size_t nbytes) {
+    std::shared_ptr<void> memory = allocate_storage(nbytes, Fill::kZeros);
+    void* at = memory.get();
+    return tensor_to_dlpack(Tensor::borrow(DType::kUint8, {int64_t(nbytes)}, at, std::move(memory)));
+  }, py::arg("nbytes"));
 
   py::class_<TorchRunner>(t, "Runner")
       .def(py::init([](py::bytes model, const std::string& name, std::vector<std::string> bind,

@@ -70,8 +70,9 @@ std::vector<Tensor> carve_tensors(const std::shared_ptr<void>& storage, const st
 
 // Gives the whole huge pages (kHugePageBytes, by address) inside [p, p + bytes) back to the
 // system; they read as zeros when next touched. For memory that will not be needed for a while
-// in storage kept for later (TrainModule's step block: the gradients' part, between a backward
-// and the next). A no-op where there is no madvise.
+// in storage kept for later (TrainModule's step block: the gradients' part, between a forward
+// and its backward when the caller's loss there may be the step's peak). A no-op where there is
+// no madvise.
 void release_huge_pages(void* p, size_t bytes);
 
 // Tensor::empty from this size on: a huge-page mapping of its own (allocate_storage), unmapped

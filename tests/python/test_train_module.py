@@ -662,3 +662,150 @@ def test_a_saved_values_block_reuses_the_memory_of_the_dead_one_before_it_and_ne
     report = steps_with_blocks(model, batches, lambda m, x, y: cross_entropy(m(x), y))
     reused, blocks = _reuses(report, "saved values")
     assert blocks == 6 and reused >= 3, report
+
+
+# A child process per case: its page faults and its peak are its own, and the spare blocks are
+# process-wide. It trains `case` for 8 steps (SGD, zero_grad(set_to_none=True), the loss outside
+# the module) and prints the minor page faults of the last 5 steps and the memory report:
+# - small_outputs: a classifier (8.3 MiB of gradients in one block, 10 logits a row);
+# - large_outputs: 8 MiB of outputs, a quarter of its 2 MiB of gradients' block and more;
+# - caller_allocates: small_outputs, its loss taking 64 MiB more and 16 MiB more each step (a new
+#   peak every step), given back before the backward;
+# - unused_output: the loss inside the module, returned beside 40 MiB of outputs it does not use;
+# - heap_temporaries: no training; after a TrainModule is made, eight times two 8 MiB tensors alive
+#   together then freed (torch AdamW's temporaries of a 2M-value weight: sqrt, then a quotient).
+_STEP_FAULTS_CHILD = r"""
+import json, resource, sys, torch
+from torch import nn
+from onnxtrain.torch import TrainModule
+case = sys.argv[1]
+torch.manual_seed(0)
+
+
+class LossBesideLogits(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(64, 5120)
+
+    def forward(self, x):
+        logits = self.head(x)
+        return logits.square().mean(), logits
+
+
+if case == "heap_temporaries":
+    TrainModule(nn.Linear(2, 2))
+    faults = []
+    for _ in range(8):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        a = torch.ones(2 << 20)
+        b = a.sqrt() / 2
+        del a, b
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    print(json.dumps({"faults": faults[3:]}))
+    sys.exit(0)
+if case == "large_outputs":
+    model, x, y = nn.Linear(64, 8192), torch.randn(256, 64), torch.randint(0, 8192, (256,))
+elif case == "unused_output":
+    model, x, y = LossBesideLogits(), torch.randn(2048, 64), None
+else:
+    model = nn.Sequential(nn.Linear(256, 8192), nn.ReLU(), nn.Linear(8192, 10))
+    x, y = torch.randn(16, 256), torch.randint(0, 10, (16,))
+wrapped = TrainModule(model)
+optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-3)
+faults = []
+for step in range(8):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    loss = wrapped(x)[0] if y is None else nn.functional.cross_entropy(wrapped(x), y)
+    if case == "caller_allocates":
+        loss = loss + torch.ones((16 + 4 * step) << 20).sum() * 0  # freed before the backward
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"faults": faults[3:], "memory": wrapped.build_stats[0]["memory"]}))
+"""
+
+
+def _step_faults(case):
+    import json
+    import subprocess
+    proc = subprocess.run([sys.executable, "-c", _STEP_FAULTS_CHILD, case], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_steady_step_maps_no_fresh_memory_for_its_gradients():
+    # The gradients' block, mapped afresh at every step, cost this VM 0-38 ms of page faults a
+    # step (the kernel zero-fills, compacts, and the host backs again pages reported free): its
+    # memory is held from one backward to the next when the caller's part of the step (the loss
+    # over a few logits) cannot peak above the backward.
+    result = _step_faults("small_outputs")
+    reused, blocks = _reuses(result["memory"], "gradients")
+    assert blocks == 7 and reused >= 5, result["memory"]
+    # A fresh 8.3 MiB block: 5 huge pages (30 faults here) or 2,100 small ones, every step.
+    assert sum(result["faults"]) <= 20, result["faults"]
+
+
+def test_the_gradients_block_is_not_held_through_a_loss_over_large_outputs():
+    # A loss over outputs of an eighth of the block and more (a GPT-style LM head's logits) takes
+    # memory in proportion to them between the forward and the backward, where the step then
+    # peaks: the block held there would raise the peak by its size.
+    result = _step_faults("large_outputs")
+    reused, blocks = _reuses(result["memory"], "gradients")
+    assert blocks == 7 and reused == 0, result["memory"]
+
+
+def test_the_gradients_block_is_no_longer_held_once_holding_it_raised_the_peak():
+    # A loss that takes more than its outputs tell, more each step (given back before the
+    # backward): the first step that held the block peaked higher, and from then on the block is
+    # given back. (Whether a fixed amount makes holding the block set a new peak depends on what
+    # the first step's build left alive.)
+    result = _step_faults("caller_allocates")
+    reused, blocks = _reuses(result["memory"], "gradients")
+    assert blocks == 7 and reused <= 2, result["memory"]
+
+
+def test_an_output_the_loss_does_not_use_costs_its_backward_no_fresh_pages():
+    # torch would seed its backward with a fresh zero tensor of its size every step (a Hugging Face
+    # GPT-2's 51 MiB of logits beside its loss: 12,600 faults); the stand-in reads the zero page.
+    result = _step_faults("unused_output")
+    # Per step: the 40 MiB output mapped afresh (20 huge pages) and the seed's reads; torch's own
+    # zeros were 10,240 faults a step.
+    assert sum(result["faults"]) <= 1000, result["faults"]
+
+
+def test_the_gradients_of_a_module_whose_second_output_is_unused_are_torchs():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.Tanh())
+
+    class LossAndLogits(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = model
+
+        def forward(self, x):
+            logits = self.body(x)
+            return logits.square().mean(), logits
+
+    reference, ours = LossAndLogits(), TrainModule(copy.deepcopy(LossAndLogits()))
+    ours.load_state_dict(reference.state_dict())
+    x = torch.randn(4, 8)
+    for module in (reference, ours):
+        loss, logits = module(x)
+        loss.backward()
+    for (name, p), q in zip(reference.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
+    # And with both outputs in the loss: torch's gradient for the second one is taken as given.
+    for module in (reference, ours):
+        module.zero_grad()
+        loss, logits = module(x)
+        (loss + logits.sum()).backward()
+    for (name, p), q in zip(reference.named_parameters(), ours.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_torchs_temporaries_below_32_mib_stay_on_the_heap_once_a_train_module_is_made():
+    # glibc's own thresholds moved with what was freed: two 8 MiB temporaries freed together
+    # reached the trim threshold they had set, and every pair was faulted in afresh (4,096 faults).
+    result = _step_faults("heap_temporaries")
+    assert sum(result["faults"][1:]) <= 100, result["faults"]  # after a first growth of the heap
