@@ -5,6 +5,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "ir/subgraph.h"
 #include "passes/compute_optimizer.h"
 #include "passes/shape_inference.h"
 
@@ -258,10 +259,12 @@ bool keep_labels_of(Model& model, size_t li) {
   }
   // Keep only nodes whose outputs are read nowhere but in the region (or by the loss): drop the
   // others until none is left to drop.
-  std::unordered_map<std::string, std::vector<size_t>> readers;
-  for (size_t i = 0; i < g.nodes.size(); ++i)
+  std::unordered_map<std::string, std::vector<size_t>> readers;  // inside a subgraph too (If, Loop)
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
     for (const auto& in : g.nodes[i].inputs)
       if (!in.empty()) readers[in].push_back(i);
+    for (const auto& in : outer_scope_reads(g.nodes[i])) readers[in].push_back(i);
+  }
   for (bool dropped = true; dropped;) {
     dropped = false;
     for (auto it = region.begin(); it != region.end();) {

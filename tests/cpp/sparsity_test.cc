@@ -78,6 +78,58 @@ TEST(LabelSparsity, KeptRowsGiveTheDenseLoss) {
   }
 }
 
+// loss = SCE(Reshape(LN(h) @ W, [-1, V]), labels), h = x + Relu(x @ U): a residual block under the
+// head. With `observed`, an If branch also reads h from the outer scope (as a graph output).
+Model residual_head(bool observed) {
+  Model m = lm_head("mean");
+  Graph& g = m.graph;
+  g.initializers["U"] = filled({kH, kH}, 0.5f, 0.7f);
+  std::vector<Node> block = {make_node("MatMul", {"x", "U"}, {"xu"}), make_node("Relu", {"xu"}, {"r"}),
+                             make_node("Add", {"x", "r"}, {"h"})};
+  g.nodes[0].inputs[0] = "h";  // the head's LayerNorm reads the block's output
+  g.nodes.insert(g.nodes.begin(), block.begin(), block.end());
+  if (observed) {
+    g.inputs.push_back(test::value("cond", DType::kBool, Shape{}));
+    Node choose = make_node("If", {"cond"}, {"seen"});
+    choose.attributes["then_branch"] = test::one_node_branch("Identity", "h");
+    choose.attributes["else_branch"] = test::one_node_branch("Neg", "h");
+    g.nodes.push_back(choose);
+    g.outputs.push_back(test::value("seen", DType::kFloat32, std::nullopt));
+  }
+  return m;
+}
+
+// The rows the block's MatMul reads: gathered (kept rows only) or the dense x.
+bool block_on_kept_rows(const Model& m) {
+  const auto producers = m.graph.producers();
+  for (const Node& n : m.graph.nodes)
+    if (n.op_type == "MatMul" && n.inputs[1] == "U") {
+      auto it = producers.find(n.inputs[0]);
+      return it != producers.end() && m.graph.nodes[it->second].op_type == "Gather";
+    }
+  return false;
+}
+
+TEST(LabelSparsity, ARegionWithBranchesRunsOnTheKeptRowsUnlessAValueIsReadOutsideIt) {
+  for (bool observed : {false, true}) {
+    const Model dense = residual_head(observed);
+    Model sparse = dense;
+    ASSERT_EQ(compute_kept_labels_only(sparse), 1);
+    // Unobserved, the residual block joins the head (x gathered once for both of its readers);
+    // observed, h stays whole for the If branch and the gather sits above the head only.
+    EXPECT_EQ(block_on_kept_rows(sparse), !observed) << "observed " << observed;
+    std::map<std::string, Tensor> feeds{{"x", filled({kB, kS, kH}, 1.3f, 0.2f)},
+                                        {"labels", Tensor::from_vector(labels_keeping(3), {kB * kS})}};
+    if (observed) feeds["cond"] = Tensor::scalar(true);
+    const std::vector<Tensor> want = Executor(dense).run(feeds), got = Executor(sparse).run(feeds);
+    EXPECT_NEAR(got[0].data<float>()[0], want[0].data<float>()[0], 1e-6f * std::fabs(want[0].data<float>()[0]));
+    if (observed) {  // the branch still sees the whole h
+      ASSERT_EQ(got[1].numel(), want[1].numel());
+      for (int64_t i = 0; i < want[1].numel(); ++i) EXPECT_EQ(got[1].data<float>()[i], want[1].data<float>()[i]);
+    }
+  }
+}
+
 TEST(LabelSparsity, EveryLabelIgnoredGivesWhatTheDenseLossGives) {
   const Model dense = lm_head("mean");
   Model sparse = dense;
