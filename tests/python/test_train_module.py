@@ -811,4 +811,6 @@ def test_torchs_temporaries_below_32_mib_stay_on_the_heap_once_a_train_module_is
     # glibc's own thresholds moved with what was freed: two 8 MiB temporaries freed together
     # reached the trim threshold they had set, and every pair was faulted in afresh (4,096 faults).
     result = _step_faults("heap_temporaries")
-    assert sum(result["faults"][1:]) <= 100, result["faults"]  # after a first growth of the heap
+    # One growth of the heap may come at any of the measured iterations (2,048 faults once, seen in
+    # the torch2 lane at the second); before, every iteration faulted.
+    assert sum(f > 100 for f in result["faults"]) <= 1, result["faults"]
