@@ -121,7 +121,7 @@ void batch_norm_kernel(KernelContext& ctx) {
       });
       return;
     }
-    parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / s), [&](int64_t lo, int64_t hi) {
+    parallel_for(rows, std::max<int64_t>(1, kElementwiseGrain / std::max<int64_t>(s, 1)), [&](int64_t lo, int64_t hi) {
       for (int64_t r = lo; r < hi; ++r) {
         const C ar = a[size_t(r % c)], br = b[size_t(r % c)];
         const T* xr = px + r * s;

@@ -249,7 +249,9 @@ inline void shape_reduce(ShapeContext& ctx) {
   if (!axes) {  // axes only known at run time
     const auto& as = ctx.input_shape(1);
     if (keep) return ctx.set_output(0, dt, Shape(size_t(rank), -1));
-    if (as && as->size() == 1 && (*as)[0] > 0) return ctx.set_output(0, dt, Shape(size_t(rank - (*as)[0]), -1));
+    // More axes than dims is the kernel's error to report; the rank is unknown here then.
+    if (as && as->size() == 1 && (*as)[0] > 0 && (*as)[0] <= rank)
+      return ctx.set_output(0, dt, Shape(size_t(rank - (*as)[0]), -1));
     return ctx.set_output(0, dt);
   }
   if (axes->empty()) {
