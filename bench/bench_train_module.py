@@ -22,11 +22,13 @@ venv): BertForSequenceClassification with BERT-base's shape (12 x 768, short seq
 32 tokens), GPT2LMHeadModel with GPT-2 small's (12 x 768, vocabulary 50257; batch 4 of 64) and a
 small Llama (8 x 512, 8 heads sharing 2 key/value heads, vocabulary 32000; batch 4 of 64), built
 from configs with random weights, the loss the model's own (``model(**batch).loss``), AdamW. Three
-variants per precision (fp32, and bf16 under ``torch.autocast("cpu")``), steps interleaved: eager
-PyTorch, ``torch.compile(model)`` (inductor; its first step, which compiles, is reported as compile
-time) and TrainModule (its first step exports and builds). Peak memory: each variant again in a
-process of its own (``--memory-child``), the peak resident memory above the built model's over
-``--memory-steps`` steps (sampled every 2 ms).
+variants per precision (fp32, and bf16 under ``torch.autocast("cpu")``): eager PyTorch,
+``torch.compile(model)`` (inductor; its first step, which compiles, is reported as compile time) and
+TrainModule (its first step exports and builds). Each variant runs in a fresh process per round
+(``--rounds``, the variant going first rotating), ``--warmup`` untimed steps then ``--steps`` timed
+ones, as a user runs one model per process. Peak memory: each variant again in a process of its
+own, the peak resident memory above the built model's over ``--memory-steps`` steps (sampled every
+2 ms).
 Targets: TrainModule >= 2x eager and >= 1.3x compiled per step, peak memory <= eager's.
 
     ~/.cache/onnxtrain/peers/torch2/bin/python bench/bench_train_module.py --models hf-bert,hf-gpt2,hf-llama --threads 2
@@ -157,87 +159,113 @@ def hf_variant(model, variant: str):
     return TrainModule(model) if variant == "trainmodule" else model
 
 
-def hf_peak_memory(name: str, variant: str, precision: str, args) -> float:
-    """Peak resident memory (MiB) above the built model's, of a fresh process that trains `variant`
-    for --memory-steps steps (hf_memory_child)."""
+def hf_child(name: str, variant: str, precision: str, args) -> str:
+    """Runs `hf_child_main` in a fresh interpreter (this one's: the torch2 peer's) and returns the
+    last line it printed."""
     import subprocess
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--threads", str(args.threads),
-                          "--memory-child", f"{name}:{variant}:{precision}", "--steps", str(args.memory_steps)],
+                          "--hf-child", f"{name}:{variant}:{precision}", "--steps", str(args.steps),
+                          "--warmup", str(args.warmup), "--memory-steps", str(args.memory_steps)],
                          capture_output=True, text=True, env=os.environ.copy())
     if out.returncode != 0:
-        raise RuntimeError(f"memory run {name} {variant} {precision}: {out.stderr.strip().splitlines()[-1:]}")
-    return float(out.stdout.strip().splitlines()[-1])
+        raise RuntimeError(f"{name} {variant} {precision}: {out.stderr.strip().splitlines()[-1:]}")
+    return out.stdout.strip().splitlines()[-1]
 
 
-def hf_memory_child(spec: str, args) -> None:
-    """Prints the peak resident memory (MiB) above the process's after it built the model: sampled
-    every 2 ms while the variant trains. ru_maxrss would not do: importing torch 2.x maps more than
-    a step of these models uses (its first runs gave eager and TrainModule the same maxrss to the KiB)."""
+def hf_child_main(spec: str, args) -> None:
+    """One variant in a process of its own. With --memory-steps 0 in the spec's place (the timing
+    run): trains --warmup + --steps steps and prints a JSON line of step times, losses and the
+    wrapper's build figures. The memory run (--memory-steps > 0, spec ending ":memory") prints the
+    peak resident memory (MiB) above the process's after it built the model, sampled every 2 ms
+    while the variant trains --memory-steps steps. ru_maxrss would not do: importing torch 2.x maps
+    more than a step of these models uses (its first runs gave eager and TrainModule the same
+    maxrss to the KiB)."""
     import threading
-    name, variant, precision = spec.split(":")
-    model, batches = hf_case(name, args.steps)
+    name, variant, precision, *mode = spec.split(":")
+    if mode == ["memory"]:
+        model, batches = hf_case(name, args.memory_steps)
+        run = HfRun(hf_variant(model, variant), precision)
+        page = os.sysconf("SC_PAGE_SIZE")
+
+        def rss():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * page
+
+        base = rss()
+        peak, done = [base], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                peak[0] = max(peak[0], rss())
+                time.sleep(0.002)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        for batch in batches:
+            run.step(batch)
+        done.set()
+        sampler.join()
+        print((peak[0] - base) / 2**20)
+        return
+    model, batches = hf_case(name, args.warmup + args.steps)
     run = HfRun(hf_variant(model, variant), precision)
-    page = os.sysconf("SC_PAGE_SIZE")
-
-    def rss():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * page
-
-    base = rss()
-    peak, done = [base], threading.Event()
-
-    def sample():
-        while not done.is_set():
-            peak[0] = max(peak[0], rss())
-            time.sleep(0.002)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
     for batch in batches:
         run.step(batch)
-    done.set()
-    sampler.join()
-    print((peak[0] - base) / 2**20)
+    out = {"times": run.times, "losses": run.losses}
+    if variant == "trainmodule":
+        wrapped = run.model
+        stats = wrapped.build_stats[0]
+        out.update(export_s=stats["export_s"], build_s=stats["build_s"], exports=wrapped.export_count)
+        by_op = {}
+        for r in wrapped.profile() or []:
+            key = (r["graph"], r["op_type"])
+            by_op[key] = by_op.get(key, 0.0) + r["total_us"]
+        total = sum(by_op.values())
+        if total:
+            out["profile_top"] = [(g, op, round(us / total * 100, 1))
+                                  for (g, op), us in sorted(by_op.items(), key=lambda kv: -kv[1])[:12]]
+    print(json.dumps(out))
 
 
 def bench_hf(name: str, precision: str, args) -> dict:
-    import copy as _copy
-    model, batches = hf_case(name, args.steps + 1)
+    """Each variant in a fresh process per round, as a user runs one model per process (in one
+    process the three models' allocations change each other's page faults: TrainModule's BERT-base
+    step took 3.0 s there against 0.6 s alone), rounds interleaved with the variant going first
+    rotating. Step time: the median over every round of the steps after --warmup (the first step
+    exports, builds or compiles; the second still plans)."""
     variants = [v for v in HF_VARIANTS if v in args.variants.split(",")]
-    runs = {v: HfRun(hf_variant(_copy.deepcopy(model), v), precision) for v in variants}
-    del model
-    for batch in batches:  # interleaved: eager, compile, TrainModule, eager, ...
-        for run in runs.values():
-            run.step(batch)
-    row = {"model": name, "precision": precision, "steps": args.steps, "threads": args.threads}
-    for v, run in runs.items():
-        row[f"{v}_step_ms"] = median(run.times[1:]) * 1e3
-        row[f"{v}_first_step_s"] = run.times[0]
-    if "compile" in runs:
-        row["compile_s"] = runs["compile"].times[0] - row["compile_step_ms"] / 1e3
+    assert "eager" in variants and "trainmodule" in variants, "--variants needs eager and trainmodule"
+    results = {v: [] for v in variants}
+    for r in range(args.rounds):
+        for v in variants[r % len(variants):] + variants[:r % len(variants)]:
+            results[v].append(json.loads(hf_child(name, v, precision, args)))
+    row = {"model": name, "precision": precision, "steps": args.steps, "warmup": args.warmup,
+           "rounds": args.rounds, "threads": args.threads}
+    for v, runs in results.items():
+        row[f"{v}_step_ms"] = median([t for run in runs for t in run["times"][args.warmup:]]) * 1e3
+        row[f"{v}_round_ms"] = [round(median(run["times"][args.warmup:]) * 1e3, 1) for run in runs]
+        row[f"{v}_first_step_s"] = median([run["times"][0] for run in runs])
+    if "compile" in results:
+        row["compile_s"] = row["compile_first_step_s"] - row["compile_step_ms"] / 1e3
         row["vs_compile"] = row["compile_step_ms"] / row["trainmodule_step_ms"]
-    wrapped = runs["trainmodule"].model
-    stats = wrapped.build_stats[0]
-    row["export_s"], row["build_s"], row["exports"] = stats["export_s"], stats["build_s"], wrapped.export_count
+    tm = results["trainmodule"][0]
+    row["export_s"], row["build_s"], row["exports"] = tm["export_s"], tm["build_s"], tm["exports"]
     row["vs_eager"] = row["eager_step_ms"] / row["trainmodule_step_ms"]
-    row["max_loss_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(runs["trainmodule"].losses, runs["eager"].losses))
-    if wrapped.profile():
-        by_op = {}
-        for r in wrapped.profile():
-            by_op[(r["graph"], r["op_type"])] = by_op.get((r["graph"], r["op_type"]), 0.0) + r["total_us"]
-        total = sum(by_op.values())
-        row["profile_top"] = [(g, op, round(us / total * 100, 1)) for (g, op), us in
-                              sorted(by_op.items(), key=lambda kv: -kv[1])[:12]]
-    del runs
+    # Same weights and batches in every process; dropout (BERT's and GPT-2's configs) draws other
+    # masks in each engine, so only a model without it agrees to rounding.
+    row["max_loss_rel_diff"] = max(abs(a - b) / abs(b) for a, b in zip(tm["losses"], results["eager"][0]["losses"]))
+    if "profile_top" in tm:
+        row["profile_top"] = tm["profile_top"]
     if args.memory_steps:
         for v in variants:
-            row[f"{v}_peak_mib"] = hf_peak_memory(name, v, precision, args)
+            row[f"{v}_peak_mib"] = float(hf_child(name, v, precision + ":memory", args))
         row["memory_ratio"] = row["trainmodule_peak_mib"] / row["eager_peak_mib"]
     return row
 
 
 def hf_report(rows, args) -> None:
-    print(f"\nHugging Face models, {args.threads} threads, {args.steps} steps (median of steps 2..), interleaved "
+    print(f"\nHugging Face models, {args.threads} threads, each variant in its own process per round, {args.rounds} "
+          f"rounds of {args.warmup} warm-up + {args.steps} steps (median over the rounds' steps) "
           f"(targets: TrainModule >= 2x eager, >= 1.3x torch.compile, peak memory <= eager)")
     print(f"{'model':9} {'prec':5} {'eager ms':>9} {'compile ms':>11} {'TrainMod ms':>12} {'x eager':>8} "
           f"{'x compile':>10} {'compile s':>10} {'export+build s':>15} {'peak MiB e/c/T':>20}")
@@ -251,7 +279,8 @@ def hf_report(rows, args) -> None:
 
     def detail(r):
         s = (f"{r['model']} {r['precision']}: max relative loss difference to eager {r['max_loss_rel_diff']:.1e}; "
-             f"exports {r['exports']}")
+             f"exports {r['exports']}; round medians ms " +
+             ", ".join(f"{v} {r[v + '_round_ms']}" for v in HF_VARIANTS if v + "_round_ms" in r))
         if "memory_ratio" in r:
             s += f"; peak memory TrainModule/eager {r['memory_ratio']:.2f}"
         if "profile_top" in r:
@@ -270,14 +299,16 @@ def main(argv=None) -> int:
     parser.add_argument("--precisions", default="fp32,bf16", help="HF models: fp32 and/or bf16 (autocast)")
     parser.add_argument("--memory-steps", type=int, default=3, help="HF models: steps of each peak-memory run (0: none)")
     parser.add_argument("--variants", default=",".join(HF_VARIANTS), help="HF models: which of eager,compile,trainmodule")
-    parser.add_argument("--memory-child", help=argparse.SUPPRESS)
+    parser.add_argument("--rounds", type=int, default=3, help="HF models: processes per variant, interleaved")
+    parser.add_argument("--warmup", type=int, default=2, help="HF models: untimed steps per process")
+    parser.add_argument("--hf-child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     import torch
     ot = import_onnxtrain()
     torch.set_num_threads(args.threads)
     ot.set_num_threads(args.threads)
-    if args.memory_child:
-        hf_memory_child(args.memory_child, args)
+    if args.hf_child:
+        hf_child_main(args.hf_child, args)
         return 0
     names = args.models.split(",")
     hf_names = [n for n in names if n in HF_MODELS]
