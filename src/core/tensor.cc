@@ -118,8 +118,15 @@ bfloat16::bfloat16(float f) {
 }
 
 int64_t numel(const Shape& shape) {
+  // Declared shapes come from files: a product past 64 bits is an error, not a wrapped count
+  // (unless a 0 makes the shape empty, whatever its other dims).
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  bool overflow = false;
+  for (int64_t d : shape) {
+    if (d == 0) return 0;
+    overflow = overflow || __builtin_mul_overflow(n, d, &n);
+  }
+  OT_CHECK(!overflow, "shape ", shape_str(shape), " has more elements than an int64 can count");
   return n;
 }
 

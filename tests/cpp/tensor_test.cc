@@ -35,6 +35,20 @@ TEST(Tensor, TypedAccessChecksDtype) {
 
 TEST(Tensor, NegativeDimsAreRejected) { EXPECT_THROW(Tensor::empty(DType::kFloat32, {2, -1}), Error); }
 
+// Shapes declared in files can multiply past 64 bits (a fuzzed Reshape did, in its shape rule):
+// an error naming the shape, while a 0 anywhere still makes it empty.
+TEST(Tensor, ElementCountsPast64BitsAreAnError) {
+  const Shape huge = {int64_t(1) << 40, int64_t(1) << 30};
+  EXPECT_THROW(numel(huge), Error);
+  try {
+    numel(huge);
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("[1099511627776, 1073741824]"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(numel({int64_t(1) << 40, int64_t(1) << 30, 0}), 0);
+  EXPECT_EQ(numel({int64_t(1) << 31, int64_t(1) << 31}), int64_t(1) << 62);
+}
+
 TEST(Float16, RoundTripsEveryHalfValue) {
   for (uint32_t bits = 0; bits < 0x10000; ++bits) {
     float16 h = float16::from_bits(uint16_t(bits));

@@ -49,7 +49,7 @@ void size_kernel(KernelContext& ctx) {
 Shape resolve_reshape(const Node& node, const Shape& in, const std::vector<int64_t>& target, bool allowzero) {
   Shape out(target.size());
   int64_t infer = -1, known = 1;
-  bool unknown = false;
+  bool unknown = false, zero = false, overflow = false;
   for (size_t d = 0; d < target.size(); ++d) {
     int64_t t = target[d];
     if (t == 0 && !allowzero) {
@@ -65,8 +65,13 @@ Shape resolve_reshape(const Node& node, const Shape& in, const std::vector<int64
       out[d] = t;
     }
     if (out[d] < 0) unknown = true;
-    else known *= out[d];
+    else if (out[d] == 0) zero = true;
+    else overflow = overflow || __builtin_mul_overflow(known, out[d], &known);
   }
+  // A product past 64 bits is no shape a tensor can have, unless a 0 makes it empty.
+  OT_CHECK(zero || !overflow, node.context(), "the target shape ", shape_str(target),
+           " has more elements than an int64 can count");
+  if (zero) known = 0;
   bool in_unknown = std::any_of(in.begin(), in.end(), [](int64_t v) { return v < 0; });
   int64_t total = in_unknown ? -1 : numel(in);
   if (infer >= 0) {
