@@ -33,6 +33,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 TARGET_SPEEDUP = 1.5  # ORTModule step time / TrainModule step time, at least
 VARIANTS = ("torch", "trainmodule", "ortmodule")
+# The loop's phases, timed apart: the wrapped module's forward, torch's loss, the backward (the
+# loss's gradient in torch, then the engine's backward), torch's AdamW, zero_grad.
+PHASES = ("forward", "loss", "backward", "optimizer", "zero_grad")
 
 
 def _quiet_nvtx(torch) -> None:
@@ -68,17 +71,26 @@ def worker(args) -> None:
         version = f"torch {torch.__version__}"
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times, losses = [], []
-    for x, y in batches:
-        start = time.perf_counter()
+    phases = {name: [] for name in PHASES}  # ms per measured step, each phase of the loop
+    for step, (x, y) in enumerate(batches):
+        marks = [time.perf_counter()]
         logits = model(x)
+        marks.append(time.perf_counter())
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1))
+        marks.append(time.perf_counter())
         loss.backward()
+        marks.append(time.perf_counter())
         optimizer.step()
+        marks.append(time.perf_counter())
         optimizer.zero_grad()
-        times.append((time.perf_counter() - start) * 1e3)
+        marks.append(time.perf_counter())
+        times.append((marks[-1] - marks[0]) * 1e3)
         losses.append(loss.item())
+        if step >= args.warmup:
+            for name, begin, end in zip(PHASES, marks, marks[1:]):
+                phases[name].append((end - begin) * 1e3)
     print(json.dumps({"version": version, "warmup_s": sum(times[:args.warmup]) / 1e3,
-                      "times_ms": times[args.warmup:], "losses": losses}))
+                      "times_ms": times[args.warmup:], "losses": losses, "phases_ms": phases}))
 
 
 def run_worker(variant: str, model: str, args) -> dict:
@@ -111,6 +123,7 @@ def bench_model(model: str, args) -> dict:
         row[f"{v}_warmup_s"] = statistics.median(rep["warmup_s"] for rep in reps)
         row[f"{v}_first_loss"] = reps[0]["losses"][0]
         row[f"{v}_version"] = reps[0]["version"]
+        row[f"{v}_phases_ms"] = {p: statistics.median(t for rep in reps for t in rep["phases_ms"][p]) for p in PHASES}
     row["speedup"] = row["ortmodule_ms"] / row["trainmodule_ms"]
     row["speedup_best"] = row["ortmodule_best_ms"] / row["trainmodule_best_ms"]
     ref = row["torch_first_loss"]
@@ -132,6 +145,11 @@ def report(rows, args) -> None:
               f"{row['ortmodule_warmup_s']:9.1f} / {row['trainmodule_warmup_s']:<8.1f}  "
               f"{row['ortmodule_loss_rel_diff']:13.1e} / {row['trainmodule_loss_rel_diff']:<12.1e}  {ok}")
     print(f"target: TrainModule >= {TARGET_SPEEDUP:g}x faster than ORTModule per step")
+    print("\nphases of the step, medians in ms (" + ", ".join(PHASES) + "): where the engines differ; torch's loss and "
+          "AdamW run in every variant")
+    for row in rows:
+        for v in VARIANTS:
+            print(f"{row['model']:6s} {v:12s} " + "  ".join(f"{p} {row[f'{v}_phases_ms'][p]:7.1f}" for p in PHASES))
 
 
 def main() -> None:
