@@ -1,5 +1,6 @@
 #include "core/parallel.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <string>
 
@@ -12,6 +13,21 @@ void set_num_threads(int n) {
 }
 
 int num_threads() { return omp_get_max_threads(); }
+
+bool pool_sleeps_between_regions() {
+  // Read at each call (plans decide once): libgomp reads it once at startup, and a test sets it.
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  if (!policy) return false;
+  std::string p(policy);
+  for (char& c : p) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return p == "passive";
+}
+
+int64_t serial_step_work() {
+  if (!pool_sleeps_between_regions()) return 0;
+  const char* env = std::getenv("ONNXTRAIN_SERIAL_WORK");
+  return env && *env ? serial_work() : kPassiveSerialWork;
+}
 
 int64_t serial_work() {
   static const int64_t limit = [] {

@@ -43,6 +43,16 @@ void parallel_for(int64_t n, int64_t grain, F&& fn) {
 inline constexpr int64_t kSerialWork = int64_t(1) << 18;
 // kSerialWork, or ONNXTRAIN_SERIAL_WORK (read once; 0: no serial steps) to measure the choice (DESIGN.md).
 int64_t serial_work();
+// Whether OpenMP's threads sleep between parallel regions (OMP_WAIT_POLICY=passive, as on a shared
+// machine): then every region starts by waking them, which costs 100-150 us here whether the step
+// before ran on the pool or not, so the executor runs each step below kPassiveSerialWork on the
+// calling thread (Executor::decide_serial), not only plans whose every step is small.
+bool pool_sleeps_between_regions();
+// About a wake-up's worth of one core's work: 4 Mi multiply-adds take 130 us at 30 G/s.
+inline constexpr int64_t kPassiveSerialWork = int64_t(1) << 22;
+// The bar for one step while the pool sleeps between regions: kPassiveSerialWork, or
+// ONNXTRAIN_SERIAL_WORK when set; 0 (no serial steps) while the pool spins.
+int64_t serial_step_work();
 // A memory-bound element (read or written) counted as this many multiply-adds: one core streams
 // about 4 G elements/s through an elementwise loop and multiply-adds 30 G/s in a JIT convolution.
 inline constexpr int64_t kMemoryBoundElementWork = 8;

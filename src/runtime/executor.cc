@@ -87,6 +87,9 @@ struct Executor::Plan {
   std::vector<char> is_graph_output_root;
   // Every step runs on the calling thread alone (decide_serial).
   bool serial = false, serial_decided = false;
+  // Per step, when the plan is not serial: runs on the calling thread alone (the pool sleeps
+  // between regions and the step is below serial_step_work()).
+  std::vector<char> step_serial;
 };
 
 namespace {
@@ -526,31 +529,49 @@ constexpr int64_t kUnstatedSerialWork = kMemoryBoundElementWork * 65536;
 void Executor::decide_serial(Plan& plan) {
   plan.serial_decided = true;
   plan.serial = false;
+  plan.step_serial.assign(steps_.size(), 0);
   if (omp_get_max_threads() <= 1 || backend_) return;
   auto shape_of = [&](int id) -> const Shape* {
     if (id < 0 || !plan.others[size_t(id)].is_tensor()) return nullptr;
     if (plan.values[size_t(id)].defined()) return &plan.values[size_t(id)].shape();
     return plan.dtypes[size_t(id)] == DType::kUndefined ? nullptr : &plan.shapes[size_t(id)];
   };
-  for (const Step& step : steps_) {
-    if (!step.subgraphs.empty()) return;
+  const int64_t step_bar = serial_step_work();  // 0 while the pool spins between regions
+  bool all_small = true;
+  for (size_t s = 0; s < steps_.size(); ++s) {
+    const Step& step = steps_[s];
+    if (!step.subgraphs.empty()) {  // control flow: its bodies decide for themselves
+      all_small = false;
+      continue;
+    }
     std::vector<const Shape*> inputs, outputs;
     for (size_t i = 0; i < step.node->inputs.size() && i < step.inputs.size(); ++i) inputs.push_back(shape_of(step.inputs[i]));
-    bool views = true;
+    bool views = true, seen = true;
     for (int id : step.outputs) {
       outputs.push_back(shape_of(id));
-      if (id >= 0 && !outputs.back()) return;  // not seen: no judgement
+      if (id >= 0 && !outputs.back()) seen = false;  // not seen: no judgement
       views = views && (id < 0 || plan.alias_of[size_t(id)] >= 0);
     }
+    if (!seen) {
+      all_small = false;
+      continue;
+    }
     if (step.schema->work) {
-      if (step.schema->work(inputs, outputs) >= serial_work()) return;
-    } else if (!views && memory_bound_work(inputs, outputs) >= kUnstatedSerialWork) {
-      return;  // an op that does not state its work may compute far more than it touches
+      const int64_t work = step.schema->work(inputs, outputs);
+      all_small = all_small && work < serial_work();
+      plan.step_serial[s] = work < step_bar;
+    } else if (!views) {
+      // an op that does not state its work may compute far more than it touches
+      const bool small = memory_bound_work(inputs, outputs) < kUnstatedSerialWork;
+      all_small = all_small && small;
+      plan.step_serial[s] = step_bar > 0 && small;
     }
   }
-  plan.serial = true;
+  plan.serial = all_small;
+  // Kernels with stated work are made afresh for their thread count (oneDNN sizes a primitive's
+  // thread partition when it creates it).
   for (size_t s = 0; s < steps_.size(); ++s)
-    if (steps_[s].schema->work) plan.kernels[s] = make_kernel(s);
+    if (steps_[s].schema->work && (plan.serial || plan.step_serial[s])) plan.kernels[s] = make_kernel(s);
 }
 
 std::unique_ptr<Kernel> Executor::make_kernel(size_t s) const {
@@ -618,6 +639,8 @@ void Executor::execute(Plan& plan, bool recording, uint64_t run_index, Handover*
                     step.outputs, plan.dynamic_allocations, recording ? &plan.from_set_output : nullptr, is_constant_,
                     random_seed_, run_index, step.subgraphs.empty() ? nullptr : &subgraphs, plan.arena,
                     plan.output_buffers, backend_ && on_device_[s] ? options_.device : Device::kCpu, stream_.get());
+    std::optional<OmpThreadsScope> step_thread;  // a small step while the pool sleeps between regions
+    if (!plan.serial && !plan.step_serial.empty() && plan.step_serial[s]) step_thread.emplace(1);
     try {
       if (backend_) {
         stage_inputs(plan, s, staged);

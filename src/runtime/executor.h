@@ -178,7 +178,9 @@ class Executor {
   // let the pool's threads fall asleep, and on a loaded machine each wake-up costs a scheduler
   // time slice (a batch-1 MaxPool after serial convolutions: 13 ms, 0.04 ms on one thread). The
   // kernels with stated work are made afresh, since oneDNN sizes a primitive's thread partition
-  // when it creates it.
+  // when it creates it. Where the pool sleeps between regions anyway (OMP_WAIT_POLICY=passive),
+  // that argument does not hold: each step below serial_step_work() runs on the calling thread
+  // (Plan::step_serial), the larger ones on the pool.
   void decide_serial(Plan& plan);
   // Outputs handed to an OutputReadyFn during one run: which become final after each step.
   struct Handover {

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
+#include <string>
 
 #include <unistd.h>
 
@@ -78,12 +80,47 @@ std::vector<float> probe_threads(int64_t elements, int64_t big) {
 }
 }  // namespace
 
+// Sets an environment variable for a scope, then puts back what was there.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* before = std::getenv(name)) saved_ = before;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (saved_) setenv(name_, saved_->c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
 // A plan whose every step is below kSerialWork runs on the calling thread alone (after its
-// recording run); one large step keeps the session's threads for the whole plan.
+// recording run); one large step keeps the session's threads for the whole plan (while the pool
+// spins between regions: OMP_WAIT_POLICY=active, the test below has the passive policy).
 TEST(Executor, SmallPlansRunOnOneThread) {
+  ScopedEnv policy("OMP_WAIT_POLICY", "active");
   const int64_t large = kSerialWork / kMemoryBoundElementWork;  // X and Y: over the bar
   EXPECT_EQ(probe_threads(16, 16), (std::vector<float>{2, 2, 1, 1}));
   EXPECT_EQ(probe_threads(16, large), (std::vector<float>{2, 2, 2, 2}));
+}
+
+// Where OpenMP's threads sleep between regions (OMP_WAIT_POLICY=passive), every region pays a
+// wake-up, so each step below kPassiveSerialWork runs on one thread even in a plan with larger
+// steps; while the pool spins, the same plan keeps its threads for every step.
+TEST(Executor, SmallStepsRunOnOneThreadWhereThePoolSleeps) {
+  const int64_t huge = kPassiveSerialWork / kMemoryBoundElementWork;  // over the passive bar
+  const int64_t mid = kSerialWork / kMemoryBoundElementWork;          // over kSerialWork, under it
+  {
+    ScopedEnv policy("OMP_WAIT_POLICY", "PASSIVE");
+    EXPECT_EQ(probe_threads(16, huge), (std::vector<float>{2, 2, 1, 2}));
+    EXPECT_EQ(probe_threads(mid, huge), (std::vector<float>{2, 2, 1, 2}));
+  }
+  ScopedEnv policy("OMP_WAIT_POLICY", "active");
+  EXPECT_EQ(probe_threads(16, huge), (std::vector<float>{2, 2, 2, 2}));
+  EXPECT_EQ(probe_threads(mid, huge), (std::vector<float>{2, 2, 2, 2}));
 }
 
 TEST(Executor, PlannedRunsMatchTheRecordingRunAndAllocateNothing) {
