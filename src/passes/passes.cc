@@ -210,7 +210,8 @@ int eliminate_identities(Graph& g) {
     // Inference-mode Dropout with no mask output is the identity.
     if (node.op_type == "Dropout" && node.domain.empty() && !node.has_output(1) && !node.has_input(2))
       identity = true;
-    if (identity && node.has_input(0) && !g.is_output(node.outputs[0])) {
+    // (a node without an output is left for the op's own check to refuse)
+    if (identity && node.has_input(0) && node.has_output(0) && !g.is_output(node.outputs[0])) {
       replace_uses(g, node.outputs[0], node.inputs[0]);
       ++removed;
       continue;

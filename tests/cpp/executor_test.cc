@@ -483,4 +483,15 @@ TEST(Executor, SequenceElementsSurviveTheReuseOfTheirSourceBuffer) {
             std::string::npos);
 }
 
+// A fuzzed model's Identity without an output (the op's check refuses it later) must leave the
+// identity pass alone, not be read past its outputs (UBSan, found by the model_run fuzzer).
+TEST(Passes, IdentityWithoutAnOutputIsLeftForItsCheck) {
+  Graph g;
+  g.inputs = {value("x", DType::kFloat32, Shape{2})};
+  g.outputs = {value("x", DType::kFloat32, Shape{2})};
+  g.nodes = {make_node("Identity", {"x"}, {}, "identity_without_output")};
+  EXPECT_EQ(eliminate_identities(g), 0);
+  EXPECT_EQ(g.nodes.size(), 1u);
+}
+
 }  // namespace onnxtrain
