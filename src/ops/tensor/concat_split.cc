@@ -13,6 +13,7 @@ namespace {
 Shape concat_shape(const Node& node, const std::vector<const Tensor*>& inputs, int64_t axis) {
   const Tensor& first = *inputs[0];
   const int64_t rank = first.rank();
+  OT_CHECK(rank >= 1, node.context(), "concatenates tensors of rank >= 1, got a scalar");
   Shape out_shape = first.shape();
   out_shape[size_t(axis)] = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
@@ -130,6 +131,7 @@ void concat_rule(ShapeContext& ctx) {
   DType dt = ctx.input_dtype(0);
   const auto& s0 = ctx.input_shape(0);
   if (!s0) return ctx.set_output(0, dt);
+  OT_CHECK(!s0->empty(), ctx.node().context(), "concatenates tensors of rank >= 1, got a scalar");
   int64_t axis = normalize_axis(ctx.node(), ctx.node().attr_int("axis", 1), int64_t(s0->size()));
   Shape out = *s0;
   for (size_t i = 1; i < ctx.node().inputs.size(); ++i) {
