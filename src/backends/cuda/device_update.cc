@@ -1,0 +1,115 @@
+// The CUDA device's training update (core/device_update.h), from kernels this backend has already
+// checked against the CPU: the multi-tensor AdamW of adamw.cu, the elementwise family's Add and Mul
+// for accumulating and scaling gradients, and ReduceSum for the overflow check and the norm.
+#include <cmath>
+
+#include "backends/cuda/kernels.h"
+#include "core/device_update.h"
+#include "core/dispatch.h"
+
+namespace onnxtrain::cuda {
+namespace {
+
+// `value` as a one-element device tensor of `dtype` (rounded as the CPU rounds a factor).
+Tensor device_scalar(DType dtype, double value, const Stream& stream) {
+  Tensor host = Tensor::empty(dtype, {});
+  dispatch_float(dtype, [&]<typename T>() { *host.data<T>() = T(compute_t<T>(value)); });
+  return to_device(host, Device::kCuda, stream);
+}
+
+void check_floating(const Tensor& t, const char* what) {
+  OT_CHECK(t.device() == Device::kCuda, "CUDA training update: ", what, " expected a cuda tensor, got a ",
+           device_name(t.device()), " one");
+  OT_CHECK(t.dtype() == DType::kFloat32 || t.dtype() == DType::kFloat16 || t.dtype() == DType::kBFloat16,
+           "CUDA training update: ", what, " takes float32, float16 or bfloat16 tensors, got ", dtype_name(t.dtype()));
+}
+
+// Per tensor, sum_i f(x_i) into one float of a device vector, read back on the host: f(x) = x * x
+// for the norm; f(x) = x * 0 (0 when finite, NaN for an infinity or a NaN) for the overflow check.
+std::vector<float> per_tensor_sums(const std::vector<Tensor>& tensors, bool squares, const char* what,
+                                   const Stream& stream) {
+  std::vector<float> sums(tensors.size(), 0.0f);
+  if (tensors.empty()) return sums;
+  Tensor out = empty_on(Device::kCuda, DType::kFloat32, {int64_t(tensors.size())});
+  memset_zero(out.data(), out.nbytes(), stream.get());
+  Tensor zero;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const Tensor& t = tensors[i];
+    check_floating(t, what);
+    if (t.numel() == 0) continue;
+    Tensor terms = empty_on(Device::kCuda, DType::kFloat32, {t.numel()});
+    Tensor x = t;
+    if (t.dtype() != DType::kFloat32) OT_THROW(kNotImplemented, "CUDA training update: ", what, " of ",
+                                               dtype_name(t.dtype()), " gradients (float32 only)");
+    if (squares) {
+      binary(Binary::kMul, DType::kFloat32, x.data(), {t.numel()}, x.data(), {t.numel()}, terms.data(), {t.numel()},
+             stream.get());
+    } else {
+      if (!zero.defined()) zero = device_scalar(DType::kFloat32, 0.0, stream);
+      binary(Binary::kMul, DType::kFloat32, x.data(), {t.numel()}, zero.data(), {}, terms.data(), {t.numel()},
+             stream.get());
+    }
+    reduce_sum(DType::kFloat32, terms.data(), static_cast<float*>(out.data()) + i, 1, t.numel(), 1, 1.0f,
+               stream.get());
+  }
+  Tensor host = to_device(out, Device::kCpu, stream);  // waits for the stream
+  for (size_t i = 0; i < sums.size(); ++i) sums[i] = host.data<float>()[i];
+  return sums;
+}
+
+class CudaUpdate final : public DeviceUpdate {
+ public:
+  void add(Tensor& dst, const Tensor& src, const Stream& stream) override {
+    check_floating(dst, "add");
+    OT_CHECK(src.dtype() == dst.dtype() && src.shape() == dst.shape() && src.device() == Device::kCuda,
+             "CUDA training update: add expected a cuda ", dtype_name(dst.dtype()), " ", shape_str(dst.shape()),
+             " tensor, got a ", device_name(src.device()), " ", dtype_name(src.dtype()), " ", shape_str(src.shape()));
+    if (dst.numel() == 0) return;
+    binary(Binary::kAdd, dst.dtype(), dst.data(), dst.shape(), src.data(), src.shape(), dst.data(), dst.shape(),
+           stream.get());
+  }
+  void scale(Tensor& t, double factor, const Stream& stream) override {
+    check_floating(t, "scale");
+    if (t.numel() == 0) return;
+    const Tensor f = device_scalar(t.dtype(), factor, stream);
+    binary(Binary::kMul, t.dtype(), t.data(), t.shape(), f.data(), {}, t.data(), t.shape(), stream.get());
+  }
+  bool all_finite(const std::vector<Tensor>& tensors, const Stream& stream) override {
+    for (float s : per_tensor_sums(tensors, false, "the overflow check", stream))
+      if (!std::isfinite(s)) return false;
+    return true;
+  }
+  double l2_norm(const std::vector<Tensor>& tensors, const Stream& stream) override {
+    double sum = 0;
+    for (float s : per_tensor_sums(tensors, true, "the gradient norm", stream)) sum += double(s);
+    return std::sqrt(sum);
+  }
+  bool adamw_supports(DType dtype) const override { return dtype == DType::kFloat32; }
+  void adamw(const DeviceAdamW& c, std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+             std::vector<Tensor>& exp_avg, std::vector<Tensor>& exp_avg_sq, const Stream& stream) override {
+    OT_CHECK(grads.size() == params.size() && exp_avg.size() == params.size() && exp_avg_sq.size() == params.size(),
+             "CUDA AdamW: ", params.size(), " parameters, ", grads.size(), " gradients, ", exp_avg.size(), " and ",
+             exp_avg_sq.size(), " moments");
+    std::vector<float*> p, m, v;
+    std::vector<const float*> g;
+    std::vector<int64_t> sizes;
+    for (size_t i = 0; i < params.size(); ++i) {
+      for (const Tensor* t : {&params[i], &grads[i], &exp_avg[i], &exp_avg_sq[i]})
+        OT_CHECK(t->device() == Device::kCuda && t->dtype() == DType::kFloat32 && t->shape() == params[i].shape(),
+                 "CUDA AdamW: tensor ", i, " expected a cuda float32 ", shape_str(params[i].shape()), ", got a ",
+                 device_name(t->device()), " ", dtype_name(t->dtype()), " ", shape_str(t->shape()));
+      p.push_back(params[i].data<float>());
+      g.push_back(grads[i].data<float>());
+      m.push_back(exp_avg[i].data<float>());
+      v.push_back(exp_avg_sq[i].data<float>());
+      sizes.push_back(params[i].numel());
+    }
+    cuda::adamw(c, p, g, m, v, sizes, stream.get());
+  }
+};
+
+CudaUpdate update;
+[[maybe_unused]] DeviceUpdate* const registered = register_device_update(Device::kCuda, &update);
+
+}  // namespace
+}  // namespace onnxtrain::cuda
