@@ -233,6 +233,7 @@ class CheckpointState {
   void call_to_host() const;
   void host_writes(const std::string& param);
   void host_writes_optimizer_state();
+  const Parameter& find_parameter(const std::string& name) const;
 
   mutable Hook hook_;
   std::vector<Parameter> params_;

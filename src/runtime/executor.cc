@@ -1006,6 +1006,7 @@ std::vector<Value> Executor::run_values(const std::map<std::string, Value>& feed
   last_plan_ = &plan;
   last_report_.dynamic_allocations = recording ? 0 : plan.dynamic_allocations;
   last_report_.device_copies = plan.device_copies;
+  last_report_.host_steps = backend_ ? size_t(std::count(on_device_.begin(), on_device_.end(), 0)) : 0;
   last_report_.plans = plans_.size();
   return results;
 }

@@ -40,6 +40,7 @@ struct MemoryReport {
   // inputs (feeds, constants on the first run, and the values that cross to and from ops that run
   // on the CPU for want of a device kernel); outputs' copies back to the host come on top.
   size_t device_copies = 0;
+  size_t host_steps = 0;  // device executors: steps that run their CPU kernel for want of a device one
 };
 
 // Called once per requested output as soon as its value is final: right after the step that

@@ -229,13 +229,17 @@ Parameter& CheckpointState::add_unshaped_parameter(const std::string& name, DTyp
 }
 
 Parameter& CheckpointState::parameter(const std::string& name) {
-  Parameter& p = const_cast<Parameter&>(static_cast<const CheckpointState&>(*this).parameter(name));
+  Parameter& p = const_cast<Parameter&>(find_parameter(name));
   host_writes(name);
   return p;
 }
 
 const Parameter& CheckpointState::parameter(const std::string& name) const {
   to_host();
+  return find_parameter(name);
+}
+
+const Parameter& CheckpointState::find_parameter(const std::string& name) const {
   auto it = index_.find(name);
   if (it == index_.end()) {
     std::string known;
@@ -272,6 +276,7 @@ namespace {
 DType common_dtype(const CheckpointState& s, const std::vector<std::string>& names) {
   DType dt = DType::kUndefined;
   std::string first;
+  CheckpointState::DeviceSyncPause pause(s);  // dtypes only: nothing to copy down
   for (const auto& n : names) {
     const Parameter& p = s.parameter(n);
     if (dt == DType::kUndefined) {
@@ -287,6 +292,7 @@ DType common_dtype(const CheckpointState& s, const std::vector<std::string>& nam
 }  // namespace
 
 int64_t CheckpointState::buffer_numel(bool trainable_only) const {
+  DeviceSyncPause pause(*this);  // shapes only: nothing to copy down
   int64_t n = 0;
   for (const auto& name : buffer_parameter_names(trainable_only)) {
     const Parameter& p = parameter(name);

@@ -23,10 +23,15 @@
 #include <tuple>
 #include <vector>
 
+#include <cstring>
+#include <filesystem>
+
 #include "core/device.h"
 #include "onnxtrain/module.h"
 #include "onnxtrain/npz.h"
 #include "onnxtrain/training.h"
+#include "runtime/executor.h"
+#include "training/module.h"
 
 using namespace onnxtrain;
 
@@ -62,14 +67,20 @@ double tolerance(double reference, double perturbed_difference) {
   return std::max(1e-4 * std::abs(reference), 10 * perturbed_difference);
 }
 
-class GpuTraining : public ::testing::TestWithParam<const char*> {};
+// Skips without a GPU or without the artifacts; `dir` is the model's artifact directory.
+class GpuTraining : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    std::string why;
+    if (!device_available(Device::kCuda, &why)) GTEST_SKIP() << why;
+    const char* root = std::getenv("ONNXTRAIN_GPU_TRAINING");
+    if (!root) GTEST_SKIP() << "ONNXTRAIN_GPU_TRAINING is not set (scripts/gpu_check.sh --prepare writes the artifacts)";
+    dir = std::string(root) + "/" + GetParam() + "/";
+  }
+  std::string dir;
+};
 
 TEST_P(GpuTraining, FollowsTheCpuLossCurve) {
-  std::string why;
-  if (!device_available(Device::kCuda, &why)) GTEST_SKIP() << why;
-  const char* root = std::getenv("ONNXTRAIN_GPU_TRAINING");
-  if (!root) GTEST_SKIP() << "ONNXTRAIN_GPU_TRAINING is not set (scripts/gpu_check.sh --prepare writes the artifacts)";
-  const std::string dir = std::string(root) + "/" + GetParam() + "/";
 
   CheckpointState cpu_state = CheckpointState::load(dir + "checkpoint");
   CheckpointState gpu_state = CheckpointState::load(dir + "checkpoint");
@@ -133,6 +144,105 @@ TEST_P(GpuTraining, FollowsTheCpuLossCurve) {
     const double nudged_difference = relative_difference(nudged_got[i], want[i]);
     EXPECT_LE(relative_difference(got[i], want[i]), tolerance(1, nudged_difference)) << "eval output " << i;
   }
+}
+
+// Bit for bit: every parameter and optimizer tensor of `got` equals `want`'s.
+void expect_same_bits(const CheckpointState& got, const CheckpointState& want, const std::string& what) {
+  for (const std::string& name : want.parameter_names()) {
+    const Tensor& a = got.parameter(name).data();
+    const Tensor& b = want.parameter(name).data();
+    ASSERT_EQ(a.nbytes(), b.nbytes()) << what << " " << name;
+    EXPECT_EQ(std::memcmp(a.data(), b.data(), b.nbytes()), 0) << what << ": parameter " << name;
+  }
+  if (!want.has_optimizer_state()) return;
+  for (const auto& [param, tensors] : want.optimizer_state().param_states)
+    for (const auto& [name, b] : tensors) {
+      const Tensor& a = got.optimizer_state().param_states.at(param).at(name);
+      ASSERT_EQ(a.nbytes(), b.nbytes()) << what << " " << param << " " << name;
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), b.nbytes()), 0) << what << ": " << name << " of " << param;
+    }
+}
+
+// The state on the GPU (parameters, gradients, AdamW moments resident there): a step copies its
+// two feeds in and the loss out, nothing else; a CPU checkpoint goes onto the GPU and back
+// unchanged; and a GPU run resumed from its own checkpoint repeats the uninterrupted run's bits.
+TEST_P(GpuTraining, KeepsTheStateOnTheGpuAndResumesExactly) {
+  const std::filesystem::path out = std::filesystem::temp_directory_path() / (std::string("onnxtrain_gpu_resume_") + GetParam());
+  std::filesystem::create_directories(out);
+  const std::vector<NamedArray> arrays = load_npz(dir + "batches.npz");
+  const size_t batches = arrays.size() / 2;
+  auto batch = [&](size_t s) { return std::vector<Tensor>{arrays[2 * (s % batches)].value, arrays[2 * (s % batches) + 1].value}; };
+  // Steps [first, last) of a Module on `device` from the checkpoint at `from`; its losses.
+  auto train = [&](const std::string& from, Device device, size_t first, size_t last, const std::string& save_to,
+                   CheckpointState* keep = nullptr) {
+    CheckpointState state = CheckpointState::load(from);
+    std::vector<float> losses;
+    {
+      Module module(dir + "training_model.onnx", state, dir + "eval_model.onnx", device);
+      Optimizer optimizer(dir + "optimizer_model.onnx", module);
+      for (size_t s = first; s < last; ++s) {
+        losses.push_back(module.train_step(batch(s))[0].data<float>()[0]);
+        // After the first step (which uploads the parameters), the feeds only, where every op
+        // runs on the GPU (the ResNet's convolutions run on the host: their values cross).
+        const MemoryReport report = CompileAccess::executor(module, true).memory_report();
+        if (device != Device::kCpu && s > first && report.host_steps == 0) {
+          EXPECT_EQ(report.device_copies, 2u) << GetParam() << " step " << s << ": the feeds only";
+        }
+        optimizer.step();
+        module.lazy_reset_grad();
+      }
+    }  // the Module's end leaves the trained values in the state
+    state.save(save_to);
+    if (keep) *keep = state;
+    return losses;
+  };
+  const std::string cpu3 = (out / "cpu3").string(), gpu6 = (out / "gpu6").string();
+  train(dir + "checkpoint", Device::kCpu, 0, 3, cpu3);
+
+  {  // onto the GPU and back: with lr 0 AdamW leaves the parameters as they were, bit for bit
+    CheckpointState from_cpu = CheckpointState::load(cpu3), want = CheckpointState::load(cpu3);
+    Module module(dir + "training_model.onnx", from_cpu, dir + "eval_model.onnx", Device::kCuda);
+    Optimizer optimizer(dir + "optimizer_model.onnx", module);
+    optimizer.set_learning_rate(0);
+    module.train_step(batch(3));
+    optimizer.step();
+    for (const std::string& name : want.parameter_names()) {
+      const Tensor& a = from_cpu.parameter(name).data();
+      const Tensor& b = want.parameter(name).data();
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), b.nbytes()), 0) << GetParam() << ": parameter " << name
+                                                                << " changed on its way to the GPU and back";
+    }
+  }
+  // Uninterrupted on the GPU (steps 3-8, saved after 6) against resumed from that checkpoint.
+  CheckpointState uninterrupted, resumed;
+  const std::vector<float> first_half = train(cpu3, Device::kCuda, 3, 6, gpu6);
+  CheckpointState after6 = CheckpointState::load(gpu6);
+  const std::vector<float> straight = [&] {
+    CheckpointState state = CheckpointState::load(cpu3);
+    std::vector<float> losses;
+    {
+      Module module(dir + "training_model.onnx", state, dir + "eval_model.onnx", Device::kCuda);
+      Optimizer optimizer(dir + "optimizer_model.onnx", module);
+      for (size_t s = 3; s < 9; ++s) {
+        losses.push_back(module.train_step(batch(s))[0].data<float>()[0]);
+        optimizer.step();
+        module.lazy_reset_grad();
+        if (s == 5) expect_same_bits(state, after6, std::string(GetParam()) + " the checkpoint saved after step 6");
+      }
+    }
+    uninterrupted = state;
+    return losses;
+  }();
+  const std::vector<float> second_half = train(gpu6, Device::kCuda, 6, 9, (out / "gpu9").string(), &resumed);
+  for (size_t s = 0; s < 3; ++s) {
+    EXPECT_EQ(first_half[s], straight[s]) << GetParam() << " step " << 3 + s;
+    EXPECT_EQ(second_half[s], straight[3 + s]) << GetParam() << " step " << 6 + s << " resumed from the checkpoint";
+  }
+  expect_same_bits(resumed, uninterrupted, std::string(GetParam()) + " resumed against uninterrupted");
+  // And back on the CPU: the GPU's checkpoint is what a CPU Module starts from.
+  const std::vector<float> on_cpu = train((out / "gpu9").string(), Device::kCpu, 9, 10, (out / "cpu10").string());
+  EXPECT_TRUE(std::isfinite(on_cpu[0])) << GetParam();
+  std::filesystem::remove_all(out);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, GpuTraining, ::testing::Values("bert", "gpt", "resnet"));

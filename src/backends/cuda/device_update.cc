@@ -1,6 +1,7 @@
 // The CUDA device's training update (core/device_update.h), from kernels this backend has already
 // checked against the CPU: the multi-tensor AdamW of adamw.cu, the elementwise family's Add and Mul
 // for accumulating and scaling gradients, and ReduceSum for the overflow check and the norm.
+#include <array>
 #include <cmath>
 
 #include "backends/cuda/kernels.h"
@@ -94,7 +95,8 @@ class CudaUpdate final : public DeviceUpdate {
     std::vector<const float*> g;
     std::vector<int64_t> sizes;
     for (size_t i = 0; i < params.size(); ++i) {
-      for (const Tensor* t : {&params[i], &grads[i], &exp_avg[i], &exp_avg_sq[i]})
+      const std::array<const Tensor*, 4> tensors{&params[i], &grads[i], &exp_avg[i], &exp_avg_sq[i]};
+      for (const Tensor* t : tensors)
         OT_CHECK(t->device() == Device::kCuda && t->dtype() == DType::kFloat32 && t->shape() == params[i].shape(),
                  "CUDA AdamW: tensor ", i, " expected a cuda float32 ", shape_str(params[i].shape()), ", got a ",
                  device_name(t->device()), " ", dtype_name(t->dtype()), " ", shape_str(t->shape()));
