@@ -1,6 +1,7 @@
 // The CUDA device's training update (core/device_update.h), from kernels this backend has already
 // checked against the CPU: the multi-tensor AdamW of adamw.cu, the elementwise family's Add and Mul
 // for accumulating and scaling gradients, and ReduceSum for the overflow check and the norm.
+#include <algorithm>
 #include <array>
 #include <cmath>
 
@@ -30,30 +31,28 @@ void check_floating(const Tensor& t, const char* what) {
 std::vector<float> per_tensor_sums(const std::vector<Tensor>& tensors, bool squares, const char* what,
                                    const Stream& stream) {
   std::vector<float> sums(tensors.size(), 0.0f);
-  if (tensors.empty()) return sums;
+  int64_t largest = 0;
+  for (const Tensor& t : tensors) {
+    check_floating(t, what);
+    if (t.dtype() != DType::kFloat32)
+      OT_THROW(kNotImplemented, "CUDA training update: ", what, " of ", dtype_name(t.dtype()), " gradients (float32 only)");
+    largest = std::max(largest, t.numel());
+  }
+  if (largest == 0) return sums;
   Tensor out = empty_on(Device::kCuda, DType::kFloat32, {int64_t(tensors.size())});
   memset_zero(out.data(), out.nbytes(), stream.get());
-  Tensor zero;
+  // One scratch for every tensor's terms: the stream runs each product after the last sum read it.
+  Tensor terms = empty_on(Device::kCuda, DType::kFloat32, {largest});
+  const Tensor zero = device_scalar(DType::kFloat32, 0.0, stream);
   for (size_t i = 0; i < tensors.size(); ++i) {
-    const Tensor& t = tensors[i];
-    check_floating(t, what);
-    if (t.numel() == 0) continue;
-    Tensor terms = empty_on(Device::kCuda, DType::kFloat32, {t.numel()});
-    Tensor x = t;
-    if (t.dtype() != DType::kFloat32) OT_THROW(kNotImplemented, "CUDA training update: ", what, " of ",
-                                               dtype_name(t.dtype()), " gradients (float32 only)");
-    if (squares) {
-      binary(Binary::kMul, DType::kFloat32, x.data(), {t.numel()}, x.data(), {t.numel()}, terms.data(), {t.numel()},
-             stream.get());
-    } else {
-      if (!zero.defined()) zero = device_scalar(DType::kFloat32, 0.0, stream);
-      binary(Binary::kMul, DType::kFloat32, x.data(), {t.numel()}, zero.data(), {}, terms.data(), {t.numel()},
-             stream.get());
-    }
-    reduce_sum(DType::kFloat32, terms.data(), static_cast<float*>(out.data()) + i, 1, t.numel(), 1, 1.0f,
-               stream.get());
+    const Tensor& x = tensors[i];
+    const Shape flat{x.numel()};
+    if (x.numel() == 0) continue;
+    binary(Binary::kMul, DType::kFloat32, x.data(), flat, squares ? x.data() : zero.data(), squares ? flat : Shape{},
+           terms.data(), flat, stream.get());
+    reduce_sum(DType::kFloat32, terms.data(), static_cast<float*>(out.data()) + i, 1, x.numel(), 1, 1.0f, stream.get());
   }
-  Tensor host = to_device(out, Device::kCpu, stream);  // waits for the stream
+  const Tensor host = to_device(out, Device::kCpu, stream);  // waits for the stream
   for (size_t i = 0; i < sums.size(); ++i) sums[i] = host.data<float>()[i];
   return sums;
 }
