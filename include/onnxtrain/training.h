@@ -223,9 +223,6 @@ class CheckpointState {
   struct Hook {
     DeviceSync* sync = nullptr;
     int paused = 0;
-    Hook() = default;
-    Hook(const Hook&) {}
-    Hook& operator=(const Hook&) { return *this; }
   };
   void to_host() const {
     if (hook_.sync && !hook_.paused) call_to_host();
