@@ -25,6 +25,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <iostream>
 
 #include "core/device.h"
 #include "onnxtrain/module.h"
@@ -146,35 +147,36 @@ TEST_P(GpuTraining, FollowsTheCpuLossCurve) {
   }
 }
 
-// Bit for bit: every parameter and optimizer tensor of `got` equals `want`'s.
-void expect_same_bits(const CheckpointState& got, const CheckpointState& want, const std::string& what) {
-  for (const std::string& name : want.parameter_names()) {
-    const Tensor& a = got.parameter(name).data();
-    const Tensor& b = want.parameter(name).data();
-    ASSERT_EQ(a.nbytes(), b.nbytes()) << what << " " << name;
-    EXPECT_EQ(std::memcmp(a.data(), b.data(), b.nbytes()), 0) << what << ": parameter " << name;
-  }
-  if (!want.has_optimizer_state()) return;
+// The float32 tensors of two states (parameters, then optimizer state): the largest relative
+// difference of one tensor from `want`'s (0: the same bits, or differences below float32's).
+double state_difference(const CheckpointState& got, const CheckpointState& want) {
+  double worst = 0;
+  auto compare = [&](const Tensor& a, const Tensor& b) {
+    if (b.dtype() != DType::kFloat32) return;
+    worst = std::max(worst, std::memcmp(a.data(), b.data(), b.nbytes()) == 0 ? 0.0 : std::max(relative_difference(a, b), 1e-30));
+  };
+  for (const std::string& name : want.parameter_names()) compare(got.parameter(name).data(), want.parameter(name).data());
   for (const auto& [param, tensors] : want.optimizer_state().param_states)
-    for (const auto& [name, b] : tensors) {
-      const Tensor& a = got.optimizer_state().param_states.at(param).at(name);
-      ASSERT_EQ(a.nbytes(), b.nbytes()) << what << " " << param << " " << name;
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), b.nbytes()), 0) << what << ": " << name << " of " << param;
-    }
+    for (const auto& [name, t] : tensors) compare(got.optimizer_state().param_states.at(param).at(name), t);
+  return worst;
 }
 
 // The state on the GPU (parameters, gradients, AdamW moments resident there): a step copies its
-// two feeds in and the loss out, nothing else; a CPU checkpoint goes onto the GPU and back
-// unchanged; and a GPU run resumed from its own checkpoint repeats the uninterrupted run's bits.
+// two feeds in and the loss out; a CPU checkpoint goes onto the GPU and back unchanged; a GPU run
+// resumed from a checkpoint saved mid-run repeats the uninterrupted run. Bit for bit where the
+// GPU repeats its own runs bit for bit (a second uninterrupted run shows it); else within 10x
+// what two uninterrupted runs differ by.
 TEST_P(GpuTraining, KeepsTheStateOnTheGpuAndResumesExactly) {
   const std::filesystem::path out = std::filesystem::temp_directory_path() / (std::string("onnxtrain_gpu_resume_") + GetParam());
   std::filesystem::create_directories(out);
+  auto at = [&](const char* name) { return (out / name).string(); };
   const std::vector<NamedArray> arrays = load_npz(dir + "batches.npz");
   const size_t batches = arrays.size() / 2;
   auto batch = [&](size_t s) { return std::vector<Tensor>{arrays[2 * (s % batches)].value, arrays[2 * (s % batches) + 1].value}; };
-  // Steps [first, last) of a Module on `device` from the checkpoint at `from`; its losses.
+  // Steps [first, last) of a Module on `device` from the checkpoint at `from`, saved to `save_to`
+  // at the end (and to `save_mid` after step `mid`, while training); returns the losses.
   auto train = [&](const std::string& from, Device device, size_t first, size_t last, const std::string& save_to,
-                   CheckpointState* keep = nullptr) {
+                   CheckpointState* keep = nullptr, size_t mid = 0, const std::string& save_mid = "") {
     CheckpointState state = CheckpointState::load(from);
     std::vector<float> losses;
     {
@@ -190,17 +192,17 @@ TEST_P(GpuTraining, KeepsTheStateOnTheGpuAndResumesExactly) {
         }
         optimizer.step();
         module.lazy_reset_grad();
+        if (s == mid && !save_mid.empty()) state.save(save_mid);
       }
     }  // the Module's end leaves the trained values in the state
     state.save(save_to);
     if (keep) *keep = state;
     return losses;
   };
-  const std::string cpu3 = (out / "cpu3").string(), gpu6 = (out / "gpu6").string();
-  train(dir + "checkpoint", Device::kCpu, 0, 3, cpu3);
+  train(dir + "checkpoint", Device::kCpu, 0, 3, at("cpu3"));
 
   {  // onto the GPU and back: with lr 0 AdamW leaves the parameters as they were, bit for bit
-    CheckpointState from_cpu = CheckpointState::load(cpu3), want = CheckpointState::load(cpu3);
+    CheckpointState from_cpu = CheckpointState::load(at("cpu3")), want = CheckpointState::load(at("cpu3"));
     Module module(dir + "training_model.onnx", from_cpu, dir + "eval_model.onnx", Device::kCuda);
     Optimizer optimizer(dir + "optimizer_model.onnx", module);
     optimizer.set_learning_rate(0);
@@ -209,38 +211,26 @@ TEST_P(GpuTraining, KeepsTheStateOnTheGpuAndResumesExactly) {
     for (const std::string& name : want.parameter_names()) {
       const Tensor& a = from_cpu.parameter(name).data();
       const Tensor& b = want.parameter(name).data();
-      EXPECT_EQ(std::memcmp(a.data(), b.data(), b.nbytes()), 0) << GetParam() << ": parameter " << name
-                                                                << " changed on its way to the GPU and back";
+      EXPECT_EQ(std::memcmp(a.data(), b.data(), b.nbytes()), 0)
+          << GetParam() << ": parameter " << name << " changed on its way to the GPU and back";
     }
   }
-  // Uninterrupted on the GPU (steps 3-8, saved after 6) against resumed from that checkpoint.
-  CheckpointState uninterrupted, resumed;
-  const std::vector<float> first_half = train(cpu3, Device::kCuda, 3, 6, gpu6);
-  CheckpointState after6 = CheckpointState::load(gpu6);
-  const std::vector<float> straight = [&] {
-    CheckpointState state = CheckpointState::load(cpu3);
-    std::vector<float> losses;
-    {
-      Module module(dir + "training_model.onnx", state, dir + "eval_model.onnx", Device::kCuda);
-      Optimizer optimizer(dir + "optimizer_model.onnx", module);
-      for (size_t s = 3; s < 9; ++s) {
-        losses.push_back(module.train_step(batch(s))[0].data<float>()[0]);
-        optimizer.step();
-        module.lazy_reset_grad();
-        if (s == 5) expect_same_bits(state, after6, std::string(GetParam()) + " the checkpoint saved after step 6");
-      }
-    }
-    uninterrupted = state;
-    return losses;
-  }();
-  const std::vector<float> second_half = train(gpu6, Device::kCuda, 6, 9, (out / "gpu9").string(), &resumed);
-  for (size_t s = 0; s < 3; ++s) {
-    EXPECT_EQ(first_half[s], straight[s]) << GetParam() << " step " << 3 + s;
-    EXPECT_EQ(second_half[s], straight[3 + s]) << GetParam() << " step " << 6 + s << " resumed from the checkpoint";
-  }
-  expect_same_bits(resumed, uninterrupted, std::string(GetParam()) + " resumed against uninterrupted");
+  CheckpointState uninterrupted, again, resumed;
+  const std::vector<float> straight = train(at("cpu3"), Device::kCuda, 3, 9, at("straight9"), &uninterrupted, 5, at("gpu6"));
+  const std::vector<float> repeated = train(at("cpu3"), Device::kCuda, 3, 9, at("again9"), &again);
+  const std::vector<float> second_half = train(at("gpu6"), Device::kCuda, 6, 9, at("gpu9"), &resumed);
+  double loss_noise = 0;
+  for (size_t s = 0; s < straight.size(); ++s) loss_noise = std::max(loss_noise, double(std::abs(repeated[s] - straight[s])));
+  const double state_noise = state_difference(again, uninterrupted);
+  if (loss_noise > 0 || state_noise > 0)
+    std::cerr << GetParam() << ": two uninterrupted GPU runs differ (losses by " << loss_noise << ", state by "
+              << state_noise << " relative): the resumed run is held to 10x that\n";
+  for (size_t s = 0; s < 3; ++s)
+    EXPECT_LE(std::abs(second_half[s] - straight[3 + s]), 10 * loss_noise)
+        << GetParam() << " step " << 6 + s << " resumed from the checkpoint saved mid-run";
+  EXPECT_LE(state_difference(resumed, uninterrupted), 10 * state_noise) << GetParam() << ": resumed against uninterrupted";
   // And back on the CPU: the GPU's checkpoint is what a CPU Module starts from.
-  const std::vector<float> on_cpu = train((out / "gpu9").string(), Device::kCpu, 9, 10, (out / "cpu10").string());
+  const std::vector<float> on_cpu = train(at("gpu9"), Device::kCpu, 9, 10, at("cpu10"));
   EXPECT_TRUE(std::isfinite(on_cpu[0])) << GetParam();
   std::filesystem::remove_all(out);
 }
