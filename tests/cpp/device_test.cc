@@ -17,6 +17,7 @@
 #include "onnxtrain/module.h"
 #include "optim/loss_scaler.h"
 #include "optim/optimizer.h"
+#include "onnx/model_io.h"
 #include "ops/registry.h"
 #include "runtime/executor.h"
 #include "training/module.h"
@@ -545,6 +546,51 @@ TEST_F(DeviceModuleTest, LossScalingSkipsTheStepsTheCpuSkips) {
   EXPECT_GT(skipped, 0);
   EXPECT_LT(skipped, 12);
   expect_same_state(dev_state, cpu_state, "after 12 fp16 steps");
+}
+
+// BatchNormalization's running statistics (the training graph's "<buffer>_updated" outputs) stay
+// on the device too: the step still copies only its feeds and loss, and the host sees the CPU's
+// statistics when it looks.
+TEST_F(DeviceModuleTest, UpdatedBuffersStayOnTheDevice) {
+  Graph g;  // logits = BatchNormalization(x w + b)
+  g.inputs = {value("x", DType::kFloat32, Shape{16, 2})};
+  g.outputs = {value("logits", DType::kFloat32, Shape{16, 3})};
+  std::vector<float> w;
+  for (int i = 0; i < 6; ++i) w.push_back(0.3f * std::sin(float(i) + 0.5f));
+  g.initializers["w"] = Tensor::from_vector(w, {2, 3});
+  g.initializers["b"] = Tensor::from_vector<float>({0.1f, -0.2f, 0.05f}, {3});
+  g.initializers["gamma"] = Tensor::from_vector<float>({1, 1, 1}, {3});
+  g.initializers["beta"] = Tensor::from_vector<float>({0, 0, 0}, {3});
+  g.initializers["mean"] = Tensor::from_vector<float>({0, 0, 0}, {3});
+  g.initializers["var"] = Tensor::from_vector<float>({1, 1, 1}, {3});
+  Node norm = make_node("BatchNormalization", {"z", "gamma", "beta", "mean", "var"}, {"logits", "new_mean", "new_var"});
+  norm.attributes["training_mode"] = Attribute::of(int64_t{1});  // exported in training mode, as torch does
+  g.nodes = {make_node("MatMul", {"x", "w"}, {"h"}), make_node("Add", {"h", "b"}, {"z"}), norm};
+  save_model(make_model(std::move(g), 15), path("bn.onnx"));
+  ArtifactOptions o;
+  o.graphs.requires_grad = {"w", "b", "gamma", "beta"};
+  o.graphs.loss = LossType::kCrossEntropy;
+  o.directory = path("bn");
+  const ArtifactPaths bn = generate_artifacts(path("bn.onnx"), o);
+  CheckpointState cpu_state = CheckpointState::load(bn.checkpoint), dev_state = cpu_state.clone();
+  Module cpu(bn.training_model, cpu_state, "", Device::kCpu), dev(bn.training_model, dev_state, "", Device::kCuda);
+  Optimizer cpu_opt(adamw(), cpu), dev_opt(adamw(), dev);
+  for (int step = 0; step < 4; ++step) {
+    const std::vector<Tensor> inputs = batch(step);
+    const Tensor want = cpu.train_step(inputs)[0];
+    device_.host_device_copies = 0;
+    expect_same(dev.train_step(inputs)[0], want, "the loss at step " + std::to_string(step));
+    if (step > 0) {
+      EXPECT_EQ(device_.host_device_copies, 3) << "step " << step << ": two feeds and the loss";
+    }
+    cpu_opt.step();
+    dev_opt.step();
+    cpu.lazy_reset_grad();
+    dev.lazy_reset_grad();
+  }
+  for (const char* name : {"w", "b", "gamma", "beta", "mean", "var"})
+    expect_same(dev_state.parameter(name).data(), cpu_state.parameter(name).data(), name);
+  EXPECT_NE(cpu_state.parameter("mean").data().item_as_double(0), 0.0);  // the statistics did move
 }
 
 // Data parallelism keeps gradients on the host: refused on a device Module, by name.
