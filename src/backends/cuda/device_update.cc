@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <mutex>
 
 #include "backends/cuda/kernels.h"
 #include "core/device_update.h"
@@ -39,18 +40,26 @@ std::vector<float> per_tensor_sums(const std::vector<Tensor>& tensors, bool squa
     largest = std::max(largest, t.numel());
   }
   if (largest == 0) return sums;
+  // Each tensor as rows of kRow terms (the last padded with zeros), a block per row, then the
+  // rows' sums: one block alone over a 38M-element embedding would take milliseconds.
+  constexpr int64_t kRow = 4096;
+  const int64_t max_rows = (largest + kRow - 1) / kRow;
   Tensor out = empty_on(Device::kCuda, DType::kFloat32, {int64_t(tensors.size())});
   memset_zero(out.data(), out.nbytes(), stream.get());
-  // One scratch for every tensor's terms: the stream runs each product after the last sum read it.
-  Tensor terms = empty_on(Device::kCuda, DType::kFloat32, {largest});
+  // One scratch for every tensor: the stream runs each product after the last sum read it.
+  Tensor terms = empty_on(Device::kCuda, DType::kFloat32, {max_rows * kRow});
+  Tensor row_sums = empty_on(Device::kCuda, DType::kFloat32, {max_rows});
   const Tensor zero = device_scalar(DType::kFloat32, 0.0, stream);
   for (size_t i = 0; i < tensors.size(); ++i) {
     const Tensor& x = tensors[i];
-    const Shape flat{x.numel()};
-    if (x.numel() == 0) continue;
+    const int64_t n = x.numel(), rows = (n + kRow - 1) / kRow;
+    if (n == 0) continue;
+    const Shape flat{n};
     binary(Binary::kMul, DType::kFloat32, x.data(), flat, squares ? x.data() : zero.data(), squares ? flat : Shape{},
            terms.data(), flat, stream.get());
-    reduce_sum(DType::kFloat32, terms.data(), static_cast<float*>(out.data()) + i, 1, x.numel(), 1, 1.0f, stream.get());
+    if (rows * kRow > n) memset_zero(terms.data<float>() + n, size_t(rows * kRow - n) * sizeof(float), stream.get());
+    reduce_sum(DType::kFloat32, terms.data(), row_sums.data(), rows, kRow, 1, 1.0f, stream.get());
+    reduce_sum(DType::kFloat32, row_sums.data(), out.data<float>() + i, 1, rows, 1, 1.0f, stream.get());
   }
   const Tensor host = to_device(out, Device::kCpu, stream);  // waits for the stream
   for (size_t i = 0; i < sums.size(); ++i) sums[i] = host.data<float>()[i];
@@ -71,8 +80,13 @@ class CudaUpdate final : public DeviceUpdate {
   void scale(Tensor& t, double factor, const Stream& stream) override {
     check_floating(t, "scale");
     if (t.numel() == 0) return;
-    const Tensor f = device_scalar(t.dtype(), factor, stream);
-    binary(Binary::kMul, t.dtype(), t.data(), t.shape(), f.data(), {}, t.data(), t.shape(), stream.get());
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Every gradient of a step is scaled by one factor: uploaded once, not once per gradient.
+    if (!factor_.defined() || factor_.dtype() != t.dtype() || factor_value_ != factor) {
+      factor_ = device_scalar(t.dtype(), factor, stream);
+      factor_value_ = factor;
+    }
+    binary(Binary::kMul, t.dtype(), t.data(), t.shape(), factor_.data(), {}, t.data(), t.shape(), stream.get());
   }
   bool all_finite(const std::vector<Tensor>& tensors, const Stream& stream) override {
     for (float s : per_tensor_sums(tensors, false, "the overflow check", stream))
@@ -107,6 +121,11 @@ class CudaUpdate final : public DeviceUpdate {
     }
     cuda::adamw(c, p, g, m, v, sizes, stream.get());
   }
+
+ private:
+  std::mutex mutex_;
+  Tensor factor_;  // the last factor scale() uploaded
+  double factor_value_ = 0;
 };
 
 CudaUpdate update;
