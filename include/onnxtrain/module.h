@@ -156,7 +156,11 @@ class Optimizer {
   // One fused multi-tensor update of every trainable parameter from its gradient; the step count
   // and moments live in the checkpoint's optimizer state. With a loss scaler (fp16 artifacts) it
   // first checks every gradient: an inf or NaN skips the update (StepStats::skipped) and halves
-  // the scale; 2000 finite steps in a row double it (src/optim/loss_scaler.h).
+  // the scale; 2000 finite steps in a row double it (src/optim/loss_scaler.h). On a device Module
+  // AdamW (torch's or transformers', float32, no amsgrad) updates on the device, where the
+  // gradient norm for clipping stays: StepStats::grad_norm is then -1 unless param groups are set
+  // (their global clipping norm is read back). Other rules update on the CPU with copies, said
+  // once per process by name.
   StepStats step();
   void set_learning_rate(double lr);
   double get_learning_rate() const;
