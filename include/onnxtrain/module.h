@@ -38,6 +38,7 @@ namespace onnxtrain {
 
 struct Model;           // internal (src/ir/graph.h)
 struct CompiledGraphs;  // internal (src/training/module.cc): graphs loaded for a Module
+class DeviceState;      // internal (src/training/device_state.h): a device Module's training state
 
 // Pre-compiled artifacts: writes training_model.otc, eval_model.otc and optimizer_model.otc next to
 // the ONNX files of artifact_dir (and its checkpoint): the graphs as the runtime runs them, their
@@ -52,9 +53,12 @@ std::vector<std::string> compile_artifacts(const std::string& artifact_dir,
 class Module {
  public:
   // `device`: where the graphs run. Device::kCuda runs every op with a CUDA kernel on the GPU (the
-  // others on the CPU, named once on stderr); the parameters stay in the checkpoint, on the host,
-  // and are copied in each step, the outputs and gradients copied out, and Optimizer updates on the
-  // CPU: correct, not yet fast. Throws "no CUDA device" where there is none.
+  // others on the CPU, named once on stderr) and keeps the training state there: a copy of each
+  // parameter the graphs read (made on the first step), the gradients (accumulated there) and,
+  // through the Optimizer, AdamW's moments; a step copies in its inputs and out its loss and
+  // additional outputs, nothing else. The CheckpointState still shows the trained values whenever
+  // the host reads it (CheckpointState::DeviceSync says how, and the one write it cannot see).
+  // Throws "no CUDA device" where there is none.
   Module(const std::string& training_model_path, CheckpointState& state, const std::string& eval_model_path = "",
          Device device = Device::kCpu);
   // From graphs in memory, for callers inside the library (the torch wrapper, tests).
@@ -122,6 +126,7 @@ class Module {
                           const std::vector<Tensor>& output_buffers = {});
   // Per training output: the buffer its gradient may be written into (see train_step).
   std::vector<Tensor> gradient_buffers();
+  std::vector<Tensor> device_gradient_buffers();
 
   CheckpointState& state_;
   Device device_ = Device::kCpu;
@@ -151,7 +156,11 @@ class Optimizer {
   // One fused multi-tensor update of every trainable parameter from its gradient; the step count
   // and moments live in the checkpoint's optimizer state. With a loss scaler (fp16 artifacts) it
   // first checks every gradient: an inf or NaN skips the update (StepStats::skipped) and halves
-  // the scale; 2000 finite steps in a row double it (src/optim/loss_scaler.h).
+  // the scale; 2000 finite steps in a row double it (src/optim/loss_scaler.h). On a device Module
+  // AdamW (torch's or transformers', float32, no amsgrad) updates on the device, where the
+  // gradient norm for clipping stays: StepStats::grad_norm is then -1 unless param groups are set
+  // (their global clipping norm is read back). Other rules update on the CPU with copies, said
+  // once per process by name.
   StepStats step();
   void set_learning_rate(double lr);
   double get_learning_rate() const;
@@ -176,6 +185,7 @@ class Optimizer {
   void load_state();
   void store_state();
   StepStats grouped_step(std::vector<Tensor>& params, std::vector<Tensor>& grads);
+  StepStats device_step(DeviceState& state);
 
   Module& module_;
   std::unique_ptr<Rule> rule_;

@@ -96,8 +96,55 @@ const char* checkpoint_format_name(CheckpointFormat f);  // "onnxtrain", "ort"
 class CheckpointState {
  public:
   CheckpointState() = default;
-  // Copies share tensor storage; clone() gives a deep copy.
+  // Copies share tensor storage; clone() gives a deep copy. A copy holds the trained values of a
+  // device Module's state (see DeviceSync) but is not attached to the Module.
+  CheckpointState(const CheckpointState& other);
+  CheckpointState(CheckpointState&& other);
+  CheckpointState& operator=(const CheckpointState& other);
+  CheckpointState& operator=(CheckpointState&& other);
+  ~CheckpointState() = default;
   CheckpointState clone() const;
+
+  // A Module training on a device (Module(..., Device::kCuda)) keeps the parameters it reads,
+  // their gradients and the optimizer's moments there and attaches a DeviceSync for as long as it
+  // lives. The host tensors here stay the truth for whoever looks: every accessor that reads
+  // parameters, gradients or optimizer state (parameter(), parameters(), get_parameter, save,
+  // to_contiguous_buffer, clone, copies, optimizer_state()) first copies back what the device
+  // holds newer, and every accessor that may write them (non-const parameter(), set_parameter,
+  // fill_parameters_from_buffer, non-const optimizer_state(), set_optimizer_tensor) also marks
+  // the device copies stale, so the next step uploads them again. What this cannot see is a write
+  // through a Tensor alias taken before training (`Tensor w = state.parameter("w").data();`, then
+  // steps, then writing w): write through set_parameter, or take the alias again after the steps
+  // (ONNX Runtime's CopyBufferToParameters has the same rule).
+  class DeviceSync {
+   public:
+    virtual ~DeviceSync() = default;
+    // Copies to the host what the device holds newer than the host.
+    virtual void to_host() = 0;
+    // The host may now write `param` (empty: every parameter) or the optimizer state.
+    virtual void host_writes(const std::string& param) = 0;
+    virtual void host_writes_optimizer_state() = 0;
+    // Another DeviceSync was attached in its place (to_host() has run): its device copies are
+    // no longer kept current.
+    virtual void detached() = 0;
+  };
+  // Attaches `sync` (the one attached before is brought to the host and detached); detach_device
+  // _sync removes it when it is the one attached.
+  void attach_device_sync(DeviceSync* sync);
+  void detach_device_sync(DeviceSync* sync);
+  bool device_sync_attached(const DeviceSync* sync) const { return hook_.sync == sync; }
+  // While one lives, accessors do not call the attached DeviceSync: the Module's own accesses
+  // during a step, and the DeviceSync's inside its callbacks.
+  class DeviceSyncPause {
+   public:
+    explicit DeviceSyncPause(const CheckpointState& state) : state_(state) { ++state_.hook_.paused; }
+    ~DeviceSyncPause() { --state_.hook_.paused; }
+    DeviceSyncPause(const DeviceSyncPause&) = delete;
+    DeviceSyncPause& operator=(const DeviceSyncPause&) = delete;
+
+   private:
+    const CheckpointState& state_;
+  };
 
   // Reads and validates a checkpoint. Errors (onnxtrain::Error) name the path and the problem.
   static CheckpointState load(const std::string& path);
@@ -124,7 +171,10 @@ class CheckpointState {
   Parameter& parameter(const std::string& name);
   const Parameter& parameter(const std::string& name) const;
   std::vector<std::string> parameter_names() const;
-  const std::vector<Parameter>& parameters() const { return params_; }
+  const std::vector<Parameter>& parameters() const {
+    to_host();
+    return params_;
+  }
   size_t num_parameters() const { return params_.size(); }
   Tensor get_parameter(const std::string& name) const { return parameter(name).data(); }
   // Copies value into the parameter; the error names the parameter, expected vs got dtype/shape.
@@ -161,11 +211,28 @@ class CheckpointState {
   bool has_optimizer_state() const { return optimizer_.has_value(); }
   SavedOptimizerState& optimizer_state();  // created empty when missing
   const SavedOptimizerState& optimizer_state() const;  // throws when missing
-  void clear_optimizer_state() { optimizer_.reset(); }
+  void clear_optimizer_state() {
+    host_writes_optimizer_state();
+    optimizer_.reset();
+  }
   // Sets one optimizer tensor; the parameter must exist and the name must not contain '/'.
   void set_optimizer_tensor(const std::string& param, const std::string& name, Tensor value);
 
  private:
+  // The attached DeviceSync, called unless paused (copies and moves of the state start without).
+  struct Hook {
+    DeviceSync* sync = nullptr;
+    int paused = 0;
+  };
+  void to_host() const {
+    if (hook_.sync && !hook_.paused) call_to_host();
+  }
+  void call_to_host() const;
+  void host_writes(const std::string& param);
+  void host_writes_optimizer_state();
+  const Parameter& find_parameter(const std::string& name) const;
+
+  mutable Hook hook_;
   std::vector<Parameter> params_;
   std::unordered_map<std::string, size_t> index_;
   std::map<std::string, PropertyValue> properties_;

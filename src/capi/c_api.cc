@@ -2,6 +2,7 @@
 // Module, optimizer, schedulers and inference are in c_api_training.cc.
 #include <climits>
 #include <cstring>
+#include <utility>
 #include <new>
 
 #include "capi/handles.h"
@@ -258,7 +259,7 @@ OtStatus ot_checkpoint_parameter_name(const OtCheckpoint* checkpoint, size_t ind
 OtStatus ot_checkpoint_parameter_info(const OtCheckpoint* checkpoint, const char* name, OtDType* dtype,
                                       const int64_t** shape, size_t* rank, int* requires_grad) {
   return guard(__func__, [&](Call& c) {
-    const Parameter& p = c.ref(checkpoint, "checkpoint").state->parameter(c.str(name, "name"));
+    const Parameter& p = std::as_const(*c.ref(checkpoint, "checkpoint").state).parameter(c.str(name, "name"));
     if (dtype) *dtype = static_cast<OtDType>(p.dtype());
     if (shape) *shape = p.shape().data();
     if (rank) *rank = p.shape().size();
@@ -269,7 +270,7 @@ OtStatus ot_checkpoint_parameter_info(const OtCheckpoint* checkpoint, const char
 OtStatus ot_checkpoint_get_parameter(const OtCheckpoint* checkpoint, const char* name, void* data, OtDType dtype,
                                      const int64_t* shape, size_t rank) {
   return guard(__func__, [&](Call& c) {
-    const Parameter& p = c.ref(checkpoint, "checkpoint").state->parameter(c.str(name, "name"));
+    const Parameter& p = std::as_const(*c.ref(checkpoint, "checkpoint").state).parameter(c.str(name, "name"));
     Tensor buffer = c.borrow(data, dtype, shape, rank, "buffer");
     check_like(c, p, buffer);
     const Tensor& value = p.data();  // throws for a nominal parameter

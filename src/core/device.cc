@@ -1,8 +1,10 @@
 #include "core/device.h"
+#include "core/device_update.h"
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <utility>
 
 namespace onnxtrain {
 
@@ -98,6 +100,24 @@ Tensor copy_on_device(const Tensor& t) {
   if (t.nbytes()) backend.copy(out.data(), t.device(), t.data(), t.device(), t.nbytes(), {});
   backend.synchronize({});
   return out;
+}
+
+namespace {
+DeviceUpdate*& update_slot(Device device) {
+  static DeviceUpdate* cuda = nullptr;
+  OT_CHECK(device == Device::kCuda, "device '", device_name(device), "' has no device update");
+  return cuda;
+}
+}  // namespace
+
+DeviceUpdate* register_device_update(Device device, DeviceUpdate* update) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return std::exchange(update_slot(device), update);
+}
+
+DeviceUpdate* device_update(Device device) {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  return update_slot(device);
 }
 
 }  // namespace onnxtrain

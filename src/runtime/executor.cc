@@ -297,6 +297,13 @@ void Executor::compile() {
       std::cerr << "onnxtrain: no " << device_name(options_.device) << " kernel for " << fallbacks
                 << ": these ops run on the CPU, with their inputs and outputs copied\n";
   }
+  device_output_.assign(value_names_.size(), 0);
+  for (const auto& name : options_.device_outputs) {
+    auto it = value_ids_.find(name);
+    OT_CHECK(it != value_ids_.end() && g.is_output(name), "model ", model_.description, ": device output '", name,
+             "' is not an output of the model");
+    device_output_[size_t(it->second)] = backend_ ? 1 : 0;
+  }
   is_constant_.assign(value_names_.size(), 0);
   for (auto& [id, t] : constants_) is_constant_[size_t(id)] = 1;
   for (int id : input_ids_) is_constant_[size_t(id)] = 0;  // an initializer a feed may override
@@ -478,6 +485,7 @@ std::unique_ptr<Executor::Plan> Executor::new_plan() {
 Value Executor::result_of(const Plan& plan, int id) const {
   if (!plan.others[size_t(id)].is_tensor()) return plan.others[size_t(id)];  // sequence elements are never arena views
   const Tensor& t = plan.values[size_t(id)];
+  if (device_output_[size_t(id)]) return device_result(plan, id);
   if (t.device() != Device::kCpu) {  // the graph's edge: outputs come back to the host
     Tensor host;
     if (plan.output_buffers) {
@@ -504,6 +512,29 @@ Value Executor::result_of(const Plan& plan, int id) const {
     }
   }
   return t.clone();
+}
+
+Tensor Executor::device_result(const Plan& plan, int id) const {
+  const Tensor& t = plan.values[size_t(id)];
+  Tensor into;  // the caller's device buffer for this output, when it fits
+  if (plan.output_buffers) {
+    const Tensor& given = (*plan.output_buffers)[size_t(id)];
+    if (given.defined() && given.device() == options_.device && given.dtype() == t.dtype() && given.shape() == t.shape())
+      into = given;
+  }
+  if (t.device() != options_.device) {  // made by a host step: the one copy to the device
+    if (!into.defined()) return to_device(t, options_.device, stream_);
+    copy_into(into, t, stream_);
+    return into;
+  }
+  int root = id;
+  while (plan.alias_of[size_t(root)] >= 0) root = plan.alias_of[size_t(root)];
+  // Arena views, feeds and constants are not the caller's to keep: a copy on the device.
+  const bool external = plan.external[size_t(root)] || plan.planned[size_t(root)].defined();
+  if (!external || (into.defined() && into.data() == t.data())) return t;
+  if (!into.defined()) into = empty_on(options_.device, t.dtype(), t.shape());
+  copy_into(into, t, stream_);
+  return into;
 }
 
 void Executor::hand_over(Plan& plan, Handover& h, const std::vector<std::pair<size_t, int>>& ready, size_t step) {
@@ -998,6 +1029,7 @@ std::vector<Value> Executor::run_values(const std::map<std::string, Value>& feed
   last_plan_ = &plan;
   last_report_.dynamic_allocations = recording ? 0 : plan.dynamic_allocations;
   last_report_.device_copies = plan.device_copies;
+  last_report_.host_steps = backend_ ? size_t(std::count(on_device_.begin(), on_device_.end(), 0)) : 0;
   last_report_.plans = plans_.size();
   return results;
 }

@@ -40,6 +40,7 @@ struct MemoryReport {
   // inputs (feeds, constants on the first run, and the values that cross to and from ops that run
   // on the CPU for want of a device kernel); outputs' copies back to the host come on top.
   size_t device_copies = 0;
+  size_t host_steps = 0;  // device executors: steps that run their CPU kernel for want of a device one
 };
 
 // Called once per requested output as soon as its value is final: right after the step that
@@ -61,6 +62,10 @@ struct ExecutorOptions {
   // are copied in and outputs out (the graph's edges); an op without a device kernel runs its CPU
   // kernel on host copies, reported once by name. Throws "no CUDA device" where there is none.
   Device device = Device::kCpu;
+  // Device executors: graph outputs returned as device tensors instead of host copies (a device
+  // Module's gradients and updated buffers, which stay there for the optimizer); an output
+  // buffer given for one is device storage. The other outputs come back to the host.
+  std::vector<std::string> device_outputs = {};
 };
 
 // ONNXTRAIN_PROFILE set and not "0": the training front ends (Module, TrainModule) then profile
@@ -132,6 +137,9 @@ class Executor {
   void set_random_state(uint64_t seed, uint64_t next_run_index);
   uint64_t random_seed() const { return random_seed_; }
   uint64_t next_run_index() const { return next_run_index_; }
+  // A device executor's stream (null on the host): work queued on it after a run follows the
+  // run's steps, and the next run's steps follow it.
+  const Stream& stream() const { return stream_; }
   // The recorded plans (pre-compiled models store them) and the checksum of the value numbering
   // and the input and output ids they are valid for.
   std::vector<PlanRecord> recorded_plans() const;
@@ -192,6 +200,8 @@ class Executor {
   void execute(Plan& plan, bool recording, uint64_t run_index, Handover* handover = nullptr);
   void hand_over(Plan& plan, Handover& h, const std::vector<std::pair<size_t, int>>& ready, size_t step);
   Value result_of(const Plan& plan, int id) const;
+  // An output named in options_.device_outputs, as a device tensor the caller may keep.
+  Tensor device_result(const Plan& plan, int id) const;
   void build_arena(Plan& plan);
   std::shared_ptr<void> allocate_arena(size_t bytes) const;
   // A device executor's step: hands the kernel its inputs on the device it runs on (host_inputs
@@ -226,6 +236,7 @@ class Executor {
   DeviceBackend* backend_ = nullptr;
   Stream stream_;
   std::vector<char> on_device_;
+  std::vector<char> device_output_;  // per value id: returned on the device (options_.device_outputs)
 };
 
 }  // namespace onnxtrain

@@ -116,6 +116,74 @@ void check_storable(DType dtype, const std::string& what) {
 
 }  // namespace
 
+CheckpointState::CheckpointState(const CheckpointState& other) {
+  other.to_host();
+  params_ = other.params_;
+  index_ = other.index_;
+  properties_ = other.properties_;
+  optimizer_ = other.optimizer_;
+}
+
+CheckpointState::CheckpointState(CheckpointState&& other) {
+  other.to_host();
+  params_ = std::move(other.params_);
+  index_ = std::move(other.index_);
+  properties_ = std::move(other.properties_);
+  optimizer_ = std::move(other.optimizer_);
+}
+
+CheckpointState& CheckpointState::operator=(const CheckpointState& other) {
+  if (this == &other) return *this;
+  CheckpointState copy(other);
+  return *this = std::move(copy);
+}
+
+// Everything is replaced: an attached Module uploads all of it again before its next step.
+CheckpointState& CheckpointState::operator=(CheckpointState&& other) {
+  if (this == &other) return *this;
+  other.to_host();
+  host_writes("");
+  host_writes_optimizer_state();
+  params_ = std::move(other.params_);
+  index_ = std::move(other.index_);
+  properties_ = std::move(other.properties_);
+  optimizer_ = std::move(other.optimizer_);
+  return *this;
+}
+
+void CheckpointState::attach_device_sync(DeviceSync* sync) {
+  if (hook_.sync == sync) return;
+  if (DeviceSync* previous = hook_.sync) {
+    DeviceSyncPause pause(*this);
+    previous->to_host();
+    previous->detached();
+  }
+  hook_.sync = sync;
+}
+
+void CheckpointState::detach_device_sync(DeviceSync* sync) {
+  if (hook_.sync == sync) hook_.sync = nullptr;
+}
+
+void CheckpointState::call_to_host() const {
+  DeviceSyncPause pause(*this);  // the callback reads and writes the host tensors itself
+  hook_.sync->to_host();
+}
+
+void CheckpointState::host_writes(const std::string& param) {
+  if (!hook_.sync || hook_.paused) return;
+  call_to_host();
+  DeviceSyncPause pause(*this);
+  hook_.sync->host_writes(param);
+}
+
+void CheckpointState::host_writes_optimizer_state() {
+  if (!hook_.sync || hook_.paused) return;
+  call_to_host();
+  DeviceSyncPause pause(*this);
+  hook_.sync->host_writes_optimizer_state();
+}
+
 CheckpointState CheckpointState::clone() const {
   CheckpointState c = *this;
   for (auto& p : c.params_) {
@@ -161,10 +229,17 @@ Parameter& CheckpointState::add_unshaped_parameter(const std::string& name, DTyp
 }
 
 Parameter& CheckpointState::parameter(const std::string& name) {
-  return const_cast<Parameter&>(static_cast<const CheckpointState&>(*this).parameter(name));
+  Parameter& p = const_cast<Parameter&>(find_parameter(name));
+  host_writes(name);
+  return p;
 }
 
 const Parameter& CheckpointState::parameter(const std::string& name) const {
+  to_host();
+  return find_parameter(name);
+}
+
+const Parameter& CheckpointState::find_parameter(const std::string& name) const {
   auto it = index_.find(name);
   if (it == index_.end()) {
     std::string known;
@@ -201,6 +276,7 @@ namespace {
 DType common_dtype(const CheckpointState& s, const std::vector<std::string>& names) {
   DType dt = DType::kUndefined;
   std::string first;
+  CheckpointState::DeviceSyncPause pause(s);  // dtypes only: nothing to copy down
   for (const auto& n : names) {
     const Parameter& p = s.parameter(n);
     if (dt == DType::kUndefined) {
@@ -216,6 +292,7 @@ DType common_dtype(const CheckpointState& s, const std::vector<std::string>& nam
 }  // namespace
 
 int64_t CheckpointState::buffer_numel(bool trainable_only) const {
+  DeviceSyncPause pause(*this);  // shapes only: nothing to copy down
   int64_t n = 0;
   for (const auto& name : buffer_parameter_names(trainable_only)) {
     const Parameter& p = parameter(name);
@@ -228,6 +305,7 @@ int64_t CheckpointState::buffer_numel(bool trainable_only) const {
 }
 
 Tensor CheckpointState::to_contiguous_buffer(bool trainable_only) const {
+  to_host();
   auto names = buffer_parameter_names(trainable_only);
   DType dt = common_dtype(*this, names);
   Tensor out = Tensor::empty(dt, {buffer_numel(trainable_only)});
@@ -280,11 +358,13 @@ const PropertyValue& CheckpointState::get_property(const std::string& name) cons
 }
 
 SavedOptimizerState& CheckpointState::optimizer_state() {
+  host_writes_optimizer_state();
   if (!optimizer_) optimizer_.emplace();
   return *optimizer_;
 }
 
 const SavedOptimizerState& CheckpointState::optimizer_state() const {
+  to_host();
   if (!optimizer_) OT_THROW(kInvalidArgument, "the checkpoint has no optimizer state");
   return *optimizer_;
 }
@@ -361,6 +441,7 @@ json::Value shape_json(const Shape& shape) {
 const char* checkpoint_format_name(CheckpointFormat f) { return f == CheckpointFormat::kOrt ? "ort" : "onnxtrain"; }
 
 void CheckpointState::save(const std::string& path, bool include_optimizer_state, CheckpointFormat format) const {
+  to_host();
   const std::string ctx = "checkpoint '" + path + "': ";
   if (format == CheckpointFormat::kOrt) {
     try {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iostream>
+#include <mutex>
 #include <numeric>
 #include <set>
 #include <utility>
@@ -19,12 +21,21 @@
 #include "training/ort_artifacts.h"
 #include "core/dispatch.h"
 #include "core/memory.h"
+#include "training/device_state.h"
 #include "distributed/data_parallel.h"
 #include "optim/loss_scaler.h"
 
 namespace onnxtrain {
 
 namespace {
+
+// The parameter whose gradient ("<p>_grad") or updated buffer ("<p>_updated") a training output
+// is, or "" for a user output (the loss, additional outputs).
+std::string parameter_of_output(const std::string& out, const std::string& suffix, const CheckpointState& state) {
+  if (out.size() <= suffix.size() || out.compare(out.size() - suffix.size(), suffix.size(), suffix) != 0) return "";
+  std::string stem = out.substr(0, out.size() - suffix.size());
+  return state.has_parameter(stem) ? stem : "";
+}
 
 // A graph (its executor holds the model) with its split of inputs into user inputs and
 // checkpoint parameters.
@@ -59,6 +70,11 @@ void bind(BoundGraph& b, Model model, const CheckpointState& state, const char* 
   ExecutorOptions options;
   options.profile = profile_requested_by_environment();  // Module::profile
   options.device = device;
+  // On a device, gradients and updated buffers stay there (DeviceState); the loss comes back.
+  if (device != Device::kCpu)
+    for (const auto& out : b.outputs)
+      if (!parameter_of_output(out, "_grad", state).empty() || !parameter_of_output(out, "_updated", state).empty())
+        options.device_outputs.push_back(out);
   b.executor = std::make_unique<Executor>(std::move(model), options);
 }
 
@@ -109,6 +125,8 @@ struct Module::Graphs {
   std::string loss_scale_input;                              // fp16: fed from the checkpoint's scaler
   std::vector<Tensor> grad_buffers;  // per entry of `grads`, once a step has overwritten them (gradient_buffers)
   std::vector<std::weak_ptr<void>> grad_buffer_holders;  // how many tensors share each buffer
+  // A device Module's parameters, gradients and moments on the device (null on the CPU).
+  std::unique_ptr<DeviceState> device_state;
 };
 
 namespace {
@@ -188,18 +206,13 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
     store_loss_scaler(state, load_loss_scaler(state));  // checks the properties, writes defaults where absent
   }
   for (const auto& out : graphs_->training.outputs) {
-    auto ends_with = [&](const std::string& suffix, std::string& stem) {
-      if (out.size() <= suffix.size() || out.compare(out.size() - suffix.size(), suffix.size(), suffix) != 0) return false;
-      stem = out.substr(0, out.size() - suffix.size());
-      return state.has_parameter(stem);
-    };
     std::string stem;
-    if (ends_with("_grad", stem)) {
+    if (!(stem = parameter_of_output(out, "_grad", state)).empty()) {
       OT_CHECK(state.parameter(stem).requires_grad(), "Module: the training model outputs a gradient for '", stem,
                "', which the checkpoint marks frozen");
       graphs_->grads.emplace_back(stem, out);
       trainable_.push_back(stem);
-    } else if (ends_with("_updated", stem)) {
+    } else if (!(stem = parameter_of_output(out, "_updated", state)).empty()) {
       graphs_->buffers.emplace_back(stem, out);
     } else {
       graphs_->user_outputs.push_back(out);
@@ -232,6 +245,12 @@ Module::Module(Model training_model, CheckpointState& state, std::optional<Model
   OT_CHECK(!steps || *steps >= 0, "Module: checkpoint property '", CheckpointState::kTrainStepsProperty,
            "' is negative: ", *steps);
   graphs_->training.executor->set_random_state(uint64_t(*seed), uint64_t(steps.value_or(0)));
+  if (device != Device::kCpu) {
+    DeviceUpdate* update = device_update(device);
+    OT_CHECK(update, "Module: this build's ", device_name(device), " backend registers no training update");
+    graphs_->device_state =
+        std::make_unique<DeviceState>(state, device, *update, graphs_->training.executor->stream());
+  }
 }
 
 Module::~Module() = default;
@@ -266,7 +285,13 @@ std::vector<Tensor> Module::run(bool training, const std::vector<Tensor>& inputs
   }
   std::map<std::string, Tensor> feeds;
   for (size_t i = 0; i < inputs.size(); ++i) feeds[g.user_inputs[i]] = inputs[i];
-  for (const auto& p : g.param_inputs) feeds[p] = state_.parameter(p).data();  // shares storage
+  if (DeviceState* ds = graphs_->device_state.get()) {
+    ds->attach();
+    for (const auto& p : g.param_inputs) feeds[p] = ds->parameter(p);
+    if (!training) ds->synchronize();  // the eval graph's stream reads what the training stream updated
+  } else {
+    for (const auto& p : g.param_inputs) feeds[p] = state_.parameter(p).data();  // shares storage
+  }
   if (training && has_loss_scaler())
     feeds[graphs_->loss_scale_input] = Tensor::scalar<float>(float(load_loss_scaler(state_).scale));
   std::vector<std::string> wanted = training ? graphs_->training.outputs : g.outputs;
@@ -281,6 +306,7 @@ std::vector<Tensor> Module::run(bool training, const std::vector<Tensor>& inputs
 // slot holds it: a gradient the caller kept keeps its values, and that step gets fresh storage.
 std::vector<Tensor> Module::gradient_buffers() {
   Graphs& gr = *graphs_;
+  if (gr.device_state) return device_gradient_buffers();
   if (gr.grad_buffers.empty()) {
     std::vector<TensorSpec> specs;
     for (const auto& [param, out] : gr.grads) {
@@ -301,6 +327,21 @@ std::vector<Tensor> Module::gradient_buffers() {
   return given;
 }
 
+// On a device the gradients are the Module's alone (the host sees copies), so a step that
+// overwrites them writes into the same device buffers every step: allocated once.
+std::vector<Tensor> Module::device_gradient_buffers() {
+  Graphs& gr = *graphs_;
+  if (gr.grad_buffers.empty())
+    for (const auto& [param, out] : gr.grads) {
+      const Parameter& p = state_.parameter(param);
+      gr.grad_buffers.push_back(empty_on(device_, p.dtype(), p.shape()));
+    }
+  std::vector<Tensor> given(gr.training.outputs.size());
+  for (size_t i = 0; i < given.size(); ++i)
+    if (const int k = gr.grad_of_output[i]; k >= 0) given[i] = gr.grad_buffers[size_t(k)];
+  return given;
+}
+
 void Module::scale_gradients_in_next_step(double factor) {
   OT_CHECK(std::isfinite(factor), "Module.scale_gradients_in_next_step: the factor must be finite, got ", factor);
   next_gradient_scale_ = factor;
@@ -308,6 +349,9 @@ void Module::scale_gradients_in_next_step(double factor) {
 
 std::vector<Tensor> Module::train_step(const std::vector<Tensor>& inputs) {
   Graphs& gr = *graphs_;
+  DeviceState* ds = gr.device_state.get();
+  std::optional<CheckpointState::DeviceSyncPause> pause;  // a device step reads the device side only
+  if (ds) pause.emplace(state_);
   const bool reset = reset_grad_;
   if (reset) {
     gr.micro_steps = 0;
@@ -331,7 +375,19 @@ std::vector<Tensor> Module::train_step(const std::vector<Tensor>& inputs) {
   auto take_gradient = [&](size_t output, const Tensor& g) {
     const int k = gr.grad_of_output[output];
     if (k < 0) return false;
-    Parameter& p = state_.parameter(gr.grads[size_t(k)].first);
+    const std::string& name = gr.grads[size_t(k)].first;
+    if (ds) {  // on the device, queued on the training graph's stream
+      Tensor acc = reset ? Tensor() : ds->gradient(name);
+      if (acc.defined()) {
+        ds->update().add(acc, g, ds->stream());
+      } else {
+        acc = g;  // the device buffer the executor wrote, or fresh storage: adopted
+      }
+      if (scale != 1.0) ds->update().scale(acc, scale, ds->stream());
+      ds->set_gradient(name, acc);
+      return true;
+    }
+    Parameter& p = state_.parameter(name);
     if (reset || !p.has_grad()) {
       p.set_grad(g);  // the executor hands over fresh storage or our gradient buffer: adopt, no copy
     } else {
@@ -369,7 +425,10 @@ std::vector<Tensor> Module::train_step(const std::vector<Tensor>& inputs) {
   // Outputs come in graph order: classify by name (the gradients were taken above).
   std::map<std::string, Tensor> by_name;
   for (size_t i = 0; i < outs.size(); ++i) by_name[gr.training.outputs[i]] = outs[i];
-  for (const auto& [param, out] : gr.buffers) state_.parameter(param).set_data(by_name.at(out));
+  for (const auto& [param, out] : gr.buffers) {
+    if (ds) ds->set_parameter(param, by_name.at(out));  // a device tensor, kept
+    else state_.parameter(param).set_data(by_name.at(out));
+  }
   std::vector<Tensor> result;
   for (const auto& name : graphs_->user_outputs) result.push_back(by_name.at(name));
   return result;
@@ -387,6 +446,8 @@ std::string Module::memory_report() const {
 
 std::vector<Tensor> Module::eval_step(const std::vector<Tensor>& inputs) {
   OT_CHECK(graphs_->eval.has_value(), "Module.eval_step: no eval model was given");
+  std::optional<CheckpointState::DeviceSyncPause> pause;
+  if (graphs_->device_state) pause.emplace(state_);
   return run(false, inputs);
 }
 
@@ -407,7 +468,7 @@ void Module::export_model_for_inferencing(const std::string& path, const std::ve
   // model is only written out).
   std::vector<NamedValue> kept;
   for (auto& in : g.inputs) {
-    if (state_.has_parameter(in.name)) g.initializers[in.name] = state_.parameter(in.name).data();
+    if (state_.has_parameter(in.name)) g.initializers[in.name] = std::as_const(state_).parameter(in.name).data();
     else kept.push_back(in);
   }
   g.inputs = kept;
@@ -502,8 +563,52 @@ void Optimizer::store_state() {
       saved.param_states[params[i]][name] = tensors[i];  // shares storage: updated in place
 }
 
+namespace {
+
+// Whether an update of `config` over tensors of `dtypes` runs on the device: AdamW in torch's and
+// transformers' forms without amsgrad, where the device's kernel takes the dtype.
+bool runs_on_device(const OptimizerConfig& config, const std::vector<DType>& dtypes, const DeviceUpdate& update) {
+  if ((config.type != OptimizerType::kAdamW && config.type != OptimizerType::kHFAdamW) || config.amsgrad) return false;
+  return std::all_of(dtypes.begin(), dtypes.end(), [&](DType d) { return update.adamw_supports(d); });
+}
+
+DeviceAdamW device_adamw(const OptimizerConfig& c, int64_t step, double max_grad_norm) {
+  DeviceAdamW d;
+  d.lr = c.lr;
+  d.beta1 = c.betas[0];
+  d.beta2 = c.betas[1];
+  d.eps = c.eps;
+  d.weight_decay = c.weight_decay;
+  d.max_grad_norm = max_grad_norm;
+  d.step = step;
+  d.hf = c.type == OptimizerType::kHFAdamW;
+  d.correct_bias = c.correct_bias;
+  d.maximize = c.maximize;
+  return d;
+}
+
+}  // namespace
+
 StepStats Optimizer::step() {
   CheckpointState& ckpt = module_.state();
+  if (DeviceState* ds = module_.graphs_->device_state.get()) {
+    std::vector<DType> dtypes;
+    {
+      CheckpointState::DeviceSyncPause pause(ckpt);  // dtypes only
+      for (const auto& name : module_.trainable_parameters()) dtypes.push_back(std::as_const(ckpt).parameter(name).dtype());
+    }
+    if (runs_on_device(rule_->optimizer.config(), dtypes, ds->update())) return device_step(*ds);
+    // The other rules update the checkpoint's host tensors: its accessors below copy the
+    // parameters and gradients down and mark them stale on the device (uploaded next step).
+    static std::mutex reported_mutex;
+    static std::set<std::string> reported;
+    const std::string rule = optimizer_type_name(rule_->optimizer.config().type) +
+                             std::string(rule_->optimizer.config().amsgrad ? " (amsgrad)" : "");
+    std::lock_guard<std::mutex> lock(reported_mutex);
+    if (reported.insert(rule).second)
+      std::cerr << "onnxtrain: no " << device_name(ds->device()) << " update for " << rule
+                << ": Optimizer.step runs it on the CPU, with the parameters, gradients and state copied each step\n";
+  }
   std::vector<Tensor> params, grads;
   for (const auto& name : module_.trainable_parameters()) {
     Parameter& p = ckpt.parameter(name);
@@ -533,6 +638,73 @@ StepStats Optimizer::step() {
   if (rule_->reducer && rule_->data_parallel.check_every > 0 && rule_->state.step % rule_->data_parallel.check_every == 0)
     distributed::check_same_on_all_ranks(distributed::world(), distributed::checksum(params),
                                          "the parameters after step " + std::to_string(rule_->state.step));
+  return stats;
+}
+
+// AdamW on the device: the parameters, gradients and moments there, one launch for all of them
+// (one per param group); only the loss scaler's overflow check (fp16) and, with param groups, the
+// global norm for clipping are read on the host.
+StepStats Optimizer::device_step(DeviceState& ds) {
+  CheckpointState& ckpt = module_.state();
+  CheckpointState::DeviceSyncPause pause(ckpt);
+  ds.attach();
+  const std::vector<std::string>& names = module_.trainable_parameters();
+  const std::vector<Tensor>& host_m = rule_->state.tensors.at("exp_avg");
+  const std::vector<Tensor>& host_v = rule_->state.tensors.at("exp_avg_sq");
+  std::vector<Tensor> params, grads, exp_avg, exp_avg_sq;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const Tensor& g = ds.gradient(names[i]);
+    OT_CHECK(g.defined(), "Optimizer.step: parameter '", names[i], "' has no gradient (run Module.train_step first)");
+    grads.push_back(g);
+    params.push_back(ds.parameter(names[i]));
+    exp_avg.push_back(ds.optimizer_tensor(names[i], "exp_avg", host_m[i]));
+    exp_avg_sq.push_back(ds.optimizer_tensor(names[i], "exp_avg_sq", host_v[i]));
+  }
+  std::optional<optim::LossScaler> scaler;
+  bool finite = true;
+  if (module_.has_loss_scaler()) {
+    scaler = load_loss_scaler(ckpt);
+    finite = ds.update().all_finite(grads, ds.stream());
+  }
+  StepStats stats;  // without param groups the norm stays on the device: grad_norm -1
+  if (finite) {
+    const OptimizerConfig& main = rule_->optimizer.config();
+    const int64_t step = rule_->state.step + 1;
+    if (rule_->groups.empty()) {
+      ds.update().adamw(device_adamw(main, step, main.max_grad_norm), params, grads, exp_avg, exp_avg_sq, ds.stream());
+    } else {
+      if (main.max_grad_norm > 0) {  // one global norm over every group, as on the CPU
+        stats.grad_norm = ds.update().l2_norm(grads, ds.stream());
+        stats.clip_coef = std::min(1.0, main.max_grad_norm / (stats.grad_norm + 1e-6));
+        if (stats.clip_coef < 1.0)
+          for (size_t i = 0; i < grads.size(); ++i) {
+            ds.update().scale(grads[i], stats.clip_coef, ds.stream());
+            ds.gradient_updated(names[i]);
+          }
+      }
+      for (int g = -1; g < int(rule_->groups.size()); ++g) {
+        const OptimizerConfig& config = g < 0 ? main : rule_->groups[size_t(g)].config;
+        std::vector<Tensor> p, gr, m, v;
+        for (size_t i = 0; i < names.size(); ++i) {
+          if (rule_->group_of[i] != g) continue;
+          p.push_back(params[i]);
+          gr.push_back(grads[i]);
+          m.push_back(exp_avg[i]);
+          v.push_back(exp_avg_sq[i]);
+        }
+        if (!p.empty()) ds.update().adamw(device_adamw(config, step, 0), p, gr, m, v, ds.stream());
+      }
+    }
+    rule_->state.step = step;
+    ds.parameters_updated(names);
+    ds.optimizer_tensors_updated();
+  }
+  if (scaler) {
+    stats.skipped = !scaler->update(finite);
+    stats.loss_scale = scaler->scale;
+    store_loss_scaler(ckpt, *scaler);
+  }
+  if (finite) store_state();
   return stats;
 }
 
@@ -603,6 +775,9 @@ void Optimizer::set_data_parallel(const DataParallelOptions& o) {
     rule_->data_parallel = o;
     return;
   }
+  if (module_.graphs_->device_state)
+    OT_THROW(kNotImplemented, "Optimizer.set_data_parallel: data parallelism on a ", device_name(module_.device()),
+             " Module (its gradients stay on the device; there is no NCCL backend): train on the CPU");
   OT_CHECK(o.bucket_bytes > 0, "Optimizer.set_data_parallel: bucket_bytes must be > 0, got ", o.bucket_bytes);
   OT_CHECK(o.gradient_accumulation_steps >= 1, "Optimizer.set_data_parallel: gradient_accumulation_steps must be "
            ">= 1, got ", o.gradient_accumulation_steps);
@@ -646,6 +821,7 @@ DataParallelStats Optimizer::data_parallel_stats() const {
 
 void Optimizer::set_learning_rate(double lr) {
   rule_->optimizer.set_lr(lr);
+  CheckpointState::DeviceSyncPause pause(module_.state());  // the rate only: the moments stay where they are
   module_.state().optimizer_state().learning_rate = lr;
 }
 

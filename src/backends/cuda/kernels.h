@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/device_update.h"
 #include "onnxtrain/tensor.h"
 
 namespace onnxtrain::cuda {
@@ -111,11 +112,7 @@ void linear_cross_entropy(const LinearCrossEntropyDesc& d, const float* a, const
 // ---- adamw.cu: one multi-tensor AdamW update of float32 tensors in place (torch.optim.AdamW,
 // or transformers' AdamW when hf), with gradient clipping to max_grad_norm over all gradients
 // together (0: none); the norm and the clip coefficient stay on the device.
-struct AdamWConfig {
-  double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 1e-2, max_grad_norm = 0;
-  int64_t step = 1;
-  bool hf = false, correct_bias = true, maximize = false;
-};
+using AdamWConfig = DeviceAdamW;  // core/device_update.h: what a device Module's Optimizer asks for
 void adamw(const AdamWConfig& cfg, const std::vector<float*>& params, const std::vector<const float*>& grads,
            const std::vector<float*>& exp_avg, const std::vector<float*>& exp_avg_sq,
            const std::vector<int64_t>& sizes, void* stream);

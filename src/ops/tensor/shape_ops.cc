@@ -42,6 +42,19 @@ void size_kernel(KernelContext& ctx) {
   out.data<int64_t>()[0] = ctx.input(0).numel();
 }
 
+// On a device executor the result of Shape and Size is made on the host: they read metadata
+// only, so the input's data is not copied down for them, and the ops that take shapes read them
+// there (OpSchema::host_inputs) with no copy either. No device code: every build registers it.
+void shape_on_host(KernelContext& ctx) {
+  const Shape& s = ctx.input(0).shape();
+  auto [b, e] = shape_range(ctx.node(), int64_t(s.size()));
+  Tensor out = Tensor::empty(DType::kInt64, {e - b});
+  for (int64_t i = b; i < e; ++i) out.data<int64_t>()[i - b] = s[size_t(i)];
+  ctx.set_output(0, std::move(out));
+}
+
+void size_on_host(KernelContext& ctx) { ctx.set_output(0, Tensor::scalar<int64_t>(ctx.input(0).numel())); }
+
 // ---- Reshape ----
 
 // The target shape with 0 (copy, unless allowzero) and -1 (infer) resolved. Input dims may be -1
@@ -221,10 +234,11 @@ void view_gradient(GradientBuilder& g) { g.set(0, reshape_like(g, g.dy(0), g.x(0
 
 }  // namespace
 
-ONNXTRAIN_OP(Shape, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_rule).not_differentiable().cpu(shape_kernel);
+ONNXTRAIN_OP(Shape, kOnnxDomain, 1).inputs(1).outputs(1).shape(shape_rule).not_differentiable().cpu(shape_kernel)
+    .cuda(shape_on_host);
 ONNXTRAIN_OP(Size, kOnnxDomain, 1).inputs(1).outputs(1)
     .shape([](ShapeContext& ctx) { ctx.set_output(0, DType::kInt64, Shape{}); })
-    .not_differentiable().cpu(size_kernel);
+    .not_differentiable().cpu(size_kernel).cuda(size_on_host);
 // y = reshape(x, s).  dx = reshape(dy, shape(x))
 ONNXTRAIN_OP(Reshape, kOnnxDomain, 1).inputs(1, 2).outputs(1).shape(reshape_rule).cpu(reshape_kernel)
     .cuda(OT_CUDA(reshape_kernel)).host_inputs(std::vector<int>{1}).gradient(view_gradient);
