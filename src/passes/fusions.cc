@@ -342,7 +342,8 @@ int fuse_matmul(Graph& g) {
   FusionScan scan(g);
   for (size_t m = 0; m < g.nodes.size(); ++m) {
     Node& mm = g.nodes[m];
-    if (!is_op(mm, "MatMul") || mm.inputs.size() != 2) continue;
+    // (nodes with missing operands are left for their ops' own checks to refuse)
+    if (!is_op(mm, "MatMul") || mm.inputs.size() != 2 || !mm.has_output(0)) continue;
     Node fusedmm;
     fusedmm.op_type = "FusedMatMul";
     fusedmm.domain = kOnnxTrainDomain;
@@ -354,7 +355,7 @@ int fuse_matmul(Graph& g) {
       auto p = scan.producers.find(mm.inputs[size_t(k)]);
       if (p == scan.producers.end()) continue;
       const Node& t = g.nodes[p->second];
-      if (!is_op(t, "Transpose") || scan.removed[p->second] || !t.has_attr("perm") ||
+      if (!is_op(t, "Transpose") || scan.removed[p->second] || !t.has_input(0) || !t.has_attr("perm") ||
           !swaps_last_two(t.attr_ints("perm")) ||
           scan.uses.sole_reader(t.outputs[0]) != int(m))
         continue;
@@ -367,7 +368,7 @@ int fuse_matmul(Graph& g) {
     std::string out = mm.outputs[0];
     int a = scan.uses.sole_reader(out);
     size_t last = m;
-    if (a >= 0 && is_op(g.nodes[size_t(a)], "Add")) {
+    if (a >= 0 && is_op(g.nodes[size_t(a)], "Add") && g.nodes[size_t(a)].has_output(0)) {
       std::string bias = other_operand(g.nodes[size_t(a)], out);
       auto bs = known_shape(g, bias);
       auto ws = known_shape(g, fusedmm.inputs[1]);

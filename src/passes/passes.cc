@@ -277,8 +277,32 @@ int eliminate_common_subexpressions(Graph& g) {
   return merged;
 }
 
+namespace {
+// Every node whose op this build knows has as many inputs and outputs as its op takes (the count
+// the executor checks when it compiles), here and in its subgraphs, before any pass reads them:
+// the passes index a node's first operands, and a model from a file may give fewer (found by the
+// model_run fuzzer: an Identity and a MatMul without an output). Unknown ops are the executor's to
+// report; subgraph nodes are checked at their graph's opsets.
+void check_operand_counts(const Graph& g, const std::map<std::string, int64_t>& opsets) {
+  for (const Node& node : g.nodes) {
+    auto opset = opsets.find(node.domain);
+    if (opset != opsets.end())
+      if (const OpSchema* schema = OpRegistry::global().find(node.domain, node.op_type, opset->second)) {
+        const int n_in = int(node.inputs.size()), n_out = int(node.outputs.size());
+        OT_CHECK(n_in >= schema->min_inputs && n_in <= schema->max_inputs, node.context(), "takes ",
+                 schema->min_inputs, " to ", schema->max_inputs, " inputs, got ", n_in);
+        OT_CHECK(n_out >= schema->min_outputs && n_out <= schema->max_outputs, node.context(), "produces ",
+                 schema->min_outputs, " to ", schema->max_outputs, " outputs, got ", n_out);
+      }
+    for (const auto& [name, attr] : node.attributes)
+      if (attr.kind == Attribute::Kind::kGraph && attr.g) check_operand_counts(*attr.g, opsets);
+  }
+}
+}  // namespace
+
 void simplify_graph(Model& model) {
   Graph& g = model.graph;
+  check_operand_counts(g, model.opsets);
   g.topological_sort();
   for (int round = 0; round < 8; ++round) {
     int changed = fold_constants(model);
@@ -312,6 +336,7 @@ void optimize_for_inference(Model& model) {
 
 int fuse_for_training(Model& model) {
   Graph& g = model.graph;
+  check_operand_counts(g, model.opsets);
   g.topological_sort();
   infer_shapes(g, model.opsets);  // fusions check operand shapes
   int fused = fuse_gelu(g) + fuse_matmul(g);

@@ -494,4 +494,23 @@ TEST(Passes, IdentityWithoutAnOutputIsLeftForItsCheck) {
   EXPECT_EQ(g.nodes.size(), 1u);
 }
 
+// Before any pass reads a node's first operands, nodes of known ops must have as many as their op
+// takes: a MatMul without an output (the model_run fuzzer's) is an error naming it, from the
+// inference pipeline and from the training fusions alike.
+TEST(Passes, NodesWithTooFewOperandsAreRefusedBeforeThePasses) {
+  auto model_of = [] {
+    Graph g;
+    g.inputs = {value("a", DType::kFloat32, Shape{2, 2}), value("b", DType::kFloat32, Shape{2, 2})};
+    g.outputs = {value("a", DType::kFloat32, Shape{2, 2})};
+    g.nodes = {make_node("MatMul", {"a", "b"}, {}, "matmul_without_output")};
+    return make_model(std::move(g));
+  };
+  for (int pipeline = 0; pipeline < 2; ++pipeline) {
+    Model m = model_of();
+    const std::string error = test::error_of([&] { pipeline == 0 ? optimize_for_inference(m) : (void)fuse_for_training(m); });
+    EXPECT_NE(error.find("[MatMul] node 'matmul_without_output'"), std::string::npos) << error;
+    EXPECT_NE(error.find("produces 1 to 1 outputs, got 0"), std::string::npos) << error;
+  }
+}
+
 }  // namespace onnxtrain
