@@ -283,7 +283,7 @@ def main():
             verdict.append(f"peak memory, batch {batch} x seq {seq}: int4 + LoRA as the example {100 * lora / full:.1f}%"
                            f" of full fp32 fine-tuning (target <= 35%): {'met' if lora <= 0.35 * full else 'not met'};"
                            f" every activation stashed {100 * lora_stashed / full:.1f}%")
-    print("\nTargets (issue 14):")
+    print("\nTargets (LoRA fine-tuning on int4):")
     for line in verdict:
         print("  " + line)
 
