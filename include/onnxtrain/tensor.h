@@ -81,6 +81,7 @@ enum class Device : int32_t { kCpu = 0, kCuda = 1 };
 const char* device_name(Device d);  // "cpu", "cuda"
 
 using Shape = std::vector<int64_t>;
+// The product of the dims (0 when any is 0); throws Error when it passes what an int64 holds.
 int64_t numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[2, 3]"
 
