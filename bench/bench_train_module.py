@@ -17,6 +17,9 @@ transformer models once warm. The losses of the runs are compared as a sanity ch
 
     PYTHONPATH=build/python /usr/bin/python3 bench/bench_train_module.py [--threads 2] [--models bert,gpt,cnn]
 
+These three run once per PyTorch (``--torch debian|torch2|both``, both by default: Debian's 1.13
+here, then torch 2.x in the torch2 peer's interpreter), each table headed by the torch it measured.
+
 Hugging Face models (``--models hf-bert,hf-gpt2,hf-llama``, transformers from the torch2 peer's
 venv): BertForSequenceClassification with BERT-base's shape (12 x 768, short sequences: batch 8 of
 32 tokens), GPT2LMHeadModel with GPT-2 small's (12 x 768, vocabulary 50257; batch 4 of 64) and a
@@ -43,7 +46,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import import_onnxtrain, median, report_rows, run_models  # noqa: E402
+from common import (add_torch_argument, import_onnxtrain, median, report_rows, run_models,  # noqa: E402
+                    run_torch_lanes, torch_description)
 
 
 class Run:
@@ -302,7 +306,15 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="HF models: processes per variant, interleaved")
     parser.add_argument("--warmup", type=int, default=2, help="HF models: untimed steps per process")
     parser.add_argument("--hf-child", help=argparse.SUPPRESS)
+    add_torch_argument(parser)
     args = parser.parse_args(argv)
+    names = args.models.split(",")
+    hf_names = [n for n in names if n in HF_MODELS]
+    names = [n for n in names if n not in HF_MODELS]
+    # The bench models run once per torch (--torch, both by default); the Hugging Face models in
+    # the interpreter this runs in (the torch2 peer's, which has transformers).
+    if names and not hf_names and not args.hf_child and not run_torch_lanes(args, argv):
+        return 0
     import torch
     ot = import_onnxtrain()
     torch.set_num_threads(args.threads)
@@ -310,9 +322,6 @@ def main(argv=None) -> int:
     if args.hf_child:
         hf_child_main(args.hf_child, args)
         return 0
-    names = args.models.split(",")
-    hf_names = [n for n in names if n in HF_MODELS]
-    names = [n for n in names if n not in HF_MODELS]
     if hf_names:
         rows = []
         for precision in args.precisions.split(","):
@@ -323,8 +332,8 @@ def main(argv=None) -> int:
     if not names:
         return 0
     rows = run_models(names, lambda name: bench(name, args))
-    print(f"\nTrainModule training step (torch.optim.AdamW unless noted), {args.threads} threads, {args.steps} steps "
-          f"(target: >= 2x faster than torch for bert and gpt)")
+    print(f"\nTrainModule training step (torch.optim.AdamW unless noted), {torch_description()}, {args.threads} threads, "
+          f"{args.steps} steps (target: >= 2x faster than torch for bert and gpt)")
     print(f"{'model':6} {'torch ms':>9} {'TrainModule ms':>15} {'speedup':>8} {'+FusedAdam ms':>14} {'speedup':>8} "
           f"{'export s':>9} {'build s':>8}")
     report_rows(

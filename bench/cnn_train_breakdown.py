@@ -26,7 +26,7 @@ import time
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BENCH_DIR, import_onnxtrain, median  # noqa: E402
+from common import BENCH_DIR, add_torch_argument, import_onnxtrain, median, run_torch_lanes, torch_description  # noqa: E402
 
 TRAIN_BATCH = 16
 MARK = "cnn_train_breakdown: measured steps begin"
@@ -126,12 +126,16 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--child", nargs=2, metavar=("ENGINE", "MODEL"), help=argparse.SUPPRESS)
+    add_torch_argument(p)
     args = p.parse_args(argv)
     if args.child:
         child(*args.child, args.threads, args.warmup, args.steps)
         return 0
+    if not run_torch_lanes(args, argv):  # once per torch (--torch, both by default)
+        return 0
     os.makedirs(os.path.join(BENCH_DIR, "out"), exist_ok=True)
-    print(f"CNN train step breakdown: batch {TRAIN_BATCH}, {args.threads} threads, median of {args.steps} steps "
+    import torch  # noqa: F401  (torch_description reads the loaded torch)
+    print(f"CNN train step breakdown against {torch_description()}: batch {TRAIN_BATCH}, {args.threads} threads, median of {args.steps} steps "
           f"after {args.warmup}; oneDNN times per step (ONEDNN_VERBOSE; the verbose output slows a step a little); "
           f"load average {os.getloadavg()[0]:.1f}")
     if args.threads > 1:
