@@ -73,6 +73,7 @@ void gather_rule(ShapeContext& ctx) {
   DType dt = ctx.input_dtype(0);
   const auto &d = ctx.input_shape(0), &i = ctx.input_shape(1);
   if (!d || !i) return ctx.set_output(0, dt);
+  OT_CHECK(!d->empty(), ctx.node().context(), "data should have rank >= 1, got a scalar");  // as the kernel says
   int64_t axis = normalize_axis(ctx.node(), ctx.node().attr_int("axis", 0), int64_t(d->size()));
   ctx.set_output(0, dt, gather_shape(*d, *i, axis));
 }
